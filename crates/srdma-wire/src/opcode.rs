@@ -1,0 +1,513 @@
+//! The RoCEv2 opcode table: for each BTH opcode, the extension headers it carries, its place
+//! in a message (FIRST / MIDDLE / LAST / ONLY) and its payload rule.
+//!
+//! Values from IBTA vol. 1 §9.2 as listed in Linux `include/rdma/ib_pack.h`; header sets
+//! as in rxe's `rxe_opcode.c`. RD opcodes are not supported (rxe has no RD QPs).
+
+use core::fmt;
+
+/// The transport service of an opcode: its top three bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Transport {
+    /// Reliable connected.
+    Rc,
+    /// Unreliable connected.
+    Uc,
+    /// Unreliable datagram.
+    Ud,
+    /// Congestion notification packet (RoCEv2 DCQCN).
+    Cnp,
+}
+
+impl Transport {
+    /// Short name: "RC", "UC", "UD", "CNP".
+    pub const fn name(self) -> &'static str {
+        match self {
+            Transport::Rc => "RC",
+            Transport::Uc => "UC",
+            Transport::Ud => "UD",
+            Transport::Cnp => "CNP",
+        }
+    }
+}
+
+/// Where a packet sits in its message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Position {
+    /// First packet of a multi-packet message: payload exactly one PMTU.
+    First,
+    /// Middle packet: payload exactly one PMTU.
+    Middle,
+    /// Last packet: payload 1..=PMTU.
+    Last,
+    /// The whole message in one packet: payload 0..=PMTU.
+    Only,
+}
+
+/// What an opcode does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// SEND (with or without immediate or invalidate).
+    Send,
+    /// RDMA WRITE (with or without immediate).
+    Write,
+    /// RDMA READ request.
+    ReadRequest,
+    /// RDMA READ response.
+    ReadResponse,
+    /// ACKNOWLEDGE: ACK or NAK.
+    Acknowledge,
+    /// ATOMIC ACKNOWLEDGE.
+    AtomicAcknowledge,
+    /// Atomic compare and swap.
+    CompareSwap,
+    /// Atomic fetch and add.
+    FetchAdd,
+    /// FLUSH (IBTA 1.5).
+    Flush,
+    /// ATOMIC WRITE (IBTA 1.5): an 8-byte write performed atomically.
+    AtomicWrite,
+    /// Congestion notification.
+    Cnp,
+}
+
+/// A set of extension headers, in wire order after the BTH.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Headers(u16);
+
+impl Headers {
+    /// Datagram ETH (UD): Q_Key, source QP.
+    pub const DETH: Headers = Headers(1 << 0);
+    /// Flush ETH.
+    pub const FETH: Headers = Headers(1 << 1);
+    /// RDMA ETH: virtual address, R_Key, DMA length.
+    pub const RETH: Headers = Headers(1 << 2);
+    /// Atomic ETH: address, R_Key, swap/add and compare data.
+    pub const ATOMIC_ETH: Headers = Headers(1 << 3);
+    /// Immediate data.
+    pub const IMM_DT: Headers = Headers(1 << 4);
+    /// Invalidate ETH: the R_Key to invalidate.
+    pub const IETH: Headers = Headers(1 << 5);
+    /// ACK ETH: syndrome and MSN.
+    pub const AETH: Headers = Headers(1 << 6);
+    /// Atomic ACK ETH: the original remote data.
+    pub const ATOMIC_ACK_ETH: Headers = Headers(1 << 7);
+    /// The 16 reserved bytes that follow the BTH of a CNP.
+    pub const CNP_RESERVED: Headers = Headers(1 << 8);
+    /// No extension header.
+    pub const NONE: Headers = Headers(0);
+
+    /// Each header with its size and name, in the order they appear on the wire.
+    pub const ORDER: [(Headers, usize, &'static str); 9] = [
+        (Headers::DETH, 8, "DETH"),
+        (Headers::FETH, 4, "FETH"),
+        (Headers::RETH, 16, "RETH"),
+        (Headers::ATOMIC_ETH, 28, "AtomicETH"),
+        (Headers::IMM_DT, 4, "ImmDt"),
+        (Headers::IETH, 4, "IETH"),
+        (Headers::AETH, 4, "AETH"),
+        (Headers::ATOMIC_ACK_ETH, 8, "AtomicAckETH"),
+        (Headers::CNP_RESERVED, 16, "CNP reserved"),
+    ];
+
+    /// True when every header of `other` is in `self`.
+    #[inline]
+    pub const fn contains(self, other: Headers) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// The union of two sets.
+    #[inline]
+    #[must_use]
+    pub const fn with(self, other: Headers) -> Headers {
+        Headers(self.0 | other.0)
+    }
+
+    /// Total length in bytes of the headers in the set.
+    pub const fn len(self) -> usize {
+        let mut n = 0;
+        let mut i = 0;
+        while i < Self::ORDER.len() {
+            if self.contains(Self::ORDER[i].0) {
+                n += Self::ORDER[i].1;
+            }
+            i += 1;
+        }
+        n
+    }
+
+    /// True when the set is empty.
+    pub const fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// Offset of `header` after the end of the BTH, if it is in the set.
+    pub const fn offset_of(self, header: Headers) -> Option<usize> {
+        if !self.contains(header) || header.0.count_ones() != 1 {
+            return None;
+        }
+        let mut n = 0;
+        let mut i = 0;
+        while i < Self::ORDER.len() {
+            if Self::ORDER[i].0.0 == header.0 {
+                return Some(n);
+            }
+            if self.contains(Self::ORDER[i].0) {
+                n += Self::ORDER[i].1;
+            }
+            i += 1;
+        }
+        None
+    }
+}
+
+impl fmt::Debug for Headers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut first = true;
+        f.write_str("[")?;
+        for (h, _, name) in Headers::ORDER {
+            if self.contains(h) {
+                if !first {
+                    f.write_str(", ")?;
+                }
+                f.write_str(name)?;
+                first = false;
+            }
+        }
+        f.write_str("]")
+    }
+}
+
+const H: Headers = Headers::NONE;
+const RETH: Headers = Headers::RETH;
+const IMM: Headers = Headers::IMM_DT;
+const AETH: Headers = Headers::AETH;
+
+macro_rules! opcodes {
+    ($( $variant:ident = $value:literal, $name:literal, $kind:ident, $pos:expr, $hdrs:expr; )*) => {
+        /// A BTH opcode known to srdma: every RC, UC and UD opcode and the CNP.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        #[repr(u8)]
+        pub enum Opcode {
+            $( #[doc = $name] $variant = $value, )*
+        }
+
+        impl Opcode {
+            /// Every opcode, in numeric order.
+            pub const ALL: &'static [Opcode] = &[$(Opcode::$variant,)*];
+
+            /// The opcode with wire value `v`, or `None` if `v` is not one srdma knows.
+            pub const fn from_u8(v: u8) -> Option<Opcode> {
+                match v {
+                    $( $value => Some(Opcode::$variant), )*
+                    _ => None,
+                }
+            }
+
+            /// The name rxe and the IBTA use, e.g. `RC_RDMA_WRITE_FIRST`.
+            pub const fn name(self) -> &'static str {
+                match self { $( Opcode::$variant => $name, )* }
+            }
+
+            /// What the opcode does.
+            pub const fn kind(self) -> Kind {
+                match self { $( Opcode::$variant => Kind::$kind, )* }
+            }
+
+            /// Where a packet with this opcode sits in its message (`None` for CNP).
+            pub const fn position(self) -> Option<Position> {
+                match self { $( Opcode::$variant => $pos, )* }
+            }
+
+            /// The extension headers that follow the BTH.
+            pub const fn headers(self) -> Headers {
+                match self { $( Opcode::$variant => $hdrs, )* }
+            }
+        }
+    };
+}
+
+use Position::{First, Last, Middle, Only};
+
+opcodes! {
+    RcSendFirst = 0x00, "RC_SEND_FIRST", Send, Some(First), H;
+    RcSendMiddle = 0x01, "RC_SEND_MIDDLE", Send, Some(Middle), H;
+    RcSendLast = 0x02, "RC_SEND_LAST", Send, Some(Last), H;
+    RcSendLastWithImmediate = 0x03, "RC_SEND_LAST_WITH_IMMEDIATE", Send, Some(Last), IMM;
+    RcSendOnly = 0x04, "RC_SEND_ONLY", Send, Some(Only), H;
+    RcSendOnlyWithImmediate = 0x05, "RC_SEND_ONLY_WITH_IMMEDIATE", Send, Some(Only), IMM;
+    RcRdmaWriteFirst = 0x06, "RC_RDMA_WRITE_FIRST", Write, Some(First), RETH;
+    RcRdmaWriteMiddle = 0x07, "RC_RDMA_WRITE_MIDDLE", Write, Some(Middle), H;
+    RcRdmaWriteLast = 0x08, "RC_RDMA_WRITE_LAST", Write, Some(Last), H;
+    RcRdmaWriteLastWithImmediate = 0x09, "RC_RDMA_WRITE_LAST_WITH_IMMEDIATE", Write, Some(Last), IMM;
+    RcRdmaWriteOnly = 0x0A, "RC_RDMA_WRITE_ONLY", Write, Some(Only), RETH;
+    RcRdmaWriteOnlyWithImmediate = 0x0B, "RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE", Write, Some(Only), RETH.with(IMM);
+    RcRdmaReadRequest = 0x0C, "RC_RDMA_READ_REQUEST", ReadRequest, Some(Only), RETH;
+    RcRdmaReadResponseFirst = 0x0D, "RC_RDMA_READ_RESPONSE_FIRST", ReadResponse, Some(First), AETH;
+    RcRdmaReadResponseMiddle = 0x0E, "RC_RDMA_READ_RESPONSE_MIDDLE", ReadResponse, Some(Middle), H;
+    RcRdmaReadResponseLast = 0x0F, "RC_RDMA_READ_RESPONSE_LAST", ReadResponse, Some(Last), AETH;
+    RcRdmaReadResponseOnly = 0x10, "RC_RDMA_READ_RESPONSE_ONLY", ReadResponse, Some(Only), AETH;
+    RcAcknowledge = 0x11, "RC_ACKNOWLEDGE", Acknowledge, Some(Only), AETH;
+    RcAtomicAcknowledge = 0x12, "RC_ATOMIC_ACKNOWLEDGE", AtomicAcknowledge, Some(Only), AETH.with(Headers::ATOMIC_ACK_ETH);
+    RcCompareSwap = 0x13, "RC_COMPARE_SWAP", CompareSwap, Some(Only), Headers::ATOMIC_ETH;
+    RcFetchAdd = 0x14, "RC_FETCH_ADD", FetchAdd, Some(Only), Headers::ATOMIC_ETH;
+    RcSendLastWithInvalidate = 0x16, "RC_SEND_LAST_WITH_INVALIDATE", Send, Some(Last), Headers::IETH;
+    RcSendOnlyWithInvalidate = 0x17, "RC_SEND_ONLY_WITH_INVALIDATE", Send, Some(Only), Headers::IETH;
+    RcFlush = 0x1C, "RC_FLUSH", Flush, Some(Only), Headers::FETH.with(RETH);
+    RcAtomicWrite = 0x1D, "RC_ATOMIC_WRITE", AtomicWrite, Some(Only), RETH;
+    UcSendFirst = 0x20, "UC_SEND_FIRST", Send, Some(First), H;
+    UcSendMiddle = 0x21, "UC_SEND_MIDDLE", Send, Some(Middle), H;
+    UcSendLast = 0x22, "UC_SEND_LAST", Send, Some(Last), H;
+    UcSendLastWithImmediate = 0x23, "UC_SEND_LAST_WITH_IMMEDIATE", Send, Some(Last), IMM;
+    UcSendOnly = 0x24, "UC_SEND_ONLY", Send, Some(Only), H;
+    UcSendOnlyWithImmediate = 0x25, "UC_SEND_ONLY_WITH_IMMEDIATE", Send, Some(Only), IMM;
+    UcRdmaWriteFirst = 0x26, "UC_RDMA_WRITE_FIRST", Write, Some(First), RETH;
+    UcRdmaWriteMiddle = 0x27, "UC_RDMA_WRITE_MIDDLE", Write, Some(Middle), H;
+    UcRdmaWriteLast = 0x28, "UC_RDMA_WRITE_LAST", Write, Some(Last), H;
+    UcRdmaWriteLastWithImmediate = 0x29, "UC_RDMA_WRITE_LAST_WITH_IMMEDIATE", Write, Some(Last), IMM;
+    UcRdmaWriteOnly = 0x2A, "UC_RDMA_WRITE_ONLY", Write, Some(Only), RETH;
+    UcRdmaWriteOnlyWithImmediate = 0x2B, "UC_RDMA_WRITE_ONLY_WITH_IMMEDIATE", Write, Some(Only), RETH.with(IMM);
+    UdSendOnly = 0x64, "UD_SEND_ONLY", Send, Some(Only), Headers::DETH;
+    UdSendOnlyWithImmediate = 0x65, "UD_SEND_ONLY_WITH_IMMEDIATE", Send, Some(Only), Headers::DETH.with(IMM);
+    Cnp = 0x81, "CNP", Cnp, None, Headers::CNP_RESERVED;
+}
+
+/// How much payload a packet of an opcode may carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PayloadRule {
+    /// No payload at all (ACKs, READ requests, atomics, FLUSH, CNP).
+    None,
+    /// Exactly one path MTU (FIRST and MIDDLE packets).
+    FullMtu,
+    /// 1..=PMTU bytes (LAST packets).
+    Last,
+    /// 0..=PMTU bytes (ONLY packets).
+    UpToMtu,
+    /// Exactly 8 bytes (ATOMIC WRITE).
+    Exactly8,
+}
+
+impl Opcode {
+    /// The wire value.
+    #[inline]
+    pub const fn value(self) -> u8 {
+        self as u8
+    }
+
+    /// The transport service (top three bits).
+    pub const fn transport(self) -> Transport {
+        match self.value() >> 5 {
+            0 => Transport::Rc,
+            1 => Transport::Uc,
+            3 => Transport::Ud,
+            _ => Transport::Cnp,
+        }
+    }
+
+    /// Length of BTH plus extension headers.
+    pub const fn header_len(self) -> usize {
+        crate::bth::BTH_LEN + self.headers().len()
+    }
+
+    /// The payload rule of the opcode.
+    pub const fn payload_rule(self) -> PayloadRule {
+        match self.kind() {
+            Kind::Send | Kind::Write | Kind::ReadResponse => match self.position() {
+                Some(First) | Some(Middle) => PayloadRule::FullMtu,
+                Some(Last) => PayloadRule::Last,
+                _ => PayloadRule::UpToMtu,
+            },
+            Kind::AtomicWrite => PayloadRule::Exactly8,
+            _ => PayloadRule::None,
+        }
+    }
+
+    /// True for packets a requester sends (the responder processes them).
+    pub const fn is_request(self) -> bool {
+        !matches!(
+            self.kind(),
+            Kind::ReadResponse | Kind::Acknowledge | Kind::AtomicAcknowledge | Kind::Cnp
+        )
+    }
+
+    /// True for packets a responder sends (the completer processes them).
+    pub const fn is_response(self) -> bool {
+        matches!(
+            self.kind(),
+            Kind::ReadResponse | Kind::Acknowledge | Kind::AtomicAcknowledge
+        )
+    }
+
+    /// First or only packet of a message (rxe `RXE_START_MASK`).
+    pub const fn is_start(self) -> bool {
+        matches!(self.position(), Some(First) | Some(Only))
+    }
+
+    /// Last or only packet of a message (rxe `RXE_END_MASK`).
+    pub const fn is_end(self) -> bool {
+        matches!(self.position(), Some(Last) | Some(Only))
+    }
+
+    /// Carries immediate data.
+    pub const fn has_immediate(self) -> bool {
+        self.headers().contains(Headers::IMM_DT)
+    }
+
+    /// Carries an IETH (SEND with invalidate).
+    pub const fn has_invalidate(self) -> bool {
+        self.headers().contains(Headers::IETH)
+    }
+
+    /// Consumes a receive WQE (rxe `RXE_RWR_MASK`): SEND first/only, and RDMA WRITE with
+    /// immediate on its last/only packet. Without a posted WQE the responder answers RNR NAK.
+    pub const fn consumes_recv_wqe(self) -> bool {
+        match self.kind() {
+            Kind::Send => self.is_start(),
+            Kind::Write => self.has_immediate(),
+            _ => false,
+        }
+    }
+
+    /// Generates a receive completion (rxe `RXE_COMP_MASK`): SEND last/only and RDMA WRITE
+    /// with immediate last/only.
+    pub const fn completes_recv(self) -> bool {
+        match self.kind() {
+            Kind::Send => self.is_end(),
+            Kind::Write => self.has_immediate(),
+            _ => false,
+        }
+    }
+
+    /// Checks a payload length against this opcode's rule for path MTU `pmtu` bytes.
+    ///
+    /// This is the responder's length check (`rxe_resp_check_length`), not a parse error:
+    /// on RC a violation is answered with NAK invalid request.
+    pub fn check_payload_len(self, len: usize, pmtu: usize) -> crate::Result<()> {
+        let reason = match self.payload_rule() {
+            PayloadRule::None if len != 0 => "opcode carries no payload",
+            PayloadRule::FullMtu if len != pmtu => "FIRST/MIDDLE payload must equal the PMTU",
+            PayloadRule::Last if len == 0 || len > pmtu => "LAST payload must be 1..=PMTU",
+            PayloadRule::UpToMtu if len > pmtu => "ONLY payload exceeds the PMTU",
+            PayloadRule::Exactly8 if len != 8 => "ATOMIC WRITE payload must be 8 bytes",
+            _ => return Ok(()),
+        };
+        Err(crate::Error::LengthMismatch {
+            opcode: self,
+            len,
+            reason,
+        })
+    }
+
+    /// The opcode for `kind` at `position` on `transport`, with or without immediate data.
+    ///
+    /// This is the requester's segmentation table (rxe `next_opcode_rc/uc`): for example
+    /// `(Rc, Write, Last, true)` gives `RC_RDMA_WRITE_LAST_WITH_IMMEDIATE`. Returns `None`
+    /// for combinations that do not exist (a UC READ, a UD FIRST packet, ...).
+    pub fn for_message(
+        transport: Transport,
+        kind: Kind,
+        position: Position,
+        imm: bool,
+    ) -> Option<Opcode> {
+        Opcode::ALL.iter().copied().find(|op| {
+            op.transport() == transport
+                && op.kind() == kind
+                && op.position() == Some(position)
+                && op.has_immediate() == imm
+                && !op.has_invalidate()
+        })
+    }
+}
+
+impl fmt::Display for Opcode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl TryFrom<u8> for Opcode {
+    type Error = crate::Error;
+
+    fn try_from(v: u8) -> crate::Result<Opcode> {
+        Opcode::from_u8(v).ok_or(crate::Error::UnknownOpcode(v))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_lengths_match_rxe() {
+        // Header lengths (BTH + ETHs) from roce-reference.md §1.5 / rxe_opcode.c.
+        let cases = [
+            (Opcode::RcSendOnly, 12),
+            (Opcode::RcSendOnlyWithImmediate, 16),
+            (Opcode::RcRdmaWriteFirst, 28),
+            (Opcode::RcRdmaWriteOnlyWithImmediate, 32),
+            (Opcode::RcRdmaReadRequest, 28),
+            (Opcode::RcRdmaReadResponseFirst, 16),
+            (Opcode::RcRdmaReadResponseMiddle, 12),
+            (Opcode::RcAcknowledge, 16),
+            (Opcode::RcAtomicAcknowledge, 24),
+            (Opcode::RcCompareSwap, 40),
+            (Opcode::UdSendOnly, 20),
+            (Opcode::UdSendOnlyWithImmediate, 24),
+            (Opcode::RcFlush, 32),
+            (Opcode::Cnp, 28),
+        ];
+        for (op, len) in cases {
+            assert_eq!(op.header_len(), len, "{op}");
+        }
+        let h = Opcode::RcRdmaWriteOnlyWithImmediate.headers();
+        assert_eq!(h.offset_of(Headers::RETH), Some(0));
+        assert_eq!(h.offset_of(Headers::IMM_DT), Some(16));
+        assert_eq!(Opcode::RcFlush.headers().offset_of(Headers::RETH), Some(4));
+        assert_eq!(
+            Opcode::RcAtomicAcknowledge
+                .headers()
+                .offset_of(Headers::ATOMIC_ACK_ETH),
+            Some(4)
+        );
+    }
+
+    #[test]
+    fn table_round_trips_and_classifies() {
+        assert_eq!(Opcode::ALL.len(), 40);
+        for v in 0..=255u8 {
+            if let Some(op) = Opcode::from_u8(v) {
+                assert_eq!(op.value(), v);
+            }
+        }
+        assert_eq!(Opcode::UcSendOnly.transport(), Transport::Uc);
+        assert_eq!(Opcode::UdSendOnly.transport(), Transport::Ud);
+        assert_eq!(Opcode::Cnp.transport(), Transport::Cnp);
+        assert!(Opcode::RcRdmaWriteLastWithImmediate.consumes_recv_wqe());
+        assert!(!Opcode::RcRdmaWriteLast.consumes_recv_wqe());
+        assert!(Opcode::RcSendFirst.consumes_recv_wqe());
+        assert!(!Opcode::RcSendFirst.completes_recv());
+        assert_eq!(
+            Opcode::try_from(0x15),
+            Err(crate::Error::UnknownOpcode(0x15))
+        );
+        assert_eq!(
+            Opcode::for_message(Transport::Rc, Kind::Write, Position::Last, true),
+            Some(Opcode::RcRdmaWriteLastWithImmediate)
+        );
+        assert_eq!(
+            Opcode::for_message(Transport::Uc, Kind::ReadRequest, Position::Only, false),
+            None
+        );
+    }
+
+    #[test]
+    fn payload_rules() {
+        assert!(Opcode::RcSendFirst.check_payload_len(1024, 1024).is_ok());
+        assert!(Opcode::RcSendFirst.check_payload_len(1000, 1024).is_err());
+        assert!(Opcode::RcSendLast.check_payload_len(0, 1024).is_err());
+        assert!(Opcode::RcSendOnly.check_payload_len(0, 1024).is_ok());
+        assert!(Opcode::RcSendOnly.check_payload_len(1025, 1024).is_err());
+        assert!(Opcode::RcAcknowledge.check_payload_len(4, 1024).is_err());
+        assert!(Opcode::RcAtomicWrite.check_payload_len(8, 256).is_ok());
+    }
+}

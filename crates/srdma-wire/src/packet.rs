@@ -1,0 +1,395 @@
+//! A whole RoCEv2 packet (the UDP payload): BTH, extension headers, payload, pad, ICRC.
+
+use crate::aeth::{Aeth, AethRepr};
+use crate::atomic::{AtomicAckEth, AtomicAckEthRepr, AtomicEth, AtomicEthRepr};
+use crate::bth::{BTH_LEN, Bth, BthRepr};
+use crate::deth::{Deth, DethRepr};
+use crate::icrc::{self, ICRC_LEN};
+use crate::imm::{Ieth, ImmDt};
+use crate::ip::Encap;
+use crate::opcode::{Headers, Opcode, PayloadRule};
+use crate::reth::{Feth, FethRepr, Reth, RethRepr};
+use crate::{Error, Result};
+
+/// Smallest RoCEv2 packet: a BTH and an ICRC.
+pub const MIN_PACKET_LEN: usize = BTH_LEN + ICRC_LEN;
+
+/// A zero-copy view of a whole RoCEv2 packet.
+///
+/// [`Packet::new_checked`] validates the structure once — TVer 0, a known opcode, room for
+/// every header its opcode carries and for the ICRC, a pad count that fits the payload, no
+/// payload where the opcode allows none — after which no accessor panics. Rules that need the
+/// path MTU are the responder's ([`Opcode::check_payload_len`]); the ICRC needs the IP header
+/// ([`Packet::verify_icrc`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Packet<T: AsRef<[u8]>> {
+    buffer: T,
+}
+
+impl<T: AsRef<[u8]>> Packet<T> {
+    /// Wraps `buffer` without checks; accessors may panic on malformed input.
+    pub const fn new_unchecked(buffer: T) -> Self {
+        Packet { buffer }
+    }
+
+    /// Wraps `buffer` after [`check_len`](Self::check_len).
+    pub fn new_checked(buffer: T) -> Result<Self> {
+        let p = Self::new_unchecked(buffer);
+        p.check_len()?;
+        Ok(p)
+    }
+
+    /// Validates the structure (see the type's documentation).
+    pub fn check_len(&self) -> Result<()> {
+        let b = self.buffer.as_ref();
+        let bth = Bth::new_checked(b)?;
+        if bth.tver() != 0 {
+            return Err(Error::BadVersion(bth.tver()));
+        }
+        let opcode = bth.opcode()?;
+        let hl = opcode.header_len();
+        crate::error::need(opcode.name(), b, hl + ICRC_LEN)?;
+        let area = b.len() - hl - ICRC_LEN;
+        let pad = usize::from(bth.pad_cnt());
+        if pad > 0 && area <= pad {
+            return Err(Error::BadPad {
+                opcode,
+                pad: pad as u8,
+                reason: "pad without payload",
+            });
+        }
+        if area % 4 != 0 {
+            return Err(Error::LengthMismatch {
+                opcode,
+                len: area,
+                reason: "payload + pad is not a multiple of 4",
+            });
+        }
+        if opcode.payload_rule() == PayloadRule::None && area != 0 {
+            return Err(Error::LengthMismatch {
+                opcode,
+                len: area,
+                reason: "opcode carries no payload",
+            });
+        }
+        Ok(())
+    }
+
+    /// Gives the buffer back.
+    pub fn into_inner(self) -> T {
+        self.buffer
+    }
+
+    /// The whole packet.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buffer.as_ref()
+    }
+
+    /// The BTH.
+    pub fn bth(&self) -> Bth<&[u8]> {
+        Bth::new_unchecked(&self.buffer.as_ref()[..BTH_LEN])
+    }
+
+    /// The opcode. Panics only on an unchecked packet with an unknown opcode.
+    pub fn opcode(&self) -> Opcode {
+        self.bth()
+            .opcode()
+            .expect("Packet::check_len validated the opcode")
+    }
+
+    fn header(&self, h: Headers, len: usize) -> Option<&[u8]> {
+        let off = BTH_LEN + self.opcode().headers().offset_of(h)?;
+        Some(&self.buffer.as_ref()[off..off + len])
+    }
+
+    /// The DETH, if the opcode carries one.
+    pub fn deth(&self) -> Option<Deth<&[u8]>> {
+        self.header(Headers::DETH, 8).map(Deth::new_unchecked)
+    }
+    /// The FETH, if the opcode carries one.
+    pub fn feth(&self) -> Option<Feth<&[u8]>> {
+        self.header(Headers::FETH, 4).map(Feth::new_unchecked)
+    }
+    /// The RETH, if the opcode carries one.
+    pub fn reth(&self) -> Option<Reth<&[u8]>> {
+        self.header(Headers::RETH, 16).map(Reth::new_unchecked)
+    }
+    /// The AtomicETH, if the opcode carries one.
+    pub fn atomic_eth(&self) -> Option<AtomicEth<&[u8]>> {
+        self.header(Headers::ATOMIC_ETH, 28)
+            .map(AtomicEth::new_unchecked)
+    }
+    /// The ImmDt, if the opcode carries one.
+    pub fn imm_dt(&self) -> Option<ImmDt<&[u8]>> {
+        self.header(Headers::IMM_DT, 4).map(ImmDt::new_unchecked)
+    }
+    /// The IETH, if the opcode carries one.
+    pub fn ieth(&self) -> Option<Ieth<&[u8]>> {
+        self.header(Headers::IETH, 4).map(Ieth::new_unchecked)
+    }
+    /// The AETH, if the opcode carries one.
+    pub fn aeth(&self) -> Option<Aeth<&[u8]>> {
+        self.header(Headers::AETH, 4).map(Aeth::new_unchecked)
+    }
+    /// The AtomicAckETH, if the opcode carries one.
+    pub fn atomic_ack_eth(&self) -> Option<AtomicAckEth<&[u8]>> {
+        self.header(Headers::ATOMIC_ACK_ETH, 8)
+            .map(AtomicAckEth::new_unchecked)
+    }
+
+    /// Length of BTH and extension headers.
+    pub fn header_len(&self) -> usize {
+        self.opcode().header_len()
+    }
+
+    /// Number of pad bytes.
+    pub fn pad_len(&self) -> usize {
+        usize::from(self.bth().pad_cnt())
+    }
+
+    /// Payload length (pad excluded): total − headers − pad − ICRC, as rxe's `payload_size`.
+    pub fn payload_len(&self) -> usize {
+        self.buffer.as_ref().len() - self.header_len() - self.pad_len() - ICRC_LEN
+    }
+
+    /// The payload.
+    pub fn payload(&self) -> &[u8] {
+        let hl = self.header_len();
+        &self.buffer.as_ref()[hl..hl + self.payload_len()]
+    }
+
+    /// The pad bytes (normally zero).
+    pub fn pad(&self) -> &[u8] {
+        let b = self.buffer.as_ref();
+        &b[b.len() - ICRC_LEN - self.pad_len()..b.len() - ICRC_LEN]
+    }
+
+    /// The ICRC as a number (the four wire bytes read little-endian).
+    pub fn icrc(&self) -> u32 {
+        icrc::carried(self.buffer.as_ref()).expect("Packet::check_len validated the length")
+    }
+
+    /// Everything the ICRC covers after the pseudo header: BTH to pad.
+    pub fn icrc_covered(&self) -> &[u8] {
+        let b = self.buffer.as_ref();
+        &b[..b.len() - ICRC_LEN]
+    }
+
+    /// Checks the ICRC against the IP and UDP headers the packet travelled in.
+    pub fn verify_icrc(&self, encap: &Encap) -> Result<()> {
+        icrc::verify(encap, self.buffer.as_ref())
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
+    /// The payload, writable.
+    pub fn payload_mut(&mut self) -> &mut [u8] {
+        let hl = self.header_len();
+        let n = self.payload_len();
+        &mut self.buffer.as_mut()[hl..hl + n]
+    }
+
+    /// Computes the ICRC for `encap` and writes it into the last four bytes.
+    pub fn fill_icrc(&mut self, encap: &Encap) -> Result<()> {
+        let crc = icrc::compute(encap, self.icrc_covered())?;
+        let b = self.buffer.as_mut();
+        let n = b.len();
+        b[n - ICRC_LEN..].copy_from_slice(&crc.to_le_bytes());
+        Ok(())
+    }
+}
+
+/// Every field of a RoCEv2 packet: the BTH, whichever extension headers its opcode carries,
+/// and the payload. The pad follows from the payload length and the ICRC from the IP header,
+/// so neither is stored: [`PacketRepr::emit`] writes zero pad bytes and
+/// [`PacketRepr::emit_with_icrc`] the ICRC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PacketRepr<'a> {
+    /// Base transport header. `bth.pad_cnt` is filled by `parse`; `emit` derives it from the
+    /// payload length.
+    pub bth: BthRepr,
+    /// DETH (UD).
+    pub deth: Option<DethRepr>,
+    /// FETH (FLUSH).
+    pub feth: Option<FethRepr>,
+    /// RETH (RDMA WRITE first/only, READ request, FLUSH, ATOMIC WRITE).
+    pub reth: Option<RethRepr>,
+    /// AtomicETH (compare-and-swap, fetch-and-add).
+    pub atomic_eth: Option<AtomicEthRepr>,
+    /// Immediate data.
+    pub imm_dt: Option<u32>,
+    /// R_Key to invalidate.
+    pub ieth: Option<u32>,
+    /// AETH (ACK, NAK, READ response first/last/only, atomic ACK).
+    pub aeth: Option<AethRepr>,
+    /// AtomicAckETH.
+    pub atomic_ack_eth: Option<AtomicAckEthRepr>,
+    /// Payload (pad excluded).
+    pub payload: &'a [u8],
+}
+
+impl<'a> PacketRepr<'a> {
+    /// A repr with `bth` and `payload` and no extension headers; set the ones the opcode needs.
+    pub fn new(bth: BthRepr, payload: &'a [u8]) -> Self {
+        PacketRepr {
+            bth,
+            deth: None,
+            feth: None,
+            reth: None,
+            atomic_eth: None,
+            imm_dt: None,
+            ieth: None,
+            aeth: None,
+            atomic_ack_eth: None,
+            payload,
+        }
+    }
+
+    /// Parses a checked packet.
+    pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &'a Packet<&'a T>) -> Result<PacketRepr<'a>> {
+        let bytes: &'a [u8] = packet.buffer.as_ref();
+        Self::parse_bytes(bytes)
+    }
+
+    /// Parses a whole packet straight from bytes (checks included).
+    pub fn parse_bytes(bytes: &'a [u8]) -> Result<PacketRepr<'a>> {
+        let p = Packet::new_checked(bytes)?;
+        let bth = BthRepr::parse(&p.bth())?;
+        let hl = p.header_len();
+        let payload_len = p.payload_len();
+        Ok(PacketRepr {
+            bth,
+            deth: p.deth().map(|h| DethRepr::parse(&h)).transpose()?,
+            feth: p.feth().map(|h| FethRepr::parse(&h)).transpose()?,
+            reth: p.reth().map(|h| RethRepr::parse(&h)).transpose()?,
+            atomic_eth: p
+                .atomic_eth()
+                .map(|h| AtomicEthRepr::parse(&h))
+                .transpose()?,
+            imm_dt: p.imm_dt().map(|h| crate::imm::parse_imm(&h)).transpose()?,
+            ieth: p.ieth().map(|h| crate::imm::parse_ieth(&h)).transpose()?,
+            aeth: p.aeth().map(|h| AethRepr::parse(&h)).transpose()?,
+            atomic_ack_eth: p
+                .atomic_ack_eth()
+                .map(|h| AtomicAckEthRepr::parse(&h))
+                .transpose()?,
+            payload: &bytes[hl..hl + payload_len],
+        })
+    }
+
+    /// Pad bytes the payload needs: `(-len) & 3`.
+    pub fn pad_len(&self) -> usize {
+        self.payload.len().wrapping_neg() & 3
+    }
+
+    /// Length of the packet on the wire, ICRC included.
+    pub fn buffer_len(&self) -> usize {
+        self.bth.opcode.header_len() + self.payload.len() + self.pad_len() + ICRC_LEN
+    }
+
+    /// Checks that the extension headers present are exactly those the opcode carries and
+    /// that the payload fits the opcode (no payload where none is allowed).
+    pub fn check(&self) -> Result<()> {
+        let op = self.bth.opcode;
+        let want = op.headers();
+        let have = [
+            (Headers::DETH, self.deth.is_some()),
+            (Headers::FETH, self.feth.is_some()),
+            (Headers::RETH, self.reth.is_some()),
+            (Headers::ATOMIC_ETH, self.atomic_eth.is_some()),
+            (Headers::IMM_DT, self.imm_dt.is_some()),
+            (Headers::IETH, self.ieth.is_some()),
+            (Headers::AETH, self.aeth.is_some()),
+            (Headers::ATOMIC_ACK_ETH, self.atomic_ack_eth.is_some()),
+        ];
+        for (h, present) in have {
+            if want.contains(h) != present {
+                let name = Headers::ORDER
+                    .iter()
+                    .find(|e| e.0 == h)
+                    .map_or("?", |e| e.2);
+                let reason = if present {
+                    "does not carry"
+                } else {
+                    "requires"
+                };
+                return Err(Error::HeaderMismatch {
+                    opcode: op,
+                    header: name,
+                    reason,
+                });
+            }
+        }
+        if op.payload_rule() == PayloadRule::None && !self.payload.is_empty() {
+            return Err(Error::LengthMismatch {
+                opcode: op,
+                len: self.payload.len(),
+                reason: "opcode carries no payload",
+            });
+        }
+        Ok(())
+    }
+
+    /// Writes the packet into `buf[..buffer_len()]` with zero pad and a zero ICRC; returns the
+    /// length written. Use [`Packet::fill_icrc`] (or [`emit_with_icrc`](Self::emit_with_icrc))
+    /// to complete it.
+    pub fn emit(&self, buf: &mut [u8]) -> Result<usize> {
+        self.check()?;
+        let len = self.buffer_len();
+        if buf.len() < len {
+            return Err(Error::BufferTooSmall {
+                needed: len,
+                actual: buf.len(),
+            });
+        }
+        let buf = &mut buf[..len];
+        let mut bth = self.bth;
+        bth.pad_cnt = self.pad_len() as u8;
+        bth.emit(&mut Bth::new_unchecked(&mut buf[..BTH_LEN]));
+        let headers = self.bth.opcode.headers();
+        let at = |h: Headers| BTH_LEN + headers.offset_of(h).unwrap_or(0);
+        if let Some(h) = self.deth {
+            h.emit(&mut Deth::new_unchecked(&mut buf[at(Headers::DETH)..]));
+        }
+        if let Some(h) = self.feth {
+            h.emit(&mut Feth::new_unchecked(&mut buf[at(Headers::FETH)..]));
+        }
+        if let Some(h) = self.reth {
+            h.emit(&mut Reth::new_unchecked(&mut buf[at(Headers::RETH)..]));
+        }
+        if let Some(h) = self.atomic_eth {
+            h.emit(&mut AtomicEth::new_unchecked(
+                &mut buf[at(Headers::ATOMIC_ETH)..],
+            ));
+        }
+        if let Some(v) = self.imm_dt {
+            ImmDt::new_unchecked(&mut buf[at(Headers::IMM_DT)..]).set_value(v);
+        }
+        if let Some(v) = self.ieth {
+            Ieth::new_unchecked(&mut buf[at(Headers::IETH)..]).set_rkey(v);
+        }
+        if let Some(h) = self.aeth {
+            h.emit(&mut Aeth::new_unchecked(&mut buf[at(Headers::AETH)..]));
+        }
+        if let Some(h) = self.atomic_ack_eth {
+            h.emit(&mut AtomicAckEth::new_unchecked(
+                &mut buf[at(Headers::ATOMIC_ACK_ETH)..],
+            ));
+        }
+        if headers.contains(Headers::CNP_RESERVED) {
+            let o = at(Headers::CNP_RESERVED);
+            buf[o..o + 16].fill(0);
+        }
+        let hl = self.bth.opcode.header_len();
+        buf[hl..hl + self.payload.len()].copy_from_slice(self.payload);
+        buf[hl + self.payload.len()..].fill(0);
+        Ok(len)
+    }
+
+    /// [`emit`](Self::emit), then the ICRC for the packet carried in `encap`.
+    pub fn emit_with_icrc(&self, buf: &mut [u8], encap: &Encap) -> Result<usize> {
+        let len = self.emit(buf)?;
+        Packet::new_unchecked(&mut buf[..len]).fill_icrc(encap)?;
+        Ok(len)
+    }
+}
