@@ -1,1 +1,112 @@
-fn main() {}
+//! `srdma`: the one command-line tool of the srdma RDMA stack.
+
+mod decode;
+mod demo;
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// srdma: RDMA over RoCEv2 in user space.
+#[derive(Debug, Parser)]
+#[command(name = "srdma", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Decode the RoCEv2 packets of pcap files, one line each, verifying every ICRC.
+    ///
+    /// Exits 1 when a file cannot be read or is not a pcap, or when any RoCEv2 packet is
+    /// malformed or carries a bad ICRC.
+    Decode {
+        /// pcap files (classic pcap; Ethernet, raw IP, Linux cooked or loopback link types).
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Print every field of every packet.
+        #[arg(short, long)]
+        verbose: bool,
+        /// UDP destination port that marks RoCEv2 traffic.
+        #[arg(long, default_value_t = srdma_wire::ROCEV2_PORT)]
+        port: u16,
+    },
+    /// Decode the captures of real rxe traffic built into this binary and check every packet.
+    Demo {
+        /// Also print every packet, with every field.
+        #[arg(short, long)]
+        verbose: bool,
+    },
+}
+
+fn run(cli: Cli) -> anyhow::Result<bool> {
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    match cli.command {
+        Command::Decode {
+            files,
+            verbose,
+            port,
+        } => {
+            let opts = decode::Options {
+                verbose,
+                per_packet: true,
+                port,
+            };
+            let mut clean = true;
+            for path in &files {
+                let name = path.display().to_string();
+                let data = match std::fs::read(path) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        eprintln!("error: {name}: {e}");
+                        clean = false;
+                        continue;
+                    }
+                };
+                if files.len() > 1 {
+                    writeln!(out, "== {name}")?;
+                }
+                match decode::decode(&data, opts, &mut out) {
+                    Ok(s) => {
+                        writeln!(out, "{}", decode::summary_line(&name, &s))?;
+                        if !s.clean() {
+                            eprintln!(
+                                "error: {name}: {} malformed RoCEv2 packets, {} with a bad ICRC",
+                                s.malformed, s.icrc_bad
+                            );
+                            clean = false;
+                        }
+                    }
+                    Err(e) => {
+                        eprintln!("error: {name}: {e}");
+                        clean = false;
+                    }
+                }
+            }
+            Ok(clean)
+        }
+        Command::Demo { verbose } => demo::run(verbose, &mut out),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            // A closed stdout (`srdma decode f | head`) is not an error worth a message.
+            if e.downcast_ref::<std::io::Error>()
+                .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+            {
+                return ExitCode::SUCCESS;
+            }
+            eprintln!("error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -245,10 +245,9 @@ impl<'a> PacketRepr<'a> {
         }
     }
 
-    /// Parses a checked packet.
-    pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &'a Packet<&'a T>) -> Result<PacketRepr<'a>> {
-        let bytes: &'a [u8] = packet.buffer.as_ref();
-        Self::parse_bytes(bytes)
+    /// Parses a packet view; the repr borrows the packet's buffer, not the view.
+    pub fn parse(packet: &Packet<&'a [u8]>) -> Result<PacketRepr<'a>> {
+        Self::parse_bytes(packet.buffer)
     }
 
     /// Parses a whole packet straight from bytes (checks included).
