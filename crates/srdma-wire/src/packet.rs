@@ -333,8 +333,30 @@ impl<'a> PacketRepr<'a> {
     /// length written. Use [`Packet::fill_icrc`] (or [`emit_with_icrc`](Self::emit_with_icrc))
     /// to complete it.
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize> {
-        self.check()?;
-        let len = self.buffer_len();
+        let len = self.emit_headers(buf, self.payload.len())?;
+        let hl = self.bth.opcode.header_len();
+        buf[hl..hl + self.payload.len()].copy_from_slice(self.payload);
+        Ok(len)
+    }
+
+    /// Like [`emit`](Self::emit) for a packet whose payload is `payload_len` bytes that the
+    /// caller writes itself into `buf[header_len..header_len + payload_len]` (e.g. straight from
+    /// registered memory, saving a copy). `self.payload` is ignored; headers, zero pad and a
+    /// zero ICRC are written. Returns the packet length.
+    pub fn emit_headers(&self, buf: &mut [u8], payload_len: usize) -> Result<usize> {
+        let mut probe = *self;
+        probe.payload = &[];
+        probe.check()?;
+        let op = self.bth.opcode;
+        if op.payload_rule() == PayloadRule::None && payload_len != 0 {
+            return Err(Error::LengthMismatch {
+                opcode: op,
+                len: payload_len,
+                reason: "opcode carries no payload",
+            });
+        }
+        let pad = payload_len.wrapping_neg() & 3;
+        let len = op.header_len() + payload_len + pad + ICRC_LEN;
         if buf.len() < len {
             return Err(Error::BufferTooSmall {
                 needed: len,
@@ -343,7 +365,7 @@ impl<'a> PacketRepr<'a> {
         }
         let buf = &mut buf[..len];
         let mut bth = self.bth;
-        bth.pad_cnt = self.pad_len() as u8;
+        bth.pad_cnt = pad as u8;
         bth.emit(&mut Bth::new_unchecked(&mut buf[..BTH_LEN]));
         let headers = self.bth.opcode.headers();
         let at = |h: Headers| BTH_LEN + headers.offset_of(h).unwrap_or(0);
@@ -379,9 +401,7 @@ impl<'a> PacketRepr<'a> {
             let o = at(Headers::CNP_RESERVED);
             buf[o..o + 16].fill(0);
         }
-        let hl = self.bth.opcode.header_len();
-        buf[hl..hl + self.payload.len()].copy_from_slice(self.payload);
-        buf[hl + self.payload.len()..].fill(0);
+        buf[len - ICRC_LEN - pad..].fill(0);
         Ok(len)
     }
 

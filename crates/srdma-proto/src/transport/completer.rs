@@ -1,0 +1,318 @@
+//! The completer (rxe `rxe_comp.c`): turns ACKs, NAKs, READ responses and atomic ACKs into
+//! send completions, and runs the retransmission and RNR timers.
+
+use std::time::Duration;
+
+use srdma_wire::{Kind, NakCode, PacketRepr, Position, Psn, Syndrome};
+
+use super::requester::scatter;
+use super::{Ctx, Qp, WqeState, send_wc};
+use crate::wc::{SendFlags, WcStatus};
+use crate::wr::SendOp;
+
+impl Qp {
+    /// A response packet (ACKNOWLEDGE, READ response, ATOMIC ACKNOWLEDGE) for this requester.
+    pub(super) fn handle_response(&mut self, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_>) {
+        let psn = pkt.bth.psn;
+        // A response for a PSN never sent is a ghost (IBA 9.7.5.1.2): drop it.
+        if !psn.before(self.max_sent_psn) {
+            self.counters.dropped_pkts += 1;
+            return;
+        }
+        self.counters.rcvd_pkts += 1;
+        let op = pkt.bth.opcode;
+        match op.kind() {
+            Kind::Acknowledge => {
+                let Some(aeth) = pkt.aeth else { return };
+                match aeth.syndrome {
+                    Syndrome::Ack { .. } => {
+                        // Duplicate or stale ACKs (before comp_psn) change nothing.
+                        if psn.before(self.comp_psn) {
+                            return;
+                        }
+                        if self.retire_acked(psn.add(1)) {
+                            self.start_retry(ctx.now, false);
+                        }
+                        self.progress(ctx.now);
+                    }
+                    Syndrome::RnrNak { timer_code } => {
+                        self.counters.rcvd_rnr_err += 1;
+                        if self.retire_acked(psn) {
+                            self.start_retry(ctx.now, false);
+                            return;
+                        }
+                        self.rnr_retry(ctx.now, psn, timer_code);
+                    }
+                    Syndrome::Nak(NakCode::PsnSequenceError) => {
+                        self.counters.rcvd_seq_err += 1;
+                        // The NAK acknowledges everything before the PSN it carries.
+                        self.retire_acked(psn);
+                        self.progress(ctx.now);
+                        self.start_retry(ctx.now, false);
+                    }
+                    Syndrome::Nak(code) => {
+                        let status = match code {
+                            NakCode::InvalidRequest => WcStatus::RemInvReqErr,
+                            NakCode::RemoteAccessError => WcStatus::RemAccessErr,
+                            // RemoteOperationalError, InvalidRdRequest and reserved codes
+                            // (rxe `check_ack`: unknown NAK → REM_OP_ERR).
+                            _ => WcStatus::RemOpErr,
+                        };
+                        self.retire_acked(psn);
+                        self.fail_head(status);
+                    }
+                    Syndrome::Reserved(_) => self.counters.dropped_pkts += 1,
+                }
+            }
+            Kind::ReadResponse => self.read_response(ctx, pkt),
+            Kind::AtomicAcknowledge => self.atomic_ack(ctx, pkt),
+            _ => self.counters.dropped_pkts += 1,
+        }
+    }
+
+    /// Completes, in order, the SEND/WRITE WQEs acknowledged by a response that covers every
+    /// PSN before `upto`, and moves `comp_psn` up to `upto` inside a partly acknowledged
+    /// SEND/WRITE. Returns true when a READ or atomic before `upto` is still unanswered: its
+    /// response was lost (an implied NAK, IBA 9.9.2.1).
+    fn retire_acked(&mut self, upto: Psn) -> bool {
+        loop {
+            let Some(w) = self.sq.front() else {
+                return false;
+            };
+            if w.state == WqeState::Posted || !w.first_psn.before(upto) {
+                return false;
+            }
+            if w.wr.op.is_read_or_atomic() {
+                // Only its own response completes a READ or atomic.
+                return true;
+            }
+            if !w.last_psn.before(upto) || w.state != WqeState::Pending {
+                // Partly acknowledged multi-packet message.
+                if upto.after(self.comp_psn) {
+                    self.comp_psn = upto;
+                }
+                return false;
+            }
+            self.comp_psn = w.last_psn.add(1);
+            self.complete_head(WcStatus::Success);
+        }
+    }
+
+    /// Pops the head WQE with `status`.
+    fn complete_head(&mut self, status: WcStatus) {
+        let Some(w) = self.sq.pop_front() else { return };
+        if w.has_rd_atomic {
+            self.rd_atomic = self.rd_atomic.saturating_sub(1);
+        }
+        let signaled = w.wr.flags.contains(SendFlags::SIGNALED);
+        self.push_send_wc(send_wc(self.cfg.qpn, &w, status), signaled);
+        self.req_cursor = self.req_cursor.saturating_sub(1);
+        // A WQE that failed locally while earlier ones waited for ACKs is reported now.
+        if let Some(status) = self.sq.front().and_then(|w| w.error) {
+            self.fail_head(status);
+        }
+    }
+
+    /// Completes the head WQE in error and moves the QP to ERR, flushing the rest.
+    fn fail_head(&mut self, status: WcStatus) {
+        if let Some(w) = self.sq.pop_front() {
+            self.push_send_wc(send_wc(self.cfg.qpn, &w, status), true);
+        }
+        self.enter_error(false);
+    }
+
+    /// After forward progress: fresh retry budgets (rxe `reset_retry_counters`) and a timer
+    /// that runs only while something is unacknowledged.
+    fn progress(&mut self, now: Duration) {
+        self.retry_left = self.attr.retry_cnt;
+        self.rnr_retry_left = self.attr.rnr_retry;
+        self.retry_started_at = None;
+        self.rearm(now);
+    }
+
+    fn rearm(&mut self, now: Duration) {
+        self.retrans_deadline = if self.comp_psn.before(self.max_sent_psn) {
+            crate::timer::local_ack_timeout(self.attr.timeout).map(|t| now + t)
+        } else {
+            None
+        };
+    }
+
+    fn read_response(&mut self, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_>) {
+        let psn = pkt.bth.psn;
+        if psn.before(self.comp_psn) {
+            return; // duplicate
+        }
+        // Responses implicitly acknowledge every earlier SEND/WRITE.
+        if self.retire_acked(psn) {
+            let head_psn = self
+                .sq
+                .front()
+                .map(|w| w.first_psn.add(w.read_done / self.pmtu()));
+            if head_psn != Some(psn) {
+                self.start_retry(ctx.now, false);
+                return;
+            }
+        }
+        let pmtu = self.pmtu();
+        let Some(w) = self.sq.front() else { return };
+        if !matches!(w.wr.op, SendOp::Read { .. }) || w.state == WqeState::Posted {
+            self.counters.dropped_pkts += 1;
+            return;
+        }
+        // In order only: a later response means one was lost; the timer or a NAK recovers.
+        if psn != self.comp_psn {
+            return;
+        }
+        let position = pkt.bth.opcode.position();
+        let starts = matches!(position, Some(Position::First | Position::Only));
+        if starts != self.comp_read_expect.is_none() {
+            self.counters.dropped_pkts += 1;
+            return;
+        }
+        if let Some(aeth) = pkt.aeth {
+            if !matches!(aeth.syndrome, Syndrome::Ack { .. }) {
+                self.fail_head(WcStatus::BadRespErr);
+                return;
+            }
+        }
+        let k = psn.diff(w.first_psn) as u32;
+        let offset = u64::from(k) * u64::from(pmtu);
+        let expect = u64::from(w.len).saturating_sub(offset).min(u64::from(pmtu));
+        if pkt.payload.len() as u64 != expect || (w.len > 0 && offset >= u64::from(w.len)) {
+            self.fail_head(WcStatus::BadRespErr);
+            return;
+        }
+        let sges = w.wr.sges.clone();
+        if let Err(status) = scatter(ctx, self.cfg.pd, sges.as_slice(), offset, pkt.payload) {
+            self.fail_head(status);
+            return;
+        }
+        let w = &mut self.sq[0];
+        w.read_done = (offset + expect) as u32;
+        let ends = matches!(position, Some(Position::Last | Position::Only));
+        self.comp_read_expect = if ends { None } else { Some(pkt.bth.opcode) };
+        self.comp_psn = psn.add(1);
+        if ends {
+            if w.read_done != w.len {
+                self.fail_head(WcStatus::BadRespErr);
+                return;
+            }
+            self.complete_head(WcStatus::Success);
+        }
+        self.progress(ctx.now);
+    }
+
+    fn atomic_ack(&mut self, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_>) {
+        let psn = pkt.bth.psn;
+        if psn.before(self.comp_psn) {
+            return;
+        }
+        if self.retire_acked(psn) {
+            let head = self.sq.front().map(|w| w.first_psn);
+            if head != Some(psn) {
+                self.start_retry(ctx.now, false);
+                return;
+            }
+        }
+        let Some(w) = self.sq.front() else { return };
+        if !w.wr.op.is_atomic() || w.first_psn != psn || w.state == WqeState::Posted {
+            self.counters.dropped_pkts += 1;
+            return;
+        }
+        if !matches!(pkt.aeth.map(|a| a.syndrome), Some(Syndrome::Ack { .. })) {
+            self.fail_head(WcStatus::BadRespErr);
+            return;
+        }
+        let orig = pkt.atomic_ack_eth.map_or(0, |a| a.orig);
+        // The original value lands in the local buffer in host byte order, as rxe writes it.
+        let sges = w.wr.sges.clone();
+        if let Err(status) = scatter(ctx, self.cfg.pd, sges.as_slice(), 0, &orig.to_ne_bytes()) {
+            self.fail_head(status);
+            return;
+        }
+        self.comp_psn = psn.add(1);
+        self.complete_head(WcStatus::Success);
+        self.progress(ctx.now);
+    }
+
+    /// RNR NAK for the request at `psn`: wait the timer it names, then resend from there,
+    /// unless `rnr_retry` is spent (7 = retry forever, IBA 9.7.5.2.8).
+    fn rnr_retry(&mut self, now: Duration, psn: Psn, timer_code: u8) {
+        if self.rnr_retry_left == 0 {
+            self.counters.retry_rnr_exceeded_err += 1;
+            self.fail_head(WcStatus::RnrRetryExcErr);
+            return;
+        }
+        if self.rnr_retry_left != 7 {
+            self.rnr_retry_left -= 1;
+        }
+        if psn.after(self.comp_psn) {
+            self.comp_psn = psn;
+        }
+        self.rewind();
+        self.retrans_deadline = None;
+        self.rnr_deadline = Some(now + crate::timer::rnr_timer(timer_code));
+    }
+
+    /// Starts resending from `comp_psn`, charging one retry. NAK- and implied-NAK-triggered
+    /// retries of the same PSN are charged once (rxe `started_retry`); timeouts always count.
+    fn start_retry(&mut self, now: Duration, timeout: bool) {
+        if self.sq.is_empty() || !self.comp_psn.before(self.max_sent_psn) {
+            return;
+        }
+        if !timeout && self.retry_started_at == Some(self.comp_psn) {
+            return;
+        }
+        // IBA: retry_cnt 7 means seven retries. (rxe treats 7 as "forever"; a dead peer would
+        // then hang the requester, which srdma does not copy.)
+        if self.retry_left == 0 {
+            self.counters.retry_exceeded_err += 1;
+            self.fail_head(WcStatus::RetryExcErr);
+            return;
+        }
+        self.retry_left -= 1;
+        self.counters.completer_retry_err += 1;
+        self.retry_started_at = Some(self.comp_psn);
+        self.rewind();
+        self.rearm(now);
+    }
+
+    /// Points the requester back at `comp_psn`: the WQE holding it resumes from that packet
+    /// (a partly answered READ is re-requested from the first missing byte, rxe `req_retry`),
+    /// every later WQE is resent whole with the PSNs it already had.
+    fn rewind(&mut self) {
+        let comp = self.comp_psn;
+        let mut cursor = None;
+        for (i, w) in self.sq.iter_mut().enumerate() {
+            if w.state == WqeState::Posted {
+                break;
+            }
+            let from = if w.first_psn.before(comp) && !w.last_psn.before(comp) {
+                comp.diff(w.first_psn) as u32
+            } else {
+                0
+            };
+            w.next_pkt = if w.wr.op.is_atomic() { 0 } else { from };
+            w.state = WqeState::Active;
+            cursor.get_or_insert(i);
+        }
+        self.req_cursor = cursor.unwrap_or(self.req_cursor);
+        self.noack_pkts = 0;
+        self.comp_read_expect = None;
+    }
+
+    /// Timers due at `now`.
+    pub(super) fn completer_timeout(&mut self, now: Duration) {
+        if self.rnr_deadline.is_some_and(|d| now >= d) {
+            self.rnr_deadline = None;
+            self.rearm(now);
+        }
+        if self.retrans_deadline.is_some_and(|d| now >= d) {
+            self.retrans_deadline = None;
+            if self.comp_psn.before(self.max_sent_psn) {
+                self.start_retry(now, true);
+            }
+        }
+    }
+}

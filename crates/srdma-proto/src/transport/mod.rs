@@ -1,0 +1,682 @@
+//! The queue pair: one sans-IO state machine per QP, split like rxe into a requester (turns
+//! send WQEs into request packets), a completer (turns responses into send completions, runs
+//! the retransmission and RNR timers) and a responder (executes incoming requests, answers
+//! with ACK/NAK, READ responses and atomic ACKs).
+//!
+//! The QP owns no memory, socket or clock. Each call gets a [`Ctx`] with the current time,
+//! the device's memory-region table and the memory itself; packets come in through
+//! [`Qp::handle_packet`] and go out through [`Qp::poll_transmit`]; [`Qp::poll_timeout`] says
+//! when [`Qp::handle_timeout`] must be called; completions come out of
+//! [`Qp::poll_completion`]. The same code is driven by the UDP engine, the simulator and the
+//! tests.
+
+mod completer;
+mod requester;
+mod responder;
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use srdma_wire::{Encap, Opcode, PacketRepr, Psn, Qpn, Transport};
+
+use crate::counters::Counters;
+use crate::limits::{DeviceLimits, QpCaps};
+use crate::memory::Memory;
+use crate::mr::{MrTable, PdId};
+use crate::qp::{AttrMask, ModifyError, Mtu, QpAttr, QpState, QpType, validate_modify};
+use crate::srq::Srq;
+use crate::wc::{SendFlags, Wc, WcOpcode, WcStatus};
+use crate::wr::{PostError, RecvWr, SendOp, SendWr};
+
+/// Most PSNs an RC requester keeps unacknowledged (rxe `RXE_MAX_UNACKED_PSNS`).
+pub const MAX_UNACKED_PSNS: u32 = 128;
+/// The requester sets AckReq at least every this many packets (rxe `RXE_MAX_PKT_PER_ACK`).
+pub const MAX_PKT_PER_ACK: u32 = 64;
+/// Largest message (IBA: 2^31 bytes; rxe `RXE_PORT_MAX_MSG_SZ`).
+pub const MAX_MSG_SIZE: u32 = 1 << 31;
+/// Longest RoCEv2 packet srdma emits: the biggest header (BTH + RETH + ImmDt), a 4096-byte
+/// payload and the ICRC. A transmit buffer of this size always suffices.
+pub const MAX_PACKET_LEN: usize = 32 + 4096 + 4;
+
+/// What one call needs from the device: the time, the memory-region table, the memory, and
+/// the QP's shared receive queue if it has one.
+pub struct Ctx<'a> {
+    /// Current time, from any fixed origin (the engine's start, the simulator's clock).
+    pub now: Duration,
+    /// The device's memory regions.
+    pub mrs: &'a MrTable,
+    /// The bytes behind them.
+    pub mem: &'a mut dyn Memory,
+    /// The shared receive queue this QP was created with, if any.
+    pub srq: Option<&'a mut Srq>,
+}
+
+/// Where a packet from [`Qp::poll_transmit`] goes. The engine builds the IP/UDP headers from
+/// it (and its own address), then fills the ICRC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dest {
+    /// Destination GID (IPv4-mapped for IPv4).
+    pub dgid: [u8; 16],
+    /// UDP destination port (4791 unless configured otherwise).
+    pub udp_dport: u16,
+    /// UDP source port, derived from the QP pair as rxe does.
+    pub udp_sport: u16,
+    /// IP traffic class.
+    pub traffic_class: u8,
+    /// IP hop limit / TTL.
+    pub hop_limit: u8,
+    /// IPv6 flow label.
+    pub flow_label: u32,
+}
+
+/// A packet ready in the caller's buffer: `buf[..len]`, ICRC bytes zero.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transmit {
+    /// Packet length, ICRC included.
+    pub len: usize,
+    /// Where it goes.
+    pub dest: Dest,
+}
+
+/// What the receiving engine knows about a packet beyond its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecvMeta {
+    /// The IP and UDP headers it arrived in (fills the GRH of UD receive buffers).
+    pub encap: Encap,
+}
+
+/// Which completion queue a completion belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CqSide {
+    /// The send CQ.
+    Send,
+    /// The receive CQ.
+    Recv,
+}
+
+/// How a QP is created (`ibv_qp_init_attr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpConfig {
+    /// QP number.
+    pub qpn: Qpn,
+    /// RC, UC or UD.
+    pub qp_type: QpType,
+    /// Protection domain.
+    pub pd: PdId,
+    /// Queue capacities.
+    pub caps: QpCaps,
+    /// Every send WR generates a completion (`sq_sig_all`).
+    pub sq_sig_all: bool,
+    /// Receives come from a shared receive queue.
+    pub uses_srq: bool,
+    /// The port's active MTU: the largest UD payload.
+    pub port_mtu: Mtu,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WqeState {
+    /// Posted; no PSN assigned yet.
+    Posted,
+    /// PSNs assigned, request packets being sent.
+    Active,
+    /// Every request packet sent; waiting for the ACK or response (RC).
+    Pending,
+}
+
+#[derive(Debug)]
+struct SendWqe {
+    wr: SendWr,
+    /// Message length.
+    len: u32,
+    state: WqeState,
+    first_psn: Psn,
+    last_psn: Psn,
+    /// PSNs the message uses: packets for SEND/WRITE, response packets for READ, 1 for atomics.
+    npkts: u32,
+    /// Next request packet to send, as an index from `first_psn` (READ: the response packet
+    /// index the next READ request starts at).
+    next_pkt: u32,
+    /// READ: bytes of response data placed so far.
+    read_done: u32,
+    /// Holds one of the `max_rd_atomic` slots.
+    has_rd_atomic: bool,
+    /// A local error found while sending; reported when the WQE reaches the head.
+    error: Option<WcStatus>,
+}
+
+impl SendWqe {
+    fn wc_opcode(&self) -> WcOpcode {
+        self.wr.op.wr_opcode().wc_opcode().unwrap_or(WcOpcode::Send)
+    }
+}
+
+/// A multi-packet SEND or WRITE being received.
+#[derive(Debug)]
+enum Inbound {
+    /// No message in progress.
+    Idle,
+    /// A SEND: the receive WQE it fills and the bytes placed so far.
+    Send { wqe: RecvWr, placed: u32 },
+    /// An RDMA WRITE: where it goes and the bytes still expected.
+    Write {
+        grant: Option<crate::mr::MrGrant>,
+        placed: u64,
+        remaining: u32,
+        dma_len: u32,
+    },
+}
+
+/// A responder resource (rxe `resp_res`): what a duplicate READ or atomic is answered from.
+#[derive(Debug, Clone, Copy)]
+enum Resource {
+    Read {
+        first_psn: Psn,
+        last_psn: Psn,
+        va: u64,
+        rkey: u32,
+        len: u32,
+    },
+    Atomic {
+        psn: Psn,
+        orig: u64,
+    },
+}
+
+/// A response the responder still has to send.
+#[derive(Debug, Clone, Copy)]
+enum RespOut {
+    /// ACKNOWLEDGE with this syndrome and PSN (MSN taken when sent).
+    Ack {
+        psn: Psn,
+        syndrome: srdma_wire::Syndrome,
+    },
+    /// READ response packets `next..=last` of a READ of `len` bytes at `va`, starting at `first`.
+    Read {
+        first: Psn,
+        next: Psn,
+        last: Psn,
+        va: u64,
+        rkey: u32,
+        len: u32,
+    },
+    /// ATOMIC ACKNOWLEDGE.
+    Atomic { psn: Psn, orig: u64 },
+}
+
+/// One queue pair.
+#[derive(Debug)]
+pub struct Qp {
+    cfg: QpConfig,
+    state: QpState,
+    attr: QpAttr,
+    counters: Counters,
+
+    sq: VecDeque<SendWqe>,
+    rq: VecDeque<RecvWr>,
+    send_cq: VecDeque<Wc>,
+    recv_cq: VecDeque<Wc>,
+
+    // Requester.
+    req_cursor: usize,
+    req_psn: Psn,
+    max_sent_psn: Psn,
+    noack_pkts: u32,
+    rd_atomic: u32,
+
+    // Completer.
+    comp_psn: Psn,
+    comp_read_expect: Option<Opcode>,
+    retry_left: u8,
+    rnr_retry_left: u8,
+    retry_started_at: Option<Psn>,
+    retrans_deadline: Option<Duration>,
+    rnr_deadline: Option<Duration>,
+
+    // Responder.
+    epsn: Psn,
+    msn: u32,
+    nak_sent: bool,
+    uc_drop: bool,
+    inbound: Inbound,
+    resources: VecDeque<Resource>,
+    resp_out: VecDeque<RespOut>,
+}
+
+impl Qp {
+    /// Creates a QP in RESET.
+    pub fn new(cfg: QpConfig, limits: &DeviceLimits) -> Result<Qp, crate::limits::CapsError> {
+        cfg.caps.validate(limits, cfg.uses_srq)?;
+        Ok(Qp::build(cfg))
+    }
+
+    fn build(cfg: QpConfig) -> Qp {
+        let attr = QpAttr {
+            qp_state: QpState::Reset,
+            cap: cfg.caps,
+            ..QpAttr::default()
+        };
+        Qp {
+            cfg,
+            state: QpState::Reset,
+            attr,
+            counters: Counters::default(),
+            sq: VecDeque::with_capacity(cfg.caps.max_send_wr as usize),
+            rq: VecDeque::with_capacity(cfg.caps.max_recv_wr as usize),
+            send_cq: VecDeque::with_capacity(cfg.caps.max_send_wr as usize),
+            recv_cq: VecDeque::with_capacity(cfg.caps.max_recv_wr as usize),
+            req_cursor: 0,
+            req_psn: Psn::new(0),
+            max_sent_psn: Psn::new(0),
+            noack_pkts: 0,
+            rd_atomic: 0,
+            comp_psn: Psn::new(0),
+            comp_read_expect: None,
+            retry_left: 0,
+            rnr_retry_left: 0,
+            retry_started_at: None,
+            retrans_deadline: None,
+            rnr_deadline: None,
+            epsn: Psn::new(0),
+            msn: 0,
+            nak_sent: false,
+            uc_drop: false,
+            inbound: Inbound::Idle,
+            resources: VecDeque::new(),
+            resp_out: VecDeque::new(),
+        }
+    }
+
+    /// The QP number.
+    pub fn qpn(&self) -> Qpn {
+        self.cfg.qpn
+    }
+
+    /// RC, UC or UD.
+    pub fn qp_type(&self) -> QpType {
+        self.cfg.qp_type
+    }
+
+    /// Current state.
+    pub fn state(&self) -> QpState {
+        self.state
+    }
+
+    /// Current attributes (`ibv_query_qp`).
+    pub fn attr(&self) -> &QpAttr {
+        &self.attr
+    }
+
+    /// Statistics.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// Send WQEs posted and not yet completed.
+    pub fn send_queue_len(&self) -> usize {
+        self.sq.len()
+    }
+
+    /// Receive WQEs posted and not yet consumed.
+    pub fn recv_queue_len(&self) -> usize {
+        self.rq.len()
+    }
+
+    /// `ibv_modify_qp`: checks the transition and its attributes against the IBTA table, then
+    /// applies them. Entering ERR flushes every outstanding WQE with `WR_FLUSH_ERR`; entering
+    /// RESET discards everything.
+    pub fn modify(
+        &mut self,
+        attr: &QpAttr,
+        mask: AttrMask,
+        limits: &DeviceLimits,
+    ) -> Result<(), ModifyError> {
+        let next = validate_modify(self.cfg.qp_type, self.state, attr, mask, limits)?;
+        let prev = self.state;
+        let a = &mut self.attr;
+        macro_rules! take {
+            ($($bit:ident => $field:ident),* $(,)?) => {
+                $( if mask.contains(AttrMask::$bit) { a.$field = attr.$field; } )*
+            };
+        }
+        take!(
+            ACCESS_FLAGS => qp_access_flags,
+            PKEY_INDEX => pkey_index,
+            PORT => port_num,
+            QKEY => qkey,
+            AV => ah_attr,
+            PATH_MTU => path_mtu,
+            TIMEOUT => timeout,
+            RETRY_CNT => retry_cnt,
+            RNR_RETRY => rnr_retry,
+            RQ_PSN => rq_psn,
+            MAX_QP_RD_ATOMIC => max_rd_atomic,
+            MIN_RNR_TIMER => min_rnr_timer,
+            SQ_PSN => sq_psn,
+            MAX_DEST_RD_ATOMIC => max_dest_rd_atomic,
+            DEST_QPN => dest_qp_num,
+        );
+        if self.cfg.qp_type == QpType::Ud && mask.contains(AttrMask::SQ_PSN) {
+            // UD has no path MTU attribute: the port's MTU bounds its messages.
+            a.path_mtu = self.cfg.port_mtu;
+        }
+        if mask.contains(AttrMask::RQ_PSN) {
+            self.epsn = attr.rq_psn;
+        }
+        if mask.contains(AttrMask::SQ_PSN) {
+            self.req_psn = attr.sq_psn;
+            self.comp_psn = attr.sq_psn;
+            self.max_sent_psn = attr.sq_psn;
+        }
+        if mask.contains(AttrMask::RETRY_CNT) {
+            self.retry_left = attr.retry_cnt;
+        }
+        if mask.contains(AttrMask::RNR_RETRY) {
+            self.rnr_retry_left = attr.rnr_retry;
+        }
+        self.state = next;
+        self.attr.qp_state = next;
+        self.attr.cur_qp_state = next;
+        match next {
+            QpState::Reset if prev != QpState::Reset => self.reset(),
+            QpState::Err if prev != QpState::Err => self.enter_error(false),
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Back to the freshly created state: every queue emptied without completions (verbs
+    /// semantics of RESET). Counters survive.
+    fn reset(&mut self) {
+        let counters = self.counters;
+        *self = Qp::build(self.cfg);
+        self.counters = counters;
+    }
+
+    /// Moves to ERR and flushes every outstanding send and receive WQE with `WR_FLUSH_ERR`
+    /// (IBA 10.3.1; rxe `rxe_drain_resp_pkts`). `keep_responses` keeps the responder's last
+    /// NAK queued so the peer learns why (class C errors).
+    fn enter_error(&mut self, keep_responses: bool) {
+        self.state = QpState::Err;
+        self.attr.qp_state = QpState::Err;
+        self.attr.cur_qp_state = QpState::Err;
+        let qpn = self.cfg.qpn;
+        while let Some(w) = self.sq.pop_front() {
+            self.counters.send_err += 1;
+            self.send_cq
+                .push_back(Wc::flushed(w.wr.wr_id, w.wc_opcode(), qpn));
+        }
+        if let Inbound::Send { wqe, .. } = std::mem::replace(&mut self.inbound, Inbound::Idle) {
+            self.recv_cq
+                .push_back(Wc::flushed(wqe.wr_id, WcOpcode::Recv, qpn));
+        }
+        while let Some(r) = self.rq.pop_front() {
+            self.recv_cq
+                .push_back(Wc::flushed(r.wr_id, WcOpcode::Recv, qpn));
+        }
+        self.req_cursor = 0;
+        self.rd_atomic = 0;
+        self.retrans_deadline = None;
+        self.rnr_deadline = None;
+        if keep_responses {
+            self.resp_out.retain(|r| matches!(r, RespOut::Ack { .. }));
+        } else {
+            self.resp_out.clear();
+        }
+    }
+
+    /// `ibv_post_send`. Fails without side effects when the QP state, the queue depth or the
+    /// request itself is wrong (the errno cases of verbs); in ERR the request is accepted and
+    /// completes at once with `WR_FLUSH_ERR`.
+    pub fn post_send(&mut self, wr: SendWr) -> Result<(), PostError> {
+        let qpn = self.cfg.qpn;
+        let ty = self.cfg.qp_type;
+        match self.state {
+            QpState::Rts | QpState::Sqd | QpState::Sqe | QpState::Err => {}
+            state => {
+                return Err(PostError::InvalidState {
+                    qpn,
+                    state,
+                    queue: "send",
+                });
+            }
+        }
+        if self.sq.len() >= self.cfg.caps.max_send_wr as usize {
+            return Err(PostError::QueueFull {
+                queue: "send",
+                max: self.cfg.caps.max_send_wr,
+            });
+        }
+        let unsupported = match ty {
+            QpType::Rc => false,
+            QpType::Uc => wr.op.is_read_or_atomic(),
+            QpType::Ud => !matches!(wr.op, SendOp::Send | SendOp::SendWithImm { .. }),
+        };
+        if unsupported {
+            return Err(PostError::UnsupportedOp {
+                op: wr.op.wr_opcode(),
+                qp_type: ty.name(),
+            });
+        }
+        if (ty == QpType::Ud) != wr.ud.is_some() {
+            return Err(PostError::BadDestination);
+        }
+        let inline = wr.flags.contains(SendFlags::INLINE) && !wr.op.is_read_or_atomic();
+        let len = if inline {
+            let data = wr.inline_data.as_deref().unwrap_or(&[]);
+            if data.len() > self.cfg.caps.max_inline_data as usize {
+                return Err(PostError::InlineTooLong {
+                    len: data.len(),
+                    max: self.cfg.caps.max_inline_data,
+                });
+            }
+            data.len() as u32
+        } else {
+            if wr.sges.len() > self.cfg.caps.max_send_sge as usize {
+                return Err(PostError::TooManySges {
+                    num: wr.sges.len(),
+                    max: self.cfg.caps.max_send_sge,
+                });
+            }
+            wr.sges.total_len().ok_or(PostError::MessageTooLong)?
+        };
+        if len > MAX_MSG_SIZE {
+            return Err(PostError::MessageTooLong);
+        }
+        if let SendOp::CompareSwap { remote_addr, .. } | SendOp::FetchAdd { remote_addr, .. } =
+            wr.op
+        {
+            // rxe validate_send_wr: one 8-byte SGE, aligned remote address.
+            if len != 8 || remote_addr % 8 != 0 {
+                return Err(PostError::BadAtomic);
+            }
+        }
+        let wqe = SendWqe {
+            wr,
+            len,
+            state: WqeState::Posted,
+            first_psn: Psn::new(0),
+            last_psn: Psn::new(0),
+            npkts: 0,
+            next_pkt: 0,
+            read_done: 0,
+            has_rd_atomic: false,
+            error: None,
+        };
+        if matches!(self.state, QpState::Err | QpState::Sqe) {
+            self.counters.send_err += 1;
+            self.send_cq
+                .push_back(Wc::flushed(wqe.wr.wr_id, wqe.wc_opcode(), qpn));
+            return Ok(());
+        }
+        self.sq.push_back(wqe);
+        Ok(())
+    }
+
+    /// `ibv_post_recv`. Allowed from INIT on; in ERR the WQE completes at once with
+    /// `WR_FLUSH_ERR`.
+    pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {
+        let qpn = self.cfg.qpn;
+        if self.cfg.uses_srq {
+            return Err(PostError::UsesSrq);
+        }
+        if self.state == QpState::Reset {
+            return Err(PostError::InvalidState {
+                qpn,
+                state: self.state,
+                queue: "receive",
+            });
+        }
+        if wr.sges.len() > self.cfg.caps.max_recv_sge as usize {
+            return Err(PostError::TooManySges {
+                num: wr.sges.len(),
+                max: self.cfg.caps.max_recv_sge,
+            });
+        }
+        if self.rq.len() >= self.cfg.caps.max_recv_wr as usize {
+            return Err(PostError::QueueFull {
+                queue: "receive",
+                max: self.cfg.caps.max_recv_wr,
+            });
+        }
+        if self.state == QpState::Err {
+            self.recv_cq
+                .push_back(Wc::flushed(wr.wr_id, WcOpcode::Recv, qpn));
+            return Ok(());
+        }
+        self.rq.push_back(wr);
+        Ok(())
+    }
+
+    /// The next completion, send side first.
+    pub fn poll_completion(&mut self) -> Option<(CqSide, Wc)> {
+        if let Some(wc) = self.send_cq.pop_front() {
+            return Some((CqSide::Send, wc));
+        }
+        self.recv_cq.pop_front().map(|wc| (CqSide::Recv, wc))
+    }
+
+    /// The next send completion.
+    pub fn poll_send_completion(&mut self) -> Option<Wc> {
+        self.send_cq.pop_front()
+    }
+
+    /// The next receive completion.
+    pub fn poll_recv_completion(&mut self) -> Option<Wc> {
+        self.recv_cq.pop_front()
+    }
+
+    /// When [`handle_timeout`](Self::handle_timeout) must next be called, if ever.
+    pub fn poll_timeout(&self) -> Option<Duration> {
+        match (self.retrans_deadline, self.rnr_deadline) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Runs the timers that are due at `now`.
+    pub fn handle_timeout(&mut self, ctx: &mut Ctx<'_>) {
+        self.completer_timeout(ctx.now);
+    }
+
+    /// Feeds one received packet (already checked by [`PacketRepr::parse`]; the ICRC already
+    /// verified by the engine) into the QP. Packets the receive checks reject are dropped and
+    /// counted, as rxe drops them: silently.
+    pub fn handle_packet(&mut self, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_>, meta: &RecvMeta) {
+        let op = pkt.bth.opcode;
+        // rxe_recv.c hdr_check / check_type_state / check_keys.
+        let class_ok = matches!(
+            (op.transport(), self.cfg.qp_type),
+            (Transport::Rc, QpType::Rc) | (Transport::Uc, QpType::Uc) | (Transport::Ud, QpType::Ud)
+        );
+        if !class_ok {
+            self.counters.dropped_pkts += 1;
+            return;
+        }
+        if !pkey_match(pkt.bth.pkey, srdma_wire::bth::DEFAULT_PKEY) {
+            self.counters.bad_pkey += 1;
+            self.counters.dropped_pkts += 1;
+            return;
+        }
+        if op.is_request() {
+            if !matches!(
+                self.state,
+                QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+            ) {
+                self.counters.dropped_pkts += 1;
+                return;
+            }
+            self.counters.rcvd_pkts += 1;
+            self.handle_request(ctx, pkt, meta);
+        } else {
+            if !matches!(self.state, QpState::Rts | QpState::Sqd) {
+                self.counters.dropped_pkts += 1;
+                return;
+            }
+            self.handle_response(ctx, pkt);
+        }
+    }
+
+    /// Writes the next packet into `buf` (at least [`MAX_PACKET_LEN`] bytes): responses
+    /// before requests, as a responder must not starve behind its own sends.
+    pub fn poll_transmit(&mut self, ctx: &mut Ctx<'_>, buf: &mut [u8]) -> Option<Transmit> {
+        let t = self
+            .next_response(ctx, buf)
+            .or_else(|| self.next_request(ctx, buf))?;
+        self.counters.sent_pkts += 1;
+        Some(t)
+    }
+
+    /// True when the QP has something to send right now.
+    pub fn wants_transmit(&self) -> bool {
+        !self.resp_out.is_empty()
+            || (self.rnr_deadline.is_none() && self.req_cursor < self.sq.len())
+    }
+
+    fn connected_dest(&self) -> Dest {
+        let ah = &self.attr.ah_attr;
+        Dest {
+            dgid: ah.dgid,
+            udp_dport: ah.udp_dport,
+            udp_sport: srdma_wire::sport::udp_sport(
+                ah.flow_label,
+                self.cfg.qpn.value(),
+                self.attr.dest_qp_num.value(),
+            ),
+            traffic_class: ah.traffic_class,
+            hop_limit: ah.hop_limit,
+            flow_label: ah.flow_label,
+        }
+    }
+
+    fn pmtu(&self) -> u32 {
+        self.attr.path_mtu.bytes()
+    }
+
+    fn push_send_wc(&mut self, wc: Wc, signaled: bool) {
+        if !wc.status.is_success() {
+            self.counters.send_err += 1;
+        }
+        if signaled || self.cfg.sq_sig_all || !wc.status.is_success() {
+            self.send_cq.push_back(wc);
+        }
+    }
+}
+
+/// rxe `pkey_match`: the low 15 bits equal and non-zero, and one of the two a full member.
+fn pkey_match(a: u16, b: u16) -> bool {
+    (a & 0x7FFF) != 0 && (a & 0x7FFF) == (b & 0x7FFF) && ((a | b) & 0x8000) != 0
+}
+
+/// A completion for a send WQE.
+fn send_wc(qpn: Qpn, wqe: &SendWqe, status: WcStatus) -> Wc {
+    let mut wc = Wc::new(wqe.wr.wr_id, status, wqe.wc_opcode(), qpn);
+    if status.is_success() {
+        wc = wc.with_byte_len(wqe.len);
+    }
+    wc
+}
+
+/// Number of packets a message of `len` bytes takes at `pmtu` (at least one).
+fn packets(len: u32, pmtu: u32) -> u32 {
+    len.div_ceil(pmtu).max(1)
+}

@@ -1,0 +1,425 @@
+//! The requester (rxe `rxe_req.c`): turns send WQEs into request packets.
+
+use srdma_wire::{
+    AtomicEthRepr, BthRepr, DethRepr, Kind, Opcode, PacketRepr, Position, RethRepr, Transport,
+};
+
+use super::{
+    Ctx, Dest, MAX_PKT_PER_ACK, MAX_UNACKED_PSNS, Qp, Transmit, WqeState, packets, send_wc,
+};
+use crate::access::AccessFlags;
+use crate::qp::{QpState, QpType};
+use crate::wc::{SendFlags, WcStatus};
+use crate::wr::{SendOp, Sge};
+
+impl Qp {
+    /// The next request packet, if the send queue has one that may go now.
+    pub(super) fn next_request(&mut self, ctx: &mut Ctx<'_>, buf: &mut [u8]) -> Option<Transmit> {
+        loop {
+            if !matches!(self.state, QpState::Rts | QpState::Sqd) || self.rnr_deadline.is_some() {
+                return None;
+            }
+            let idx = self.req_cursor;
+            let wqe = self.sq.get(idx)?;
+            if wqe_error(wqe) {
+                return None;
+            }
+            match wqe.state {
+                WqeState::Pending => {
+                    self.req_cursor += 1;
+                    continue;
+                }
+                // SQD finishes the messages in progress and starts no new one.
+                WqeState::Posted if self.state == QpState::Sqd => return None,
+                WqeState::Posted => {
+                    if !self.start_wqe(idx) {
+                        return None;
+                    }
+                }
+                WqeState::Active => {}
+            }
+            return match self.build_request(ctx, idx, buf) {
+                Ok(t) => t,
+                Err(status) => {
+                    self.local_error(idx, status);
+                    None
+                }
+            };
+        }
+    }
+
+    /// Assigns PSNs to a posted WQE, unless a fence, the `max_rd_atomic` limit or the PSN
+    /// window holds it back.
+    fn start_wqe(&mut self, idx: usize) -> bool {
+        let pmtu = self.pmtu();
+        let rc = self.cfg.qp_type == QpType::Rc;
+        let max_rd_atomic = u32::from(self.attr.max_rd_atomic.max(1));
+        let wqe = &self.sq[idx];
+        // IBA 10.8.3.3: a fenced WQE waits for every earlier READ and atomic to complete.
+        if wqe.wr.flags.contains(SendFlags::FENCE) && self.rd_atomic > 0 {
+            return false;
+        }
+        let rd_atomic = wqe.wr.op.is_read_or_atomic();
+        if rd_atomic && self.rd_atomic >= max_rd_atomic {
+            return false;
+        }
+        if rc && self.req_psn.diff(self.comp_psn) >= MAX_UNACKED_PSNS as i32 {
+            return false;
+        }
+        let npkts = match wqe.wr.op {
+            _ if self.cfg.qp_type == QpType::Ud => 1,
+            SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => 1,
+            _ => packets(wqe.len, pmtu),
+        };
+        let first = self.req_psn;
+        let wqe = &mut self.sq[idx];
+        wqe.first_psn = first;
+        wqe.last_psn = first.add(npkts - 1);
+        wqe.npkts = npkts;
+        wqe.next_pkt = 0;
+        wqe.state = WqeState::Active;
+        wqe.has_rd_atomic = rd_atomic;
+        self.req_psn = first.add(npkts);
+        if rd_atomic {
+            self.rd_atomic += 1;
+        }
+        true
+    }
+
+    /// Builds the next packet of WQE `idx` into `buf`. `Ok(None)`: the PSN window is full.
+    fn build_request(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        idx: usize,
+        buf: &mut [u8],
+    ) -> Result<Option<super::Transmit>, WcStatus> {
+        let ty = self.cfg.qp_type;
+        let pmtu = self.pmtu();
+        let transport = match ty {
+            QpType::Rc => Transport::Rc,
+            QpType::Uc => Transport::Uc,
+            QpType::Ud => Transport::Ud,
+        };
+        let wqe = &self.sq[idx];
+        let psn = wqe.first_psn.add(wqe.next_pkt);
+        if ty == QpType::Rc && psn.diff(self.comp_psn) >= MAX_UNACKED_PSNS as i32 {
+            return Ok(None);
+        }
+        let k = wqe.next_pkt;
+        let n = wqe.npkts;
+        let position = match (n, k) {
+            (1, _) => Position::Only,
+            (_, 0) => Position::First,
+            (n, k) if k + 1 == n => Position::Last,
+            _ => Position::Middle,
+        };
+        let end = matches!(position, Position::Last | Position::Only);
+        let mut bth = BthRepr {
+            opcode: Opcode::RcSendOnly,
+            solicited: false,
+            mig_req: false,
+            pad_cnt: 0,
+            pkey: srdma_wire::bth::DEFAULT_PKEY,
+            fecn: false,
+            becn: false,
+            dest_qpn: self.attr.dest_qp_num,
+            ack_req: false,
+            psn,
+        };
+        let mut repr;
+        let mut dest = self.connected_dest();
+        let mut payload: Option<(u64, u32)> = None; // (offset in message, length)
+        let mut request_done = end;
+        match wqe.wr.op {
+            SendOp::Send
+            | SendOp::SendWithImm { .. }
+            | SendOp::Write { .. }
+            | SendOp::WriteWithImm { .. } => {
+                let is_send = matches!(wqe.wr.op, SendOp::Send | SendOp::SendWithImm { .. });
+                let kind = if is_send { Kind::Send } else { Kind::Write };
+                let imm = wqe.wr.op.imm().filter(|_| end);
+                let offset = u64::from(k) * u64::from(pmtu);
+                let plen = if ty == QpType::Ud {
+                    wqe.len
+                } else {
+                    (wqe.len - offset as u32).min(pmtu)
+                };
+                if ty == QpType::Ud && wqe.len > pmtu {
+                    // Larger than the port MTU: complete in error rather than silently drop
+                    // (rxe fakes success here; a NIC reports a local length error).
+                    return Err(WcStatus::LocLenErr);
+                }
+                bth.opcode = Opcode::for_message(transport, kind, position, imm.is_some())
+                    .ok_or(WcStatus::LocQpOpErr)?;
+                bth.solicited = end
+                    && wqe.wr.flags.contains(SendFlags::SOLICITED)
+                    && (is_send || imm.is_some());
+                bth.ack_req = ty == QpType::Rc && (end || self.noack_pkts + 1 >= MAX_PKT_PER_ACK);
+                repr = PacketRepr::new(bth, &[]);
+                repr.imm_dt = imm;
+                if let SendOp::Write { remote_addr, rkey }
+                | SendOp::WriteWithImm {
+                    remote_addr, rkey, ..
+                } = wqe.wr.op
+                {
+                    if k == 0 {
+                        repr.reth = Some(RethRepr {
+                            va: remote_addr,
+                            rkey: rkey.0,
+                            dma_len: wqe.len,
+                        });
+                    }
+                }
+                if let Some(ud) = wqe.wr.ud {
+                    let qkey = if ud.remote_qkey & 0x8000_0000 != 0 {
+                        self.attr.qkey
+                    } else {
+                        ud.remote_qkey
+                    };
+                    repr.bth.dest_qpn = ud.remote_qpn;
+                    repr.deth = Some(DethRepr {
+                        qkey,
+                        src_qpn: self.cfg.qpn,
+                    });
+                    dest = Dest {
+                        dgid: ud.ah.dgid,
+                        udp_dport: ud.ah.udp_dport,
+                        udp_sport: srdma_wire::sport::udp_sport(
+                            ud.ah.flow_label,
+                            self.cfg.qpn.value(),
+                            ud.remote_qpn.value(),
+                        ),
+                        traffic_class: ud.ah.traffic_class,
+                        hop_limit: ud.ah.hop_limit,
+                        flow_label: ud.ah.flow_label,
+                    };
+                }
+                payload = Some((offset, plen));
+            }
+            SendOp::Read { remote_addr, rkey } => {
+                // A retried READ restarts at the first response packet not yet received.
+                let offset = u64::from(k) * u64::from(pmtu);
+                bth.opcode = Opcode::RcRdmaReadRequest;
+                bth.ack_req = true;
+                repr = PacketRepr::new(bth, &[]);
+                repr.reth = Some(RethRepr {
+                    va: remote_addr.wrapping_add(offset),
+                    rkey: rkey.0,
+                    dma_len: wqe.len - offset as u32,
+                });
+                request_done = true;
+            }
+            SendOp::CompareSwap {
+                remote_addr,
+                rkey,
+                compare,
+                swap,
+            } => {
+                bth.opcode = Opcode::RcCompareSwap;
+                bth.ack_req = true;
+                repr = PacketRepr::new(bth, &[]);
+                repr.atomic_eth = Some(AtomicEthRepr {
+                    va: remote_addr,
+                    rkey: rkey.0,
+                    swap_add: swap,
+                    compare,
+                });
+                request_done = true;
+            }
+            SendOp::FetchAdd {
+                remote_addr,
+                rkey,
+                add,
+            } => {
+                bth.opcode = Opcode::RcFetchAdd;
+                bth.ack_req = true;
+                repr = PacketRepr::new(bth, &[]);
+                repr.atomic_eth = Some(AtomicEthRepr {
+                    va: remote_addr,
+                    rkey: rkey.0,
+                    swap_add: add,
+                    compare: 0,
+                });
+                request_done = true;
+            }
+        }
+        let plen = payload.map_or(0, |(_, l)| l as usize);
+        let len = repr
+            .emit_headers(buf, plen)
+            .map_err(|_| WcStatus::LocLenErr)?;
+        if let Some((offset, plen)) = payload {
+            let hl = repr.bth.opcode.header_len();
+            let dst = &mut buf[hl..hl + plen as usize];
+            match &wqe.wr.inline_data {
+                Some(data) if wqe.wr.flags.contains(SendFlags::INLINE) => {
+                    dst.copy_from_slice(&data[offset as usize..offset as usize + plen as usize]);
+                }
+                _ => gather(ctx, self.cfg.pd, wqe.wr.sges.as_slice(), offset, dst)?,
+            }
+        }
+        let ack_req = repr.bth.ack_req;
+        let (kind_send, last_psn) = (
+            matches!(
+                wqe.wr.op,
+                SendOp::Send | SendOp::SendWithImm { .. } | SendOp::WriteWithImm { .. }
+            ),
+            wqe.last_psn,
+        );
+
+        // The packet is built: advance.
+        let wqe = &mut self.sq[idx];
+        wqe.next_pkt = if request_done && wqe.wr.op.is_read_or_atomic() {
+            wqe.npkts
+        } else {
+            k + 1
+        };
+        self.noack_pkts = if ack_req { 0 } else { self.noack_pkts + 1 };
+        let sent_through = if request_done { last_psn } else { psn };
+        if self.max_sent_psn.diff(sent_through) <= 0 {
+            self.max_sent_psn = sent_through.add(1);
+        }
+        if request_done && kind_send {
+            self.counters.rdma_sends += 1;
+        }
+        if request_done {
+            if ty == QpType::Rc {
+                self.sq[idx].state = WqeState::Pending;
+                self.req_cursor = idx + 1;
+            } else {
+                // UC and UD complete once the last packet is on the wire (rxe wqe_state_done).
+                self.retire_front_unreliable(idx);
+            }
+        }
+        if ty == QpType::Rc && self.retrans_deadline.is_none() {
+            self.retrans_deadline =
+                crate::timer::local_ack_timeout(self.attr.timeout).map(|t| ctx.now + t);
+        }
+        Ok(Some(super::Transmit { len, dest }))
+    }
+
+    /// Completes a UC/UD WQE whose last packet was just sent (always the head of the queue).
+    fn retire_front_unreliable(&mut self, idx: usize) {
+        debug_assert_eq!(idx, 0, "UC/UD requester works on the head WQE");
+        if let Some(w) = self.sq.pop_front() {
+            let signaled = w.wr.flags.contains(SendFlags::SIGNALED);
+            self.push_send_wc(send_wc(self.cfg.qpn, &w, WcStatus::Success), signaled);
+        }
+        self.req_cursor = 0;
+    }
+
+    /// A local error on WQE `idx` (bad L_Key, message too long for UD...): complete it in
+    /// error, in order, and move the QP to ERR (IBA 10.7.3.1: error completions are always
+    /// reported, signaled or not).
+    pub(super) fn local_error(&mut self, idx: usize, status: WcStatus) {
+        if idx == 0 {
+            if let Some(w) = self.sq.pop_front() {
+                if w.has_rd_atomic {
+                    self.rd_atomic = self.rd_atomic.saturating_sub(1);
+                }
+                self.push_send_wc(send_wc(self.cfg.qpn, &w, status), true);
+            }
+            if self.cfg.qp_type == QpType::Ud {
+                // A UD send error does not break the QP: the next WQE goes on.
+                self.req_cursor = 0;
+                return;
+            }
+            self.enter_error(false);
+        } else if let Some(w) = self.sq.get_mut(idx) {
+            // Earlier WQEs still wait for their ACKs; the completer reports this one in order.
+            w.error = Some(status);
+        }
+    }
+}
+
+fn wqe_error(w: &super::SendWqe) -> bool {
+    w.error.is_some()
+}
+
+/// Copies `dst.len()` bytes of the message described by `sges`, starting `offset` bytes in,
+/// out of registered memory (rxe `copy_data` from the SGEs). Every piece is checked against
+/// the MR table at the moment of the copy, so an MR deregistered while the WQE is in flight
+/// gives `LOC_PROT_ERR`, never a read of freed memory.
+pub(super) fn gather(
+    ctx: &mut Ctx<'_>,
+    pd: crate::mr::PdId,
+    sges: &[Sge],
+    offset: u64,
+    dst: &mut [u8],
+) -> Result<(), WcStatus> {
+    walk(
+        ctx,
+        pd,
+        sges,
+        offset,
+        dst.len(),
+        AccessFlags::empty(),
+        |ctx, grant, at, n| {
+            ctx.mem
+                .read(grant.handle(), grant.offset(), &mut dst[at..at + n])
+                .map_err(|_| WcStatus::LocProtErr)
+        },
+    )
+}
+
+/// Copies `src` into the buffer described by `sges`, starting `offset` bytes in (READ
+/// responses, atomic results, received SENDs). Needs LOCAL_WRITE; a buffer too small for
+/// the data gives `LOC_LEN_ERR`.
+pub(super) fn scatter(
+    ctx: &mut Ctx<'_>,
+    pd: crate::mr::PdId,
+    sges: &[Sge],
+    offset: u64,
+    src: &[u8],
+) -> Result<(), WcStatus> {
+    walk(
+        ctx,
+        pd,
+        sges,
+        offset,
+        src.len(),
+        AccessFlags::LOCAL_WRITE,
+        |ctx, grant, at, n| {
+            ctx.mem
+                .write(grant.handle(), grant.offset(), &src[at..at + n])
+                .map_err(|_| WcStatus::LocProtErr)
+        },
+    )
+}
+
+fn walk(
+    ctx: &mut Ctx<'_>,
+    pd: crate::mr::PdId,
+    sges: &[Sge],
+    mut offset: u64,
+    len: usize,
+    need: AccessFlags,
+    mut f: impl FnMut(&mut Ctx<'_>, crate::mr::MrGrant, usize, usize) -> Result<(), WcStatus>,
+) -> Result<(), WcStatus> {
+    let mut done = 0usize;
+    for sge in sges {
+        if done == len {
+            break;
+        }
+        let l = u64::from(sge.length);
+        if offset >= l {
+            offset -= l;
+            continue;
+        }
+        let n = (l - offset).min((len - done) as u64);
+        let addr = sge.addr.checked_add(offset).ok_or(WcStatus::LocProtErr)?;
+        let grant = ctx
+            .mrs
+            .check_local(pd, sge.lkey, addr, n, need)
+            .map_err(|e| e.local_wc_status())?;
+        if let Some(g) = grant {
+            f(ctx, g, done, n as usize)?;
+        }
+        done += n as usize;
+        offset = 0;
+    }
+    if done == len {
+        Ok(())
+    } else {
+        Err(WcStatus::LocLenErr)
+    }
+}
