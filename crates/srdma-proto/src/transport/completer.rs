@@ -21,6 +21,7 @@ impl Qp {
         }
         self.counters.rcvd_pkts += 1;
         let op = pkt.bth.opcode;
+        let before = self.comp_psn;
         match op.kind() {
             Kind::Acknowledge => {
                 let Some(aeth) = pkt.aeth else { return };
@@ -30,10 +31,11 @@ impl Qp {
                         if psn.before(self.comp_psn) {
                             return;
                         }
-                        if self.retire_acked(psn.add(1)) {
+                        let implied_nak = self.retire_acked(psn.add(1));
+                        self.progress(ctx.now, before);
+                        if implied_nak {
                             self.start_retry(ctx.now, false);
                         }
-                        self.progress(ctx.now);
                     }
                     Syndrome::RnrNak { timer_code } => {
                         self.counters.rcvd_rnr_err += 1;
@@ -47,7 +49,7 @@ impl Qp {
                         self.counters.rcvd_seq_err += 1;
                         // The NAK acknowledges everything before the PSN it carries.
                         self.retire_acked(psn);
-                        self.progress(ctx.now);
+                        self.progress(ctx.now, before);
                         self.start_retry(ctx.now, false);
                     }
                     Syndrome::Nak(code) => {
@@ -64,8 +66,14 @@ impl Qp {
                     Syndrome::Reserved(_) => self.counters.dropped_pkts += 1,
                 }
             }
-            Kind::ReadResponse => self.read_response(ctx, pkt),
-            Kind::AtomicAcknowledge => self.atomic_ack(ctx, pkt),
+            Kind::ReadResponse => {
+                self.read_response(ctx, pkt);
+                self.progress(ctx.now, before);
+            }
+            Kind::AtomicAcknowledge => {
+                self.atomic_ack(ctx, pkt);
+                self.progress(ctx.now, before);
+            }
             _ => self.counters.dropped_pkts += 1,
         }
     }
@@ -121,9 +129,14 @@ impl Qp {
         self.enter_error(false);
     }
 
-    /// After forward progress: fresh retry budgets (rxe `reset_retry_counters`) and a timer
-    /// that runs only while something is unacknowledged.
-    fn progress(&mut self, now: Duration) {
+    /// After a response: if `comp_psn` moved past `before`, the peer made progress — fresh
+    /// retry budgets (rxe `reset_retry_counters`) and a restarted timer. A response that
+    /// acknowledges nothing new (a duplicate ACK) changes neither, or duplicates could keep a
+    /// dead exchange retrying forever.
+    fn progress(&mut self, now: Duration, before: Psn) {
+        if self.comp_psn == before {
+            return;
+        }
         self.retry_left = self.attr.retry_cnt;
         self.rnr_retry_left = self.attr.rnr_retry;
         self.retry_started_at = None;
@@ -164,12 +177,10 @@ impl Qp {
         if psn != self.comp_psn {
             return;
         }
+        // Any position is accepted at `comp_psn`: after a retry the responder restarts with
+        // FIRST/ONLY (IBA: a new request) or, as rxe's `read_reply` replays, with MIDDLE/LAST
+        // of the original READ. The payload must still fit its place in the message.
         let position = pkt.bth.opcode.position();
-        let starts = matches!(position, Some(Position::First | Position::Only));
-        if starts != self.comp_read_expect.is_none() {
-            self.counters.dropped_pkts += 1;
-            return;
-        }
         if let Some(aeth) = pkt.aeth {
             if !matches!(aeth.syndrome, Syndrome::Ack { .. }) {
                 self.fail_head(WcStatus::BadRespErr);
@@ -191,7 +202,11 @@ impl Qp {
         let w = &mut self.sq[0];
         w.read_done = (offset + expect) as u32;
         let ends = matches!(position, Some(Position::Last | Position::Only));
-        self.comp_read_expect = if ends { None } else { Some(pkt.bth.opcode) };
+        if !ends && w.read_done == w.len {
+            // FIRST/MIDDLE carrying the final bytes: no LAST can follow.
+            self.fail_head(WcStatus::BadRespErr);
+            return;
+        }
         self.comp_psn = psn.add(1);
         if ends {
             if w.read_done != w.len {
@@ -200,7 +215,6 @@ impl Qp {
             }
             self.complete_head(WcStatus::Success);
         }
-        self.progress(ctx.now);
     }
 
     fn atomic_ack(&mut self, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_>) {
@@ -233,7 +247,6 @@ impl Qp {
         }
         self.comp_psn = psn.add(1);
         self.complete_head(WcStatus::Success);
-        self.progress(ctx.now);
     }
 
     /// RNR NAK for the request at `psn`: wait the timer it names, then resend from there,
@@ -299,7 +312,6 @@ impl Qp {
         }
         self.req_cursor = cursor.unwrap_or(self.req_cursor);
         self.noack_pkts = 0;
-        self.comp_read_expect = None;
     }
 
     /// Timers due at `now`.

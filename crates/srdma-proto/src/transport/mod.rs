@@ -17,7 +17,7 @@ mod responder;
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use srdma_wire::{Encap, Opcode, PacketRepr, Psn, Qpn, Transport};
+use srdma_wire::{Encap, PacketRepr, Psn, Qpn, Transport};
 
 use crate::counters::Counters;
 use crate::limits::{DeviceLimits, QpCaps};
@@ -225,7 +225,6 @@ pub struct Qp {
 
     // Completer.
     comp_psn: Psn,
-    comp_read_expect: Option<Opcode>,
     retry_left: u8,
     rnr_retry_left: u8,
     retry_started_at: Option<Psn>,
@@ -234,6 +233,9 @@ pub struct Qp {
 
     // Responder.
     epsn: Psn,
+    /// One past the last SEND/WRITE packet executed: duplicates are re-ACKed with the PSN
+    /// before it.
+    ack_psn: Psn,
     msn: u32,
     nak_sent: bool,
     uc_drop: bool,
@@ -270,13 +272,13 @@ impl Qp {
             noack_pkts: 0,
             rd_atomic: 0,
             comp_psn: Psn::new(0),
-            comp_read_expect: None,
             retry_left: 0,
             rnr_retry_left: 0,
             retry_started_at: None,
             retrans_deadline: None,
             rnr_deadline: None,
             epsn: Psn::new(0),
+            ack_psn: Psn::new(0),
             msn: 0,
             nak_sent: false,
             uc_drop: false,
@@ -361,6 +363,7 @@ impl Qp {
         }
         if mask.contains(AttrMask::RQ_PSN) {
             self.epsn = attr.rq_psn;
+            self.ack_psn = attr.rq_psn;
         }
         if mask.contains(AttrMask::SQ_PSN) {
             self.req_psn = attr.sq_psn;

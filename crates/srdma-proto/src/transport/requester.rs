@@ -41,8 +41,10 @@ impl Qp {
             return match self.build_request(ctx, idx, buf) {
                 Ok(t) => t,
                 Err(status) => {
+                    // A UD WQE fails alone and the next one may go at once; on RC/UC the QP
+                    // is now in ERR and the loop ends.
                     self.local_error(idx, status);
-                    None
+                    continue;
                 }
             };
         }

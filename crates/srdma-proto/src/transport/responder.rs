@@ -48,8 +48,9 @@ impl Qp {
         let d = psn.diff(self.epsn);
         if d > 0 {
             // One PSN-sequence NAK per gap, carrying the expected PSN (IBA 9.7.5.1.3).
-            self.counters.out_of_seq_request += 1;
             if !self.nak_sent {
+                // rxe counts out_of_seq_request once per gap, when it sends the NAK.
+                self.counters.out_of_seq_request += 1;
                 self.nak_sent = true;
                 self.queue_ack(self.epsn, Syndrome::Nak(NakCode::PsnSequenceError));
             }
@@ -255,6 +256,9 @@ impl Qp {
             _ => unreachable!("filtered above"),
         }
         self.epsn = psn.add(1);
+        if matches!(op.kind(), Kind::Send | Kind::Write) {
+            self.ack_psn = self.epsn;
+        }
         if pkt.bth.ack_req
             && matches!(op.kind(), Kind::Send | Kind::Write)
             && self.cfg.qp_type == QpType::Rc
@@ -318,7 +322,10 @@ impl Qp {
         fn access<E>(_: E) -> Refuse {
             Refuse::Nak(NakCode::RemoteAccessError, WcStatus::RemAccessErr)
         }
-        if op.is_start() {
+        // Where this packet goes, from its RETH (FIRST/ONLY) or the message in progress.
+        // Nothing is committed until every check passed: an RNR NAK must leave the QP as if
+        // the packet never came, so its retransmission is accepted (rxe `check_resource`).
+        let (grant, placed, remaining, dma_len) = if op.is_start() {
             let reth = pkt.reth.unwrap_or_default();
             let grant = ctx
                 .mrs
@@ -330,21 +337,18 @@ impl Qp {
                     AccessFlags::REMOTE_WRITE,
                 )
                 .map_err(access)?;
-            self.inbound = Inbound::Write {
+            (grant, 0, reth.dma_len, reth.dma_len)
+        } else {
+            let Inbound::Write {
                 grant,
-                placed: 0,
-                remaining: reth.dma_len,
-                dma_len: reth.dma_len,
+                placed,
+                remaining,
+                dma_len,
+            } = self.inbound
+            else {
+                return Err(Refuse::Nak(NakCode::InvalidRequest, WcStatus::RemInvReqErr));
             };
-        }
-        let Inbound::Write {
-            grant,
-            placed,
-            remaining,
-            dma_len,
-        } = self.inbound
-        else {
-            return Err(Refuse::Nak(NakCode::InvalidRequest, WcStatus::RemInvReqErr));
+            (grant, placed, remaining, dma_len)
         };
         // rxe check_rkey: while more than a PMTU remains the packet is exactly one PMTU,
         // then exactly the rest.
@@ -357,8 +361,7 @@ impl Qp {
         if !ok {
             return Err(Refuse::Nak(NakCode::InvalidRequest, WcStatus::RemInvReqErr));
         }
-        // WRITE with immediate consumes a receive WQE: check before placing anything, so an
-        // RNR NAK leaves the packet to be resent whole.
+        // WRITE with immediate consumes a receive WQE.
         if op.consumes_recv_wqe() && !self.recv_available(ctx) {
             return Err(Refuse::Rnr);
         }
@@ -403,8 +406,10 @@ impl Qp {
     fn duplicate(&mut self, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_>) {
         let psn = pkt.bth.psn;
         match pkt.bth.opcode.kind() {
-            // C9-105: re-ACK with the PSN of the last request executed.
-            Kind::Send | Kind::Write => self.queue_ack(self.epsn.sub(1), Syndrome::ACK),
+            // C9-105: re-ACK with the PSN of the last SEND/WRITE executed (rxe `ack_psn`).
+            // Not ePSN-1: that may be a READ's PSN, and an ACK past a READ whose responses
+            // are still on their way reads as an implied NAK.
+            Kind::Send | Kind::Write => self.queue_ack(self.ack_psn.sub(1), Syndrome::ACK),
             Kind::ReadRequest => {
                 let Some(reth) = pkt.reth else { return };
                 let found = self.resources.iter().find_map(|r| match *r {

@@ -2,6 +2,8 @@
 //! duplicate, rewrite or inject any packet, with a virtual clock.
 #![allow(dead_code)]
 
+pub mod simhost;
+
 use std::time::Duration;
 
 use srdma_proto::qp::AhAttr;
@@ -56,6 +58,8 @@ pub struct Pair {
     pub limits: DeviceLimits,
     /// Every packet put on the wire, in order: (from, bytes).
     pub log: Vec<(End, Vec<u8>)>,
+    /// The virtual time each packet of `log` was put on the wire (same indices).
+    pub sent_at: Vec<Duration>,
 }
 
 pub const PSN_A: u32 = 0xFF_FFF0; // near the wrap, so every test crosses it
@@ -79,33 +83,46 @@ impl Pair {
 
     /// Like `new`, letting `tweak` change the attributes used for RTR/RTS (timeouts, retries...).
     pub fn with(ty: QpType, mtu: Mtu, tweak: impl Fn(&mut QpAttr)) -> Pair {
+        Self::with_config(ty, mtu, |_, _| {}, tweak)
+    }
+
+    /// Like `with`, letting `config` also change each end's creation attributes
+    /// (`sq_sig_all`, `uses_srq`...). An end created with `uses_srq` gets an empty SRQ of 64
+    /// WQEs of 4 SGEs (post with [`Pair::post_srq_recv`]).
+    pub fn with_config(
+        ty: QpType,
+        mtu: Mtu,
+        config: impl Fn(End, &mut QpConfig),
+        tweak: impl Fn(&mut QpAttr),
+    ) -> Pair {
         let limits = DeviceLimits::default();
-        let mk = |qpn: u32, seed: u64, ip: &str| Side {
-            qp: Qp::new(
-                QpConfig {
-                    qpn: Qpn::new(qpn),
-                    qp_type: ty,
-                    pd: PdId(1),
-                    caps: caps(),
-                    sq_sig_all: false,
-                    uses_srq: false,
-                    port_mtu: mtu,
-                },
-                &limits,
-            )
-            .unwrap(),
-            mrs: MrTable::new(seed),
-            mem: VecMemory::new(),
-            srq: None,
-            pd: PdId(1),
-            ip: ip.parse().unwrap(),
+        let mk = |end: End, qpn: u32, seed: u64, ip: &str| {
+            let mut cfg = QpConfig {
+                qpn: Qpn::new(qpn),
+                qp_type: ty,
+                pd: PdId(1),
+                caps: caps(),
+                sq_sig_all: false,
+                uses_srq: false,
+                port_mtu: mtu,
+            };
+            config(end, &mut cfg);
+            Side {
+                qp: Qp::new(cfg, &limits).unwrap(),
+                mrs: MrTable::new(seed),
+                mem: VecMemory::new(),
+                srq: cfg.uses_srq.then(|| Srq::new(64, 4)),
+                pd: PdId(1),
+                ip: ip.parse().unwrap(),
+            }
         };
         let mut p = Pair {
-            a: mk(0x11, 1, "10.0.0.1"),
-            b: mk(0x22, 2, "10.0.0.2"),
+            a: mk(End::A, 0x11, 1, "10.0.0.1"),
+            b: mk(End::B, 0x22, 2, "10.0.0.2"),
             now: Duration::ZERO,
             limits,
             log: Vec::new(),
+            sent_at: Vec::new(),
         };
         p.connect(End::A, &tweak);
         p.connect(End::B, &tweak);
@@ -254,6 +271,7 @@ impl Pair {
             .fill_icrc(&encap)
             .unwrap();
         self.log.push((end, buf.clone()));
+        self.sent_at.push(now);
         Some((buf, encap))
     }
 
@@ -430,4 +448,168 @@ impl Pair {
         }
         s
     }
+}
+
+/// Brings a fresh RC QP to RTS towards `dest_qpn` at `peer` (the attributes `ibv_rc_pingpong`
+/// uses, with `timeout`), as a connection manager would.
+pub fn rc_connect(
+    qp: &mut Qp,
+    dest_qpn: Qpn,
+    peer: std::net::IpAddr,
+    sq_psn: u32,
+    rq_psn: u32,
+    mtu: Mtu,
+    timeout: u8,
+) {
+    let limits = DeviceLimits::default();
+    let mut attr = QpAttr {
+        qp_access_flags: AccessFlags::REMOTE_WRITE
+            | AccessFlags::REMOTE_READ
+            | AccessFlags::REMOTE_ATOMIC,
+        path_mtu: mtu,
+        timeout,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        min_rnr_timer: 1,
+        max_rd_atomic: 4,
+        max_dest_rd_atomic: 4,
+        dest_qp_num: dest_qpn,
+        rq_psn: Psn::new(rq_psn),
+        sq_psn: Psn::new(sq_psn),
+        ah_attr: AhAttr {
+            dgid: gid(peer),
+            ..AhAttr::default()
+        },
+        ..QpAttr::default()
+    };
+    let steps = [
+        (
+            QpState::Init,
+            AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
+        ),
+        (
+            QpState::Rtr,
+            AttrMask::STATE
+                | AttrMask::AV
+                | AttrMask::PATH_MTU
+                | AttrMask::DEST_QPN
+                | AttrMask::RQ_PSN
+                | AttrMask::MAX_DEST_RD_ATOMIC
+                | AttrMask::MIN_RNR_TIMER,
+        ),
+        (
+            QpState::Rts,
+            AttrMask::STATE
+                | AttrMask::SQ_PSN
+                | AttrMask::TIMEOUT
+                | AttrMask::RETRY_CNT
+                | AttrMask::RNR_RETRY
+                | AttrMask::MAX_QP_RD_ATOMIC,
+        ),
+    ];
+    for (state, mask) in steps {
+        attr.qp_state = state;
+        qp.modify(&attr, mask, &limits).unwrap();
+    }
+}
+
+/// A decoded entry of the packet log.
+#[derive(Debug, Clone, Copy)]
+pub struct Sent<'a> {
+    /// Index in `Pair::log`.
+    pub index: usize,
+    /// Who sent it.
+    pub from: End,
+    /// When (virtual time).
+    pub at: Duration,
+    /// The packet.
+    pub pkt: PacketRepr<'a>,
+}
+
+impl Pair {
+    /// The packet log, decoded, with send times.
+    pub fn sent(&self) -> Vec<Sent<'_>> {
+        self.log
+            .iter()
+            .zip(&self.sent_at)
+            .enumerate()
+            .map(|(index, ((from, b), &at))| Sent {
+                index,
+                from: *from,
+                at,
+                pkt: PacketRepr::parse_bytes(b).expect("the log holds valid packets"),
+            })
+            .collect()
+    }
+
+    /// The decoded packets `from` sent, in order.
+    pub fn sent_by(&self, from: End) -> Vec<Sent<'_>> {
+        self.sent().into_iter().filter(|s| s.from == from).collect()
+    }
+
+    /// Builds `repr` as it would travel from `from` to the other end (valid ICRC) and hands it
+    /// to the other end. Injected packets are not added to the log.
+    pub fn inject(&mut self, from: End, repr: &PacketRepr<'_>) {
+        let (src, dst) = match from {
+            End::A => (self.a.ip, self.b.ip),
+            End::B => (self.b.ip, self.a.ip),
+        };
+        let encap = encap(src, dst, 0xC000, srdma_wire::ROCEV2_PORT);
+        let mut bytes = craft(repr);
+        srdma_wire::Packet::new_unchecked(&mut bytes[..])
+            .fill_icrc(&encap)
+            .unwrap();
+        self.deliver(from.other(), &bytes, encap);
+    }
+
+    /// Advances the virtual clock to `t` (never backwards) and runs both ends' timers that are
+    /// due, whether or not one is due at exactly `t`.
+    pub fn run_timers_at(&mut self, t: Duration) {
+        self.now = self.now.max(t);
+        let now = self.now;
+        for end in [End::A, End::B] {
+            let s = self.side(end);
+            let mut ctx = Ctx {
+                now,
+                mrs: &s.mrs,
+                mem: &mut s.mem,
+                srq: s.srq.as_mut(),
+            };
+            s.qp.handle_timeout(&mut ctx);
+        }
+    }
+
+    /// Posts a receive WQE to `end`'s shared receive queue.
+    pub fn post_srq_recv(&mut self, end: End, wr_id: u64, sges: &[Sge]) {
+        self.side(end)
+            .srq
+            .as_mut()
+            .expect("this end was created with uses_srq")
+            .post(RecvWr {
+                wr_id,
+                sges: sges.iter().copied().collect(),
+            })
+            .unwrap();
+    }
+
+    /// Modifies `end`'s QP to `state` with STATE only (RESET, ERR).
+    pub fn set_state(&mut self, end: End, state: QpState) {
+        let limits = self.limits.clone();
+        let attr = QpAttr {
+            qp_state: state,
+            ..QpAttr::default()
+        };
+        self.side(end)
+            .qp
+            .modify(&attr, AttrMask::STATE, &limits)
+            .unwrap();
+    }
+}
+
+/// The bytes of `repr` (zero ICRC): for rewriting a packet in `Fate::Replace`.
+pub fn craft(repr: &PacketRepr<'_>) -> Vec<u8> {
+    let mut buf = vec![0u8; repr.buffer_len()];
+    let n = repr.emit(&mut buf).expect("a well-formed packet");
+    buf.truncate(n);
+    buf
 }
