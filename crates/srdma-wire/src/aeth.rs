@@ -18,10 +18,12 @@ header_view!(
 
 impl<T: AsRef<[u8]>> Aeth<T> {
     /// Raw syndrome byte.
+    #[inline]
     pub fn syndrome_raw(&self) -> u8 {
         self.b()[0]
     }
     /// Message sequence number.
+    #[inline]
     pub fn msn(&self) -> u32 {
         be24(self.b(), 1)
     }
@@ -29,10 +31,12 @@ impl<T: AsRef<[u8]>> Aeth<T> {
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Aeth<T> {
     /// Sets the raw syndrome byte.
+    #[inline]
     pub fn set_syndrome_raw(&mut self, v: u8) {
         self.bm()[0] = v;
     }
     /// Sets the MSN (low 24 bits).
+    #[inline]
     pub fn set_msn(&mut self, v: u32) {
         set_be24(self.bm(), 1, v);
     }
@@ -58,11 +62,13 @@ const RNR_TIMER_USEC: [u32; 32] = [
 
 /// Number of receive credits an ACK credit code grants, or `None` for code 31 ("invalid":
 /// the responder does not use end-to-end flow control).
+#[inline]
 pub fn credits(code: u8) -> Option<u16> {
     CREDIT_TABLE.get(usize::from(code & 0x1F)).copied()
 }
 
 /// The delay, in microseconds, an RNR NAK timer code asks for (the `min_rnr_timer` attribute).
+#[inline]
 pub fn rnr_timer_usec(code: u8) -> u32 {
     RNR_TIMER_USEC[usize::from(code & 0x1F)]
 }
@@ -86,6 +92,7 @@ pub enum NakCode {
 
 impl NakCode {
     /// The 5-bit code.
+    #[inline]
     pub const fn code(self) -> u8 {
         match self {
             NakCode::PsnSequenceError => 0,
@@ -98,6 +105,7 @@ impl NakCode {
     }
 
     /// From a 5-bit code.
+    #[inline]
     pub const fn from_code(c: u8) -> NakCode {
         match c & 0x1F {
             0 => NakCode::PsnSequenceError,
@@ -110,6 +118,7 @@ impl NakCode {
     }
 
     /// Human name.
+    #[inline]
     pub const fn name(self) -> &'static str {
         match self {
             NakCode::PsnSequenceError => "PSN sequence error",
@@ -143,6 +152,7 @@ pub enum Syndrome {
 
 impl Syndrome {
     /// Decodes a syndrome byte.
+    #[inline]
     pub const fn from_byte(b: u8) -> Syndrome {
         if b & 0x80 != 0 {
             return Syndrome::Reserved(b);
@@ -160,6 +170,7 @@ impl Syndrome {
     }
 
     /// Encodes to a syndrome byte.
+    #[inline]
     pub const fn to_byte(self) -> u8 {
         match self {
             Syndrome::Ack { credit_code } => credit_code & 0x1F,
@@ -206,6 +217,7 @@ pub struct AethRepr {
 
 impl AethRepr {
     /// Parses a view.
+    #[inline]
     pub fn parse<T: AsRef<[u8]>>(h: &Aeth<T>) -> Result<Self> {
         h.check_len()?;
         Ok(AethRepr {
@@ -214,6 +226,7 @@ impl AethRepr {
         })
     }
     /// Writes the fields.
+    #[inline]
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, h: &mut Aeth<T>) {
         h.set_syndrome_raw(self.syndrome.to_byte());
         h.set_msn(self.msn);

@@ -13,18 +13,22 @@ header_view!(
 
 impl<T: AsRef<[u8]>> AtomicEth<T> {
     /// Remote virtual address (must be 8-byte aligned).
+    #[inline]
     pub fn va(&self) -> u64 {
         be64(self.b(), 0)
     }
     /// Remote key.
+    #[inline]
     pub fn rkey(&self) -> u32 {
         be32(self.b(), 8)
     }
     /// Swap data (compare and swap) or add data (fetch and add).
+    #[inline]
     pub fn swap_add(&self) -> u64 {
         be64(self.b(), 12)
     }
     /// Compare data (compare and swap only).
+    #[inline]
     pub fn compare(&self) -> u64 {
         be64(self.b(), 20)
     }
@@ -32,18 +36,22 @@ impl<T: AsRef<[u8]>> AtomicEth<T> {
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> AtomicEth<T> {
     /// Sets the remote virtual address.
+    #[inline]
     pub fn set_va(&mut self, v: u64) {
         set_be64(self.bm(), 0, v);
     }
     /// Sets the remote key.
+    #[inline]
     pub fn set_rkey(&mut self, v: u32) {
         set_be32(self.bm(), 8, v);
     }
     /// Sets the swap or add data.
+    #[inline]
     pub fn set_swap_add(&mut self, v: u64) {
         set_be64(self.bm(), 12, v);
     }
     /// Sets the compare data.
+    #[inline]
     pub fn set_compare(&mut self, v: u64) {
         set_be64(self.bm(), 20, v);
     }
@@ -64,6 +72,7 @@ pub struct AtomicEthRepr {
 
 impl AtomicEthRepr {
     /// Parses a view.
+    #[inline]
     pub fn parse<T: AsRef<[u8]>>(h: &AtomicEth<T>) -> Result<Self> {
         h.check_len()?;
         Ok(AtomicEthRepr {
@@ -74,6 +83,7 @@ impl AtomicEthRepr {
         })
     }
     /// Writes the fields.
+    #[inline]
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, h: &mut AtomicEth<T>) {
         h.set_va(self.va);
         h.set_rkey(self.rkey);
@@ -91,6 +101,7 @@ header_view!(
 
 impl<T: AsRef<[u8]>> AtomicAckEth<T> {
     /// The value the target held before the atomic operation.
+    #[inline]
     pub fn orig(&self) -> u64 {
         be64(self.b(), 0)
     }
@@ -98,6 +109,7 @@ impl<T: AsRef<[u8]>> AtomicAckEth<T> {
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> AtomicAckEth<T> {
     /// Sets the original value.
+    #[inline]
     pub fn set_orig(&mut self, v: u64) {
         set_be64(self.bm(), 0, v);
     }
@@ -112,11 +124,13 @@ pub struct AtomicAckEthRepr {
 
 impl AtomicAckEthRepr {
     /// Parses a view.
+    #[inline]
     pub fn parse<T: AsRef<[u8]>>(h: &AtomicAckEth<T>) -> Result<Self> {
         h.check_len()?;
         Ok(AtomicAckEthRepr { orig: h.orig() })
     }
     /// Writes the fields.
+    #[inline]
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, h: &mut AtomicAckEth<T>) {
         h.set_orig(self.orig);
     }

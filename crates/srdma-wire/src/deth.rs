@@ -17,10 +17,12 @@ header_view!(
 
 impl<T: AsRef<[u8]>> Deth<T> {
     /// Queue key.
+    #[inline]
     pub fn qkey(&self) -> u32 {
         be32(self.b(), 0)
     }
     /// Source QP.
+    #[inline]
     pub fn src_qpn(&self) -> Qpn {
         Qpn::new(be24(self.b(), 5))
     }
@@ -28,10 +30,12 @@ impl<T: AsRef<[u8]>> Deth<T> {
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Deth<T> {
     /// Sets the queue key.
+    #[inline]
     pub fn set_qkey(&mut self, v: u32) {
         set_be32(self.bm(), 0, v);
     }
     /// Sets the source QP (the reserved byte becomes 0).
+    #[inline]
     pub fn set_src_qpn(&mut self, v: Qpn) {
         self.bm()[4] = 0;
         set_be24(self.bm(), 5, v.value());
@@ -49,6 +53,7 @@ pub struct DethRepr {
 
 impl DethRepr {
     /// Parses a view.
+    #[inline]
     pub fn parse<T: AsRef<[u8]>>(h: &Deth<T>) -> Result<Self> {
         h.check_len()?;
         Ok(DethRepr {
@@ -57,6 +62,7 @@ impl DethRepr {
         })
     }
     /// Writes the fields.
+    #[inline]
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, h: &mut Deth<T>) {
         h.set_qkey(self.qkey);
         h.set_src_qpn(self.src_qpn);

@@ -26,8 +26,9 @@ pub enum Error {
     /// The BTH opcode is not one of the RC, UC, UD or CNP opcodes.
     #[error("unknown or unsupported opcode {0:#04x}")]
     UnknownOpcode(u8),
-    /// The pad count does not fit the payload (pad on a packet with no payload, pad on a
-    /// FIRST/MIDDLE packet, or payload + pad not a multiple of four).
+    /// The pad count does not fit the payload: pad bytes on a packet without payload.
+    /// (Payload + pad not a multiple of four is a [`Error::LengthMismatch`]; a FIRST/MIDDLE
+    /// packet with pad fails the responder's PMTU check, [`crate::Opcode::check_payload_len`].)
     #[error("bad pad count {pad} for {opcode}: {reason}")]
     BadPad {
         /// Opcode of the packet.
@@ -98,6 +99,7 @@ pub enum Error {
 pub type Result<T> = core::result::Result<T, Error>;
 
 /// Fails with [`Error::Truncated`] unless `buf` holds at least `needed` bytes.
+#[inline]
 pub(crate) fn need(what: &'static str, buf: &[u8], needed: usize) -> Result<()> {
     if buf.len() < needed {
         Err(Error::Truncated {

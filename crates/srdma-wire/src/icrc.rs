@@ -61,13 +61,57 @@ pub fn compute_raw(ip_header: &[u8], udp_header: &[u8], roce: &[u8]) -> Result<u
     Ok(h.finalize())
 }
 
+/// CRC-32 of the 8 bytes of 0xFF that stand in for the LRH: the state every ICRC starts from
+/// (rxe folds the same bytes into its seed 0xdebb20e3, the raw register value).
+const CRC_OF_LRH_PLACEHOLDER: u32 = 0x2144_df1c;
+
 /// Computes the ICRC of `roce` (BTH to pad, without the ICRC) as carried in `encap`.
+///
+/// The masked pseudo header is built straight from the `Encap` fields: the masked bytes are
+/// written as ones and the IPv4 checksum, which the mask hides, is never computed. This is
+/// the per-packet path of a sender; [`compute_raw`] is for headers taken off the wire.
 pub fn compute(encap: &Encap, roce: &[u8]) -> Result<u32> {
-    let mut hdr = [0u8; IPV6_LEN + UDP_LEN];
-    let hl = encap.header_len();
-    encap.emit(&mut hdr, roce.len() + ICRC_LEN, None)?;
-    let iplen = encap.ip.header_len();
-    compute_raw(&hdr[..iplen], &hdr[iplen..hl], roce)
+    crate::error::need("BTH", roce, BTH_LEN)?;
+    let udp_len = UDP_LEN + roce.len() + ICRC_LEN;
+    let udp_len16 = u16::try_from(udp_len).map_err(|_| Error::OutOfRange {
+        field: "UDP length",
+        value: udp_len as u64,
+    })?;
+    let mut pseudo = [0xFFu8; IPV6_LEN + UDP_LEN + BTH_LEN];
+    let iplen = match encap.ip {
+        crate::IpRepr::V4(h) => {
+            let total = (IPV4_LEN + udp_len) as u16;
+            let b = &mut pseudo[..IPV4_LEN];
+            b[0] = 0x45;
+            b[2..4].copy_from_slice(&total.to_be_bytes());
+            b[4..6].copy_from_slice(&h.ident.to_be_bytes());
+            b[6..8].copy_from_slice(&h.flags_frag.to_be_bytes());
+            b[9] = crate::ip::IPPROTO_UDP;
+            b[12..16].copy_from_slice(&h.src.octets());
+            b[16..20].copy_from_slice(&h.dst.octets());
+            IPV4_LEN
+        }
+        crate::IpRepr::V6(h) => {
+            let b = &mut pseudo[..IPV6_LEN];
+            b[0] = 0x6F;
+            b[4..6].copy_from_slice(&udp_len16.to_be_bytes());
+            b[6] = crate::ip::IPPROTO_UDP;
+            b[8..24].copy_from_slice(&h.src.octets());
+            b[24..40].copy_from_slice(&h.dst.octets());
+            IPV6_LEN
+        }
+    };
+    let u = &mut pseudo[iplen..iplen + UDP_LEN];
+    u[0..2].copy_from_slice(&encap.src_port.to_be_bytes());
+    u[2..4].copy_from_slice(&encap.dst_port.to_be_bytes());
+    u[4..6].copy_from_slice(&udp_len16.to_be_bytes());
+    let bth = &mut pseudo[iplen + UDP_LEN..iplen + UDP_LEN + BTH_LEN];
+    bth.copy_from_slice(&roce[..BTH_LEN]);
+    bth[4] = 0xFF;
+    let mut h = crc32fast::Hasher::new_with_initial(CRC_OF_LRH_PLACEHOLDER);
+    h.update(&pseudo[..iplen + UDP_LEN + BTH_LEN]);
+    h.update(&roce[BTH_LEN..]);
+    Ok(h.finalize())
 }
 
 /// The ICRC carried by a whole RoCEv2 packet (its last four bytes, little-endian).
@@ -108,5 +152,54 @@ pub fn verify(encap: &Encap, packet: &[u8]) -> Result<()> {
         Ok(())
     } else {
         Err(Error::BadIcrc { carried, computed })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholder_constant_is_the_crc_of_eight_ones() {
+        assert_eq!(crc32fast::hash(&[0xFF; 8]), CRC_OF_LRH_PLACEHOLDER);
+    }
+
+    /// The fast path (pseudo header from the fields) equals the raw path (real header bytes,
+    /// masked) for IPv4 and IPv6, whatever the masked fields hold.
+    #[test]
+    fn fast_and_raw_paths_agree() {
+        use crate::ip::{Ipv4Repr, Ipv6Repr};
+        let roce: [u8; 20] = [
+            0x04, 0x30, 0xff, 0xff, 0xc0, 0, 0, 0x11, 0x80, 0, 1, 0, 1, 2, 3, 4, 5, 6, 0, 0,
+        ];
+        let v4 = crate::IpRepr::V4(Ipv4Repr {
+            src: [10, 0, 0, 1].into(),
+            dst: [10, 0, 0, 2].into(),
+            tos: 0x03,
+            ttl: 7,
+            ident: 0x1234,
+            flags_frag: crate::ip::IPV4_DF,
+        });
+        let v6 = crate::IpRepr::V6(Ipv6Repr {
+            src: [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1].into(),
+            dst: [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2].into(),
+            traffic_class: 0x68,
+            flow_label: 0x12345,
+            hop_limit: 3,
+        });
+        for ip in [v4, v6] {
+            let encap = Encap {
+                ip,
+                src_port: 0xC123,
+                dst_port: 4791,
+            };
+            let mut hdr = [0u8; IPV6_LEN + UDP_LEN];
+            encap.emit(&mut hdr, roce.len() + ICRC_LEN, None).unwrap();
+            let il = ip.header_len();
+            assert_eq!(
+                compute(&encap, &roce).unwrap(),
+                compute_raw(&hdr[..il], &hdr[il..il + UDP_LEN], &roce).unwrap()
+            );
+        }
     }
 }

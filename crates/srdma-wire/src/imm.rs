@@ -14,6 +14,7 @@ header_view!(
 impl<T: AsRef<[u8]>> ImmDt<T> {
     /// The immediate value, read big-endian (the bytes are opaque; `imm_data` in
     /// `ibv_wc` is this value in network byte order).
+    #[inline]
     pub fn value(&self) -> u32 {
         be32(self.b(), 0)
     }
@@ -21,12 +22,14 @@ impl<T: AsRef<[u8]>> ImmDt<T> {
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> ImmDt<T> {
     /// Sets the immediate value.
+    #[inline]
     pub fn set_value(&mut self, v: u32) {
         set_be32(self.bm(), 0, v);
     }
 }
 
 /// Parses ImmDt.
+#[inline]
 pub fn parse_imm<T: AsRef<[u8]>>(h: &ImmDt<T>) -> Result<u32> {
     h.check_len()?;
     Ok(h.value())
@@ -41,6 +44,7 @@ header_view!(
 
 impl<T: AsRef<[u8]>> Ieth<T> {
     /// The R_Key to invalidate.
+    #[inline]
     pub fn rkey(&self) -> u32 {
         be32(self.b(), 0)
     }
@@ -48,12 +52,14 @@ impl<T: AsRef<[u8]>> Ieth<T> {
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Ieth<T> {
     /// Sets the R_Key to invalidate.
+    #[inline]
     pub fn set_rkey(&mut self, v: u32) {
         set_be32(self.bm(), 0, v);
     }
 }
 
 /// Parses an IETH.
+#[inline]
 pub fn parse_ieth<T: AsRef<[u8]>>(h: &Ieth<T>) -> Result<u32> {
     h.check_len()?;
     Ok(h.rkey())

@@ -197,11 +197,15 @@ macro_rules! opcodes {
             pub const ALL: &'static [Opcode] = &[$(Opcode::$variant,)*];
 
             /// The opcode with wire value `v`, or `None` if `v` is not one srdma knows.
+            #[inline]
             pub const fn from_u8(v: u8) -> Option<Opcode> {
-                match v {
-                    $( $value => Some(Opcode::$variant), )*
-                    _ => None,
-                }
+                // A table lookup: this runs for every packet received.
+                const TABLE: [Option<Opcode>; 256] = {
+                    let mut t = [None; 256];
+                    $( t[$value] = Some(Opcode::$variant); )*
+                    t
+                };
+                TABLE[v as usize]
             }
 
             /// The name rxe and the IBTA use, e.g. `RC_RDMA_WRITE_FIRST`.
@@ -220,8 +224,15 @@ macro_rules! opcodes {
             }
 
             /// The extension headers that follow the BTH.
+            #[inline]
             pub const fn headers(self) -> Headers {
                 match self { $( Opcode::$variant => $hdrs, )* }
+            }
+
+            /// Length of BTH plus extension headers (a constant per opcode).
+            #[inline]
+            pub const fn header_len(self) -> usize {
+                match self { $( Opcode::$variant => const { crate::bth::BTH_LEN + $hdrs.len() }, )* }
             }
         }
     };
@@ -302,11 +313,6 @@ impl Opcode {
             3 => Transport::Ud,
             _ => Transport::Cnp,
         }
-    }
-
-    /// Length of BTH plus extension headers.
-    pub const fn header_len(self) -> usize {
-        crate::bth::BTH_LEN + self.headers().len()
     }
 
     /// The payload rule of the opcode.

@@ -86,6 +86,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
     }
 
     /// The BTH.
+    #[inline]
     pub fn bth(&self) -> Bth<&[u8]> {
         Bth::new_unchecked(&self.buffer.as_ref()[..BTH_LEN])
     }
@@ -253,27 +254,47 @@ impl<'a> PacketRepr<'a> {
     /// Parses a whole packet straight from bytes (checks included).
     pub fn parse_bytes(bytes: &'a [u8]) -> Result<PacketRepr<'a>> {
         let p = Packet::new_checked(bytes)?;
-        let bth = BthRepr::parse(&p.bth())?;
-        let hl = p.header_len();
-        let payload_len = p.payload_len();
-        Ok(PacketRepr {
-            bth,
-            deth: p.deth().map(|h| DethRepr::parse(&h)).transpose()?,
-            feth: p.feth().map(|h| FethRepr::parse(&h)).transpose()?,
-            reth: p.reth().map(|h| RethRepr::parse(&h)).transpose()?,
-            atomic_eth: p
-                .atomic_eth()
-                .map(|h| AtomicEthRepr::parse(&h))
-                .transpose()?,
-            imm_dt: p.imm_dt().map(|h| crate::imm::parse_imm(&h)).transpose()?,
-            ieth: p.ieth().map(|h| crate::imm::parse_ieth(&h)).transpose()?,
-            aeth: p.aeth().map(|h| AethRepr::parse(&h)).transpose()?,
-            atomic_ack_eth: p
-                .atomic_ack_eth()
-                .map(|h| AtomicAckEthRepr::parse(&h))
-                .transpose()?,
-            payload: &bytes[hl..hl + payload_len],
-        })
+        let bth = BthRepr::with_opcode(&p.bth(), p.opcode());
+        let headers = bth.opcode.headers();
+        let mut repr = PacketRepr::new(bth, &[]);
+        // One walk over the headers, in wire order; `check_len` guaranteed they fit.
+        let mut at = BTH_LEN;
+        let mut take = |h: Headers, len: usize| -> Option<&'a [u8]> {
+            if headers.contains(h) {
+                at += len;
+                Some(&bytes[at - len..at])
+            } else {
+                None
+            }
+        };
+        repr.deth = take(Headers::DETH, 8)
+            .map(|b| DethRepr::parse(&Deth::new_unchecked(b)))
+            .transpose()?;
+        repr.feth = take(Headers::FETH, 4)
+            .map(|b| FethRepr::parse(&Feth::new_unchecked(b)))
+            .transpose()?;
+        repr.reth = take(Headers::RETH, 16)
+            .map(|b| RethRepr::parse(&Reth::new_unchecked(b)))
+            .transpose()?;
+        repr.atomic_eth = take(Headers::ATOMIC_ETH, 28)
+            .map(|b| AtomicEthRepr::parse(&AtomicEth::new_unchecked(b)))
+            .transpose()?;
+        repr.imm_dt = take(Headers::IMM_DT, 4)
+            .map(|b| crate::imm::parse_imm(&ImmDt::new_unchecked(b)))
+            .transpose()?;
+        repr.ieth = take(Headers::IETH, 4)
+            .map(|b| crate::imm::parse_ieth(&Ieth::new_unchecked(b)))
+            .transpose()?;
+        repr.aeth = take(Headers::AETH, 4)
+            .map(|b| AethRepr::parse(&Aeth::new_unchecked(b)))
+            .transpose()?;
+        repr.atomic_ack_eth = take(Headers::ATOMIC_ACK_ETH, 8)
+            .map(|b| AtomicAckEthRepr::parse(&AtomicAckEth::new_unchecked(b)))
+            .transpose()?;
+        let hl = bth.opcode.header_len();
+        let end = bytes.len() - ICRC_LEN - usize::from(bth.pad_cnt);
+        repr.payload = &bytes[hl..end];
+        Ok(repr)
     }
 
     /// Pad bytes the payload needs: `(-len) & 3`.
@@ -319,12 +340,44 @@ impl<'a> PacketRepr<'a> {
                 });
             }
         }
+        self.check_ranges()?;
         if op.payload_rule() == PayloadRule::None && !self.payload.is_empty() {
             return Err(Error::LengthMismatch {
                 opcode: op,
                 len: self.payload.len(),
                 reason: "opcode carries no payload",
             });
+        }
+        Ok(())
+    }
+
+    /// Fields wider than their wire encoding would be silently cut by `emit`; refuse them.
+    fn check_ranges(&self) -> Result<()> {
+        let bad = |field, value: u64| Err(Error::OutOfRange { field, value });
+        if let Some(a) = self.aeth {
+            if a.msn > crate::seq::MASK_24 {
+                return bad("AETH MSN", a.msn.into());
+            }
+            let b = a.syndrome.to_byte();
+            if crate::aeth::Syndrome::from_byte(b) != a.syndrome {
+                return bad("AETH syndrome code", b.into());
+            }
+            let code = match a.syndrome {
+                crate::aeth::Syndrome::Ack { credit_code: c }
+                | crate::aeth::Syndrome::RnrNak { timer_code: c } => c,
+                _ => 0,
+            };
+            if code > 0x1F {
+                return bad("AETH credit or timer code", code.into());
+            }
+        }
+        if let Some(f) = self.feth {
+            if f.placement_type > 0xF || f.selectivity > 3 {
+                return bad(
+                    "FETH placement type or selectivity",
+                    (u64::from(f.placement_type) << 8) | u64::from(f.selectivity),
+                );
+            }
         }
         Ok(())
     }
@@ -410,5 +463,46 @@ impl<'a> PacketRepr<'a> {
         let len = self.emit(buf)?;
         Packet::new_unchecked(&mut buf[..len]).fill_icrc(encap)?;
         Ok(len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::aeth::{NakCode, Syndrome};
+    use crate::{Psn, Qpn};
+
+    fn ack(syndrome: Syndrome, msn: u32) -> Result<usize> {
+        let bth = BthRepr {
+            opcode: Opcode::RcAcknowledge,
+            solicited: false,
+            mig_req: false,
+            pad_cnt: 0,
+            pkey: 0xFFFF,
+            fecn: false,
+            becn: false,
+            dest_qpn: Qpn::new(1),
+            ack_req: false,
+            psn: Psn::new(1),
+        };
+        let mut r = PacketRepr::new(bth, &[]);
+        r.aeth = Some(AethRepr { syndrome, msn });
+        r.emit(&mut [0u8; 64])
+    }
+
+    /// Values that do not fit their wire field are refused, never silently truncated.
+    #[test]
+    fn emit_refuses_what_the_wire_cannot_carry() {
+        assert!(ack(Syndrome::ACK, 0xFF_FFFF).is_ok());
+        assert!(matches!(
+            ack(Syndrome::ACK, 0x100_0000),
+            Err(Error::OutOfRange { .. })
+        ));
+        assert!(ack(Syndrome::Ack { credit_code: 32 }, 1).is_err());
+        assert!(ack(Syndrome::RnrNak { timer_code: 40 }, 1).is_err());
+        assert!(ack(Syndrome::Nak(NakCode::Reserved(2)), 1).is_err());
+        assert!(ack(Syndrome::Nak(NakCode::Reserved(9)), 1).is_ok());
+        assert!(ack(Syndrome::Reserved(0x1F), 1).is_err());
+        assert!(ack(Syndrome::Reserved(0x45), 1).is_ok());
     }
 }

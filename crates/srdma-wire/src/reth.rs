@@ -13,14 +13,17 @@ header_view!(
 
 impl<T: AsRef<[u8]>> Reth<T> {
     /// Remote virtual address.
+    #[inline]
     pub fn va(&self) -> u64 {
         be64(self.b(), 0)
     }
     /// Remote key.
+    #[inline]
     pub fn rkey(&self) -> u32 {
         be32(self.b(), 8)
     }
     /// DMA length of the whole message.
+    #[inline]
     pub fn dma_len(&self) -> u32 {
         be32(self.b(), 12)
     }
@@ -28,14 +31,17 @@ impl<T: AsRef<[u8]>> Reth<T> {
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Reth<T> {
     /// Sets the remote virtual address.
+    #[inline]
     pub fn set_va(&mut self, v: u64) {
         set_be64(self.bm(), 0, v);
     }
     /// Sets the remote key.
+    #[inline]
     pub fn set_rkey(&mut self, v: u32) {
         set_be32(self.bm(), 8, v);
     }
     /// Sets the DMA length.
+    #[inline]
     pub fn set_dma_len(&mut self, v: u32) {
         set_be32(self.bm(), 12, v);
     }
@@ -54,6 +60,7 @@ pub struct RethRepr {
 
 impl RethRepr {
     /// Parses a view.
+    #[inline]
     pub fn parse<T: AsRef<[u8]>>(h: &Reth<T>) -> Result<Self> {
         h.check_len()?;
         Ok(RethRepr {
@@ -63,6 +70,7 @@ impl RethRepr {
         })
     }
     /// Writes the fields.
+    #[inline]
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, h: &mut Reth<T>) {
         h.set_va(self.va);
         h.set_rkey(self.rkey);
@@ -79,10 +87,12 @@ header_view!(
 
 impl<T: AsRef<[u8]>> Feth<T> {
     /// Placement type (bits 3..0).
+    #[inline]
     pub fn placement_type(&self) -> u8 {
         (be32(self.b(), 0) & 0xF) as u8
     }
     /// Selectivity level (bits 5..4).
+    #[inline]
     pub fn selectivity(&self) -> u8 {
         ((be32(self.b(), 0) >> 4) & 0x3) as u8
     }
@@ -90,6 +100,7 @@ impl<T: AsRef<[u8]>> Feth<T> {
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Feth<T> {
     /// Sets placement type and selectivity level (reserved bits become 0).
+    #[inline]
     pub fn set_fields(&mut self, placement_type: u8, selectivity: u8) {
         set_be32(
             self.bm(),
@@ -110,6 +121,7 @@ pub struct FethRepr {
 
 impl FethRepr {
     /// Parses a view.
+    #[inline]
     pub fn parse<T: AsRef<[u8]>>(h: &Feth<T>) -> Result<Self> {
         h.check_len()?;
         Ok(FethRepr {
@@ -118,6 +130,7 @@ impl FethRepr {
         })
     }
     /// Writes the fields.
+    #[inline]
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, h: &mut Feth<T>) {
         h.set_fields(self.placement_type, self.selectivity);
     }

@@ -15,11 +15,13 @@ macro_rules! header_view {
             pub const LEN: usize = $len;
 
             /// Wraps `buffer` without checking its length; accessors may panic if it is short.
+            #[inline]
             pub const fn new_unchecked(buffer: T) -> Self {
                 $name { buffer }
             }
 
             /// Wraps `buffer` after [`check_len`](Self::check_len).
+            #[inline]
             pub fn new_checked(buffer: T) -> crate::Result<Self> {
                 let v = Self::new_unchecked(buffer);
                 v.check_len()?;
@@ -27,11 +29,13 @@ macro_rules! header_view {
             }
 
             /// Fails with `Truncated` if the buffer is shorter than the header.
+            #[inline]
             pub fn check_len(&self) -> crate::Result<()> {
                 crate::error::need($what, self.buffer.as_ref(), Self::LEN)
             }
 
             /// Gives the buffer back.
+            #[inline]
             pub fn into_inner(self) -> T {
                 self.buffer
             }
