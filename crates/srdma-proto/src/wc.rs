@@ -378,6 +378,9 @@ pub struct Wc {
     pub sl: u8,
     /// The destination LID path bits: always 0 on RoCE.
     pub dlid_path_bits: u8,
+    /// The message carried the solicited-event bit (drives solicited-only CQ notification;
+    /// not a field of `ibv_wc`).
+    pub solicited: bool,
 }
 
 impl Wc {
@@ -398,6 +401,7 @@ impl Wc {
             slid: 0,
             sl: 0,
             dlid_path_bits: 0,
+            solicited: false,
         }
     }
 

@@ -309,6 +309,7 @@ impl Qp {
             if let Some(rkey) = pkt.ieth {
                 wc = wc.with_invalidated_rkey(crate::mr::RKey(rkey));
             }
+            wc.solicited = pkt.bth.solicited;
             self.recv_cq.push_back(wc);
             self.msn = self.msn.wrapping_add(1);
             self.counters.rdma_recvs += 1;
@@ -388,6 +389,10 @@ impl Qp {
                 )
                 .with_byte_len(dma_len)
                 .with_imm(imm);
+                let wc = Wc {
+                    solicited: pkt.bth.solicited,
+                    ..wc
+                };
                 self.recv_cq.push_back(wc);
                 self.counters.rdma_recvs += 1;
             }

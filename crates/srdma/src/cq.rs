@@ -1,0 +1,169 @@
+//! Completion queues and completion channels.
+
+use std::collections::VecDeque;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use srdma_proto::Wc;
+
+use crate::error::{Result, io_err};
+use crate::sys;
+
+/// A completion channel (`ibv_comp_channel`): a file descriptor that becomes readable when an
+/// armed CQ gets a completion, so an application can sleep in `poll`/`epoll` (or tokio/mio,
+/// through [`AsFd`]) instead of spinning.
+#[derive(Debug, Clone)]
+pub struct CompChannel {
+    inner: Arc<ChannelInner>,
+}
+
+#[derive(Debug)]
+struct ChannelInner {
+    fd: OwnedFd,
+    events: Mutex<VecDeque<u32>>,
+}
+
+impl CompChannel {
+    /// A new channel.
+    pub fn new() -> Result<CompChannel> {
+        let fd = sys::eventfd().map_err(io_err("eventfd for a completion channel"))?;
+        Ok(CompChannel {
+            inner: Arc::new(ChannelInner {
+                fd,
+                events: Mutex::new(VecDeque::new()),
+            }),
+        })
+    }
+
+    fn notify(&self, cq: u32) {
+        lock(&self.inner.events).push_back(cq);
+        sys::signal(&self.inner.fd);
+    }
+
+    /// `ibv_get_cq_event`: waits up to `timeout` (forever with `None`) for a CQ event and
+    /// returns the id of the CQ that fired. Re-arm the CQ with [`Cq::req_notify`] before
+    /// polling it empty, as with verbs.
+    pub fn get_event(&self, timeout: Option<Duration>) -> Result<Option<u32>> {
+        loop {
+            if let Some(id) = lock(&self.inner.events).pop_front() {
+                return Ok(Some(id));
+            }
+            let ready = sys::poll_readable(&[self.inner.fd.as_raw_fd()], timeout)
+                .map_err(io_err("waiting on a completion channel"))?;
+            sys::drain(&self.inner.fd);
+            if !ready[0] {
+                return Ok(lock(&self.inner.events).pop_front());
+            }
+        }
+    }
+}
+
+impl AsFd for CompChannel {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.inner.fd.as_fd()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic while holding a CQ lock leaves plain data behind; keep going.
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A completion queue (`ibv_cq`). Cheap to clone: clones share the queue.
+#[derive(Debug, Clone)]
+pub struct Cq {
+    pub(crate) inner: Arc<CqInner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct CqInner {
+    pub(crate) id: u32,
+    cap: usize,
+    queue: Mutex<VecDeque<Wc>>,
+    /// `Some(solicited_only)` while armed.
+    armed: Mutex<Option<bool>>,
+    overflowed: AtomicBool,
+    channel: Option<CompChannel>,
+}
+
+impl Cq {
+    pub(crate) fn new(id: u32, cap: usize, channel: Option<CompChannel>) -> Cq {
+        Cq {
+            inner: Arc::new(CqInner {
+                id,
+                cap,
+                queue: Mutex::new(VecDeque::with_capacity(cap)),
+                armed: Mutex::new(None),
+                overflowed: AtomicBool::new(false),
+                channel,
+            }),
+        }
+    }
+
+    /// The CQ's id (what [`CompChannel::get_event`] returns).
+    pub fn id(&self) -> u32 {
+        self.inner.id
+    }
+
+    /// Capacity in completions.
+    pub fn capacity(&self) -> usize {
+        self.inner.cap
+    }
+
+    /// `ibv_poll_cq`: moves up to `max` completions into `out`, returns how many.
+    pub fn poll_into(&self, out: &mut Vec<Wc>, max: usize) -> usize {
+        let mut q = lock(&self.inner.queue);
+        let n = max.min(q.len());
+        out.extend(q.drain(..n));
+        n
+    }
+
+    /// Up to `max` completions.
+    pub fn poll(&self, max: usize) -> Vec<Wc> {
+        let mut v = Vec::new();
+        self.poll_into(&mut v, max);
+        v
+    }
+
+    /// The next completion, if any.
+    pub fn poll_one(&self) -> Option<Wc> {
+        lock(&self.inner.queue).pop_front()
+    }
+
+    /// `ibv_req_notify_cq`: the next completion (with `solicited_only`, the next receive
+    /// completion of a message that carried the solicited-event bit, or any error completion)
+    /// fires one event on the CQ's channel.
+    pub fn req_notify(&self, solicited_only: bool) {
+        *lock(&self.inner.armed) = Some(solicited_only);
+    }
+
+    /// True once more completions arrived than the CQ holds (`IBV_EVENT_CQ_ERR`): none were
+    /// dropped, but the application sized the CQ too small.
+    pub fn overflowed(&self) -> bool {
+        self.inner.overflowed.load(Ordering::Relaxed)
+    }
+
+    /// Called by the engine with the device lock held.
+    pub(crate) fn push(&self, wc: Wc, solicited: bool) {
+        let mut q = lock(&self.inner.queue);
+        if q.len() >= self.inner.cap {
+            self.inner.overflowed.store(true, Ordering::Relaxed);
+        }
+        q.push_back(wc);
+        drop(q);
+        let mut armed = lock(&self.inner.armed);
+        let fire = match *armed {
+            Some(true) => solicited || !wc.status.is_success(),
+            Some(false) => true,
+            None => false,
+        };
+        if fire {
+            *armed = None;
+            if let Some(ch) = &self.inner.channel {
+                ch.notify(self.inner.id);
+            }
+        }
+    }
+}

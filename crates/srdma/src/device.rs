@@ -1,0 +1,885 @@
+//! Devices: one UDP socket, the transport state of every QP, and the progress thread.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::BufWriter;
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use srdma_proto::transport::MAX_PACKET_LEN;
+use srdma_proto::{
+    AccessFlags, CqSide, Ctx, DeviceLimits, MrKeys, MrTable, Mtu, PdId, Qp as ProtoQp, RecvMeta,
+    Srq as ProtoSrq,
+};
+use srdma_wire::{Encap, IpRepr, Packet, PacketRepr, Qpn, pcap};
+
+use crate::cq::{CompChannel, Cq};
+use crate::error::{Error, Result, io_err};
+use crate::memory::{Region, Store};
+use crate::sys;
+
+/// The RoCEv2 UDP port.
+pub const ROCEV2_PORT: u16 = srdma_wire::ROCEV2_PORT;
+
+/// How to open a device.
+#[derive(Debug, Clone)]
+pub struct DeviceConfig {
+    /// Device name, as `ibv_devices` would show it.
+    pub name: String,
+    /// Local address to bind (a specific address: it is part of every packet's ICRC).
+    pub addr: IpAddr,
+    /// UDP port (4791 for RoCEv2; other ports let several devices share an address).
+    pub port: u16,
+    /// The port's active MTU (the path MTU RC/UC QPs may use at most; UD's message limit).
+    pub mtu: Mtu,
+    /// Queue and resource limits.
+    pub limits: DeviceLimits,
+    /// Write every packet sent and received to this pcap (default: `$SRDMA_PCAP`).
+    pub pcap: Option<PathBuf>,
+}
+
+impl DeviceConfig {
+    /// A device on `addr`, port 4791, active MTU 1024 (rxe's on 1500-byte Ethernet), rxe's
+    /// limits, capture to `$SRDMA_PCAP` if set.
+    pub fn new(addr: IpAddr) -> DeviceConfig {
+        DeviceConfig {
+            name: "srdma0".into(),
+            addr,
+            port: ROCEV2_PORT,
+            mtu: Mtu::Mtu1024,
+            limits: DeviceLimits::default(),
+            pcap: std::env::var_os("SRDMA_PCAP")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from),
+        }
+    }
+}
+
+/// A GID: for RoCEv2, the IPv6 address (IPv4 addresses IPv4-mapped, `::ffff:a.b.c.d`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Gid(pub [u8; 16]);
+
+impl Gid {
+    /// The GID of an IP address.
+    pub fn from_ip(ip: IpAddr) -> Gid {
+        match ip {
+            IpAddr::V4(v4) => Gid(v4.to_ipv6_mapped().octets()),
+            IpAddr::V6(v6) => Gid(v6.octets()),
+        }
+    }
+
+    /// The IP address a GID stands for.
+    pub fn ip(&self) -> IpAddr {
+        let v6 = std::net::Ipv6Addr::from(self.0);
+        v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)
+    }
+}
+
+impl std::fmt::Display for Gid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // As `ibv_devinfo -v` prints RoCE v2 GIDs: inet_ntop(AF_INET6).
+        std::net::Ipv6Addr::from(self.0).fmt(f)
+    }
+}
+
+/// Device attributes, the fields of `ibv_query_device` srdma has.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceAttr {
+    /// Firmware version string.
+    pub fw_ver: String,
+    /// Node GUID (EUI-64 made from the address, as rxe makes it from the MAC).
+    pub node_guid: u64,
+    /// IEEE vendor id: 0xFFFFFF ("not assigned", what current rxe reports).
+    pub vendor_id: u32,
+    /// Largest MR.
+    pub max_mr_size: u64,
+    /// Supported page sizes.
+    pub page_size_cap: u64,
+    /// Largest QP count.
+    pub max_qp: u32,
+    /// Work requests per queue.
+    pub max_qp_wr: u32,
+    /// Scatter/gather entries per WR.
+    pub max_sge: u32,
+    /// Largest CQ.
+    pub max_cqe: u32,
+    /// Largest MR count.
+    pub max_mr: u32,
+    /// Outstanding READ/atomic as responder, per QP.
+    pub max_qp_rd_atom: u32,
+    /// Outstanding READ/atomic as requester, per QP.
+    pub max_qp_init_rd_atom: u32,
+    /// SRQ depth.
+    pub max_srq_wr: u32,
+    /// SRQ scatter entries.
+    pub max_srq_sge: u32,
+    /// Atomic guarantee ("ATOMIC_HCA (1)": atomic with respect to this device's operations).
+    pub atomic_cap: u32,
+    /// Physical ports.
+    pub phys_port_cnt: u8,
+    /// Largest inline send.
+    pub max_inline_data: u32,
+}
+
+/// Port attributes (`ibv_query_port`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortAttr {
+    /// PORT_ACTIVE (4).
+    pub state: u32,
+    /// Largest MTU.
+    pub max_mtu: Mtu,
+    /// Active MTU.
+    pub active_mtu: Mtu,
+    /// GID table length.
+    pub gid_tbl_len: u32,
+    /// Largest message.
+    pub max_msg_sz: u64,
+    /// P_Key table length.
+    pub pkey_tbl_len: u16,
+    /// "Ethernet".
+    pub link_layer: &'static str,
+    /// Packets dropped for a P_Key mismatch.
+    pub bad_pkey_cntr: u64,
+    /// UD packets dropped for a Q_Key mismatch.
+    pub qkey_viol_cntr: u64,
+}
+
+/// Device-level receive statistics: what happened to packets before they reached a QP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DeviceCounters {
+    /// Datagrams received.
+    pub rx_datagrams: u64,
+    /// Dropped: not a well-formed RoCEv2 packet.
+    pub rx_malformed: u64,
+    /// Dropped: ICRC wrong.
+    pub rx_bad_icrc: u64,
+    /// IPv4 packets from a peer that sets the IP ID: the ICRC was verified by solving for the
+    /// 16-bit ID a UDP socket cannot see (a corruption passes with probability 2^-16).
+    pub rx_icrc_ident_solved: u64,
+    /// Dropped: no such QP.
+    pub rx_unknown_qp: u64,
+    /// Dropped: RC/UC packet from an address other than the QP's peer.
+    pub rx_bad_source: u64,
+    /// Congestion notification packets (ignored).
+    pub rx_cnp: u64,
+    /// Datagrams sent.
+    pub tx_datagrams: u64,
+    /// Datagrams the socket refused (the transport retransmits).
+    pub tx_errors: u64,
+}
+
+pub(crate) struct QpSlot {
+    pub(crate) qp: ProtoQp,
+    pub(crate) send_cq: Cq,
+    pub(crate) recv_cq: Cq,
+    pub(crate) srq: Option<u32>,
+}
+
+pub(crate) struct State {
+    pub(crate) mrs: MrTable,
+    pub(crate) mem: Store,
+    pub(crate) qps: BTreeMap<u32, QpSlot>,
+    pub(crate) srqs: BTreeMap<u32, ProtoSrq>,
+    next_qpn: u32,
+    next_id: u32,
+    pub(crate) counters: DeviceCounters,
+    capture: Option<pcap::Writer<BufWriter<File>>>,
+    tx: Vec<u8>,
+}
+
+pub(crate) struct Shared {
+    state: Mutex<State>,
+    socket: UdpSocket,
+    pub(crate) local: SocketAddr,
+    wake: OwnedFd,
+    stop: AtomicBool,
+    epoch: Instant,
+    pub(crate) cfg: DeviceConfig,
+}
+
+/// Keeps the progress thread alive exactly as long as some handle needs the device.
+pub(crate) struct DeviceHandle {
+    pub(crate) shared: Arc<Shared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for DeviceHandle {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        sys::signal(&self.shared.wake);
+        if let Some(t) = self
+            .thread
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+        {
+            let _ = t.join();
+        }
+    }
+}
+
+/// An RDMA device: a UDP socket speaking RoCEv2, with the verbs objects on it. Cheap to clone.
+#[derive(Clone)]
+pub struct Device {
+    pub(crate) h: Arc<DeviceHandle>,
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device")
+            .field("name", &self.h.shared.cfg.name)
+            .field("local", &self.h.shared.local)
+            .finish()
+    }
+}
+
+fn seed() -> u64 {
+    // Key bytes must not be guessable: seed from the OS.
+    let mut b = [0u8; 8];
+    if let Ok(mut f) = File::open("/dev/urandom") {
+        let _ = std::io::Read::read_exact(&mut f, &mut b);
+    }
+    u64::from_ne_bytes(b)
+        ^ (std::process::id() as u64).rotate_left(32)
+        ^ Instant::now().elapsed().as_nanos() as u64
+}
+
+impl Device {
+    /// Opens a device: binds the UDP socket (DF set, zero IPv6 checksums accepted) and starts
+    /// the progress thread.
+    pub fn open(cfg: DeviceConfig) -> Result<Device> {
+        if cfg.addr.is_unspecified() {
+            return Err(Error::InvalidArgument(
+                "bind a specific address: it is covered by every packet's ICRC".into(),
+            ));
+        }
+        if cfg.mtu.bytes() > cfg.limits.port_max_mtu.bytes() {
+            return Err(Error::InvalidArgument(format!(
+                "MTU {} above the port maximum",
+                cfg.mtu.bytes()
+            )));
+        }
+        let bind = SocketAddr::new(cfg.addr, cfg.port);
+        let socket = UdpSocket::bind(bind).map_err(io_err(format!("binding UDP {bind}")))?;
+        let fd = socket.as_raw_fd();
+        let v6 = cfg.addr.is_ipv6();
+        sys::set_dont_fragment(fd, v6).map_err(io_err("setting IP_MTU_DISCOVER"))?;
+        if v6 {
+            sys::set_no_check6_rx(fd).map_err(io_err("setting UDP_NO_CHECK6_RX"))?;
+        }
+        sys::set_buffers(fd, 8 << 20);
+        socket
+            .set_nonblocking(true)
+            .map_err(io_err("making the socket non-blocking"))?;
+        let local = socket
+            .local_addr()
+            .map_err(io_err("reading the bound address"))?;
+        let capture = match &cfg.pcap {
+            Some(p) => Some(
+                pcap::Writer::new(BufWriter::new(
+                    File::create(p).map_err(io_err(format!("creating {}", p.display())))?,
+                ))
+                .map_err(io_err("writing the pcap header"))?,
+            ),
+            None => None,
+        };
+        let state = State {
+            mrs: MrTable::new(seed()),
+            mem: Store::default(),
+            qps: BTreeMap::new(),
+            srqs: BTreeMap::new(),
+            // rxe numbers QPs from 17 (0x11); 0 and 1 are the special QPs.
+            next_qpn: 0x11,
+            next_id: 1,
+            counters: DeviceCounters::default(),
+            capture,
+            tx: vec![0; MAX_PACKET_LEN],
+        };
+        let shared = Arc::new(Shared {
+            state: Mutex::new(state),
+            socket,
+            local,
+            wake: sys::eventfd().map_err(io_err("eventfd"))?,
+            stop: AtomicBool::new(false),
+            epoch: Instant::now(),
+            cfg,
+        });
+        let s2 = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name(format!("srdma-{}", local))
+            .spawn(move || progress(&s2))
+            .map_err(io_err("starting the progress thread"))?;
+        Ok(Device {
+            h: Arc::new(DeviceHandle {
+                shared,
+                thread: Mutex::new(Some(thread)),
+            }),
+        })
+    }
+
+    /// The bound socket address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.h.shared.local
+    }
+
+    /// The configuration it was opened with.
+    pub fn config(&self) -> &DeviceConfig {
+        &self.h.shared.cfg
+    }
+
+    /// GID table entry `index`, as rxe builds it: for an IPv4 device, index 0 is the
+    /// link-local address made from the node GUID and index 1 the IPv4-mapped address (so
+    /// `-g 1` means the same as on rxe); for IPv6, index 0 is the bound address.
+    pub fn gid(&self, index: usize) -> Option<Gid> {
+        self.gids().get(index).copied()
+    }
+
+    /// The GID table.
+    pub fn gids(&self) -> Vec<Gid> {
+        let ip = self.h.shared.cfg.addr;
+        match ip {
+            IpAddr::V4(_) => {
+                let mut ll = [0u8; 16];
+                ll[0] = 0xfe;
+                ll[1] = 0x80;
+                ll[8..].copy_from_slice(&self.node_guid().to_be_bytes());
+                vec![Gid(ll), Gid::from_ip(ip)]
+            }
+            IpAddr::V6(_) => vec![Gid::from_ip(ip)],
+        }
+    }
+
+    /// The GID of the bound address.
+    pub fn local_gid(&self) -> Gid {
+        Gid::from_ip(self.h.shared.cfg.addr)
+    }
+
+    fn node_guid(&self) -> u64 {
+        // EUI-64 style, from the address instead of a MAC: 02:xx:xx:ff:fe:xx:xx:xx.
+        let b = match self.h.shared.cfg.addr {
+            IpAddr::V4(v4) => v4.octets(),
+            IpAddr::V6(v6) => v6.octets()[12..].try_into().unwrap_or([0; 4]),
+        };
+        u64::from_be_bytes([
+            0x02,
+            b[0],
+            b[1],
+            0xff,
+            0xfe,
+            b[2],
+            b[3],
+            (self.h.shared.local.port() & 0xff) as u8,
+        ])
+    }
+
+    /// `ibv_query_device`.
+    pub fn query(&self) -> DeviceAttr {
+        let l = &self.h.shared.cfg.limits;
+        DeviceAttr {
+            fw_ver: env!("CARGO_PKG_VERSION").into(),
+            node_guid: self.node_guid(),
+            vendor_id: 0xFF_FFFF,
+            max_mr_size: l.max_mr_size,
+            page_size_cap: crate::memory::PAGE as u64,
+            max_qp: 0x1_0000,
+            max_qp_wr: l.max_qp_wr,
+            max_sge: l.max_send_sge,
+            max_cqe: l.max_cqe,
+            max_mr: l.max_mr,
+            max_qp_rd_atom: l.max_qp_rd_atom,
+            max_qp_init_rd_atom: l.max_qp_init_rd_atom,
+            max_srq_wr: l.max_srq_wr,
+            max_srq_sge: l.max_srq_sge,
+            atomic_cap: 1,
+            phys_port_cnt: 1,
+            max_inline_data: l.max_inline_data,
+        }
+    }
+
+    /// `ibv_query_port` (port 1).
+    pub fn query_port(&self) -> PortAttr {
+        let l = &self.h.shared.cfg.limits;
+        let st = self.lock();
+        let mut bad_pkey = 0;
+        let mut qkey = 0;
+        for s in st.qps.values() {
+            bad_pkey += s.qp.counters().bad_pkey;
+            qkey += s.qp.counters().qkey_violations;
+        }
+        PortAttr {
+            state: 4,
+            max_mtu: l.port_max_mtu,
+            active_mtu: self.h.shared.cfg.mtu,
+            gid_tbl_len: l.gid_tbl_len,
+            max_msg_sz: l.max_msg_sz,
+            pkey_tbl_len: l.pkey_tbl_len,
+            link_layer: "Ethernet",
+            bad_pkey_cntr: bad_pkey,
+            qkey_viol_cntr: qkey,
+        }
+    }
+
+    /// Device receive/transmit statistics.
+    pub fn counters(&self) -> DeviceCounters {
+        self.lock().counters
+    }
+
+    /// The sum of every QP's transport counters (rxe's hw counters).
+    pub fn qp_counters(&self) -> srdma_proto::Counters {
+        let st = self.lock();
+        let mut c = srdma_proto::Counters::default();
+        for s in st.qps.values() {
+            c += *s.qp.counters();
+        }
+        c
+    }
+
+    /// Allocates a protection domain.
+    pub fn alloc_pd(&self) -> Pd {
+        let id = self.next_id();
+        Pd {
+            dev: self.clone(),
+            id: PdId(id),
+        }
+    }
+
+    /// A completion queue of `cqe` entries, optionally tied to a completion channel.
+    pub fn create_cq(&self, cqe: usize, channel: Option<&CompChannel>) -> Result<Cq> {
+        if cqe == 0 || cqe > self.h.shared.cfg.limits.max_cqe as usize {
+            return Err(Error::InvalidArgument(format!(
+                "cqe {cqe} outside 1..={}",
+                self.h.shared.cfg.limits.max_cqe
+            )));
+        }
+        Ok(Cq::new(self.next_id(), cqe, channel.cloned()))
+    }
+
+    fn next_id(&self) -> u32 {
+        let mut st = self.lock();
+        st.next_id += 1;
+        st.next_id
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        self.h.shared.lock()
+    }
+
+    pub(crate) fn alloc_qpn(&self, st: &mut State) -> Result<Qpn> {
+        for _ in 0..0x1_0000 {
+            let n = st.next_qpn;
+            st.next_qpn = if n >= 0xFF_FFFE { 0x11 } else { n + 1 };
+            if !st.qps.contains_key(&n) {
+                return Ok(Qpn::new(n));
+            }
+        }
+        Err(Error::Exhausted("QP numbers"))
+    }
+
+    pub(crate) fn same(&self, other: &Device) -> bool {
+        Arc::ptr_eq(&self.h, &other.h)
+    }
+
+    /// Sends every packet `qpn` has ready, from the caller's thread (the "doorbell").
+    pub(crate) fn flush(&self, st: &mut State, qpn: u32) {
+        self.h.shared.flush(st, qpn);
+    }
+}
+
+/// A protection domain (`ibv_pd`).
+#[derive(Debug, Clone)]
+pub struct Pd {
+    pub(crate) dev: Device,
+    pub(crate) id: PdId,
+}
+
+impl Pd {
+    /// The device.
+    pub fn device(&self) -> &Device {
+        &self.dev
+    }
+
+    /// `ibv_reg_mr` on memory srdma allocates: `len` zeroed, page-aligned bytes the region
+    /// owns. Its address is the region's virtual address for remote access, as with a NIC.
+    pub fn reg_mr(&self, len: usize, access: AccessFlags) -> Result<Mr> {
+        access.validate_for_mr()?;
+        let region = Arc::new(Region::new(len).ok_or(Error::Exhausted("memory for the region"))?);
+        let mut st = self.dev.lock();
+        let keys = st
+            .mrs
+            .register(self.id, region.addr(), len as u64, access)?;
+        st.mem.insert(keys.handle, Arc::clone(&region));
+        Ok(Mr {
+            pd: self.clone(),
+            keys,
+            region,
+        })
+    }
+}
+
+/// A memory region (`ibv_mr`) owning its memory. Dropping it deregisters it: work still in
+/// flight against it then fails with a protection error instead of touching freed memory.
+#[derive(Debug)]
+pub struct Mr {
+    pd: Pd,
+    keys: MrKeys,
+    region: Arc<Region>,
+}
+
+/// What a peer needs to reach a region: address, R_Key, length. Plain data, to send across.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RemoteMr {
+    /// Virtual address of the first byte.
+    pub addr: u64,
+    /// Remote key.
+    pub rkey: u32,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+impl Mr {
+    /// Address of the first byte (the region's virtual address).
+    pub fn addr(&self) -> u64 {
+        self.region.addr()
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.region.len()
+    }
+
+    /// True for a zero-length region.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Local key.
+    pub fn lkey(&self) -> srdma_proto::LKey {
+        self.keys.lkey
+    }
+
+    /// Remote key, if remote access was granted.
+    pub fn rkey(&self) -> Option<srdma_proto::RKey> {
+        self.keys.rkey
+    }
+
+    /// The descriptor a peer needs (None without remote access).
+    pub fn remote(&self) -> Option<RemoteMr> {
+        self.keys.rkey.map(|r| RemoteMr {
+            addr: self.addr(),
+            rkey: r.0,
+            len: self.len() as u64,
+        })
+    }
+
+    /// A scatter/gather entry for `len` bytes at `offset`.
+    pub fn sge(&self, offset: usize, len: usize) -> srdma_proto::Sge {
+        srdma_proto::Sge {
+            addr: self.addr() + offset as u64,
+            length: len as u32,
+            lkey: self.keys.lkey,
+        }
+    }
+
+    /// Copies `dst.len()` bytes at `offset` out of the region.
+    pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        self.with_bytes(|b| {
+            let src = b
+                .get(offset..offset.saturating_add(dst.len()))
+                .ok_or_else(|| range_err(offset, dst.len(), b.len()))?;
+            dst.copy_from_slice(src);
+            Ok(())
+        })
+    }
+
+    /// Copies `src` into the region at `offset`.
+    pub fn write(&self, offset: usize, src: &[u8]) -> Result<()> {
+        self.with_bytes_mut(|b| {
+            let len = b.len();
+            let dst = b
+                .get_mut(offset..offset.saturating_add(src.len()))
+                .ok_or_else(|| range_err(offset, src.len(), len))?;
+            dst.copy_from_slice(src);
+            Ok(())
+        })
+    }
+
+    /// Runs `f` on the region's bytes with the device locked (RDMA into it waits meanwhile).
+    pub fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
+        let _st = self.pd.dev.lock();
+        // SAFETY: the device lock is held for the whole borrow, so the engine cannot write
+        // these bytes concurrently, and no `&mut` to them exists.
+        f(unsafe { self.region.bytes() })
+    }
+
+    /// Runs `f` on the region's bytes, writable, with the device locked.
+    pub fn with_bytes_mut<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> R {
+        let _st = self.pd.dev.lock();
+        // SAFETY: the device lock is held for the whole borrow; it is the only live reference.
+        f(unsafe { self.region.bytes_mut() })
+    }
+}
+
+fn range_err(offset: usize, len: usize, size: usize) -> Error {
+    Error::InvalidArgument(format!(
+        "{len} bytes at offset {offset} outside a {size}-byte region"
+    ))
+}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        let mut st = self.pd.dev.lock();
+        let _ = st.mrs.deregister(self.keys.lkey);
+        st.mem.remove(self.keys.handle);
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn now(&self) -> Duration {
+        self.epoch.elapsed()
+    }
+
+    fn encap_to(&self, dst: SocketAddr, sport: u16) -> Option<Encap> {
+        let ip = IpRepr::between(self.local.ip(), dst.ip()).ok()?;
+        Some(Encap {
+            ip,
+            src_port: sport,
+            dst_port: dst.port(),
+        })
+    }
+
+    /// Sends everything QP `qpn` has to send, then hands its completions to its CQs.
+    fn flush(&self, st: &mut State, qpn: u32) {
+        let now = self.now();
+        let State {
+            mrs,
+            mem,
+            qps,
+            srqs,
+            counters,
+            capture,
+            tx,
+            ..
+        } = st;
+        let Some(slot) = qps.get_mut(&qpn) else {
+            return;
+        };
+        loop {
+            let srq = slot.srq.and_then(|id| srqs.get_mut(&id));
+            let mut ctx = Ctx { now, mrs, mem, srq };
+            let Some(t) = slot.qp.poll_transmit(&mut ctx, tx) else {
+                break;
+            };
+            let dst = SocketAddr::new(crate::device::Gid(t.dest.dgid).ip(), t.dest.udp_dport);
+            // The source port is the QP pair's entropy port in the ICRC, but the socket sends
+            // from its bound port; the ICRC must cover what goes on the wire.
+            let Some(encap) = self.encap_to(dst, self.local.port()) else {
+                counters.tx_errors += 1;
+                continue;
+            };
+            let pkt = &mut tx[..t.len];
+            if Packet::new_unchecked(&mut *pkt).fill_icrc(&encap).is_err() {
+                counters.tx_errors += 1;
+                continue;
+            }
+            if let Some(w) = capture.as_mut() {
+                let _ = w.write_roce(now.as_nanos() as u64 + capture_epoch(), &encap, pkt);
+            }
+            match self.socket.send_to(pkt, dst) {
+                Ok(_) => counters.tx_datagrams += 1,
+                Err(_) => counters.tx_errors += 1,
+            }
+        }
+        deliver_completions(slot);
+    }
+
+    fn handle_datagram(
+        &self,
+        st: &mut State,
+        from: SocketAddr,
+        data: &[u8],
+        touched: &mut Vec<u32>,
+    ) {
+        let now = self.now();
+        st.counters.rx_datagrams += 1;
+        let Some(encap) = self.encap_from(from) else {
+            st.counters.rx_malformed += 1;
+            return;
+        };
+        if let Some(w) = st.capture.as_mut() {
+            let _ = w.write_roce(now.as_nanos() as u64 + capture_epoch(), &encap, data);
+        }
+        match srdma_wire::icrc::verify(&encap, data) {
+            Ok(()) => {}
+            Err(srdma_wire::Error::BadIcrc { .. })
+                if encap.ip.header_len() == srdma_wire::ip::IPV4_LEN =>
+            {
+                // A UDP socket cannot see the IPv4 ID, which the ICRC covers: peers other than
+                // srdma (rxe, NICs) send non-zero IDs. Solve for it (see DeviceCounters).
+                if crate::icrc::verify_unknown_ident(&encap, data) {
+                    st.counters.rx_icrc_ident_solved += 1;
+                } else {
+                    st.counters.rx_bad_icrc += 1;
+                    return;
+                }
+            }
+            Err(_) => {
+                st.counters.rx_bad_icrc += 1;
+                return;
+            }
+        }
+        let Ok(repr) = PacketRepr::parse_bytes(data) else {
+            st.counters.rx_malformed += 1;
+            return;
+        };
+        if repr.bth.opcode == srdma_wire::Opcode::Cnp {
+            st.counters.rx_cnp += 1;
+            return;
+        }
+        let qpn = repr.bth.dest_qpn.value();
+        let State {
+            mrs,
+            mem,
+            qps,
+            srqs,
+            counters,
+            ..
+        } = st;
+        let Some(slot) = qps.get_mut(&qpn) else {
+            counters.rx_unknown_qp += 1;
+            return;
+        };
+        // rxe check_addr: a connected QP only takes packets from its peer's address.
+        if slot.qp.qp_type() != srdma_proto::QpType::Ud
+            && Gid(slot.qp.attr().ah_attr.dgid).ip() != from.ip()
+        {
+            counters.rx_bad_source += 1;
+            return;
+        }
+        let srq = slot.srq.and_then(|id| srqs.get_mut(&id));
+        let mut ctx = Ctx { now, mrs, mem, srq };
+        slot.qp.handle_packet(&mut ctx, &repr, &RecvMeta { encap });
+        if !touched.contains(&qpn) {
+            touched.push(qpn);
+        }
+    }
+
+    fn encap_from(&self, from: SocketAddr) -> Option<Encap> {
+        let ip = IpRepr::between(from.ip(), self.local.ip()).ok()?;
+        Some(Encap {
+            ip,
+            src_port: from.port(),
+            dst_port: self.local.port(),
+        })
+    }
+
+    /// Runs due timers; returns the time until the next one.
+    fn run_timers(&self, st: &mut State) -> Option<Duration> {
+        let now = self.now();
+        let mut due = Vec::new();
+        let mut next: Option<Duration> = None;
+        for (&qpn, slot) in &st.qps {
+            if let Some(t) = slot.qp.poll_timeout() {
+                if t <= now {
+                    due.push(qpn);
+                } else {
+                    next = Some(next.map_or(t - now, |n| n.min(t - now)));
+                }
+            }
+        }
+        for qpn in due {
+            let State {
+                mrs,
+                mem,
+                qps,
+                srqs,
+                ..
+            } = &mut *st;
+            if let Some(slot) = qps.get_mut(&qpn) {
+                let srq = slot.srq.and_then(|id| srqs.get_mut(&id));
+                let mut ctx = Ctx { now, mrs, mem, srq };
+                slot.qp.handle_timeout(&mut ctx);
+            }
+            self.flush(st, qpn);
+            if let Some(t) = st.qps.get(&qpn).and_then(|s| s.qp.poll_timeout()) {
+                let d = t.saturating_sub(now);
+                next = Some(next.map_or(d, |n| n.min(d)));
+            }
+        }
+        next
+    }
+}
+
+/// Unix time of the engine's epoch, so captures carry real timestamps.
+fn capture_epoch() -> u64 {
+    static EPOCH: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *EPOCH.get_or_init(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+    })
+}
+
+pub(crate) fn deliver_completions(slot: &mut QpSlot) {
+    while let Some((side, wc)) = slot.qp.poll_completion() {
+        let solicited = wc.solicited;
+        match side {
+            CqSide::Send => slot.send_cq.push(wc, false),
+            CqSide::Recv => slot.recv_cq.push(wc, solicited),
+        }
+    }
+}
+
+/// The progress thread: receive, dispatch, acknowledge, retransmit, complete — so one-sided
+/// operations finish without the target application's help. Sleeps in `poll` when idle.
+fn progress(shared: &Shared) {
+    const BATCH: usize = 32;
+    let mut bufs = vec![vec![0u8; 65_536]; BATCH];
+    let mut lens = [(0usize, SocketAddr::new(shared.local.ip(), 0)); BATCH];
+    let mut touched = Vec::new();
+    let mut timeout = None;
+    while !shared.stop.load(Ordering::Acquire) {
+        let fds = [shared.socket.as_raw_fd(), shared.wake.as_raw_fd()];
+        if sys::poll_readable(&fds, timeout).is_err() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        sys::drain(&shared.wake);
+        loop {
+            let mut n = 0;
+            while n < BATCH {
+                match shared.socket.recv_from(&mut bufs[n]) {
+                    Ok((len, from)) => {
+                        lens[n] = (len, from);
+                        n += 1;
+                    }
+                    Err(_) => break,
+                }
+            }
+            let mut st = shared.lock();
+            for i in 0..n {
+                let (len, from) = lens[i];
+                shared.handle_datagram(&mut st, from, &bufs[i][..len], &mut touched);
+            }
+            for qpn in touched.drain(..) {
+                shared.flush(&mut st, qpn);
+            }
+            if n < BATCH {
+                timeout = shared.run_timers(&mut st);
+                if let Some(w) = st.capture.as_mut() {
+                    let _ = w.flush();
+                }
+                break;
+            }
+        }
+    }
+}

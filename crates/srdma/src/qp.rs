@@ -1,0 +1,406 @@
+//! Queue pairs and shared receive queues.
+
+use srdma_proto::qp::AhAttr;
+use srdma_proto::{
+    AccessFlags, AttrMask, Mtu, QpAttr, QpCaps, QpConfig, QpState, QpType, RecvWr, SendWr,
+    Srq as ProtoSrq,
+};
+use srdma_wire::{Psn, Qpn};
+
+use crate::cq::Cq;
+use crate::device::{Device, Gid, Pd, QpSlot, deliver_completions};
+use crate::error::{Error, Result};
+
+/// How to create a QP (`ibv_qp_init_attr` plus the INIT attributes).
+#[derive(Debug, Clone)]
+pub struct QpInit {
+    /// RC, UC or UD.
+    pub qp_type: QpType,
+    /// Where send completions go.
+    pub send_cq: Cq,
+    /// Where receive completions go.
+    pub recv_cq: Cq,
+    /// Queue capacities.
+    pub caps: QpCaps,
+    /// Every send WR generates a completion.
+    pub sq_sig_all: bool,
+    /// Receive from this SRQ instead of the QP's own receive queue.
+    pub srq: Option<Srq>,
+    /// Remote access the QP allows (RC/UC): REMOTE_WRITE, REMOTE_READ, REMOTE_ATOMIC.
+    pub access: AccessFlags,
+    /// UD: the QP's Q_Key.
+    pub qkey: u32,
+}
+
+impl QpInit {
+    /// An RC/UC/UD QP with modest queues, all remote access allowed, Q_Key 0x11111111
+    /// (ibv_ud_pingpong's).
+    pub fn new(qp_type: QpType, send_cq: &Cq, recv_cq: &Cq) -> QpInit {
+        QpInit {
+            qp_type,
+            send_cq: send_cq.clone(),
+            recv_cq: recv_cq.clone(),
+            caps: QpCaps {
+                max_send_wr: 128,
+                max_recv_wr: 128,
+                max_send_sge: 4,
+                max_recv_sge: 4,
+                max_inline_data: 256,
+            },
+            sq_sig_all: false,
+            srq: None,
+            access: AccessFlags::REMOTE_WRITE
+                | AccessFlags::REMOTE_READ
+                | AccessFlags::REMOTE_ATOMIC,
+            qkey: 0x1111_1111,
+        }
+    }
+}
+
+/// What the other end of a connection announces (the exchange ibv_rc_pingpong and the CM do).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteQp {
+    /// Its QP number.
+    pub qpn: Qpn,
+    /// Its first send PSN (our receive PSN).
+    pub psn: Psn,
+    /// Its GID.
+    pub gid: Gid,
+    /// Its device's UDP port: 4791 for every standard RoCE peer; another port lets several
+    /// srdma devices share one address.
+    pub port: u16,
+}
+
+impl RemoteQp {
+    /// A standard RoCE peer (UDP port 4791).
+    pub fn new(qpn: Qpn, psn: Psn, gid: Gid) -> RemoteQp {
+        RemoteQp {
+            qpn,
+            psn,
+            gid,
+            port: crate::ROCEV2_PORT,
+        }
+    }
+}
+
+/// Connection parameters for RTR/RTS, with ibv_rc_pingpong's values as defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectParams {
+    /// Path MTU.
+    pub mtu: Mtu,
+    /// Our first send PSN.
+    pub sq_psn: Psn,
+    /// Local ACK timeout exponent (4.096 µs × 2^timeout; 14 ≈ 67 ms).
+    pub timeout: u8,
+    /// Transport retries.
+    pub retry_cnt: u8,
+    /// RNR retries (7 = forever).
+    pub rnr_retry: u8,
+    /// RNR NAK timer code we ask peers to wait (12 = 0.64 ms).
+    pub min_rnr_timer: u8,
+    /// READ/atomic outstanding as requester.
+    pub max_rd_atomic: u8,
+    /// READ/atomic outstanding as responder.
+    pub max_dest_rd_atomic: u8,
+    /// IP hop limit / TTL.
+    pub hop_limit: u8,
+}
+
+impl ConnectParams {
+    /// ibv_rc_pingpong's attributes at `mtu` starting at `sq_psn`.
+    pub fn new(mtu: Mtu, sq_psn: Psn) -> ConnectParams {
+        ConnectParams {
+            mtu,
+            sq_psn,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 12,
+            max_rd_atomic: 1,
+            max_dest_rd_atomic: 1,
+            hop_limit: 64,
+        }
+    }
+}
+
+/// A queue pair. Cheap to clone; dropping the last handle destroys the QP.
+#[derive(Debug, Clone)]
+pub struct Qp {
+    inner: std::sync::Arc<QpInner>,
+}
+
+#[derive(Debug)]
+struct QpInner {
+    dev: Device,
+    qpn: Qpn,
+    qp_type: QpType,
+    _pd: Pd,
+    _cqs: (Cq, Cq),
+    _srq: Option<Srq>,
+}
+
+impl Drop for QpInner {
+    fn drop(&mut self) {
+        self.dev.lock().qps.remove(&self.qpn.value());
+    }
+}
+
+impl Pd {
+    /// `ibv_create_qp` then RESET→INIT: a QP ready to take receives and be connected.
+    pub fn create_qp(&self, init: &QpInit) -> Result<Qp> {
+        let dev = self.device();
+        if let Some(srq) = &init.srq {
+            if !srq.dev.same(dev) {
+                return Err(Error::WrongDevice);
+            }
+        }
+        let limits = dev.config().limits.clone();
+        let mut st = dev.lock();
+        let qpn = dev.alloc_qpn(&mut st)?;
+        let cfg = QpConfig {
+            qpn,
+            qp_type: init.qp_type,
+            pd: self.id,
+            caps: init.caps,
+            sq_sig_all: init.sq_sig_all,
+            uses_srq: init.srq.is_some(),
+            port_mtu: dev.config().mtu,
+        };
+        let mut qp = srdma_proto::Qp::new(cfg, &limits)?;
+        let mut attr = QpAttr {
+            qp_state: QpState::Init,
+            ..QpAttr::default()
+        };
+        let mut mask = AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT;
+        if init.qp_type == QpType::Ud {
+            attr.qkey = init.qkey;
+            mask |= AttrMask::QKEY;
+        } else {
+            attr.qp_access_flags = init.access;
+            mask |= AttrMask::ACCESS_FLAGS;
+        }
+        qp.modify(&attr, mask, &limits)?;
+        st.qps.insert(
+            qpn.value(),
+            QpSlot {
+                qp,
+                send_cq: init.send_cq.clone(),
+                recv_cq: init.recv_cq.clone(),
+                srq: init.srq.as_ref().map(|s| s.id),
+            },
+        );
+        drop(st);
+        Ok(Qp {
+            inner: std::sync::Arc::new(QpInner {
+                dev: dev.clone(),
+                qpn,
+                qp_type: init.qp_type,
+                _pd: self.clone(),
+                _cqs: (init.send_cq.clone(), init.recv_cq.clone()),
+                _srq: init.srq.clone(),
+            }),
+        })
+    }
+
+    /// `ibv_create_srq`.
+    pub fn create_srq(&self, max_wr: u32, max_sge: u32) -> Result<Srq> {
+        let dev = self.device();
+        let l = &dev.config().limits;
+        if max_wr == 0 || max_wr > l.max_srq_wr || max_sge > l.max_srq_sge {
+            return Err(Error::InvalidArgument(format!(
+                "SRQ of {max_wr} WRs x {max_sge} SGEs above the device limits"
+            )));
+        }
+        let id = dev.alloc_pd().id.0;
+        dev.lock().srqs.insert(id, ProtoSrq::new(max_wr, max_sge));
+        Ok(Srq {
+            dev: dev.clone(),
+            id,
+        })
+    }
+}
+
+impl Qp {
+    /// The QP number.
+    pub fn qpn(&self) -> Qpn {
+        self.inner.qpn
+    }
+
+    /// RC, UC or UD.
+    pub fn qp_type(&self) -> QpType {
+        self.inner.qp_type
+    }
+
+    /// Current state.
+    pub fn state(&self) -> QpState {
+        self.with(|s| s.qp.state())
+    }
+
+    /// `ibv_query_qp`.
+    pub fn query(&self) -> QpAttr {
+        self.with(|s| *s.qp.attr())
+    }
+
+    /// The QP's transport counters.
+    pub fn counters(&self) -> srdma_proto::Counters {
+        self.with(|s| *s.qp.counters())
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&mut QpSlot) -> R) -> R {
+        let mut st = self.inner.dev.lock();
+        let slot = st
+            .qps
+            .get_mut(&self.inner.qpn.value())
+            .expect("a live Qp handle keeps its slot");
+        f(slot)
+    }
+
+    /// `ibv_modify_qp`, checked against the IBTA table: a wrong transition or a missing
+    /// attribute is an error naming it.
+    pub fn modify(&self, attr: &QpAttr, mask: AttrMask) -> Result<()> {
+        let limits = self.inner.dev.config().limits.clone();
+        let mut st = self.inner.dev.lock();
+        let slot = st
+            .qps
+            .get_mut(&self.inner.qpn.value())
+            .expect("a live Qp handle keeps its slot");
+        slot.qp.modify(attr, mask, &limits)?;
+        // Entering ERR flushes: deliver those completions.
+        deliver_completions(slot);
+        Ok(())
+    }
+
+    /// RC/UC: INIT → RTR → RTS towards `remote` (what ibv_rc_pingpong's `pp_connect_ctx` does).
+    pub fn connect(&self, remote: &RemoteQp, p: &ConnectParams) -> Result<()> {
+        if self.inner.qp_type == QpType::Ud {
+            return Err(Error::InvalidArgument(
+                "UD QPs are not connected: use activate".into(),
+            ));
+        }
+        let mut attr = QpAttr {
+            qp_state: QpState::Rtr,
+            path_mtu: p.mtu,
+            dest_qp_num: remote.qpn,
+            rq_psn: remote.psn,
+            max_dest_rd_atomic: p.max_dest_rd_atomic,
+            min_rnr_timer: p.min_rnr_timer,
+            ah_attr: AhAttr {
+                dgid: remote.gid.0,
+                hop_limit: p.hop_limit,
+                udp_dport: remote.port,
+                ..AhAttr::default()
+            },
+            ..QpAttr::default()
+        };
+        let mut rtr = AttrMask::STATE
+            | AttrMask::AV
+            | AttrMask::PATH_MTU
+            | AttrMask::DEST_QPN
+            | AttrMask::RQ_PSN;
+        let mut rts = AttrMask::STATE | AttrMask::SQ_PSN;
+        if self.inner.qp_type == QpType::Rc {
+            rtr |= AttrMask::MAX_DEST_RD_ATOMIC | AttrMask::MIN_RNR_TIMER;
+            rts |= AttrMask::TIMEOUT
+                | AttrMask::RETRY_CNT
+                | AttrMask::RNR_RETRY
+                | AttrMask::MAX_QP_RD_ATOMIC;
+        }
+        self.modify(&attr, rtr)?;
+        attr.qp_state = QpState::Rts;
+        attr.sq_psn = p.sq_psn;
+        attr.timeout = p.timeout;
+        attr.retry_cnt = p.retry_cnt;
+        attr.rnr_retry = p.rnr_retry;
+        attr.max_rd_atomic = p.max_rd_atomic;
+        self.modify(&attr, rts)
+    }
+
+    /// UD: INIT → RTR → RTS with send PSN `sq_psn`.
+    pub fn activate(&self, sq_psn: Psn) -> Result<()> {
+        if self.inner.qp_type != QpType::Ud {
+            return Err(Error::InvalidArgument("connected QPs need connect".into()));
+        }
+        let mut attr = QpAttr {
+            qp_state: QpState::Rtr,
+            ..QpAttr::default()
+        };
+        self.modify(&attr, AttrMask::STATE)?;
+        attr.qp_state = QpState::Rts;
+        attr.sq_psn = sq_psn;
+        self.modify(&attr, AttrMask::STATE | AttrMask::SQ_PSN)
+    }
+
+    /// `ibv_post_send`, then the doorbell: the packets go out from the caller's thread.
+    pub fn post_send(&self, wr: SendWr) -> Result<()> {
+        self.post_send_batch(std::iter::once(wr))
+    }
+
+    /// Posts several send WRs with one doorbell. Stops at the first refused WR (the ones
+    /// before it are posted), like `ibv_post_send`'s `bad_wr`.
+    pub fn post_send_batch(&self, wrs: impl IntoIterator<Item = SendWr>) -> Result<()> {
+        let dev = &self.inner.dev;
+        let mut st = dev.lock();
+        let qpn = self.inner.qpn.value();
+        let mut res = Ok(());
+        {
+            let slot = st
+                .qps
+                .get_mut(&qpn)
+                .expect("a live Qp handle keeps its slot");
+            for wr in wrs {
+                if let Err(e) = slot.qp.post_send(wr) {
+                    res = Err(e.into());
+                    break;
+                }
+            }
+        }
+        dev.flush(&mut st, qpn);
+        res
+    }
+
+    /// `ibv_post_recv`.
+    pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
+        self.with(|s| {
+            s.qp.post_recv(wr)?;
+            deliver_completions(s);
+            Ok(())
+        })
+    }
+}
+
+/// A shared receive queue (`ibv_srq`).
+#[derive(Debug, Clone)]
+pub struct Srq {
+    dev: Device,
+    id: u32,
+}
+
+impl Srq {
+    /// `ibv_post_srq_recv`.
+    pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
+        let mut st = self.dev.lock();
+        let srq = st
+            .srqs
+            .get_mut(&self.id)
+            .ok_or(Error::InvalidArgument("SRQ destroyed".into()))?;
+        Ok(srq.post(wr)?)
+    }
+
+    /// Posted receive WQEs.
+    pub fn len(&self) -> usize {
+        self.dev.lock().srqs.get(&self.id).map_or(0, |s| s.len())
+    }
+
+    /// True when none is posted.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// An address vector for UD sends to `gid` (`ibv_create_ah`).
+pub fn ah(gid: Gid) -> AhAttr {
+    AhAttr {
+        dgid: gid.0,
+        ..AhAttr::default()
+    }
+}
