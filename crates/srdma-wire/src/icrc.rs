@@ -11,7 +11,9 @@
 //! wire = crc, least significant byte first
 //! ```
 //! The IPv4 identification and flags are covered, so a sender must know the exact IP header
-//! its kernel emits (an unconnected socket with DF sends ID 0).
+//! its kernel emits (an unconnected socket with DF sends ID 0). A receiver on a UDP socket
+//! never sees the identification; [`verify_ipv4_unknown_ident`] checks the ICRC anyway by
+//! solving for the one identification that makes it match.
 
 use crate::bth::BTH_LEN;
 use crate::ip::{Encap, IPV4_LEN, IPV6_LEN, UDP_LEN};
@@ -155,9 +157,213 @@ pub fn verify(encap: &Encap, packet: &[u8]) -> Result<()> {
     }
 }
 
+/// Verifies an IPv4 RoCEv2 packet whose IPv4 Identification is unknown, and returns the one
+/// Identification for which the ICRC matches.
+///
+/// A receiver on an ordinary UDP socket knows every IPv4 field the ICRC covers (addresses,
+/// total length = 20 + UDP length, protocol, DF) except the 16-bit Identification: Linux rxe
+/// sends hashed non-zero IDs, srdma sends 0, and the socket API exposes neither. The ID in
+/// `encap` is ignored; everything else is used as given, including `flags_frag`, which a
+/// receiver sets to [`crate::ip::IPV4_DF`] (what [`IpRepr::between`](crate::IpRepr::between)
+/// gives and what rxe and srdma send). `packet` is BTH to ICRC inclusive, as for [`verify`].
+///
+/// # Method
+///
+/// CRC-32 is affine over GF(2): with the Identification `id` in place of 0 the ICRC becomes
+/// `icrc(0) ^ L(id)`, where `L` is linear in the 16 ID bits. In polynomial terms (modulo the
+/// CRC polynomial `P`) a message bit followed by `t` more bits adds `x^(32+t)` to the CRC, so
+/// `L(id) = x^(32+8k) * D(id)` with `k` the number of bytes after the ID field (the rest of
+/// the IPv4 header, UDP and the packet) and `D(id)` the ID bits as a polynomial of degree at
+/// most 15 (the low ID byte in `x^0..x^7`, the high one in `x^8..x^15`: CRC-32 is reflected).
+/// This is the 32 x 16 system `L * id = carried ^ icrc(0)`; because `x` is invertible modulo
+/// `P` (which has a constant term) it is solved by one multiplication rather than Gaussian
+/// elimination:
+///
+/// ```text
+/// R = (carried ^ icrc(ID 0)) * x^-(32+8k) mod P
+/// accept iff deg R <= 15, and then id = the 16 coefficients of R
+/// ```
+///
+/// `x^-(32+8k)` is the product of two entries of 256-entry tables built at compile time
+/// (`k` < 2^16 for any IPv4 packet), so the cost on top of the one CRC pass is two 32-step
+/// carry-less multiplications modulo `P` (tens of nanoseconds). The solution, when it
+/// exists, is unique: `L` has full column rank 16 for every length, since `x^j * D ≡ 0 mod P`
+/// with `deg D <= 15` forces `D = 0`.
+///
+/// # What it still detects
+///
+/// 2^16 of the 2^32 ICRC values now pass instead of one, so an arbitrary corruption whose
+/// effect on the CRC is random is accepted with probability 2^-16 (about 1.5e-5; a plain
+/// ICRC check: 2^-32), and then with a wrong Identification. A flip of one covered bit
+/// anywhere in `packet` (ICRC included; BTH byte 4 is masked) is always detected for packets
+/// shorter than 26,745 bytes (`deg(x^-m mod P) <= 15` holds for no `m` in `177..=214,134`),
+/// which covers every RoCE MTU; two or more flipped bits are no longer guaranteed to be
+/// caught.
+///
+/// Fails with [`Error::BadIcrc`] (`computed` being the ICRC for ID 0) when no Identification
+/// matches, [`Error::Truncated`] when `packet` is shorter than BTH + ICRC,
+/// [`Error::OutOfRange`] when it cannot fit one IPv4 datagram, and [`Error::MalformedIp`]
+/// for an IPv6 `encap` (IPv6 has no such field: use [`verify`]). Never panics.
+pub fn verify_ipv4_unknown_ident(encap: &Encap, packet: &[u8]) -> Result<u16> {
+    let crate::IpRepr::V4(mut h) = encap.ip else {
+        return Err(Error::MalformedIp(
+            "IPv6 (no Identification to solve for: verify the ICRC with icrc::verify)",
+        ));
+    };
+    let carried = carried(packet).ok_or(Error::Truncated {
+        what: "ICRC",
+        needed: ICRC_LEN,
+        actual: packet.len(),
+    })?;
+    let total = IPV4_LEN + UDP_LEN + packet.len();
+    if total > usize::from(u16::MAX) {
+        return Err(Error::OutOfRange {
+            field: "IPv4 total length",
+            value: total as u64,
+        });
+    }
+    h.ident = 0;
+    let zero = Encap {
+        ip: crate::IpRepr::V4(h),
+        ..*encap
+    };
+    let covered = &packet[..packet.len() - ICRC_LEN];
+    let computed = compute(&zero, covered)?;
+    // Bytes after the ID field (IPv4 bytes 4-5): IPv4 bytes 6..20, UDP, the covered packet.
+    // `total` < 2^16 bounds it below 2^16, so the masks only make the indexing visibly safe.
+    let k = (IPV4_LEN - 6) + UDP_LEN + covered.len();
+    let inv = mul_mod(INV_X_LOW[k & 0xFF], INV_X_HIGH[(k >> 8) & 0xFF]);
+    let r = mul_mod(carried ^ computed, inv);
+    if r & 0xFFFF == 0 {
+        // Reflected: x^0..x^7 (the low ID byte) sit in bits 31..24, x^8..x^15 in bits 23..16.
+        Ok(((r >> 16) as u16).swap_bytes())
+    } else {
+        Err(Error::BadIcrc { carried, computed })
+    }
+}
+
+/// The CRC-32 polynomial `P` (IEEE 802.3) without its `x^32` term, reflected as the CRC
+/// register holds it: bit `31 - i` is the coefficient of `x^i`.
+const POLY: u32 = 0xEDB8_8320;
+
+/// The polynomial 1 in the reflected representation.
+const X0: u32 = 0x8000_0000;
+
+/// `a * x mod P`: one step of the CRC register over a zero bit.
+const fn mul_x(a: u32) -> u32 {
+    (a >> 1) ^ (POLY & (a & 1).wrapping_neg())
+}
+
+/// `a * x^-1 mod P`, the inverse of [`mul_x`] (`x` is invertible: `P` has a constant term).
+const fn div_x(a: u32) -> u32 {
+    let c = a >> 31;
+    ((a ^ (POLY & c.wrapping_neg())) << 1) | c
+}
+
+/// `a * b mod P`, branch-free (zlib's `multmodp`).
+const fn mul_mod(a: u32, mut b: u32) -> u32 {
+    let mut p = 0;
+    let mut i = 0;
+    while i < 32 {
+        // All ones when the coefficient of x^i in `a` is set; `b` holds the input times x^i.
+        p ^= b & (((a << i) as i32) >> 31) as u32;
+        b = mul_x(b);
+        i += 1;
+    }
+    p
+}
+
+/// `INV_X_LOW[i] = x^-(32 + 8 i) mod P`: the `x^-32` that turns a register contribution
+/// back into message bits, times the low byte of `k` zero bytes.
+static INV_X_LOW: [u32; 256] = {
+    let mut t = [0u32; 256];
+    let mut v = X0;
+    let mut i = 0;
+    while i < 32 {
+        v = div_x(v);
+        i += 1;
+    }
+    let mut i = 0;
+    while i < 256 {
+        t[i] = v;
+        let mut j = 0;
+        while j < 8 {
+            v = div_x(v);
+            j += 1;
+        }
+        i += 1;
+    }
+    t
+};
+
+/// `INV_X_HIGH[i] = x^-(8 * 256 i) mod P`: the high byte of `k` zero bytes.
+static INV_X_HIGH: [u32; 256] = {
+    let mut step = X0;
+    let mut i = 0;
+    while i < 8 * 256 {
+        step = div_x(step);
+        i += 1;
+    }
+    let mut t = [0u32; 256];
+    t[0] = X0;
+    let mut i = 1;
+    while i < 256 {
+        t[i] = mul_mod(t[i - 1], step);
+        i += 1;
+    }
+    t
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `x^n mod P` by repeated [`mul_x`], for checking the faster paths.
+    fn x_pow(n: usize) -> u32 {
+        (0..n).fold(X0, |v, _| mul_x(v))
+    }
+
+    #[test]
+    fn polynomial_arithmetic() {
+        let mut v = 0x1234_5678u32;
+        for _ in 0..100 {
+            assert_eq!(mul_x(div_x(v)), v);
+            assert_eq!(div_x(mul_x(v)), v);
+            v = v.rotate_left(5) ^ 0x9e37_79b9;
+        }
+        assert_eq!(mul_mod(X0, 0xdead_beef), 0xdead_beef);
+        assert_eq!(mul_mod(x_pow(5), x_pow(40)), x_pow(45));
+        assert_eq!(
+            mul_mod(0x0bad_f00d, 0x1357_9bdf),
+            mul_mod(0x1357_9bdf, 0x0bad_f00d)
+        );
+        for (i, &inv) in INV_X_LOW.iter().enumerate() {
+            assert_eq!(mul_mod(inv, x_pow(32 + 8 * i)), X0, "low {i}");
+        }
+        for i in [0, 1, 2, 7, 100, 255] {
+            assert_eq!(mul_mod(INV_X_HIGH[i], x_pow(2048 * i)), X0, "high {i}");
+        }
+    }
+
+    /// The bound in the doc of [`verify_ipv4_unknown_ident`]: a single flipped bit `m` bits
+    /// before the end of the IPv4 ID's contribution (177 <= m <= 8 * length + 176) passes
+    /// only if `x^-m mod P` has degree <= 15; the first such `m` past 176 is 214,135.
+    #[test]
+    fn single_bit_errors_are_detected_up_to_26744_bytes() {
+        let mut v = X0;
+        let mut first = None;
+        for m in 1..=300_000usize {
+            v = div_x(v);
+            if v & 0xFFFF == 0 {
+                first = Some(m);
+                break;
+            }
+        }
+        assert_eq!(first, Some(214_135));
+        // The longest packet whose flips all have m < 214,135: 8 * len + 176 < 214,135.
+        let longest = first.map(|m| (m - 177) / 8);
+        assert_eq!(longest, Some(26_744));
+    }
 
     #[test]
     fn placeholder_constant_is_the_crc_of_eight_ones() {

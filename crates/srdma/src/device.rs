@@ -6,7 +6,7 @@ use std::io::BufWriter;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -197,6 +197,9 @@ pub(crate) struct Shared {
     socket: UdpSocket,
     pub(crate) local: SocketAddr,
     wake: OwnedFd,
+    /// The timer the progress thread sleeps towards, in ns since `epoch` (u64::MAX: none).
+    /// A post from an application thread that arms an earlier timer wakes it.
+    sleep_until: AtomicU64,
     stop: AtomicBool,
     epoch: Instant,
     pub(crate) cfg: DeviceConfig,
@@ -305,6 +308,7 @@ impl Device {
             socket,
             local,
             wake: sys::eventfd().map_err(io_err("eventfd"))?,
+            sleep_until: AtomicU64::new(u64::MAX),
             stop: AtomicBool::new(false),
             epoch: Instant::now(),
             cfg,
@@ -484,9 +488,16 @@ impl Device {
         Arc::ptr_eq(&self.h, &other.h)
     }
 
-    /// Sends every packet `qpn` has ready, from the caller's thread (the "doorbell").
+    /// Sends every packet `qpn` has ready, from the caller's thread (the "doorbell"), and
+    /// wakes the progress thread if the QP now has a timer earlier than the one it sleeps on.
     pub(crate) fn flush(&self, st: &mut State, qpn: u32) {
-        self.h.shared.flush(st, qpn);
+        let sh = &self.h.shared;
+        sh.flush(st, qpn);
+        if let Some(t) = st.qps.get(&qpn).and_then(|s| s.qp.poll_timeout()) {
+            if (t.as_nanos() as u64) < sh.sleep_until.load(Ordering::Acquire) {
+                sys::signal(&sh.wake);
+            }
+        }
     }
 }
 
@@ -875,6 +886,10 @@ fn progress(shared: &Shared) {
             }
             if n < BATCH {
                 timeout = shared.run_timers(&mut st);
+                // Published under the lock: a post that arms an earlier timer after this
+                // sees the value and wakes the thread.
+                let until = timeout.map_or(u64::MAX, |t| (shared.now() + t).as_nanos() as u64);
+                shared.sleep_until.store(until, Ordering::Release);
                 if let Some(w) = st.capture.as_mut() {
                     let _ = w.flush();
                 }
