@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Interoperability of srdma with Linux SoftRoCE (kernel rxe) and rdma-core's own tools.
+#
+# Boots the lab's Debian guest (stock kernel, rdma_rxe, rdma-core, perftest; all from Debian
+# packages, see lab/setup.sh) under qemu and runs, each in a fresh guest:
+#   rc-server-SIZE  guest `ibv_rc_pingpong -g 1 -s SIZE` as server, `srdma pingpong` client
+#   rc-client-SIZE  `srdma pingpong` server, guest `ibv_rc_pingpong -g 1 -s SIZE` client
+#   ud-server/ud-client  the same with ibv_ud_pingpong / `srdma pingpong --ud`
+#   verbs-target    srdma RDMA WRITEs into and READs from a libibverbs process on rxe
+# for SIZE in 64, 4096, 65536 (multi-packet at the path MTU 1024). Every scenario must exit 0
+# on both sides, and the guest's rxe hw counters must show no sequence error and no retry.
+#
+# Usage: interop/run-interop.sh [SCENARIO...]   (root; installs what it needs with apt-get)
+# Exit status: 0 all passed, 1 a scenario failed, 77 the lab cannot run here (no qemu/root).
+set -euo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+ROOT="$(cd "$HERE/.." && pwd)"
+LAB="$HERE/lab"
+RUNS="${SRDMA_INTEROP_OUT:-$LAB/cache/interop}"
+ITERS=5
+
+log() { printf '[interop] %s\n' "$*"; }
+skip() { log "SKIP: $*"; exit 77; }
+
+[ "$(id -u)" = 0 ] || skip "needs root (network namespace, tap devices)"
+[ -e /dev/net/tun ] || skip "no /dev/net/tun"
+
+log "lab setup (Debian packages, cached in $LAB/cache)"
+mkdir -p "$RUNS"
+"$LAB/setup.sh" > "$RUNS/setup.log" 2>&1 || { tail -20 "$RUNS/setup.log"; exit 1; }
+command -v gcc >/dev/null || apt-get install -y -qq gcc >/dev/null
+[ -f /usr/include/infiniband/verbs.h ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libibverbs-dev >/dev/null
+
+log "building srdma and verbs_target"
+(cd "$ROOT" && cargo build --release -q -p srdma-cli -p srdma --example verbs_target_client)
+SRDMA="$ROOT/target/release/srdma"
+CLIENT="$ROOT/target/release/examples/verbs_target_client"
+mkdir -p "$RUNS"
+gcc -O2 -Wall -o "$RUNS/verbs_target" "$HERE/verbs_target.c" -libverbs
+
+# The host side runs in the lab namespace as 10.77.0.1; the guest is 10.77.0.2.
+HOST_RETRY='for i in $(seq 80); do "$@" && exit 0; sleep 0.5; done; exit 1'
+COUNTERS_BAD='rcvd_seq_err|out_of_seq_request|completer_retry_err|retry_exceeded_err|retry_rnr_exceeded_err|rcvd_rnr_err|send_rnr_err|duplicate_request'
+
+scenario() { # name guest-command host-command
+  local name=$1 guest=$2 host=$3 out="$RUNS/$1"
+  rm -rf "$out"; mkdir -p "$out"
+  cp "$RUNS/verbs_target" "$out/"
+  printf '#!/bin/sh\n%s\n' "$HOST_RETRY" > "$out/retry-host"; chmod +x "$out/retry-host"
+  host=${host//@/$name}
+  local gcmd="rxe-counters > /lab/cnt-before; $guest; rc=\$?; rxe-counters-diff /lab/cnt-before > /lab/cnt-diff; exit \$rc"
+  if "$LAB/run.sh" -q -o "$out" -t 90 -w "$out/capture.pcap" -a "$gcmd" -H "$host" > "$out/run.log" 2>&1; then
+    if grep -E "^($COUNTERS_BAD):" "$out/cnt-diff" > "$out/bad-counters"; then
+      log "FAIL $name: rxe counters show errors: $(tr '\n' ' ' < "$out/bad-counters")"
+      return 1
+    fi
+    log "ok   $name ($(tr '\n' ' ' < "$out/cnt-diff"))"
+  else
+    log "FAIL $name: see $out (guest: out-A.txt, host: host.txt, capture.pcap)"
+    tail -5 "$out/out-A.txt" "$out/host.txt" 2>/dev/null | sed 's/^/    /'
+    return 1
+  fi
+}
+
+want=("$@")
+selected() { [ ${#want[@]} = 0 ] && return 0; local w; for w in "${want[@]}"; do [ "$w" = "$1" ] && return 0; done; return 1; }
+
+fail=0
+for size in 64 4096 65536; do
+  selected "rc-server-$size" && { scenario "rc-server-$size" \
+    "ibv_rc_pingpong -d rxe0 -g 1 -n $ITERS -s $size -c" \
+    "$RUNS/@/retry-host $SRDMA pingpong --bind 10.77.0.1 -g 1 -n $ITERS -s $size -c 10.77.0.2" || fail=1; }
+  selected "rc-client-$size" && { scenario "rc-client-$size" \
+    "retry 80 0.5 ibv_rc_pingpong -d rxe0 -g 1 -n $ITERS -s $size -c 10.77.0.1" \
+    "$SRDMA pingpong --bind 10.77.0.1 -g 1 -n $ITERS -s $size -c" || fail=1; }
+done
+selected ud-server && { scenario ud-server \
+  "ibv_ud_pingpong -d rxe0 -g 1 -n $ITERS -s 1024" \
+  "$RUNS/@/retry-host $SRDMA pingpong --ud --bind 10.77.0.1 -g 1 -n $ITERS -s 1024 10.77.0.2" || fail=1; }
+selected ud-client && { scenario ud-client \
+  "retry 80 0.5 ibv_ud_pingpong -d rxe0 -g 1 -n $ITERS -s 1024 10.77.0.1" \
+  "$SRDMA pingpong --ud --bind 10.77.0.1 -g 1 -n $ITERS -s 1024" || fail=1; }
+selected verbs-target && { scenario verbs-target \
+  "/lab/verbs_target" \
+  "$RUNS/@/retry-host $CLIENT 10.77.0.2 10.77.0.1" || fail=1; }
+
+[ $fail = 0 ] && log "all scenarios passed" || log "some scenarios FAILED"
+exit $fail
