@@ -68,6 +68,11 @@ impl Srq {
         self.wqes.is_empty()
     }
 
+    /// Returns a WQE taken for a message that was abandoned (UC), to be reused first.
+    pub(crate) fn push_front(&mut self, wr: RecvWr) {
+        self.wqes.push_front(wr);
+    }
+
     pub(crate) fn pop(&mut self) -> Option<RecvWr> {
         let wr = self.wqes.pop_front()?;
         if self.limit > 0 && (self.wqes.len() as u32) < self.limit {

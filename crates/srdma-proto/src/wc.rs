@@ -304,8 +304,8 @@ impl WrOpcode {
 bit_flags! {
     /// Flags of a work completion: `enum ibv_wc_flags`, same bits.
     pub struct WcFlags: u32 {
-        /// A GRH is present: the first 40 bytes of a UD receive buffer hold it. rxe sets this
-        /// on every receive completion (RoCE always carries the GRH equivalent).
+        /// A GRH is present: the first 40 bytes of a UD receive buffer hold it. srdma sets it
+        /// on UD receive completions only (rxe sets it on every receive completion).
         const GRH = 1;
         /// [`Wc::imm_data`] is valid.
         const WITH_IMM = 1 << 1;
@@ -366,7 +366,7 @@ pub struct Wc {
     pub invalidated_rkey: Option<RKey>,
     /// The local QP the work request belonged to.
     pub qp_num: Qpn,
-    /// The remote QP (from the DETH on UD; the connected peer otherwise).
+    /// The remote QP on UD (from the DETH); 0 on RC/UC, as rxe reports it.
     pub src_qp: Qpn,
     /// Which optional fields are valid.
     pub wc_flags: WcFlags,

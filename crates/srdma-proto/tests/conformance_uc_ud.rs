@@ -960,3 +960,39 @@ fn ud_refuses_rdma_and_missing_destinations_at_post_time() {
     );
     assert_eq!(p.a.qp.send_queue_len(), 0);
 }
+
+/// UC with an SRQ: when a PSN gap abandons a partly received SEND, its receive WQE goes back
+/// to the SRQ and is reused by the next message (rxe keeps and reuses the WQE), not parked on
+/// the QP's private receive queue, which an SRQ QP never reads.
+#[test]
+fn uc_srq_gap_returns_the_wqe_to_the_srq() {
+    let mut p = Pair::with_config(
+        QpType::Uc,
+        Mtu::Mtu1024,
+        |e, c| c.uses_srq = e == End::B,
+        |_| {},
+    );
+    let src = p.reg(End::A, 0x1000, 4096, 7, all_remote());
+    let rb = p.reg(End::B, 0x10_0000, 4096, 0, all_remote());
+    p.post_srq_recv(End::B, 100, &[sge(&rb, 0x10_0000, 2048)]);
+    p.post_srq_recv(End::B, 101, &[sge(&rb, 0x10_0000 + 2048, 2048)]);
+    p.post_send(End::A, send(1, &[sge(&src, 0x1000, 1500)])); // FIRST + LAST
+    p.post_send(End::A, send(2, &[sge(&src, 0x1000, 10)]));
+    p.post_send(End::A, send(3, &[sge(&src, 0x1000, 10)]));
+    let mut i = 0;
+    p.pump_with(|_, _| {
+        i += 1;
+        if i == 2 { Fate::Drop } else { Fate::Deliver }
+    });
+    let got: Vec<(u64, u32)> = p
+        .completions(End::B)
+        .iter()
+        .map(|w| (w.wr_id, w.byte_len))
+        .collect();
+    assert_eq!(
+        got,
+        vec![(100, 10), (101, 10)],
+        "the abandoned WQE 100 is reused for message 2"
+    );
+    assert_eq!(p.b.qp.recv_queue_len(), 0);
+}

@@ -25,12 +25,13 @@ impl Qp {
         match op.kind() {
             Kind::Acknowledge => {
                 let Some(aeth) = pkt.aeth else { return };
+                // An ACK or NAK for a PSN already acknowledged is stale (a delayed duplicate, or
+                // a forgery): it changes nothing (rxe `check_psn`).
+                if psn.before(self.comp_psn) {
+                    return;
+                }
                 match aeth.syndrome {
                     Syndrome::Ack { .. } => {
-                        // Duplicate or stale ACKs (before comp_psn) change nothing.
-                        if psn.before(self.comp_psn) {
-                            return;
-                        }
                         let implied_nak = self.retire_acked(psn.add(1));
                         self.progress(ctx.now, before);
                         if implied_nak {
@@ -94,7 +95,9 @@ impl Qp {
                 // Only its own response completes a READ or atomic.
                 return true;
             }
-            if !w.last_psn.before(upto) || w.state != WqeState::Pending {
+            // Every PSN of the message acknowledged: it is complete, even if a retry is
+            // resending it right now (ACKs only cover PSNs that were sent, see the ghost check).
+            if !w.last_psn.before(upto) {
                 // Partly acknowledged multi-packet message.
                 if upto.after(self.comp_psn) {
                     self.comp_psn = upto;

@@ -88,16 +88,16 @@ impl Qp {
         if self.uc_drop || pkt.bth.psn != self.epsn {
             if !op.is_start() {
                 self.uc_drop = true;
-                self.abandon_inbound();
+                self.abandon_inbound(ctx);
                 return;
             }
-            self.abandon_inbound();
+            self.abandon_inbound(ctx);
             self.uc_drop = false;
             self.epsn = pkt.bth.psn;
         }
         if self.execute(ctx, pkt).is_err() {
             self.uc_drop = true;
-            self.abandon_inbound();
+            self.abandon_inbound(ctx);
             self.epsn = pkt.bth.psn.add(1);
         }
     }
@@ -508,9 +508,13 @@ impl Qp {
 
     /// UC drops a partial message; its receive WQE goes back to the head of the queue to be
     /// reused by the next message (rxe class D1).
-    fn abandon_inbound(&mut self) {
+    fn abandon_inbound(&mut self, ctx: &mut Ctx<'_>) {
         if let Inbound::Send { wqe, .. } = std::mem::replace(&mut self.inbound, Inbound::Idle) {
-            self.rq.push_front(wqe);
+            // Back where it came from: a QP with an SRQ never reads its own receive queue.
+            match ctx.srq.as_deref_mut() {
+                Some(srq) if self.cfg.uses_srq => srq.push_front(wqe),
+                _ => self.rq.push_front(wqe),
+            }
         }
     }
 
