@@ -183,6 +183,13 @@ fn wire(c: &mut Criterion) -> Vec<Row> {
             move || icrc::compute(black_box(&encap), black_box(covered)).unwrap(),
         );
 
+        r.run(
+            &format!("icrc/verify_unknown_ident/{len}"),
+            bytes,
+            Some(copy),
+            move || icrc::verify_ipv4_unknown_ident(black_box(&encap), black_box(pkt)).unwrap(),
+        );
+
         if len == 4096 {
             r.run(
                 &format!("parse_verify/{len}"),

@@ -82,7 +82,10 @@ pub fn compute(encap: &Encap, roce: &[u8]) -> Result<u32> {
     let mut pseudo = [0xFFu8; IPV6_LEN + UDP_LEN + BTH_LEN];
     let iplen = match encap.ip {
         crate::IpRepr::V4(h) => {
-            let total = (IPV4_LEN + udp_len) as u16;
+            let total = u16::try_from(IPV4_LEN + udp_len).map_err(|_| Error::OutOfRange {
+                field: "IPv4 total length",
+                value: (IPV4_LEN + udp_len) as u64,
+            })?;
             let b = &mut pseudo[..IPV4_LEN];
             b[0] = 0x45;
             b[2..4].copy_from_slice(&total.to_be_bytes());
@@ -228,11 +231,16 @@ pub fn verify_ipv4_unknown_ident(encap: &Encap, packet: &[u8]) -> Result<u16> {
         ..*encap
     };
     let covered = &packet[..packet.len() - ICRC_LEN];
-    let computed = compute(&zero, covered)?;
     // Bytes after the ID field (IPv4 bytes 4-5): IPv4 bytes 6..20, UDP, the covered packet.
     // `total` < 2^16 bounds it below 2^16, so the masks only make the indexing visibly safe.
+    // Computed before the CRC, which it does not depend on, so the two can overlap.
     let k = (IPV4_LEN - 6) + UDP_LEN + covered.len();
-    let inv = mul_mod(INV_X_LOW[k & 0xFF], INV_X_HIGH[(k >> 8) & 0xFF]);
+    let inv = if k < 256 {
+        INV_X_LOW[k & 0xFF] // INV_X_HIGH[0] is 1: packets up to 237 bytes (ACKs) skip a step
+    } else {
+        mul_mod(INV_X_LOW[k & 0xFF], INV_X_HIGH[(k >> 8) & 0xFF])
+    };
+    let computed = compute(&zero, covered)?;
     let r = mul_mod(carried ^ computed, inv);
     if r & 0xFFFF == 0 {
         // Reflected: x^0..x^7 (the low ID byte) sit in bits 31..24, x^8..x^15 in bits 23..16.

@@ -251,7 +251,7 @@ fn probes_in_host_rc_pingpong() {
 fn random_packets_round_trip() {
     let mut rng = Rng(0x1c7c_1de7);
     let max = 65_535 - 20 - 8;
-    let mut lens: Vec<usize> = vec![16, 17, 18, 19, 20, 64, 1024 + 40, 4096 + 40, max];
+    let mut lens: Vec<usize> = vec![16, 17, 18, 19, 20, 64, 237, 238, 1024 + 40, 4096 + 40, max];
     lens.extend((0..400).map(|_| rng.range(16, 300)));
     lens.extend((0..100).map(|_| rng.range(16, 9000)));
     lens.extend((0..5).map(|_| rng.range(9000, max)));
@@ -306,7 +306,7 @@ fn random_single_bit_flips_are_rejected() {
 #[test]
 fn every_single_bit_flip_is_rejected() {
     let mut rng = Rng(7);
-    for len in [16, 17, 31, 64, 300, 1064, 4136] {
+    for len in [16, 17, 31, 64, 237, 238, 300, 1064, 4136] {
         let id = rng.u16();
         let encap = random_encap(&mut rng, id);
         let unknown = with_ident(&encap, 0);
