@@ -9,7 +9,7 @@
 //! [`Connection::disconnect`] starts one. The TCP connection stays open for the life of the
 //! RDMA connection: it carries the disconnect, and its loss counts as one.
 //!
-//! The exchange is the IB CM's (IBA 12.6), on TCP:
+//! The exchange is the IB CM's, on TCP:
 //!
 //! ```text
 //!   active (connect)                         passive (Listener)
@@ -29,7 +29,10 @@
 //! [`connect`] returns. Path MTU: the minimum of what each side offers (its option or its
 //! device's active MTU). Read/atomic depth: each side's `max_rd_atomic` is its
 //! `initiator_depth` capped by the peer's `responder_resources`, as `rdma_cm` negotiates.
-//! Retry counts, ACK timeout and RNR timer are each side's own ([`ConnectOptions`]).
+//! Retry counts, ACK timeout and RNR timer are each side's own ([`ConnectOptions`]). The
+//! GIDs and UDP ports come from the REQ and REP, not from the TCP addresses, so the CM link
+//! may run between other addresses than the RoCE traffic; a GID of the other address family
+//! than the local device's is refused ([`reason::INVALID_GID`]).
 //!
 //! # Wire format (version 1)
 //!
@@ -39,7 +42,7 @@
 //! |---|---|---|
 //! | 0 | 2 | magic `"CM"` (0x43 0x4D) |
 //! | 2 | 1 | protocol version: 1 ([`PROTOCOL_VERSION`]) |
-//! | 4 − 1 = 3 | 1 | message type: REQ 0x10, REJ 0x12, REP 0x13, RTU 0x14, DREQ 0x15, DREP 0x16 (the IB CM attribute IDs) |
+//! | 3 | 1 | message type: REQ 0x10, REJ 0x12, REP 0x13, RTU 0x14, DREQ 0x15, DREP 0x16 (the IB CM attribute IDs) |
 //! | 4 | 2 | body length in bytes |
 //! | 6 | n | body |
 //!
@@ -63,10 +66,10 @@
 //!
 //! A message whose body length does not match its type, a field out of range, a magic or
 //! version other than these, or private data over [`MAX_PRIVATE_DATA`] bytes is a protocol
-//! error ([`CmError::Protocol`]); a listener answers a bad REQ with a REJ
-//! ([`reason::INVALID_CLASS_VERSION`] for a version it does not speak, else
-//! [`reason::UNSUPPORTED`]) and closes. Later versions may lengthen bodies; a version 1 peer
-//! refuses them.
+//! error ([`CmError::Protocol`]); a listener answers a bad REQ with a REJ naming the fault
+//! ([`reason::INVALID_CLASS_VERSION`], [`reason::INVALID_MTU`],
+//! [`reason::INVALID_TRANSPORT_TYPE`], else [`reason::UNSUPPORTED`]) and closes. Later
+//! versions may lengthen bodies; a version 1 peer refuses them.
 //!
 //! # Timeouts
 //!
@@ -136,7 +139,7 @@ use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
 
 use srdma_proto::{AttrMask, Mtu, QpAttr, QpState, QpType};
@@ -163,6 +166,8 @@ pub const DREP_TIMEOUT: Duration = Duration::from_secs(2);
 const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
 /// A blocked [`Connection::poll_event`] re-checks the connection state this often.
 const POLL_SLICE: Duration = Duration::from_millis(100);
+/// How often a [`Connection::poll_event`] whose reader another thread holds checks back.
+const BUSY_WAIT: Duration = Duration::from_millis(5);
 
 const MAGIC: [u8; 2] = *b"CM";
 const HEADER_LEN: usize = 6;
@@ -450,11 +455,15 @@ impl Hello {
         let u32_at = |i: usize| u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
         let qpn = u32_at(0);
         if !(2..=0xFF_FFFF).contains(&qpn) {
-            return Err(malformed(format!("{what} QPN {qpn:#x} is not a 24-bit QPN ≥ 2")));
+            return Err(malformed(format!(
+                "{what} QPN {qpn:#x} is not a 24-bit QPN ≥ 2"
+            )));
         }
         let psn = u32_at(4);
         if psn > 0xFF_FFFF {
-            return Err(malformed(format!("{what} PSN {psn:#x} is wider than 24 bits")));
+            return Err(malformed(format!(
+                "{what} PSN {psn:#x} is wider than 24 bits"
+            )));
         }
         let mut gid = [0u8; 16];
         gid.copy_from_slice(&b[8..24]);
@@ -676,9 +685,7 @@ impl Reader {
                     _ => return Ok(None),
                 },
             };
-            self.stream
-                .set_read_timeout(wait)
-                .map_err(RecvError::Io)?;
+            self.stream.set_read_timeout(wait).map_err(RecvError::Io)?;
             let mut chunk = [0u8; 512];
             match self.stream.read(&mut chunk) {
                 Ok(0) => return Err(RecvError::Closed),
@@ -748,8 +755,8 @@ fn random_psn() -> Psn {
         let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
-        let x = (t ^ u64::from(std::process::id()).rotate_left(29))
-            .wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let x =
+            (t ^ u64::from(std::process::id()).rotate_left(29)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         b = ((x >> 32) as u32).to_ne_bytes();
     }
     Psn::new(u32::from_ne_bytes(b))
@@ -964,7 +971,9 @@ impl ConnectRequest {
     }
 
     /// Refuses the connection (`rdma_reject`): the peer's [`connect`] fails with
-    /// [`CmError::Rejected`] carrying `reason` and `private_data`.
+    /// [`CmError::Rejected`] carrying `reason` and `private_data`. With more than
+    /// [`MAX_PRIVATE_DATA`] bytes this fails, and the peer gets a bare
+    /// [`reason::CONSUMER_DEFINED`] REJ instead.
     pub fn reject(mut self, reason: u16, private_data: &[u8]) -> Result<(), CmError> {
         check_private_data(private_data)?;
         let (_, writer) = self.link.take().ok_or(CmError::Closed)?;
@@ -1348,16 +1357,6 @@ impl Connection {
     /// disconnect complete promptly.
     pub fn poll_event(&self, timeout: Option<Duration>) -> Option<CmEvent> {
         let deadline = deadline_after(timeout);
-        {
-            let mut st = lock(&self.state);
-            if let Some(ev) = st.events.pop_front() {
-                return Some(ev);
-            }
-            if st.phase == Phase::Disconnected {
-                return None;
-            }
-        }
-        let mut reader = lock(&self.reader);
         loop {
             let drep_deadline = {
                 let mut st = lock(&self.state);
@@ -1373,13 +1372,27 @@ impl Connection {
                     Phase::Connected => None,
                 }
             };
-            // Wake up now and then to notice a disconnect started by another thread.
+            // Read in slices: notice a disconnect started by another thread, and let another
+            // poller take its turn with the reader.
             let slice = Instant::now() + POLL_SLICE;
             let wait = [deadline, drep_deadline]
                 .into_iter()
                 .flatten()
                 .fold(slice, Instant::min);
-            let got = reader.recv(Some(wait));
+            let got = match self.reader.try_lock() {
+                Ok(mut reader) => reader.recv(Some(wait)),
+                Err(TryLockError::Poisoned(p)) => p.into_inner().recv(Some(wait)),
+                Err(TryLockError::WouldBlock) => {
+                    // Another thread is reading (it reports what arrives): check back
+                    // shortly, so this caller's own timeout holds.
+                    match wait.checked_duration_since(Instant::now()) {
+                        Some(left) if !left.is_zero() => std::thread::sleep(left.min(BUSY_WAIT)),
+                        _ if passed(deadline) => return lock(&self.state).events.pop_front(),
+                        _ => {}
+                    }
+                    continue;
+                }
+            };
             let mut st = lock(&self.state);
             let ev = match got {
                 Ok(None) if passed(deadline) => return st.events.pop_front(),
@@ -1524,7 +1537,10 @@ mod tests {
             reason::INVALID_TRANSPORT_TYPE
         );
         assert!(with(30, 5).is_err(), "private data length beyond the body");
-        assert!(with(30, 3).is_err(), "private data length short of the body");
+        assert!(
+            with(30, 3).is_err(),
+            "private data length short of the body"
+        );
         let mut zero_qpn = req.clone();
         zero_qpn[HEADER_LEN..HEADER_LEN + 4].copy_from_slice(&[0, 0, 0, 1]);
         assert!(decode(&zero_qpn).is_err(), "QP1 is not connectable");

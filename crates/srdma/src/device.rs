@@ -23,6 +23,11 @@ use crate::error::{Error, Result, io_err};
 use crate::memory::{Region, Store};
 use crate::sys;
 
+/// Datagrams per `sendmmsg`.
+const TX_BATCH: usize = 32;
+/// Datagrams per `recvmmsg`.
+const RX_BATCH: usize = 32;
+
 /// The RoCEv2 UDP port.
 pub const ROCEV2_PORT: u16 = srdma_wire::ROCEV2_PORT;
 
@@ -189,7 +194,7 @@ pub(crate) struct State {
     next_id: u32,
     pub(crate) counters: DeviceCounters,
     capture: Option<pcap::Writer<BufWriter<File>>>,
-    tx: Vec<u8>,
+    tx: sys::Batch,
 }
 
 pub(crate) struct Shared {
@@ -301,7 +306,7 @@ impl Device {
             next_id: 1,
             counters: DeviceCounters::default(),
             capture,
-            tx: vec![0; MAX_PACKET_LEN],
+            tx: sys::Batch::new(TX_BATCH, MAX_PACKET_LEN),
         };
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
@@ -685,20 +690,24 @@ impl Shared {
         let Some(slot) = qps.get_mut(&qpn) else {
             return;
         };
+        let fd = self.socket.as_raw_fd();
         loop {
+            if tx.is_full() {
+                counters.tx_errors += tx.send(fd) as u64;
+            }
             let srq = slot.srq.and_then(|id| srqs.get_mut(&id));
             let mut ctx = Ctx { now, mrs, mem, srq };
-            let Some(t) = slot.qp.poll_transmit(&mut ctx, tx) else {
+            let Some(t) = slot.qp.poll_transmit(&mut ctx, tx.slot()) else {
                 break;
             };
-            let dst = SocketAddr::new(crate::device::Gid(t.dest.dgid).ip(), t.dest.udp_dport);
-            // The source port is the QP pair's entropy port in the ICRC, but the socket sends
-            // from its bound port; the ICRC must cover what goes on the wire.
+            let dst = SocketAddr::new(Gid(t.dest.dgid).ip(), t.dest.udp_dport);
+            // The QP names the rxe-style entropy source port, but the socket sends from its
+            // bound port, and the ICRC must cover what goes on the wire.
             let Some(encap) = self.encap_to(dst, self.local.port()) else {
                 counters.tx_errors += 1;
                 continue;
             };
-            let pkt = &mut tx[..t.len];
+            let pkt = &mut tx.slot()[..t.len];
             if Packet::new_unchecked(&mut *pkt).fill_icrc(&encap).is_err() {
                 counters.tx_errors += 1;
                 continue;
@@ -706,10 +715,11 @@ impl Shared {
             if let Some(w) = capture.as_mut() {
                 let _ = w.write_roce(now.as_nanos() as u64 + capture_epoch(), &encap, pkt);
             }
-            match self.socket.send_to(pkt, dst) {
-                Ok(_) => counters.tx_datagrams += 1,
-                Err(_) => counters.tx_errors += 1,
-            }
+            tx.commit(t.len, dst);
+            counters.tx_datagrams += 1;
+        }
+        if tx.len() > 0 {
+            counters.tx_errors += tx.send(fd) as u64;
         }
         deliver_completions(slot);
     }
@@ -730,24 +740,27 @@ impl Shared {
         if let Some(w) = st.capture.as_mut() {
             let _ = w.write_roce(now.as_nanos() as u64 + capture_epoch(), &encap, data);
         }
-        match srdma_wire::icrc::verify(&encap, data) {
-            Ok(()) => {}
-            Err(srdma_wire::Error::BadIcrc { .. })
-                if encap.ip.header_len() == srdma_wire::ip::IPV4_LEN =>
-            {
-                // A UDP socket cannot see the IPv4 ID, which the ICRC covers: peers other than
-                // srdma (rxe, NICs) send non-zero IDs. Solve for it (see DeviceCounters).
-                if crate::icrc::verify_unknown_ident(&encap, data) {
+        // rxe's order: the structure first (length, version, opcode, headers), the ICRC last.
+        if Packet::new_checked(data).is_err() {
+            st.counters.rx_malformed += 1;
+            return;
+        }
+        // IPv6: every covered field is known. IPv4: the ID is not (a UDP socket cannot see
+        // it); one pass solves for it — srdma peers send 0, rxe and NICs others.
+        let verified = match encap.ip {
+            IpRepr::V4(_) => match srdma_wire::icrc::verify_ipv4_unknown_ident(&encap, data) {
+                Ok(0) => true,
+                Ok(_) => {
                     st.counters.rx_icrc_ident_solved += 1;
-                } else {
-                    st.counters.rx_bad_icrc += 1;
-                    return;
+                    true
                 }
-            }
-            Err(_) => {
-                st.counters.rx_bad_icrc += 1;
-                return;
-            }
+                Err(_) => false,
+            },
+            IpRepr::V6(_) => srdma_wire::icrc::verify(&encap, data).is_ok(),
+        };
+        if !verified {
+            st.counters.rx_bad_icrc += 1;
+            return;
         }
         let Ok(repr) = PacketRepr::parse_bytes(data) else {
             st.counters.rx_malformed += 1;
@@ -854,9 +867,8 @@ pub(crate) fn deliver_completions(slot: &mut QpSlot) {
 /// The progress thread: receive, dispatch, acknowledge, retransmit, complete — so one-sided
 /// operations finish without the target application's help. Sleeps in `poll` when idle.
 fn progress(shared: &Shared) {
-    const BATCH: usize = 32;
-    let mut bufs = vec![vec![0u8; 65_536]; BATCH];
-    let mut lens = [(0usize, SocketAddr::new(shared.local.ip(), 0)); BATCH];
+    // Slots large enough for any RoCEv2 packet; a longer datagram is cut and fails to parse.
+    let mut rx = sys::Batch::new(RX_BATCH, 9216);
     let mut touched = Vec::new();
     let mut timeout = None;
     while !shared.stop.load(Ordering::Acquire) {
@@ -866,25 +878,18 @@ fn progress(shared: &Shared) {
         }
         sys::drain(&shared.wake);
         loop {
-            let mut n = 0;
-            while n < BATCH {
-                match shared.socket.recv_from(&mut bufs[n]) {
-                    Ok((len, from)) => {
-                        lens[n] = (len, from);
-                        n += 1;
-                    }
-                    Err(_) => break,
-                }
-            }
+            let n = rx.recv(shared.socket.as_raw_fd()).unwrap_or(0);
             let mut st = shared.lock();
             for i in 0..n {
-                let (len, from) = lens[i];
-                shared.handle_datagram(&mut st, from, &bufs[i][..len], &mut touched);
+                match rx.get(i) {
+                    Some((data, from)) => shared.handle_datagram(&mut st, from, data, &mut touched),
+                    None => st.counters.rx_malformed += 1,
+                }
             }
             for qpn in touched.drain(..) {
                 shared.flush(&mut st, qpn);
             }
-            if n < BATCH {
+            if n < RX_BATCH {
                 timeout = shared.run_timers(&mut st);
                 // Published under the lock: a post that arms an earlier timer after this
                 // sees the value and wakes the thread.

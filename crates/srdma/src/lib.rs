@@ -42,10 +42,10 @@
 //! assert_eq!(&got, b"hello");
 //! ```
 
+pub mod cm;
 mod cq;
 mod device;
 mod error;
-mod icrc;
 mod memory;
 mod qp;
 mod sys;

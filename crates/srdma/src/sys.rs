@@ -115,3 +115,213 @@ pub(crate) fn poll_readable(fds: &[RawFd], timeout: Option<Duration>) -> io::Res
         .map(|x| x.revents & (libc::POLLIN | libc::POLLERR | libc::POLLHUP) != 0)
         .collect())
 }
+
+fn to_sockaddr(addr: std::net::SocketAddr, out: &mut libc::sockaddr_storage) -> libc::socklen_t {
+    // SAFETY: sockaddr_storage is large and aligned enough for sockaddr_in and sockaddr_in6;
+    // the written struct is fully initialised (zeroed first).
+    unsafe {
+        std::ptr::write_bytes(out as *mut libc::sockaddr_storage, 0, 1);
+        match addr {
+            std::net::SocketAddr::V4(a) => {
+                let sin = &mut *(out as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in>();
+                sin.sin_family = libc::AF_INET as libc::sa_family_t;
+                sin.sin_port = a.port().to_be();
+                sin.sin_addr = libc::in_addr {
+                    s_addr: u32::from_ne_bytes(a.ip().octets()),
+                };
+                size_of::<libc::sockaddr_in>() as libc::socklen_t
+            }
+            std::net::SocketAddr::V6(a) => {
+                let sin6 = &mut *(out as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in6>();
+                sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+                sin6.sin6_port = a.port().to_be();
+                sin6.sin6_addr = libc::in6_addr {
+                    s6_addr: a.ip().octets(),
+                };
+                sin6.sin6_flowinfo = a.flowinfo();
+                sin6.sin6_scope_id = a.scope_id();
+                size_of::<libc::sockaddr_in6>() as libc::socklen_t
+            }
+        }
+    }
+}
+
+fn from_sockaddr(s: &libc::sockaddr_storage) -> Option<std::net::SocketAddr> {
+    match s.ss_family as libc::c_int {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in.
+            let sin = unsafe { &*(s as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            let ip = std::net::Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes());
+            Some(std::net::SocketAddr::from((ip, u16::from_be(sin.sin_port))))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says the storage holds a sockaddr_in6.
+            let sin6 =
+                unsafe { &*(s as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+            Some(std::net::SocketAddr::V6(std::net::SocketAddrV6::new(
+                ip,
+                u16::from_be(sin6.sin6_port),
+                sin6.sin6_flowinfo,
+                sin6.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    }
+}
+
+/// A batch of datagrams for `recvmmsg`/`sendmmsg`: fixed buffers allocated once, so the data
+/// path allocates nothing per packet and makes one syscall per batch.
+pub(crate) struct Batch {
+    bufs: Vec<Vec<u8>>,
+    lens: Vec<usize>,
+    addrs: Vec<libc::sockaddr_storage>,
+    addr_lens: Vec<libc::socklen_t>,
+    iovs: Vec<libc::iovec>,
+    hdrs: Vec<libc::mmsghdr>,
+    n: usize,
+}
+
+// SAFETY: the raw pointers inside `iovs`/`hdrs` only ever point into this struct's own
+// buffers, are rebuilt right before each syscall, and are never dereferenced elsewhere.
+unsafe impl Send for Batch {}
+
+impl Batch {
+    /// `count` slots of `size` bytes.
+    pub(crate) fn new(count: usize, size: usize) -> Batch {
+        // SAFETY: all-zero is a valid value for these plain C structs.
+        let zero_addr: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let zero_hdr: libc::mmsghdr = unsafe { std::mem::zeroed() };
+        Batch {
+            bufs: vec![vec![0u8; size]; count],
+            lens: vec![0; count],
+            addrs: vec![zero_addr; count],
+            addr_lens: vec![0; count],
+            iovs: vec![
+                libc::iovec {
+                    iov_base: std::ptr::null_mut(),
+                    iov_len: 0
+                };
+                count
+            ],
+            hdrs: vec![zero_hdr; count],
+            n: 0,
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.n
+    }
+
+    pub(crate) fn is_full(&self) -> bool {
+        self.n == self.bufs.len()
+    }
+
+    /// The next free slot's buffer, to fill before [`Batch::commit`].
+    pub(crate) fn slot(&mut self) -> &mut [u8] {
+        &mut self.bufs[self.n]
+    }
+
+    /// Queues the first `len` bytes of the current slot for `dst`.
+    pub(crate) fn commit(&mut self, len: usize, dst: std::net::SocketAddr) {
+        self.lens[self.n] = len;
+        self.addr_lens[self.n] = to_sockaddr(dst, &mut self.addrs[self.n]);
+        self.n += 1;
+    }
+
+    /// Datagram `i` of the last receive.
+    pub(crate) fn get(&self, i: usize) -> Option<(&[u8], std::net::SocketAddr)> {
+        let addr = from_sockaddr(&self.addrs[i])?;
+        Some((&self.bufs[i][..self.lens[i]], addr))
+    }
+
+    fn prepare(&mut self, count: usize, recv: bool) {
+        for i in 0..count {
+            let len = if recv {
+                self.bufs[i].len()
+            } else {
+                self.lens[i]
+            };
+            self.iovs[i] = libc::iovec {
+                iov_base: self.bufs[i].as_mut_ptr().cast(),
+                iov_len: len,
+            };
+            let h = &mut self.hdrs[i].msg_hdr;
+            h.msg_name = (&raw mut self.addrs[i]).cast();
+            h.msg_namelen = if recv {
+                size_of::<libc::sockaddr_storage>() as libc::socklen_t
+            } else {
+                self.addr_lens[i]
+            };
+            h.msg_iov = &raw mut self.iovs[i];
+            h.msg_iovlen = 1;
+            h.msg_control = std::ptr::null_mut();
+            h.msg_controllen = 0;
+            h.msg_flags = 0;
+            self.hdrs[i].msg_len = 0;
+        }
+    }
+
+    /// Receives up to a batch without blocking; returns how many datagrams arrived.
+    pub(crate) fn recv(&mut self, fd: RawFd) -> io::Result<usize> {
+        let count = self.bufs.len();
+        self.prepare(count, true);
+        // SAFETY: `hdrs[..count]` are initialised and point into live buffers of this batch
+        // (rebuilt by `prepare` just now); the kernel writes at most the given lengths.
+        let r = unsafe {
+            libc::recvmmsg(
+                fd,
+                self.hdrs.as_mut_ptr(),
+                count as libc::c_uint,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
+        };
+        if r < 0 {
+            self.n = 0;
+            let e = io::Error::last_os_error();
+            return if e.kind() == io::ErrorKind::WouldBlock {
+                Ok(0)
+            } else {
+                Err(e)
+            };
+        }
+        self.n = r as usize;
+        for i in 0..self.n {
+            self.lens[i] = self.hdrs[i].msg_len as usize;
+        }
+        Ok(self.n)
+    }
+
+    /// Sends every queued datagram (one `sendmmsg` per kernel-accepted run); returns how many
+    /// the kernel refused. The batch is empty afterwards.
+    pub(crate) fn send(&mut self, fd: RawFd) -> usize {
+        let count = self.n;
+        self.prepare(count, false);
+        let mut done = 0;
+        let mut refused = 0;
+        while done < count {
+            // SAFETY: `hdrs[done..count]` are initialised by `prepare` and point into this
+            // batch's live buffers and addresses.
+            let r = unsafe {
+                libc::sendmmsg(
+                    fd,
+                    self.hdrs[done..].as_mut_ptr(),
+                    (count - done) as libc::c_uint,
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if r <= 0 {
+                // Socket buffer full or an error for the datagram at `done`: drop it (the
+                // transport retransmits) and go on with the rest.
+                refused += 1;
+                done += 1;
+            } else {
+                done += r as usize;
+            }
+        }
+        self.n = 0;
+        refused
+    }
+}
