@@ -2,6 +2,7 @@
 
 mod decode;
 mod demo;
+mod pingpong;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -40,6 +41,12 @@ enum Command {
         #[arg(short, long)]
         verbose: bool,
     },
+    /// Ping-pong SENDs with a peer, as rdma-core's ibv_rc_pingpong (ibv_ud_pingpong with
+    /// --ud): same options, TCP exchange and output, so the peer may be that tool on rxe.
+    ///
+    /// Without SERVERNAME, waits for a client. Exits 1 when the peer cannot be reached or a
+    /// completion fails.
+    Pingpong(pingpong::Args),
 }
 
 fn run(cli: Cli) -> anyhow::Result<bool> {
@@ -90,6 +97,7 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
             Ok(clean)
         }
         Command::Demo { verbose } => demo::run(verbose, &mut out),
+        Command::Pingpong(args) => pingpong::run(&args, &mut out),
     }
 }
 
