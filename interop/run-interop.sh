@@ -32,9 +32,10 @@ command -v gcc >/dev/null || apt-get install -y -qq gcc >/dev/null
 [ -f /usr/include/infiniband/verbs.h ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libibverbs-dev >/dev/null
 
 log "building srdma and verbs_target"
-(cd "$ROOT" && cargo build --release -q -p srdma-cli -p srdma --example verbs_target_client)
+(cd "$ROOT" && cargo build --release -q -p srdma-cli && cargo build --release -q -p srdma --example verbs_target_client)
 SRDMA="$ROOT/target/release/srdma"
 CLIENT="$ROOT/target/release/examples/verbs_target_client"
+for b in "$SRDMA" "$CLIENT"; do [ -x "$b" ] || { log "FAIL: $b was not built"; exit 1; }; done
 mkdir -p "$RUNS"
 gcc -O2 -Wall -o "$RUNS/verbs_target" "$HERE/verbs_target.c" -libverbs
 
