@@ -43,12 +43,15 @@
 //! ```
 
 pub mod cm;
+#[path = "examples_doc.rs"]
+pub mod cookbook;
 mod cq;
 mod device;
 mod error;
 mod memory;
 mod qp;
 mod sys;
+pub mod typed;
 
 pub use cq::{CompChannel, Cq};
 pub use device::{
@@ -61,3 +64,4 @@ pub use srdma_proto::{
     AccessFlags, AttrMask, Counters, DeviceLimits, LKey, Mtu, QpAttr, QpCaps, QpState, QpType,
     RKey, RecvWr, SendFlags, SendOp, SendWr, Sge, SgeList, UdDest, Wc, WcFlags, WcOpcode, WcStatus,
 };
+pub use typed::{RcQp, UcQp, UdQp};
