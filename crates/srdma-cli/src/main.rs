@@ -35,11 +35,15 @@ enum Command {
         #[arg(long, default_value_t = srdma_wire::ROCEV2_PORT)]
         port: u16,
     },
-    /// Decode the captures of real rxe traffic built into this binary and check every packet.
+    /// Decode the captures of real rxe traffic built into this binary and check every packet,
+    /// then run a live A -> B -> C RDMA forwarding chain on this host.
     Demo {
         /// Also print every packet, with every field.
         #[arg(short, long)]
         verbose: bool,
+        /// Skip the live part (it binds 127.0.20.1-3 on UDP 4791).
+        #[arg(long)]
+        no_live: bool,
     },
     /// Ping-pong SENDs with a peer, as rdma-core's ibv_rc_pingpong (ibv_ud_pingpong with
     /// --ud): same options, TCP exchange and output, so the peer may be that tool on rxe.
@@ -50,8 +54,8 @@ enum Command {
 }
 
 fn run(cli: Cli) -> anyhow::Result<bool> {
-    let stdout = std::io::stdout();
-    let mut out = stdout.lock();
+    // Not locked for the whole command: the demo's threads print too.
+    let mut out = std::io::stdout();
     match cli.command {
         Command::Decode {
             files,
@@ -96,7 +100,7 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
             }
             Ok(clean)
         }
-        Command::Demo { verbose } => demo::run(verbose, &mut out),
+        Command::Demo { verbose, no_live } => demo::run(verbose, !no_live, &mut out),
         Command::Pingpong(args) => pingpong::run(&args, &mut out),
     }
 }
