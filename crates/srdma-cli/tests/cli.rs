@@ -141,6 +141,10 @@ fn demo_passes() {
         s.contains("374 RoCEv2 packets: 370 parsed and re-verified"),
         "{s}"
     );
+    assert!(
+        s.contains("live: 24 chunks (98304 bytes) arrived intact at C"),
+        "{s}"
+    );
     assert!(s.ends_with("demo: OK\n"));
 }
 
