@@ -625,6 +625,8 @@ impl Mr {
     }
 
     /// Runs `f` on the region's bytes with the device locked (RDMA into it waits meanwhile).
+    /// `f` must not call back into the same device (post, poll a QP, register memory): the
+    /// device lock is not reentrant, so that would deadlock. Copy out with [`Mr::read`] first.
     pub fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
         let _st = self.pd.dev.lock();
         // SAFETY: the device lock is held for the whole borrow, so the engine cannot write
@@ -632,7 +634,8 @@ impl Mr {
         f(unsafe { self.region.bytes() })
     }
 
-    /// Runs `f` on the region's bytes, writable, with the device locked.
+    /// Runs `f` on the region's bytes, writable, with the device locked. The same rule as
+    /// [`Mr::with_bytes`]: no calls back into the device from `f`.
     pub fn with_bytes_mut<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> R {
         let _st = self.pd.dev.lock();
         // SAFETY: the device lock is held for the whole borrow; it is the only live reference.

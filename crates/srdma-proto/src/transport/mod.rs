@@ -665,6 +665,23 @@ impl Qp {
     }
 }
 
+/// A BTH with srdma's fixed fields (default P_Key, no SE/MigReq/ECN, AckReq off): the
+/// template every packet starts from.
+fn bth(opcode: srdma_wire::Opcode, dest_qpn: Qpn, psn: Psn) -> srdma_wire::BthRepr {
+    srdma_wire::BthRepr {
+        opcode,
+        solicited: false,
+        mig_req: false,
+        pad_cnt: 0,
+        pkey: srdma_wire::bth::DEFAULT_PKEY,
+        fecn: false,
+        becn: false,
+        dest_qpn,
+        ack_req: false,
+        psn,
+    }
+}
+
 /// rxe `pkey_match`: the low 15 bits equal and non-zero, and one of the two a full member.
 fn pkey_match(a: u16, b: u16) -> bool {
     (a & 0x7FFF) != 0 && (a & 0x7FFF) == (b & 0x7FFF) && ((a | b) & 0x8000) != 0

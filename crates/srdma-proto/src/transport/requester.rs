@@ -1,7 +1,7 @@
 //! The requester (rxe `rxe_req.c`): turns send WQEs into request packets.
 
 use srdma_wire::{
-    AtomicEthRepr, BthRepr, DethRepr, Kind, Opcode, PacketRepr, Position, RethRepr, Transport,
+    AtomicEthRepr, DethRepr, Kind, Opcode, PacketRepr, Position, RethRepr, Transport,
 };
 
 use super::{
@@ -116,18 +116,7 @@ impl Qp {
             _ => Position::Middle,
         };
         let end = matches!(position, Position::Last | Position::Only);
-        let mut bth = BthRepr {
-            opcode: Opcode::RcSendOnly,
-            solicited: false,
-            mig_req: false,
-            pad_cnt: 0,
-            pkey: srdma_wire::bth::DEFAULT_PKEY,
-            fecn: false,
-            becn: false,
-            dest_qpn: self.attr.dest_qp_num,
-            ack_req: false,
-            psn,
-        };
+        let mut bth = super::bth(Opcode::RcSendOnly, self.attr.dest_qp_num, psn);
         let mut repr;
         let mut dest = self.connected_dest();
         let mut payload: Option<(u64, u32)> = None; // (offset in message, length)
@@ -212,35 +201,28 @@ impl Qp {
                 request_done = true;
             }
             SendOp::CompareSwap {
-                remote_addr,
-                rkey,
-                compare,
-                swap,
-            } => {
-                bth.opcode = Opcode::RcCompareSwap;
-                bth.ack_req = true;
-                repr = PacketRepr::new(bth, &[]);
-                repr.atomic_eth = Some(AtomicEthRepr {
-                    va: remote_addr,
-                    rkey: rkey.0,
-                    swap_add: swap,
-                    compare,
-                });
-                request_done = true;
+                remote_addr, rkey, ..
             }
-            SendOp::FetchAdd {
-                remote_addr,
-                rkey,
-                add,
+            | SendOp::FetchAdd {
+                remote_addr, rkey, ..
             } => {
-                bth.opcode = Opcode::RcFetchAdd;
+                // rxe fills AtomicETH: CMP_AND_SWP swap_add = swap, compare = compare;
+                // FETCH_AND_ADD swap_add = add, compare 0.
+                let (opcode, swap_add, compare) = match wqe.wr.op {
+                    SendOp::CompareSwap { compare, swap, .. } => {
+                        (Opcode::RcCompareSwap, swap, compare)
+                    }
+                    SendOp::FetchAdd { add, .. } => (Opcode::RcFetchAdd, add, 0),
+                    _ => unreachable!("matched above"),
+                };
+                bth.opcode = opcode;
                 bth.ack_req = true;
                 repr = PacketRepr::new(bth, &[]);
                 repr.atomic_eth = Some(AtomicEthRepr {
                     va: remote_addr,
                     rkey: rkey.0,
-                    swap_add: add,
-                    compare: 0,
+                    swap_add,
+                    compare,
                 });
                 request_done = true;
             }

@@ -6,8 +6,7 @@
 //! complete → acknowledge.
 
 use srdma_wire::{
-    AethRepr, AtomicAckEthRepr, BthRepr, IpRepr, Kind, NakCode, Opcode, PacketRepr, Position, Psn,
-    Syndrome,
+    AethRepr, AtomicAckEthRepr, IpRepr, Kind, NakCode, Opcode, PacketRepr, Position, Psn, Syndrome,
 };
 
 use super::requester::scatter;
@@ -530,18 +529,7 @@ impl Qp {
     pub(super) fn next_response(&mut self, ctx: &mut Ctx<'_>, buf: &mut [u8]) -> Option<Transmit> {
         loop {
             let out = *self.resp_out.front()?;
-            let mut bth = BthRepr {
-                opcode: Opcode::RcAcknowledge,
-                solicited: false,
-                mig_req: false,
-                pad_cnt: 0,
-                pkey: srdma_wire::bth::DEFAULT_PKEY,
-                fecn: false,
-                becn: false,
-                dest_qpn: self.attr.dest_qp_num,
-                ack_req: false,
-                psn: Psn::new(0),
-            };
+            let mut bth = super::bth(Opcode::RcAcknowledge, self.attr.dest_qp_num, Psn::new(0));
             let aeth = |syndrome| {
                 Some(AethRepr {
                     syndrome,
