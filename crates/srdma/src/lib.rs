@@ -48,6 +48,7 @@ pub mod cookbook;
 mod cq;
 mod device;
 mod error;
+pub mod lease;
 mod memory;
 mod qp;
 mod sys;
@@ -58,6 +59,7 @@ pub use device::{
     Device, DeviceAttr, DeviceConfig, DeviceCounters, Gid, Mr, Pd, PortAttr, ROCEV2_PORT, RemoteMr,
 };
 pub use error::{Error, Result};
+pub use lease::{Buf, BufPool, LeasedQp, RawPost};
 pub use qp::{ConnectParams, Qp, QpInit, RemoteQp, Srq, ah};
 pub use srdma_proto::qp::AhAttr;
 pub use srdma_proto::{
