@@ -1012,6 +1012,10 @@ impl ConnectRequest {
         let dev = self.pd.device().clone();
         let qp = match qp.into() {
             AcceptQp::Existing(qp) => {
+                // The REP advertises this device's GID and port: the QP must live there.
+                if !qp.device().same(&dev) {
+                    return Err(Error::WrongDevice.into());
+                }
                 if qp.state() != QpState::Init {
                     return Err(Error::InvalidArgument(format!(
                         "accepting with QP {:?} in {}, not INIT",

@@ -880,7 +880,11 @@ fn progress(shared: &Shared) {
             std::thread::sleep(Duration::from_millis(1));
         }
         sys::drain(&shared.wake);
+        // At most this many full batches before timers and the stop flag are looked at again:
+        // a flood of datagrams must not starve retransmissions or block the device's drop.
+        let mut budget = 8;
         loop {
+            budget -= 1;
             let n = rx.recv(shared.socket.as_raw_fd()).unwrap_or(0);
             let mut st = shared.lock();
             for i in 0..n {
@@ -892,7 +896,7 @@ fn progress(shared: &Shared) {
             for qpn in touched.drain(..) {
                 shared.flush(&mut st, qpn);
             }
-            if n < RX_BATCH {
+            if n < RX_BATCH || budget == 0 || shared.stop.load(Ordering::Acquire) {
                 timeout = shared.run_timers(&mut st);
                 // Published under the lock: a post that arms an earlier timer after this
                 // sees the value and wakes the thread.

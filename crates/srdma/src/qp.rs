@@ -150,7 +150,7 @@ impl Pd {
     pub fn create_qp(&self, init: &QpInit) -> Result<Qp> {
         let dev = self.device();
         if let Some(srq) = &init.srq {
-            if !srq.dev.same(dev) {
+            if !srq.inner.dev.same(dev) {
                 return Err(Error::WrongDevice);
             }
         }
@@ -186,7 +186,7 @@ impl Pd {
                 qp,
                 send_cq: init.send_cq.clone(),
                 recv_cq: init.recv_cq.clone(),
-                srq: init.srq.as_ref().map(|s| s.id),
+                srq: init.srq.as_ref().map(|s| s.inner.id),
             },
         );
         drop(st);
@@ -214,8 +214,10 @@ impl Pd {
         let id = dev.alloc_pd().id.0;
         dev.lock().srqs.insert(id, ProtoSrq::new(max_wr, max_sge));
         Ok(Srq {
-            dev: dev.clone(),
-            id,
+            inner: std::sync::Arc::new(SrqInner {
+                dev: dev.clone(),
+                id,
+            }),
         })
     }
 }
@@ -265,9 +267,15 @@ impl Qp {
             .get_mut(&self.inner.qpn.value())
             .expect("a live Qp handle keeps its slot");
         slot.qp.modify(attr, mask, &limits)?;
-        // Entering ERR flushes: deliver those completions.
-        deliver_completions(slot);
+        // Entering ERR flushes and SQD->RTS resumes work posted while draining: send what
+        // the QP has and deliver its completions.
+        self.inner.dev.flush(&mut st, self.inner.qpn.value());
         Ok(())
+    }
+
+    /// The device the QP lives on.
+    pub fn device(&self) -> &Device {
+        &self.inner.dev
     }
 
     /// RC/UC: INIT → RTR → RTS towards `remote` (what ibv_rc_pingpong's `pp_connect_ctx` does).
@@ -277,6 +285,7 @@ impl Qp {
                 "UD QPs are not connected: use activate".into(),
             ));
         }
+        check_family(&self.inner.dev, remote.gid)?;
         let mut attr = QpAttr {
             qp_state: QpState::Rtr,
             path_mtu: p.mtu,
@@ -348,8 +357,13 @@ impl Qp {
                 .get_mut(&qpn)
                 .expect("a live Qp handle keeps its slot");
             for wr in wrs {
-                if let Err(e) = slot.qp.post_send(wr) {
-                    res = Err(e.into());
+                // A UD destination this device cannot reach would otherwise "complete" unsent.
+                let checked = match &wr.ud {
+                    Some(ud) => check_family(dev, Gid(ud.ah.dgid)),
+                    None => Ok(()),
+                };
+                if let Err(e) = checked.and_then(|()| slot.qp.post_send(wr).map_err(Error::from)) {
+                    res = Err(e);
                     break;
                 }
             }
@@ -368,27 +382,56 @@ impl Qp {
     }
 }
 
-/// A shared receive queue (`ibv_srq`).
+/// A shared receive queue (`ibv_srq`). Cheap to clone; dropping the last handle (QPs using
+/// it hold one) destroys it.
 #[derive(Debug, Clone)]
 pub struct Srq {
+    inner: std::sync::Arc<SrqInner>,
+}
+
+#[derive(Debug)]
+struct SrqInner {
     dev: Device,
     id: u32,
+}
+
+impl Drop for SrqInner {
+    fn drop(&mut self) {
+        self.dev.lock().srqs.remove(&self.id);
+    }
+}
+
+/// Refuses a peer address of the other IP family: this device's socket cannot reach it.
+fn check_family(dev: &Device, gid: Gid) -> Result<()> {
+    if gid.ip().is_ipv4() == dev.config().addr.is_ipv4() {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument(format!(
+            "GID {gid} is not reachable from a device on {}",
+            dev.config().addr
+        )))
+    }
 }
 
 impl Srq {
     /// `ibv_post_srq_recv`.
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
-        let mut st = self.dev.lock();
+        let mut st = self.inner.dev.lock();
         let srq = st
             .srqs
-            .get_mut(&self.id)
+            .get_mut(&self.inner.id)
             .ok_or(Error::InvalidArgument("SRQ destroyed".into()))?;
         Ok(srq.post(wr)?)
     }
 
     /// Posted receive WQEs.
     pub fn len(&self) -> usize {
-        self.dev.lock().srqs.get(&self.id).map_or(0, |s| s.len())
+        self.inner
+            .dev
+            .lock()
+            .srqs
+            .get(&self.inner.id)
+            .map_or(0, |s| s.len())
     }
 
     /// True when none is posted.

@@ -252,9 +252,16 @@ impl Qp {
     }
 
     fn build(cfg: QpConfig) -> Qp {
+        // UD has no path MTU attribute: the port's MTU bounds its messages from the start
+        // (a receive-only UD QP may stay in RTR).
+        let path_mtu = match cfg.qp_type {
+            QpType::Ud => cfg.port_mtu,
+            _ => QpAttr::default().path_mtu,
+        };
         let attr = QpAttr {
             qp_state: QpState::Reset,
             cap: cfg.caps,
+            path_mtu,
             ..QpAttr::default()
         };
         Qp {
@@ -357,10 +364,6 @@ impl Qp {
             MAX_DEST_RD_ATOMIC => max_dest_rd_atomic,
             DEST_QPN => dest_qp_num,
         );
-        if self.cfg.qp_type == QpType::Ud && mask.contains(AttrMask::SQ_PSN) {
-            // UD has no path MTU attribute: the port's MTU bounds its messages.
-            a.path_mtu = self.cfg.port_mtu;
-        }
         if mask.contains(AttrMask::RQ_PSN) {
             self.epsn = attr.rq_psn;
             self.ack_psn = attr.rq_psn;

@@ -1,0 +1,245 @@
+//! Regressions from the engine review: each test failed before its fix.
+
+use std::time::{Duration, Instant};
+
+use srdma::{
+    AccessFlags, AttrMask, ConnectParams, Device, DeviceConfig, Mtu, QpAttr, QpInit, QpState,
+    QpType, RKey, RecvWr, RemoteQp, SendOp, SendWr, SgeList, UdDest, WcStatus, ah,
+};
+use srdma_wire::{Psn, Qpn};
+
+fn dev(ip: &str, mtu: Mtu) -> Device {
+    let mut c = DeviceConfig::new(ip.parse().unwrap());
+    c.port = 0;
+    c.mtu = mtu;
+    Device::open(c).unwrap()
+}
+
+fn wait(cq: &srdma::Cq, limit: Duration) -> Option<srdma::Wc> {
+    let t = Instant::now();
+    while t.elapsed() < limit {
+        if let Some(wc) = cq.poll_one() {
+            return Some(wc);
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    None
+}
+
+fn remote(d: &Device, qp: &srdma::Qp, psn: u32) -> RemoteQp {
+    RemoteQp {
+        qpn: qp.qpn(),
+        psn: Psn::new(psn),
+        gid: d.local_gid(),
+        port: d.local_addr().port(),
+    }
+}
+
+/// Work posted while the QP is in SQD goes out once the QP is back in RTS (the modify rings
+/// the doorbell; nothing else would wake that QP).
+#[test]
+fn sqd_to_rts_resumes_posted_work() {
+    let (a, b) = (
+        dev("127.0.60.1", Mtu::Mtu1024),
+        dev("127.0.60.2", Mtu::Mtu1024),
+    );
+    let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
+    let (ca, cb) = (a.create_cq(8, None).unwrap(), b.create_cq(8, None).unwrap());
+    let qa = pa.create_qp(&QpInit::new(QpType::Rc, &ca, &ca)).unwrap();
+    let qb = pb.create_qp(&QpInit::new(QpType::Rc, &cb, &cb)).unwrap();
+    qa.connect(
+        &remote(&b, &qb, 2),
+        &ConnectParams::new(Mtu::Mtu1024, Psn::new(1)),
+    )
+    .unwrap();
+    qb.connect(
+        &remote(&a, &qa, 1),
+        &ConnectParams::new(Mtu::Mtu1024, Psn::new(2)),
+    )
+    .unwrap();
+    let src = pa.reg_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let dst = pb
+        .reg_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+        .unwrap();
+    let r = dst.remote().unwrap();
+    qa.modify(
+        &QpAttr {
+            qp_state: QpState::Sqd,
+            ..QpAttr::default()
+        },
+        AttrMask::STATE,
+    )
+    .unwrap();
+    qa.post_send(SendWr::new(
+        1,
+        SendOp::Write {
+            remote_addr: r.addr,
+            rkey: RKey(r.rkey),
+        },
+        SgeList::one(src.sge(0, 64)),
+    ))
+    .unwrap();
+    assert!(
+        wait(&ca, Duration::from_millis(100)).is_none(),
+        "SQD started new work"
+    );
+    qa.modify(
+        &QpAttr {
+            qp_state: QpState::Rts,
+            ..QpAttr::default()
+        },
+        AttrMask::STATE,
+    )
+    .unwrap();
+    let wc =
+        wait(&ca, Duration::from_secs(5)).expect("the WRITE posted in SQD completes after RTS");
+    assert_eq!(wc.status, WcStatus::Success);
+}
+
+/// A receive-only UD QP left in RTR takes messages up to the port MTU (4096), not 1024.
+#[test]
+fn ud_receiver_in_rtr_uses_the_port_mtu() {
+    let (a, b) = (
+        dev("127.0.60.3", Mtu::Mtu4096),
+        dev("127.0.60.4", Mtu::Mtu4096),
+    );
+    let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
+    let (ca, cb) = (a.create_cq(8, None).unwrap(), b.create_cq(8, None).unwrap());
+    let qa = pa.create_qp(&QpInit::new(QpType::Ud, &ca, &ca)).unwrap();
+    let qb = pb.create_qp(&QpInit::new(QpType::Ud, &cb, &cb)).unwrap();
+    qa.activate(Psn::new(1)).unwrap();
+    qb.modify(
+        &QpAttr {
+            qp_state: QpState::Rtr,
+            ..QpAttr::default()
+        },
+        AttrMask::STATE,
+    )
+    .unwrap();
+    let buf = pb.reg_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    qb.post_recv(RecvWr {
+        wr_id: 9,
+        sges: SgeList::one(buf.sge(0, 4096)),
+    })
+    .unwrap();
+    let src = pa.reg_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut dest_ah = ah(b.local_gid());
+    dest_ah.udp_dport = b.local_addr().port();
+    let dest = UdDest {
+        ah: dest_ah,
+        remote_qpn: qb.qpn(),
+        remote_qkey: 0x1111_1111,
+    };
+    qa.post_send(SendWr::new(1, SendOp::Send, SgeList::one(src.sge(0, 2000))).to_ud(dest))
+        .unwrap();
+    let wc = wait(&cb, Duration::from_secs(5)).expect("the 2000-byte UD message arrives");
+    assert_eq!((wc.status, wc.byte_len), (WcStatus::Success, 2040));
+}
+
+/// A flood of junk datagrams must not starve the retransmission timer: an RC QP whose peer is
+/// silent still fails with RETRY_EXC_ERR on time.
+#[test]
+fn a_flood_does_not_starve_timers() {
+    let a = dev("127.0.60.5", Mtu::Mtu1024);
+    let pa = a.alloc_pd();
+    let ca = a.create_cq(8, None).unwrap();
+    let qa = pa.create_qp(&QpInit::new(QpType::Rc, &ca, &ca)).unwrap();
+    let silent = std::net::UdpSocket::bind("127.0.60.6:0").unwrap();
+    let peer = RemoteQp {
+        qpn: Qpn::new(0x99),
+        psn: Psn::new(5),
+        gid: srdma::Gid::from_ip("127.0.60.6".parse().unwrap()),
+        port: silent.local_addr().unwrap().port(),
+    };
+    let mut p = ConnectParams::new(Mtu::Mtu1024, Psn::new(1));
+    p.timeout = 8; // 1 ms
+    p.retry_cnt = 1;
+    qa.connect(&peer, &p).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let target = a.local_addr();
+    let flooder = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let s = std::net::UdpSocket::bind("127.0.60.7:0").unwrap();
+            let junk = [0u8; 1040];
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = s.send_to(&junk, target);
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_millis(50));
+    let src = pa.reg_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let t = Instant::now();
+    qa.post_send(SendWr::new(
+        1,
+        SendOp::Write {
+            remote_addr: 0x1000,
+            rkey: RKey(1),
+        },
+        SgeList::one(src.sge(0, 64)),
+    ))
+    .unwrap();
+    let wc = wait(&ca, Duration::from_secs(10));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    flooder.join().unwrap();
+    let wc = wc.expect("RETRY_EXC_ERR despite the flood");
+    assert_eq!(wc.status, WcStatus::RetryExcErr);
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        t.elapsed()
+    );
+    let c = a.counters();
+    assert!(
+        c.rx_malformed + c.rx_bad_icrc > 100,
+        "the flood reached the device: {c:?}"
+    );
+}
+
+/// The CM refuses to accept with a QP that lives on another device (its REP would advertise
+/// the listener's address with a QP number that does not exist there).
+#[test]
+fn cm_refuses_a_qp_from_another_device() {
+    let (srv, other, cli) = (
+        dev("127.0.60.8", Mtu::Mtu1024),
+        dev("127.0.60.9", Mtu::Mtu1024),
+        dev("127.0.60.10", Mtu::Mtu1024),
+    );
+    let (ps, po, pc) = (srv.alloc_pd(), other.alloc_pd(), cli.alloc_pd());
+    let listener = srdma::cm::Listener::bind(&srv, &ps, "127.0.60.8:0".parse().unwrap()).unwrap();
+    let at = listener.local_addr();
+    let cq = other.create_cq(8, None).unwrap();
+    let foreign = po.create_qp(&QpInit::new(QpType::Rc, &cq, &cq)).unwrap();
+    let client = std::thread::spawn(move || {
+        let ccq = cli.create_cq(8, None).unwrap();
+        let init = QpInit::new(QpType::Rc, &ccq, &ccq);
+        srdma::cm::connect(&cli, &pc, at, &init, &srdma::cm::ConnectOptions::default()).map(|_| ())
+    });
+    let req = listener
+        .accept_request(Some(Duration::from_secs(5)))
+        .unwrap();
+    assert!(req.accept(&foreign, &[]).is_err());
+    assert!(client.join().unwrap().is_err(), "the client is rejected");
+}
+
+/// A UD destination of the other IP family is refused at post time instead of completing
+/// without being sent.
+#[test]
+fn ud_send_to_the_wrong_family_is_refused() {
+    let a = dev("127.0.60.11", Mtu::Mtu1024);
+    let pa = a.alloc_pd();
+    let ca = a.create_cq(8, None).unwrap();
+    let qa = pa.create_qp(&QpInit::new(QpType::Ud, &ca, &ca)).unwrap();
+    qa.activate(Psn::new(1)).unwrap();
+    let src = pa.reg_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let dest = UdDest {
+        ah: ah(srdma::Gid::from_ip("::1".parse().unwrap())),
+        remote_qpn: Qpn::new(0x22),
+        remote_qkey: 1,
+    };
+    assert!(
+        qa.post_send(SendWr::new(1, SendOp::Send, SgeList::one(src.sge(0, 8))).to_ud(dest))
+            .is_err()
+    );
+    assert!(wait(&ca, Duration::from_millis(50)).is_none());
+}
