@@ -406,22 +406,44 @@ impl Opcode {
 
     /// The opcode for `kind` at `position` on `transport`, with or without immediate data.
     ///
-    /// This is the requester's segmentation table (rxe `next_opcode_rc/uc`): for example
-    /// `(Rc, Write, Last, true)` gives `RC_RDMA_WRITE_LAST_WITH_IMMEDIATE`. Returns `None`
-    /// for combinations that do not exist (a UC READ, a UD FIRST packet, ...).
+    /// This is the segmentation table of the kinds that span packets — SEND, RDMA WRITE and
+    /// READ responses (rxe `next_opcode_rc/uc`): for example `(Rc, Write, Last, true)` gives
+    /// `RC_RDMA_WRITE_LAST_WITH_IMMEDIATE`. Returns `None` for combinations that do not exist
+    /// (a UC READ response, a UD FIRST packet, ...) and for the single-packet kinds.
     pub fn for_message(
         transport: Transport,
         kind: Kind,
         position: Position,
         imm: bool,
     ) -> Option<Opcode> {
-        Opcode::ALL.iter().copied().find(|op| {
-            op.transport() == transport
-                && op.kind() == kind
-                && op.position() == Some(position)
-                && op.has_immediate() == imm
-                && !op.has_invalidate()
-        })
+        // Computed, not searched: the requester asks for every packet it sends.
+        let op = match (kind, position, imm) {
+            (Kind::Send, Position::First, false) => 0x00,
+            (Kind::Send, Position::Middle, false) => 0x01,
+            (Kind::Send, Position::Last, false) => 0x02,
+            (Kind::Send, Position::Last, true) => 0x03,
+            (Kind::Send, Position::Only, false) => 0x04,
+            (Kind::Send, Position::Only, true) => 0x05,
+            (Kind::Write, Position::First, false) => 0x06,
+            (Kind::Write, Position::Middle, false) => 0x07,
+            (Kind::Write, Position::Last, false) => 0x08,
+            (Kind::Write, Position::Last, true) => 0x09,
+            (Kind::Write, Position::Only, false) => 0x0A,
+            (Kind::Write, Position::Only, true) => 0x0B,
+            (Kind::ReadResponse, Position::First, false) => 0x0D,
+            (Kind::ReadResponse, Position::Middle, false) => 0x0E,
+            (Kind::ReadResponse, Position::Last, false) => 0x0F,
+            (Kind::ReadResponse, Position::Only, false) => 0x10,
+            _ => return None,
+        };
+        let base = match transport {
+            Transport::Rc => 0x00,
+            Transport::Uc => 0x20,
+            Transport::Ud => 0x60,
+            Transport::Cnp => return None,
+        };
+        // The table decides what exists (UD has only SEND ONLY, UC no READ responses).
+        Opcode::from_u8(base + op).filter(|o| o.transport() == transport && o.kind() == kind)
     }
 }
 
@@ -504,6 +526,40 @@ mod tests {
             Opcode::for_message(Transport::Uc, Kind::ReadRequest, Position::Only, false),
             None
         );
+        // The computed answer equals a search of the table, for every combination.
+        let kinds = [
+            Kind::Send,
+            Kind::Write,
+            Kind::ReadRequest,
+            Kind::ReadResponse,
+            Kind::Acknowledge,
+        ];
+        for t in [Transport::Rc, Transport::Uc, Transport::Ud, Transport::Cnp] {
+            for k in kinds {
+                for p in [
+                    Position::First,
+                    Position::Middle,
+                    Position::Last,
+                    Position::Only,
+                ] {
+                    for imm in [false, true] {
+                        let searched = Opcode::ALL.iter().copied().find(|op| {
+                            op.transport() == t
+                                && op.kind() == k
+                                && matches!(k, Kind::Send | Kind::Write | Kind::ReadResponse)
+                                && op.position() == Some(p)
+                                && op.has_immediate() == imm
+                                && !op.has_invalidate()
+                        });
+                        assert_eq!(
+                            Opcode::for_message(t, k, p, imm),
+                            searched,
+                            "{t:?} {k:?} {p:?} {imm}"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]
