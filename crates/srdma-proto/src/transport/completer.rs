@@ -197,8 +197,7 @@ impl Qp {
             self.fail_head(WcStatus::BadRespErr);
             return;
         }
-        let sges = w.wr.sges.clone();
-        if let Err(status) = scatter(ctx, self.cfg.pd, sges.as_slice(), offset, pkt.payload) {
+        if let Err(status) = scatter(ctx, self.cfg.pd, w.wr.sges.as_slice(), offset, pkt.payload) {
             self.fail_head(status);
             return;
         }
@@ -243,8 +242,13 @@ impl Qp {
         }
         let orig = pkt.atomic_ack_eth.map_or(0, |a| a.orig);
         // The original value lands in the local buffer in host byte order, as rxe writes it.
-        let sges = w.wr.sges.clone();
-        if let Err(status) = scatter(ctx, self.cfg.pd, sges.as_slice(), 0, &orig.to_ne_bytes()) {
+        if let Err(status) = scatter(
+            ctx,
+            self.cfg.pd,
+            w.wr.sges.as_slice(),
+            0,
+            &orig.to_ne_bytes(),
+        ) {
             self.fail_head(status);
             return;
         }

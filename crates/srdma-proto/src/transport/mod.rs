@@ -668,6 +668,17 @@ impl Qp {
     }
 }
 
+/// Where packet `k` of an `n`-packet message sits.
+fn position(n: u32, k: u32) -> srdma_wire::Position {
+    use srdma_wire::Position;
+    match (n, k) {
+        (1, _) => Position::Only,
+        (_, 0) => Position::First,
+        (n, k) if k + 1 == n => Position::Last,
+        _ => Position::Middle,
+    }
+}
+
 /// A BTH with srdma's fixed fields (default P_Key, no SE/MigReq/ECN, AckReq off): the
 /// template every packet starts from.
 fn bth(opcode: srdma_wire::Opcode, dest_qpn: Qpn, psn: Psn) -> srdma_wire::BthRepr {

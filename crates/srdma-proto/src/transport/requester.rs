@@ -109,12 +109,7 @@ impl Qp {
         }
         let k = wqe.next_pkt;
         let n = wqe.npkts;
-        let position = match (n, k) {
-            (1, _) => Position::Only,
-            (_, 0) => Position::First,
-            (n, k) if k + 1 == n => Position::Last,
-            _ => Position::Middle,
-        };
+        let position = super::position(n, k);
         let end = matches!(position, Position::Last | Position::Only);
         let mut bth = super::bth(Opcode::RcSendOnly, self.attr.dest_qp_num, psn);
         let mut repr;

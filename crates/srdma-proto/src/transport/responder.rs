@@ -7,6 +7,7 @@
 
 use srdma_wire::{
     AethRepr, AtomicAckEthRepr, IpRepr, Kind, NakCode, Opcode, PacketRepr, Position, Psn, Syndrome,
+    Transport,
 };
 
 use super::requester::scatter;
@@ -273,6 +274,7 @@ impl Qp {
             let wqe = self.take_recv(ctx).ok_or(Refuse::Rnr)?;
             self.inbound = Inbound::Send { wqe, placed: 0 };
         }
+        let pd = self.cfg.pd;
         let Inbound::Send { wqe, placed } = &mut self.inbound else {
             return Err(Refuse::Nak(NakCode::InvalidRequest, WcStatus::RemInvReqErr));
         };
@@ -282,18 +284,14 @@ impl Qp {
             // length error (IBA 9.9.3.1.2; the status NICs report).
             return Err(Refuse::Nak(NakCode::InvalidRequest, WcStatus::LocLenErr));
         }
-        let sges = wqe.sges.clone();
         scatter(
             ctx,
-            self.cfg.pd,
-            sges.as_slice(),
+            pd,
+            wqe.sges.as_slice(),
             u64::from(*placed),
             pkt.payload,
         )
         .map_err(|s| Refuse::Nak(NakCode::RemoteOperationalError, s))?;
-        let Inbound::Send { placed, .. } = &mut self.inbound else {
-            unreachable!()
-        };
         *placed += pkt.payload.len() as u32;
         if op.is_end() {
             let Inbound::Send { wqe, placed } = std::mem::replace(&mut self.inbound, Inbound::Idle)
@@ -569,18 +567,10 @@ impl Qp {
                     let k = next.diff(first) as u32;
                     let offset = u64::from(k) * u64::from(pmtu);
                     let plen = u64::from(len).saturating_sub(offset).min(u64::from(pmtu)) as usize;
-                    let position = match (n, k) {
-                        (1, _) => Position::Only,
-                        (_, 0) => Position::First,
-                        (n, k) if k + 1 == n => Position::Last,
-                        _ => Position::Middle,
-                    };
-                    bth.opcode = match position {
-                        Position::Only => Opcode::RcRdmaReadResponseOnly,
-                        Position::First => Opcode::RcRdmaReadResponseFirst,
-                        Position::Middle => Opcode::RcRdmaReadResponseMiddle,
-                        Position::Last => Opcode::RcRdmaReadResponseLast,
-                    };
+                    let position = super::position(n, k);
+                    bth.opcode =
+                        Opcode::for_message(Transport::Rc, Kind::ReadResponse, position, false)
+                            .expect("RC READ responses exist at every position");
                     bth.psn = next;
                     let mut r = PacketRepr::new(bth, &[]);
                     if position != Position::Middle {
