@@ -205,23 +205,6 @@ impl Dest {
     }
 }
 
-/// A random initial PSN (`lrand48() & 0xffffff`), from `/dev/urandom`.
-fn random_psn() -> u32 {
-    let mut b = [0u8; 4];
-    let ok = std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut b))
-        .is_ok();
-    let v = if ok {
-        u32::from_ne_bytes(b)
-    } else {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        t ^ std::process::id().rotate_left(16)
-    };
-    v & 0xff_ffff
-}
-
 /// The source address the kernel would pick to reach `dst` (a UDP `connect`: no packet).
 fn route_source(dst: IpAddr, port: u16) -> std::io::Result<IpAddr> {
     let any: SocketAddr = match dst {
@@ -362,7 +345,7 @@ impl Ctx {
             my: Dest {
                 lid: 0,
                 qpn: 0,
-                psn: random_psn(),
+                psn: srdma::random_psn().value(),
                 gid,
             },
             peer_udp_port: args.peer_udp_port,

@@ -747,21 +747,6 @@ fn setup(stream: TcpStream) -> Result<(Reader, TcpStream), CmError> {
 // ---------------------------------------------------------------------------------------------
 // Helpers.
 
-/// A PSN from /dev/urandom (a clock-derived one if that cannot be read).
-fn random_psn() -> Psn {
-    let mut b = [0u8; 4];
-    let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b));
-    if read.is_err() {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        let x =
-            (t ^ u64::from(std::process::id()).rotate_left(29)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        b = ((x >> 32) as u32).to_ne_bytes();
-    }
-    Psn::new(u32::from_ne_bytes(b))
-}
-
 /// Moves `qp` to ERR: outstanding work completes with `WR_FLUSH_ERR`.
 fn to_error(qp: &Qp) -> Result<(), Error> {
     let attr = QpAttr {
@@ -842,7 +827,7 @@ impl Listener {
                             _ => return Err(CmError::Timeout),
                         },
                     };
-                    sys::poll_readable(&[self.tcp.as_raw_fd()], wait).map_err(CmError::Io)?;
+                    sys::poll_readable([self.tcp.as_raw_fd()], wait).map_err(CmError::Io)?;
                 }
                 Err(e)
                     if matches!(
@@ -1050,7 +1035,7 @@ impl ConnectRequest {
         let mtu = opts.offered_mtu(&dev).min(self.hello.mtu);
         let (responder, initiator) = opts.depths(&dev);
         let initiator = initiator.min(self.hello.responder_resources);
-        let psn = random_psn();
+        let psn = crate::random_psn();
         let remote = self.hello.remote();
         if let Err(e) = qp.connect(&remote, &opts.params(mtu, psn, initiator, responder)) {
             return Err(self.refuse(reason::NO_RESOURCES, e.into()));
@@ -1165,7 +1150,7 @@ pub fn connect(
     let (mut reader, writer) = setup(stream)?;
     let mtu = opts.offered_mtu(device);
     let (responder, initiator) = opts.depths(device);
-    let psn = random_psn();
+    let psn = crate::random_psn();
     let req = Msg::Req(Hello {
         qpn: qp.qpn(),
         psn,
@@ -1559,7 +1544,7 @@ mod tests {
 
     #[test]
     fn random_psns_differ() {
-        let a: Vec<u32> = (0..8).map(|_| random_psn().value()).collect();
+        let a: Vec<u32> = (0..8).map(|_| crate::random_psn().value()).collect();
         assert!(a.iter().any(|&p| p != a[0]), "{a:x?}");
     }
 }

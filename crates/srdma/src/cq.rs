@@ -50,7 +50,7 @@ impl CompChannel {
             if let Some(id) = lock(&self.inner.events).pop_front() {
                 return Ok(Some(id));
             }
-            let ready = sys::poll_readable(&[self.inner.fd.as_raw_fd()], timeout)
+            let ready = sys::poll_readable([self.inner.fd.as_raw_fd()], timeout)
                 .map_err(io_err("waiting on a completion channel"))?;
             sys::drain(&self.inner.fd);
             if !ready[0] {

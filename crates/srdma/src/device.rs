@@ -246,17 +246,6 @@ impl std::fmt::Debug for Device {
     }
 }
 
-fn seed() -> u64 {
-    // Key bytes must not be guessable: seed from the OS.
-    let mut b = [0u8; 8];
-    if let Ok(mut f) = File::open("/dev/urandom") {
-        let _ = std::io::Read::read_exact(&mut f, &mut b);
-    }
-    u64::from_ne_bytes(b)
-        ^ (std::process::id() as u64).rotate_left(32)
-        ^ Instant::now().elapsed().as_nanos() as u64
-}
-
 impl Device {
     /// Opens a device: binds the UDP socket (DF set, zero IPv6 checksums accepted) and starts
     /// the progress thread.
@@ -297,7 +286,7 @@ impl Device {
             None => None,
         };
         let state = State {
-            mrs: MrTable::new(seed()),
+            mrs: MrTable::new(crate::random::random_u64()),
             mem: Store::default(),
             qps: BTreeMap::new(),
             srqs: BTreeMap::new(),
@@ -468,7 +457,7 @@ impl Device {
         Ok(Cq::new(self.next_id(), cqe, channel.cloned()))
     }
 
-    fn next_id(&self) -> u32 {
+    pub(crate) fn next_id(&self) -> u32 {
         let mut st = self.lock();
         st.next_id += 1;
         st.next_id
@@ -744,10 +733,11 @@ impl Shared {
             let _ = w.write_roce(now.as_nanos() as u64 + capture_epoch(), &encap, data);
         }
         // rxe's order: the structure first (length, version, opcode, headers), the ICRC last.
-        if Packet::new_checked(data).is_err() {
+        // One parse serves both: the repr is used only once the ICRC has verified.
+        let Ok(repr) = PacketRepr::parse_bytes(data) else {
             st.counters.rx_malformed += 1;
             return;
-        }
+        };
         // IPv6: every covered field is known. IPv4: the ID is not (a UDP socket cannot see
         // it); one pass solves for it — srdma peers send 0, rxe and NICs others.
         let verified = match encap.ip {
@@ -765,10 +755,6 @@ impl Shared {
             st.counters.rx_bad_icrc += 1;
             return;
         }
-        let Ok(repr) = PacketRepr::parse_bytes(data) else {
-            st.counters.rx_malformed += 1;
-            return;
-        };
         if repr.bth.opcode == srdma_wire::Opcode::Cnp {
             st.counters.rx_cnp += 1;
             return;
@@ -811,9 +797,9 @@ impl Shared {
     }
 
     /// Runs due timers; returns the time until the next one.
-    fn run_timers(&self, st: &mut State) -> Option<Duration> {
+    fn run_timers(&self, st: &mut State, due: &mut Vec<u32>) -> Option<Duration> {
         let now = self.now();
-        let mut due = Vec::new();
+        due.clear();
         let mut next: Option<Duration> = None;
         for (&qpn, slot) in &st.qps {
             if let Some(t) = slot.qp.poll_timeout() {
@@ -824,7 +810,7 @@ impl Shared {
                 }
             }
         }
-        for qpn in due {
+        for &qpn in due.iter() {
             let State {
                 mrs,
                 mem,
@@ -873,10 +859,11 @@ fn progress(shared: &Shared) {
     // Slots large enough for any RoCEv2 packet; a longer datagram is cut and fails to parse.
     let mut rx = sys::Batch::new(RX_BATCH, 9216);
     let mut touched = Vec::new();
+    let mut due = Vec::new();
     let mut timeout = None;
     while !shared.stop.load(Ordering::Acquire) {
         let fds = [shared.socket.as_raw_fd(), shared.wake.as_raw_fd()];
-        if sys::poll_readable(&fds, timeout).is_err() {
+        if sys::poll_readable(fds, timeout).is_err() {
             std::thread::sleep(Duration::from_millis(1));
         }
         sys::drain(&shared.wake);
@@ -897,7 +884,7 @@ fn progress(shared: &Shared) {
                 shared.flush(&mut st, qpn);
             }
             if n < RX_BATCH || budget == 0 || shared.stop.load(Ordering::Acquire) {
-                timeout = shared.run_timers(&mut st);
+                timeout = shared.run_timers(&mut st, &mut due);
                 // Published under the lock: a post that arms an earlier timer after this
                 // sees the value and wakes the thread.
                 let until = timeout.map_or(u64::MAX, |t| (shared.now() + t).as_nanos() as u64);

@@ -51,6 +51,7 @@ mod error;
 pub mod lease;
 mod memory;
 mod qp;
+mod random;
 mod sys;
 pub mod typed;
 
@@ -61,6 +62,7 @@ pub use device::{
 pub use error::{Error, Result};
 pub use lease::{Buf, BufPool, LeasedQp, RawPost};
 pub use qp::{ConnectParams, Qp, QpInit, RemoteQp, Srq, ah};
+pub use random::{random_psn, random_u64};
 pub use srdma_proto::qp::AhAttr;
 pub use srdma_proto::{
     AccessFlags, AttrMask, Counters, DeviceLimits, LKey, Mtu, QpAttr, QpCaps, QpState, QpType,

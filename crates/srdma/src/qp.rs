@@ -211,7 +211,7 @@ impl Pd {
                 "SRQ of {max_wr} WRs x {max_sge} SGEs above the device limits"
             )));
         }
-        let id = dev.alloc_pd().id.0;
+        let id = dev.next_id();
         dev.lock().srqs.insert(id, ProtoSrq::new(max_wr, max_sge));
         Ok(Srq {
             inner: std::sync::Arc::new(SrqInner {

@@ -89,31 +89,30 @@ pub(crate) fn drain(fd: &OwnedFd) -> u64 {
 }
 
 /// Waits until one of `fds` is readable or `timeout` passes. Returns which are readable.
-pub(crate) fn poll_readable(fds: &[RawFd], timeout: Option<Duration>) -> io::Result<Vec<bool>> {
-    let mut p: Vec<libc::pollfd> = fds
-        .iter()
-        .map(|&fd| libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        })
-        .collect();
+/// Fixed-size in and out: the progress thread calls this on every wake.
+pub(crate) fn poll_readable<const N: usize>(
+    fds: [RawFd; N],
+    timeout: Option<Duration>,
+) -> io::Result<[bool; N]> {
+    let mut p = fds.map(|fd| libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    });
     // Round up so a timer is never polled too early.
     let ms = timeout.map_or(-1, |t| {
         t.as_micros().div_ceil(1000).min(i32::MAX as u128) as libc::c_int
     });
-    // SAFETY: `p` is a live array of `p.len()` pollfd structs.
-    let r = unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, ms) };
+    // SAFETY: `p` is a live array of `N` pollfd structs.
+    let r = unsafe { libc::poll(p.as_mut_ptr(), N as libc::nfds_t, ms) };
     if r < 0 {
         let e = io::Error::last_os_error();
         if e.kind() == io::ErrorKind::Interrupted {
-            return Ok(vec![false; fds.len()]);
+            return Ok([false; N]);
         }
         return Err(e);
     }
-    Ok(p.iter()
-        .map(|x| x.revents & (libc::POLLIN | libc::POLLERR | libc::POLLHUP) != 0)
-        .collect())
+    Ok(p.map(|x| x.revents & (libc::POLLIN | libc::POLLERR | libc::POLLHUP) != 0))
 }
 
 fn to_sockaddr(addr: std::net::SocketAddr, out: &mut libc::sockaddr_storage) -> libc::socklen_t {
