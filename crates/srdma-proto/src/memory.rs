@@ -53,25 +53,63 @@ pub enum MemoryError {
 /// Implementations must not panic on any argument, and must return
 /// [`MemoryError::NoRegion`] for a handle whose generation is not the live one.
 pub trait Memory {
+    /// The bytes of region `mr`, or [`MemoryError::NoRegion`] if `mr` is not the live handle.
+    fn bytes(&self, mr: MrHandle) -> Result<&[u8], MemoryError>;
+
+    /// The bytes of region `mr` for writing, or [`MemoryError::NoRegion`].
+    fn bytes_mut(&mut self, mr: MrHandle) -> Result<&mut [u8], MemoryError>;
+
     /// Copies `dst.len()` bytes starting at `offset` of region `mr` into `dst`.
-    fn read(&self, mr: MrHandle, offset: u64, dst: &mut [u8]) -> Result<(), MemoryError>;
+    fn read(&self, mr: MrHandle, offset: u64, dst: &mut [u8]) -> Result<(), MemoryError> {
+        let bytes = self.bytes(mr)?;
+        let range = region_range(offset, dst.len() as u64, bytes.len() as u64)?;
+        dst.copy_from_slice(&bytes[range]);
+        Ok(())
+    }
 
     /// Copies `src` into region `mr` starting at `offset`.
-    fn write(&mut self, mr: MrHandle, offset: u64, src: &[u8]) -> Result<(), MemoryError>;
+    fn write(&mut self, mr: MrHandle, offset: u64, src: &[u8]) -> Result<(), MemoryError> {
+        let bytes = self.bytes_mut(mr)?;
+        let range = region_range(offset, src.len() as u64, bytes.len() as u64)?;
+        bytes[range].copy_from_slice(src);
+        Ok(())
+    }
 
     /// Atomically: if the `u64` at `offset` equals `compare`, replace it with `swap`. Returns
-    /// the original value either way (IBTA CmpSwap).
+    /// the original value either way (IBTA CmpSwap). "Atomically" holds because every access
+    /// to the memory goes through `&mut self`.
     fn compare_swap(
         &mut self,
         mr: MrHandle,
         offset: u64,
         compare: u64,
         swap: u64,
-    ) -> Result<u64, MemoryError>;
+    ) -> Result<u64, MemoryError> {
+        let word = word_mut(self.bytes_mut(mr)?, offset)?;
+        let orig = u64::from_ne_bytes(*word);
+        if orig == compare {
+            *word = swap.to_ne_bytes();
+        }
+        Ok(orig)
+    }
 
     /// Atomically adds `add` (wrapping) to the `u64` at `offset`, returning the original value
     /// (IBTA FetchAdd).
-    fn fetch_add(&mut self, mr: MrHandle, offset: u64, add: u64) -> Result<u64, MemoryError>;
+    fn fetch_add(&mut self, mr: MrHandle, offset: u64, add: u64) -> Result<u64, MemoryError> {
+        let word = word_mut(self.bytes_mut(mr)?, offset)?;
+        let orig = u64::from_ne_bytes(*word);
+        *word = orig.wrapping_add(add).to_ne_bytes();
+        Ok(orig)
+    }
+}
+
+/// The aligned 8-byte word at `offset` of a region.
+fn word_mut(bytes: &mut [u8], offset: u64) -> Result<&mut [u8; 8], MemoryError> {
+    check_atomic_offset(offset)?;
+    let range = region_range(offset, 8, bytes.len() as u64)?;
+    (&mut bytes[range])
+        .try_into()
+        .map_err(|_| MemoryError::Misaligned { offset })
 }
 
 /// Checks that an atomic at `offset` is 8-byte aligned; a helper for [`Memory`] implementors.
@@ -160,7 +198,9 @@ impl VecMemory {
             _ => None,
         }
     }
+}
 
+impl Memory for VecMemory {
     fn bytes(&self, mr: MrHandle) -> Result<&[u8], MemoryError> {
         self.region(mr).ok_or(MemoryError::NoRegion { handle: mr })
     }
@@ -168,58 +208,5 @@ impl VecMemory {
     fn bytes_mut(&mut self, mr: MrHandle) -> Result<&mut [u8], MemoryError> {
         self.region_mut(mr)
             .ok_or(MemoryError::NoRegion { handle: mr })
-    }
-
-    /// The aligned 8-byte word at `offset`, for the atomics.
-    fn word_mut(&mut self, mr: MrHandle, offset: u64) -> Result<&mut [u8], MemoryError> {
-        let bytes = self.bytes_mut(mr)?;
-        check_atomic_offset(offset)?;
-        let range = region_range(offset, 8, bytes.len() as u64)?;
-        Ok(&mut bytes[range])
-    }
-}
-
-/// Reads a native-endian `u64` from exactly eight bytes.
-fn load_ne(word: &[u8]) -> u64 {
-    let mut b = [0u8; 8];
-    b.copy_from_slice(word);
-    u64::from_ne_bytes(b)
-}
-
-impl Memory for VecMemory {
-    fn read(&self, mr: MrHandle, offset: u64, dst: &mut [u8]) -> Result<(), MemoryError> {
-        let bytes = self.bytes(mr)?;
-        let range = region_range(offset, dst.len() as u64, bytes.len() as u64)?;
-        dst.copy_from_slice(&bytes[range]);
-        Ok(())
-    }
-
-    fn write(&mut self, mr: MrHandle, offset: u64, src: &[u8]) -> Result<(), MemoryError> {
-        let bytes = self.bytes_mut(mr)?;
-        let range = region_range(offset, src.len() as u64, bytes.len() as u64)?;
-        bytes[range].copy_from_slice(src);
-        Ok(())
-    }
-
-    fn compare_swap(
-        &mut self,
-        mr: MrHandle,
-        offset: u64,
-        compare: u64,
-        swap: u64,
-    ) -> Result<u64, MemoryError> {
-        let word = self.word_mut(mr, offset)?;
-        let orig = load_ne(word);
-        if orig == compare {
-            word.copy_from_slice(&swap.to_ne_bytes());
-        }
-        Ok(orig)
-    }
-
-    fn fetch_add(&mut self, mr: MrHandle, offset: u64, add: u64) -> Result<u64, MemoryError> {
-        let word = self.word_mut(mr, offset)?;
-        let orig = load_ne(word);
-        word.copy_from_slice(&orig.wrapping_add(add).to_ne_bytes());
-        Ok(orig)
     }
 }

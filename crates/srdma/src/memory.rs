@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use srdma_proto::memory::{MemoryError, region_range};
+use srdma_proto::memory::MemoryError;
 use srdma_proto::{Memory, MrHandle};
 
 /// Page size for MR alignment.
@@ -107,62 +107,20 @@ impl Store {
             _ => Err(MemoryError::NoRegion { handle: h }),
         }
     }
-
-    fn word(&mut self, h: MrHandle, offset: u64) -> Result<&mut [u8], MemoryError> {
-        srdma_proto::memory::check_atomic_offset(offset)
-            .map_err(|_| MemoryError::Misaligned { offset })?;
-        let r = self.get(h)?;
-        let range = region_range(offset, 8, r.len() as u64)?;
-        // SAFETY: `&mut self` on the store means the device lock is held (the store lives in
-        // the locked state) and no other slice of this region is live.
-        Ok(unsafe { &mut r.bytes_mut()[range] })
-    }
 }
 
 impl Memory for Store {
-    fn read(&self, mr: MrHandle, offset: u64, dst: &mut [u8]) -> Result<(), MemoryError> {
+    fn bytes(&self, mr: MrHandle) -> Result<&[u8], MemoryError> {
         let r = self.get(mr)?;
-        let range = region_range(offset, dst.len() as u64, r.len() as u64)?;
-        // SAFETY: the store is only reachable through the locked device state, so no writer
-        // is active; `dst` is a separate buffer.
-        dst.copy_from_slice(unsafe { &r.bytes()[range] });
-        Ok(())
+        // SAFETY: the store is only reachable through the locked device state, and the
+        // returned borrow of `&self` ends before the lock is released, so no writer is active.
+        Ok(unsafe { r.bytes() })
     }
 
-    fn write(&mut self, mr: MrHandle, offset: u64, src: &[u8]) -> Result<(), MemoryError> {
+    fn bytes_mut(&mut self, mr: MrHandle) -> Result<&mut [u8], MemoryError> {
         let r = self.get(mr)?;
-        let range = region_range(offset, src.len() as u64, r.len() as u64)?;
-        // SAFETY: `&mut self` means the device lock is held; no other slice is live; `src` is
-        // a packet buffer, never this region.
-        unsafe { r.bytes_mut()[range].copy_from_slice(src) };
-        Ok(())
-    }
-
-    fn compare_swap(
-        &mut self,
-        mr: MrHandle,
-        offset: u64,
-        compare: u64,
-        swap: u64,
-    ) -> Result<u64, MemoryError> {
-        let w = self.word(mr, offset)?;
-        let orig = u64::from_ne_bytes(
-            w.try_into()
-                .map_err(|_| MemoryError::Misaligned { offset })?,
-        );
-        if orig == compare {
-            w.copy_from_slice(&swap.to_ne_bytes());
-        }
-        Ok(orig)
-    }
-
-    fn fetch_add(&mut self, mr: MrHandle, offset: u64, add: u64) -> Result<u64, MemoryError> {
-        let w = self.word(mr, offset)?;
-        let orig = u64::from_ne_bytes(
-            w.try_into()
-                .map_err(|_| MemoryError::Misaligned { offset })?,
-        );
-        w.copy_from_slice(&orig.wrapping_add(add).to_ne_bytes());
-        Ok(orig)
+        // SAFETY: `&mut self` means the device lock is held and no other slice of the store's
+        // regions is live for as long as this borrow lasts.
+        Ok(unsafe { r.bytes_mut() })
     }
 }
