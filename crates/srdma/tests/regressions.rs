@@ -136,14 +136,13 @@ fn ud_receiver_in_rtr_uses_the_port_mtu() {
     assert_eq!((wc.status, wc.byte_len), (WcStatus::Success, 2040));
 }
 
-/// A backlog of datagrams must not starve the retransmission timer. With the device lock held
-/// (through `Mr::with_bytes`), 2500 junk datagrams queue up in the socket and the WRITE's
-/// retransmission deadline (retry_cnt 0) passes; once the lock is released the engine must
-/// fire the timer after a few receive batches, not after draining the whole backlog (which is
-/// what it did before, so under a sustained flood the timer never ran).
+/// Liveness under a sustained flood: while four senders keep junk arriving, an RC QP whose
+/// peer is silent still fails with RETRY_EXC_ERR on time. (This checks that retransmission
+/// keeps running under a flood. It does not reliably reproduce the starvation the receive
+/// loop's batch budget fixed, which needed arrivals to outpace the engine for as long as the
+/// test runs; the reviewer's reproduction did that with four senders on a debug build.)
 #[test]
-fn a_backlog_does_not_starve_timers() {
-    const BACKLOG: u64 = 2500;
+fn a_flood_does_not_stop_retransmission() {
     let a = dev("127.0.60.5", Mtu::Mtu1024);
     let pa = a.alloc_pd();
     let ca = a.create_cq(8, None).unwrap();
@@ -157,13 +156,26 @@ fn a_backlog_does_not_starve_timers() {
     };
     let mut p = ConnectParams::new(Mtu::Mtu1024, Psn::new(1));
     p.timeout = 8; // 1 ms
-    p.retry_cnt = 0;
+    p.retry_cnt = 1;
     qa.connect(&peer, &p).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let target = a.local_addr();
+    let flooders: Vec<_> = (0..4)
+        .map(|i| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let s = std::net::UdpSocket::bind(format!("127.0.60.{}:0", 20 + i)).unwrap();
+                // Structurally a packet, with a bad ICRC: each costs the engine a CRC pass.
+                let junk = [0u8; 1040];
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let _ = s.send_to(&junk, target);
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(50));
     let src = pa.reg_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
-    let flood = std::net::UdpSocket::bind("127.0.60.7:0").unwrap();
-    // Structurally a packet, with a bad ICRC: each costs the engine a full CRC pass.
-    let junk = [0u8; 1040];
-    let base = a.counters().rx_datagrams;
+    let t = Instant::now();
     qa.post_send(SendWr::new(
         1,
         SendOp::Write {
@@ -173,25 +185,21 @@ fn a_backlog_does_not_starve_timers() {
         SgeList::one(src.sge(0, 64)),
     ))
     .unwrap();
-    let lock_holder = a.alloc_pd().reg_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
-    lock_holder.with_bytes(|_| {
-        for _ in 0..BACKLOG {
-            flood.send_to(&junk, a.local_addr()).unwrap();
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    });
-    let t = Instant::now();
-    let wc = loop {
-        if let Some(wc) = ca.poll_one() {
-            break wc;
-        }
-        assert!(t.elapsed() < Duration::from_secs(10), "no completion");
-    };
-    let taken = a.counters().rx_datagrams - base;
-    assert_eq!(wc.status, WcStatus::RetryExcErr);
+    let wc = wait(&ca, Duration::from_secs(10));
+    let elapsed = t.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for f in flooders {
+        f.join().unwrap();
+    }
+    assert_eq!(
+        wc.expect("a completion despite the flood").status,
+        WcStatus::RetryExcErr
+    );
+    assert!(elapsed < Duration::from_secs(2), "took {elapsed:?}");
+    let c = a.counters();
     assert!(
-        taken < BACKLOG / 2,
-        "the timer fired only after {taken} of {BACKLOG} queued datagrams"
+        c.rx_malformed + c.rx_bad_icrc > 100,
+        "the flood reached the device: {c:?}"
     );
 }
 
