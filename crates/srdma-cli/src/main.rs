@@ -2,7 +2,11 @@
 
 mod decode;
 mod demo;
+mod devinfo;
+mod perf;
 mod pingpong;
+mod relay;
+mod rping;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -51,6 +55,14 @@ enum Command {
     /// Without SERVERNAME, waits for a client. Exits 1 when the peer cannot be reached or a
     /// completion fails.
     Pingpong(pingpong::Args),
+    /// List devices and ports with their attributes, GIDs and statistics, as ibv_devinfo.
+    Devinfo(devinfo::Args),
+    /// Bandwidth and latency tests as perftest's ib_*_bw / ib_*_lat.
+    Perf(perf::Args),
+    /// Ping a peer through srdma's connection manager, as rdma-core's rping.
+    Rping(rping::Args),
+    /// srdma-relay: distribute data through chains and trees of hosts.
+    Relay(relay::Args),
 }
 
 fn run(cli: Cli) -> anyhow::Result<bool> {
@@ -102,6 +114,10 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
         }
         Command::Demo { verbose, no_live } => demo::run(verbose, !no_live, &mut out),
         Command::Pingpong(args) => pingpong::run(&args, &mut out),
+        Command::Devinfo(args) => devinfo::run(&args, &mut out),
+        Command::Perf(args) => perf::run(&args, &mut out),
+        Command::Rping(args) => rping::run(&args, &mut out),
+        Command::Relay(args) => relay::run(&args, &mut out),
     }
 }
 
