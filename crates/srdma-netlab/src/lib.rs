@@ -1,0 +1,222 @@
+//! Throw-away networks of Linux network namespaces for tests and benchmarks that need
+//! several "hosts".
+//!
+//! [`Lab::star`] builds `n` host namespaces, each with one veth interface `eth0` addressed
+//! `10.<net>.0.<i+1>/24`, joined by a bridge in a separate "wire" namespace. Nothing is
+//! created in the caller's namespace and only addresses inside the namespaces are used, so
+//! a test never sends traffic anywhere else. Dropping the [`Lab`] deletes every namespace
+//! (which removes the interfaces with them).
+//!
+//! Needs root and `ip` (iproute2). [`skip_reason`] says why a test cannot run here
+//! (`SRDMA_SKIP_NETNS=1` skips on purpose).
+
+use std::net::Ipv4Addr;
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// An error building or changing a lab network: the command that failed and its output.
+#[derive(Debug)]
+pub struct Error(pub String);
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// Why namespaced tests cannot run on this machine, or None when they can.
+pub fn skip_reason() -> Option<String> {
+    if std::env::var_os("SRDMA_SKIP_NETNS").is_some_and(|v| v == "1") {
+        return Some("SRDMA_SKIP_NETNS=1".into());
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc_geteuid() } != 0 {
+        return Some("not root (network namespaces need CAP_NET_ADMIN)".into());
+    }
+    if Command::new("ip").arg("-V").output().is_err() {
+        return Some("`ip` (iproute2) not installed".into());
+    }
+    None
+}
+
+unsafe extern "C" {
+    #[link_name = "geteuid"]
+    fn libc_geteuid() -> u32;
+}
+
+/// Runs `ip ARGS...`, returning its stdout or an error naming the command and its stderr.
+pub fn ip(args: &[&str]) -> Result<String, Error> {
+    run("ip", args)
+}
+
+/// Runs `prog ARGS...` to completion; an error names the command and its stderr.
+pub fn run(prog: &str, args: &[&str]) -> Result<String, Error> {
+    let out = Command::new(prog)
+        .args(args)
+        .output()
+        .map_err(|e| Error(format!("{prog} {}: {e}", args.join(" "))))?;
+    if !out.status.success() {
+        return Err(Error(format!(
+            "{prog} {}: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim(),
+            String::from_utf8_lossy(&out.stdout).trim()
+        )));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// One host of a lab: a namespace with `eth0` at `addr`.
+#[derive(Debug, Clone)]
+pub struct Host {
+    /// Namespace name.
+    pub ns: String,
+    /// Address of its `eth0`.
+    pub addr: Ipv4Addr,
+}
+
+impl Host {
+    /// A command that runs `program` inside this host's namespace.
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.ns]).arg(program);
+        c
+    }
+
+    /// Runs `prog ARGS...` inside the namespace to completion.
+    pub fn run(&self, prog: &str, args: &[&str]) -> Result<String, Error> {
+        let mut all = vec!["netns", "exec", &self.ns, prog];
+        all.extend_from_slice(args);
+        ip(&all)
+    }
+}
+
+/// A set of namespaces joined by a bridge; deleted on drop.
+#[derive(Debug)]
+pub struct Lab {
+    /// The hosts, in creation order.
+    pub hosts: Vec<Host>,
+    /// The namespace holding the bridge and the hosts' peer ends (`p0`, `p1`, ...).
+    pub wire: String,
+    namespaces: Vec<String>,
+}
+
+static LABS: AtomicU32 = AtomicU32::new(0);
+
+impl Lab {
+    /// `n` hosts (`tag`-named namespaces) on one bridged segment `10.<net>.0.0/24`, every
+    /// link at `mtu`. `net` picks the subnet (any value; namespaces isolate it).
+    pub fn star(tag: &str, n: usize, net: u8, mtu: u32) -> Result<Lab, Error> {
+        let seq = LABS.fetch_add(1, Ordering::Relaxed);
+        let prefix = format!("snl{}-{seq}-{tag}", std::process::id());
+        let wire = format!("{prefix}-w");
+        let mut lab = Lab {
+            hosts: Vec::new(),
+            wire: wire.clone(),
+            namespaces: Vec::new(),
+        };
+        lab.add_ns(&wire)?;
+        let mtu_s = mtu.to_string();
+        lab.in_wire(&["link", "add", "br0", "type", "bridge"])?;
+        lab.in_wire(&["link", "set", "br0", "mtu", &mtu_s, "up"])?;
+        for i in 0..n {
+            let ns = format!("{prefix}-{i}");
+            lab.add_ns(&ns)?;
+            let peer = format!("p{i}");
+            ip(&[
+                "-n", &ns, "link", "add", "eth0", "mtu", &mtu_s, "type", "veth", "peer", "name",
+                &peer, "mtu", &mtu_s, "netns", &wire,
+            ])?;
+            let addr = Ipv4Addr::new(10, net, 0, i as u8 + 1);
+            ip(&[
+                "-n",
+                &ns,
+                "addr",
+                "add",
+                &format!("{addr}/24"),
+                "dev",
+                "eth0",
+            ])?;
+            ip(&["-n", &ns, "link", "set", "eth0", "up"])?;
+            ip(&["-n", &ns, "link", "set", "lo", "up"])?;
+            lab.in_wire(&["link", "set", &peer, "master", "br0", "up"])?;
+            lab.hosts.push(Host { ns, addr });
+        }
+        Ok(lab)
+    }
+
+    fn add_ns(&mut self, ns: &str) -> Result<(), Error> {
+        ip(&["netns", "add", ns])?;
+        self.namespaces.push(ns.to_string());
+        Ok(())
+    }
+
+    fn in_wire(&self, args: &[&str]) -> Result<String, Error> {
+        let mut all = vec!["-n", &self.wire];
+        all.extend_from_slice(args);
+        ip(&all)
+    }
+
+    /// Limits what host `i` sends to `rate` (a tc rate such as `200mbit`) with a token
+    /// bucket filter on its `eth0`.
+    pub fn rate_limit(&self, i: usize, rate: &str) -> Result<(), Error> {
+        let h = &self.hosts[i];
+        run(
+            "tc",
+            &[
+                "-n", &h.ns, "qdisc", "replace", "dev", "eth0", "root", "tbf", "rate", rate,
+                "burst", "256kb", "latency", "100ms",
+            ],
+        )
+        .map(|_| ())
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        for ns in self.namespaces.iter().rev() {
+            let _ = ip(&["netns", "del", ns]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_hosts_reach_each_other_and_vanish_on_drop() {
+        if let Some(why) = skip_reason() {
+            eprintln!("skipped: {why}");
+            return;
+        }
+        let lab = Lab::star("t", 2, 250, 1500).unwrap();
+        // A UDP datagram from host 0 reaches a listener on host 1.
+        let b = lab.hosts[1].addr;
+        let listen = format!(
+            "import socket;s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM);\
+             s.bind(('{b}',9));s.settimeout(5);print(s.recv(64).decode())"
+        );
+        let rx = lab.hosts[1]
+            .command("python3")
+            .args(["-c", &listen])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let send = format!(
+            "import socket,time;s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n\
+             for _ in range(50): s.sendto(b'hi',('{b}',9)); time.sleep(0.05)"
+        );
+        let _ = lab.hosts[0].run("python3", &["-c", &send]);
+        let out = rx.wait_with_output().unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "hi");
+        let names: Vec<String> = lab.hosts.iter().map(|h| h.ns.clone()).collect();
+        drop(lab);
+        let list = ip(&["netns", "list"]).unwrap();
+        for n in names {
+            assert!(!list.contains(&n), "{n} left behind");
+        }
+    }
+}
