@@ -174,6 +174,53 @@ impl Lab {
     }
 }
 
+impl Lab {
+    /// Drops `percent`% of the UDP datagrams host `i` receives, at random, with an nftables
+    /// rule in its namespace (`numgen random`). This kernel has no `sch_netem`; the rule is the
+    /// loss half of `tc netem loss` and needs the `nft` tool (Debian package nftables).
+    pub fn drop_random(&self, i: usize, percent: u32) -> Result<(), Error> {
+        let ns = &self.hosts[i].ns;
+        let nft = |args: &[&str]| {
+            let mut all = vec!["netns", "exec", ns, "nft"];
+            all.extend_from_slice(args);
+            ip(&all)
+        };
+        let _ = nft(&["delete", "table", "inet", "netlab"]);
+        if percent == 0 {
+            return Ok(());
+        }
+        nft(&["add", "table", "inet", "netlab"])?;
+        nft(&[
+            "add",
+            "chain",
+            "inet",
+            "netlab",
+            "in",
+            "{ type filter hook input priority 0; }",
+        ])?;
+        let p = percent.to_string();
+        let mut rule = vec![
+            "add", "rule", "inet", "netlab", "in", "meta", "l4proto", "udp",
+        ];
+        if percent < 100 {
+            rule.extend_from_slice(&["numgen", "random", "mod", "100", "<", &p]);
+        }
+        rule.extend_from_slice(&["counter", "drop"]);
+        nft(&rule).map(|_| ())
+    }
+
+    /// Datagrams dropped so far by [`Lab::drop_random`] on host `i`.
+    pub fn dropped(&self, i: usize) -> Result<u64, Error> {
+        let out = self.hosts[i].run("nft", &["list", "table", "inet", "netlab"])?;
+        Ok(out
+            .split_whitespace()
+            .skip_while(|w| *w != "packets")
+            .nth(1)
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0))
+    }
+}
+
 impl Drop for Lab {
     fn drop(&mut self) {
         for ns in self.namespaces.iter().rev() {
@@ -212,6 +259,11 @@ mod tests {
         let _ = lab.hosts[0].run("python3", &["-c", &send]);
         let out = rx.wait_with_output().unwrap();
         assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "hi");
+        if Command::new("nft").arg("--version").output().is_ok() {
+            lab.drop_random(1, 100).unwrap();
+            let _ = lab.hosts[0].run("python3", &["-c", &send]);
+            assert_eq!(lab.dropped(1).unwrap(), 50);
+        }
         let names: Vec<String> = lab.hosts.iter().map(|h| h.ns.clone()).collect();
         drop(lab);
         let list = ip(&["netns", "list"]).unwrap();
