@@ -1,0 +1,1 @@
+//! (digest: being written)
