@@ -178,6 +178,23 @@ pub struct DeviceCounters {
     pub tx_errors: u64,
 }
 
+impl DeviceCounters {
+    /// Every counter with its name, in declaration order (for devinfo and stats files).
+    pub fn entries(&self) -> [(&'static str, u64); 9] {
+        [
+            ("rx_datagrams", self.rx_datagrams),
+            ("rx_malformed", self.rx_malformed),
+            ("rx_bad_icrc", self.rx_bad_icrc),
+            ("rx_icrc_ident_solved", self.rx_icrc_ident_solved),
+            ("rx_unknown_qp", self.rx_unknown_qp),
+            ("rx_bad_source", self.rx_bad_source),
+            ("rx_cnp", self.rx_cnp),
+            ("tx_datagrams", self.tx_datagrams),
+            ("tx_errors", self.tx_errors),
+        ]
+    }
+}
+
 pub(crate) struct QpSlot {
     pub(crate) qp: ProtoQp,
     pub(crate) send_cq: Cq,

@@ -52,6 +52,7 @@ pub mod lease;
 mod memory;
 mod qp;
 mod random;
+pub mod stats;
 mod sys;
 pub mod typed;
 
