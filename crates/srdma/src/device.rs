@@ -212,6 +212,7 @@ pub(crate) struct State {
     pub(crate) counters: DeviceCounters,
     capture: Option<pcap::Writer<BufWriter<File>>>,
     tx: sys::Batch,
+    stats: Option<crate::stats::Publisher>,
 }
 
 pub(crate) struct Shared {
@@ -313,6 +314,7 @@ impl Device {
             counters: DeviceCounters::default(),
             capture,
             tx: sys::Batch::new(TX_BATCH, MAX_PACKET_LEN),
+            stats: crate::stats::Publisher::new(&cfg.name, local),
         };
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
@@ -860,6 +862,21 @@ fn capture_epoch() -> u64 {
     })
 }
 
+/// Refreshes the device's published statistics (at most once a second).
+fn publish_stats(st: &mut State) {
+    if st.stats.is_none() {
+        return;
+    }
+    let mut qp = srdma_proto::Counters::default();
+    for s in st.qps.values() {
+        qp += *s.qp.counters();
+    }
+    let dev = st.counters;
+    if let Some(p) = st.stats.as_mut() {
+        p.maybe_write(&dev, &qp, Instant::now());
+    }
+}
+
 pub(crate) fn deliver_completions(slot: &mut QpSlot) {
     while let Some((side, wc)) = slot.qp.poll_completion() {
         let solicited = wc.solicited;
@@ -909,6 +926,7 @@ fn progress(shared: &Shared) {
                 if let Some(w) = st.capture.as_mut() {
                     let _ = w.flush();
                 }
+                publish_stats(&mut st);
                 break;
             }
         }
