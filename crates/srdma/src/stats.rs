@@ -1,29 +1,144 @@
-//! Live statistics of running devices (being written): every open device publishes its
-//! counters to a file that `srdma devinfo --stats` reads, as rxe exposes hw counters in sysfs.
+//! Live statistics of running devices: every open device publishes its counters to a small
+//! text file that `srdma devinfo --stats` reads, as rxe exposes its hw counters in sysfs
+//! (`rdma statistic show`).
+//!
+//! # Where
+//!
+//! `$SRDMA_RUN_DIR` if set; otherwise `/run/srdma` if it can be created and written, else
+//! `$TMPDIR/srdma-<uid>` (`/tmp/srdma-<uid>` without `$TMPDIR`). Readers look in
+//! `$SRDMA_RUN_DIR` alone when it is set, else in both of the others, so a user sees the
+//! devices of root's processes as well as their own.
+//!
+//! # File format (version 1)
+//!
+//! One file per open device, named `<pid>-<n>.stats` (`n` counts the process's devices), UTF-8
+//! lines of `key value`:
+//!
+//! ```text
+//! srdma-stats 1
+//! pid 4242
+//! start 81234567
+//! name srdma_lo
+//! local 127.0.0.1:4791
+//! counter rx_datagrams 17
+//! counter tx_datagrams 17
+//! ...
+//! ```
+//!
+//! `start` is the process's start time (field 22 of `/proc/<pid>/stat`, absent where `/proc`
+//! cannot be read), so a file is not mistaken for a live device once its pid is reused. The
+//! device counters come first, then the sum of the QP transport counters, each in the order
+//! of its `entries()`. Files are written to a temporary name and renamed, so a reader never
+//! sees half a file. The device writes at open, then from its progress thread at most once a
+//! second, and removes the file when it closes; files of processes that died without closing
+//! are removed by the next reader.
 
+use std::fmt::Write as _;
 use std::net::SocketAddr;
-use std::time::Instant;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use crate::device::DeviceCounters;
 
+/// The first line of every statistics file.
+const MAGIC: &str = "srdma-stats 1";
+/// File name suffix of statistics files.
+const SUFFIX: &str = ".stats";
+/// Least time between two writes of one device's file.
+const MIN_INTERVAL: Duration = Duration::from_secs(1);
+/// The system-wide directory.
+const SYSTEM_DIR: &str = "/run/srdma";
+
+/// Devices this process has published, for unique file names.
+static SEQ: AtomicU64 = AtomicU64::new(0);
+
 /// Publishes one device's counters while it is open; removes its file when dropped.
 #[derive(Debug)]
-pub(crate) struct Publisher {}
+pub(crate) struct Publisher {
+    path: PathBuf,
+    tmp: PathBuf,
+    header: String,
+    last: Option<Instant>,
+}
 
 impl Publisher {
     /// Starts publishing for the device `name` bound to `local` (None when the statistics
     /// directory cannot be used; the device works without it).
-    pub(crate) fn new(_name: &str, _local: SocketAddr) -> Option<Publisher> {
-        None
+    pub(crate) fn new(name: &str, local: SocketAddr) -> Option<Publisher> {
+        Publisher::new_in(&write_dir()?, name, local)
     }
 
-    /// Rewrites the file if the last write is older than a second.
+    /// [`Publisher::new`] in `dir`, which must exist. Writes the file at once, with zero
+    /// counters, so an idle device is listed too.
+    fn new_in(dir: &Path, name: &str, local: SocketAddr) -> Option<Publisher> {
+        let pid = std::process::id();
+        let n = SEQ.fetch_add(1, Ordering::Relaxed);
+        let mut header = format!("{MAGIC}\npid {pid}\n");
+        if let Some(start) = start_time(pid) {
+            let _ = writeln!(header, "start {start}");
+        }
+        // One line per field: no control characters in the name.
+        let name: String = name
+            .chars()
+            .map(|c| if c.is_control() { '?' } else { c })
+            .collect();
+        let _ = writeln!(header, "name {name}\nlocal {local}");
+        let mut p = Publisher {
+            path: dir.join(format!("{pid}-{n}{SUFFIX}")),
+            tmp: dir.join(format!(".{pid}-{n}.tmp")),
+            header,
+            last: None,
+        };
+        p.write(
+            &DeviceCounters::default(),
+            &srdma_proto::Counters::default(),
+        )
+        .then_some(p)
+    }
+
+    /// Rewrites the file if the last write is older than a second (the first call always
+    /// writes).
     pub(crate) fn maybe_write(
         &mut self,
-        _dev: &DeviceCounters,
-        _qp: &srdma_proto::Counters,
-        _now: Instant,
+        dev: &DeviceCounters,
+        qp: &srdma_proto::Counters,
+        now: Instant,
     ) {
+        if self
+            .last
+            .is_some_and(|t| now.saturating_duration_since(t) < MIN_INTERVAL)
+        {
+            return;
+        }
+        // A failed write is retried at the next wake-up: the device does not depend on it.
+        if self.write(dev, qp) {
+            self.last = Some(now);
+        }
+    }
+
+    /// Writes the file atomically (temporary file, then rename). False on any I/O error.
+    fn write(&mut self, dev: &DeviceCounters, qp: &srdma_proto::Counters) -> bool {
+        let mut text = self.header.clone();
+        for (k, v) in dev.entries().into_iter().chain(qp.entries()) {
+            let _ = writeln!(text, "counter {k} {v}");
+        }
+        if std::fs::write(&self.tmp, text).is_err() {
+            let _ = std::fs::remove_file(&self.tmp);
+            return false;
+        }
+        if std::fs::rename(&self.tmp, &self.path).is_err() {
+            let _ = std::fs::remove_file(&self.tmp);
+            return false;
+        }
+        true
+    }
+}
+
+impl Drop for Publisher {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+        let _ = std::fs::remove_file(&self.tmp);
     }
 }
 
@@ -41,6 +156,368 @@ pub struct LiveDevice {
 }
 
 /// Every device open on this host (by a live process), from the statistics directory.
+/// Ordered by pid, then by the order the process opened them.
 pub fn live_devices() -> Vec<LiveDevice> {
-    Vec::new()
+    live_devices_in(&read_dirs())
+}
+
+/// [`live_devices`] over the given directories (a missing one holds nothing).
+fn live_devices_in(dirs: &[PathBuf]) -> Vec<LiveDevice> {
+    let mut found: Vec<((u32, u64), LiveDevice)> = Vec::new();
+    for dir in dirs {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let file_name = entry.file_name();
+            let Some(stem) = file_name
+                .to_str()
+                .and_then(|n| n.strip_suffix(SUFFIX))
+                .filter(|n| !n.starts_with('.'))
+            else {
+                continue;
+            };
+            let order = stem
+                .split_once('-')
+                .and_then(|(p, n)| Some((p.parse().ok()?, n.parse().ok()?)))
+                .unwrap_or((u32::MAX, u64::MAX));
+            let path = entry.path();
+            let Ok(text) = std::fs::read_to_string(&path) else {
+                continue;
+            };
+            let Some(parsed) = parse(&text) else {
+                continue;
+            };
+            if !alive(parsed.dev.pid, parsed.start) {
+                let _ = std::fs::remove_file(&path);
+                continue;
+            }
+            found.push((order, parsed.dev));
+        }
+    }
+    found.sort_by_key(|(order, _)| *order);
+    found.into_iter().map(|(_, d)| d).collect()
+}
+
+/// A parsed statistics file.
+struct Parsed {
+    dev: LiveDevice,
+    start: Option<u64>,
+}
+
+/// Reads a statistics file; None if it is not one (wrong magic, a field missing or bad).
+fn parse(text: &str) -> Option<Parsed> {
+    let mut lines = text.lines();
+    if lines.next()? != MAGIC {
+        return None;
+    }
+    let (mut pid, mut start, mut name, mut local) = (None, None, None, None);
+    let mut counters = Vec::new();
+    for line in lines {
+        let (key, rest) = line.split_once(' ')?;
+        match key {
+            "pid" => pid = Some(rest.parse().ok()?),
+            "start" => start = Some(rest.parse().ok()?),
+            "name" => name = Some(rest.to_owned()),
+            "local" => local = Some(rest.parse().ok()?),
+            "counter" => {
+                let (k, v) = rest.split_once(' ')?;
+                counters.push((k.to_owned(), v.parse().ok()?));
+            }
+            // Fields of later versions.
+            _ => {}
+        }
+    }
+    Some(Parsed {
+        dev: LiveDevice {
+            name: name?,
+            local: local?,
+            pid: pid?,
+            counters,
+        },
+        start,
+    })
+}
+
+/// True if process `pid` exists and, when the file recorded it, started at `start`.
+fn alive(pid: u32, start: Option<u64>) -> bool {
+    let Ok(p) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    if p <= 0 {
+        // 0 and negative pids name process groups to kill(2).
+        return false;
+    }
+    // SAFETY: signal 0 only checks that the process exists and may be signalled; nothing
+    // is delivered.
+    let r = unsafe { libc::kill(p, 0) };
+    if r != 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EPERM) {
+        return false;
+    }
+    match (start, start_time(pid)) {
+        (Some(recorded), Some(now)) => recorded == now,
+        // No /proc here, or an older file: the pid check is all there is.
+        _ => true,
+    }
+}
+
+/// Start time of process `pid` in clock ticks since boot (`/proc/<pid>/stat` field 22).
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // "pid (comm) state ppid ...": comm may hold spaces and parentheses; the last ')' ends it.
+    let after = &stat[stat.rfind(')')? + 1..];
+    // Field 3 (state) is the first after the comm, so field 22 is the 20th.
+    after.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// The directory this process publishes to, created if needed.
+fn write_dir() -> Option<PathBuf> {
+    if let Some(d) = env_dir() {
+        return std::fs::create_dir_all(&d).is_ok().then_some(d);
+    }
+    let sys = PathBuf::from(SYSTEM_DIR);
+    if std::fs::create_dir_all(&sys).is_ok() && writable(&sys) {
+        return Some(sys);
+    }
+    let user = user_dir();
+    std::fs::create_dir_all(&user).is_ok().then_some(user)
+}
+
+/// The directories readers look in.
+fn read_dirs() -> Vec<PathBuf> {
+    match env_dir() {
+        Some(d) => vec![d],
+        None => vec![PathBuf::from(SYSTEM_DIR), user_dir()],
+    }
+}
+
+/// `$SRDMA_RUN_DIR`, if set and not empty.
+fn env_dir() -> Option<PathBuf> {
+    std::env::var_os("SRDMA_RUN_DIR")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+}
+
+/// `$TMPDIR/srdma-<uid>`.
+fn user_dir() -> PathBuf {
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    std::env::temp_dir().join(format!("srdma-{uid}"))
+}
+
+/// True if this process may create files in `dir`.
+fn writable(dir: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: `c` is a valid NUL-terminated path that outlives the call.
+    unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) == 0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fresh, empty directory for one test, removed when dropped.
+    struct Scratch(PathBuf);
+
+    impl std::ops::Deref for Scratch {
+        type Target = PathBuf;
+        fn deref(&self) -> &PathBuf {
+            &self.0
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn scratch(tag: &str) -> Scratch {
+        let d = std::env::temp_dir().join(format!(
+            "srdma-stats-test-{}-{tag}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        Scratch(d)
+    }
+
+    fn local() -> SocketAddr {
+        "127.0.0.9:4791".parse().unwrap()
+    }
+
+    fn counter(d: &LiveDevice, name: &str) -> u64 {
+        d.counters
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| *v)
+            .unwrap_or_else(|| panic!("no counter {name} in {d:?}"))
+    }
+
+    fn files(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn published_at_open_with_zero_counters_and_removed_on_drop() {
+        let dir = scratch("open");
+        let p = Publisher::new_in(&dir, "srdma_lo", local()).unwrap();
+        let live = live_devices_in(std::slice::from_ref(&*dir));
+        assert_eq!(live.len(), 1);
+        let d = &live[0];
+        assert_eq!(
+            (d.name.as_str(), d.local, d.pid),
+            ("srdma_lo", local(), std::process::id())
+        );
+        let names: Vec<&str> = d.counters.iter().map(|(k, _)| k.as_str()).collect();
+        let expected: Vec<&str> = DeviceCounters::default()
+            .entries()
+            .iter()
+            .chain(srdma_proto::Counters::default().entries().iter())
+            .map(|(k, _)| *k)
+            .collect();
+        assert_eq!(names, expected);
+        assert!(d.counters.iter().all(|(_, v)| *v == 0));
+        drop(p);
+        assert!(live_devices_in(std::slice::from_ref(&*dir)).is_empty());
+        assert!(files(&dir).is_empty(), "left behind: {:?}", files(&dir));
+    }
+
+    #[test]
+    fn writes_at_most_once_a_second_but_the_first_call_at_once() {
+        let dir = scratch("rate");
+        let mut p = Publisher::new_in(&dir, "d", local()).unwrap();
+        let read = || {
+            counter(
+                &live_devices_in(std::slice::from_ref(&*dir))[0],
+                "rx_datagrams",
+            )
+        };
+        let t0 = Instant::now();
+        let mut dev = DeviceCounters {
+            rx_datagrams: 5,
+            ..DeviceCounters::default()
+        };
+        let mut qp = srdma_proto::Counters {
+            rdma_sends: 3,
+            ..srdma_proto::Counters::default()
+        };
+        p.maybe_write(&dev, &qp, t0);
+        assert_eq!(read(), 5, "the first call writes at once");
+        let live = live_devices_in(std::slice::from_ref(&*dir));
+        assert_eq!(counter(&live[0], "rdma_sends"), 3);
+        dev.rx_datagrams = 6;
+        p.maybe_write(&dev, &qp, t0 + Duration::from_millis(999));
+        assert_eq!(read(), 5, "rate-limited");
+        qp.rdma_sends = 4;
+        p.maybe_write(&dev, &qp, t0 + Duration::from_secs(1));
+        assert_eq!(read(), 6);
+        let live = live_devices_in(std::slice::from_ref(&*dir));
+        assert_eq!(counter(&live[0], "rdma_sends"), 4);
+        // No temporary file stays behind.
+        assert_eq!(files(&dir).len(), 1, "{:?}", files(&dir));
+    }
+
+    #[test]
+    fn files_of_dead_processes_are_skipped_and_removed() {
+        let dir = scratch("dead");
+        let keep = Publisher::new_in(&dir, "alive", local()).unwrap();
+        // No Linux pid reaches 2^30 (pid_max is at most 2^22).
+        let dead = dir.join("1073741000-0.stats");
+        std::fs::write(
+            &dead,
+            format!("{MAGIC}\npid 1073741000\nname gone\nlocal 127.0.0.1:1\n"),
+        )
+        .unwrap();
+        // This process's pid with another start time: a reused pid.
+        let reused = dir.join("1-0.stats");
+        std::fs::write(
+            &reused,
+            format!(
+                "{MAGIC}\npid {}\nstart 1\nname reused\nlocal 127.0.0.1:2\n",
+                std::process::id()
+            ),
+        )
+        .unwrap();
+        let live = live_devices_in(std::slice::from_ref(&*dir));
+        let names: Vec<&str> = live.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(names, ["alive"]);
+        assert!(!dead.exists() && !reused.exists());
+        drop(keep);
+    }
+
+    #[test]
+    fn unreadable_and_foreign_files_are_skipped() {
+        let dir = scratch("junk");
+        let _p = Publisher::new_in(&dir, "ok", local()).unwrap();
+        let bad = [
+            ("garbage.stats", "not a stats file\n".to_string()),
+            ("2-0.stats", format!("{MAGIC}\npid 2\nname x\n")), // no address
+            (
+                "3-0.stats",
+                format!("{MAGIC}\npid x\nname x\nlocal 1.2.3.4:5\n"),
+            ),
+            (
+                "4-0.stats",
+                format!("{MAGIC}\npid 1\nname x\nlocal 1.2.3.4:5\ncounter a b\n"),
+            ),
+            ("notes.txt", "ignored\n".to_string()),
+            (".5-0.stats", "a temporary file\n".to_string()),
+        ];
+        for (n, t) in &bad {
+            std::fs::write(dir.join(n), t).unwrap();
+        }
+        // A directory with the suffix cannot be read as a file.
+        std::fs::create_dir(dir.join("6-0.stats")).unwrap();
+        let live = live_devices_in(&[dir.to_path_buf(), dir.join("missing")]);
+        let names: Vec<&str> = live.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(names, ["ok"]);
+        // Not ours to judge: they stay.
+        assert!(dir.join("garbage.stats").exists() && dir.join("notes.txt").exists());
+    }
+
+    #[test]
+    fn names_stay_on_one_line_and_several_devices_are_ordered() {
+        let dir = scratch("names");
+        let a = Publisher::new_in(&dir, "first\nsecond", local()).unwrap();
+        let b = Publisher::new_in(&dir, "with space", "[::1]:7".parse().unwrap()).unwrap();
+        let live = live_devices_in(std::slice::from_ref(&*dir));
+        let got: Vec<(&str, SocketAddr)> =
+            live.iter().map(|d| (d.name.as_str(), d.local)).collect();
+        assert_eq!(
+            got,
+            [
+                ("first?second", local()),
+                ("with space", "[::1]:7".parse().unwrap())
+            ]
+        );
+        drop((a, b));
+    }
+
+    #[test]
+    fn a_publisher_in_a_missing_directory_is_none() {
+        let dir = scratch("missing").join("not-there");
+        assert!(Publisher::new_in(&dir, "d", local()).is_none());
+    }
+
+    #[test]
+    fn start_time_of_this_process_is_readable_and_stable() {
+        let a = start_time(std::process::id());
+        if std::path::Path::new("/proc/self/stat").exists() {
+            assert!(a.is_some());
+        }
+        assert_eq!(a, start_time(std::process::id()));
+        assert!(alive(std::process::id(), a));
+        assert!(!alive(0, None));
+        assert!(!alive(u32::MAX, None));
+    }
 }
