@@ -9,6 +9,18 @@
 //!
 //! Needs root and `ip` (iproute2). [`skip_reason`] says why a test cannot run here
 //! (`SRDMA_SKIP_NETNS=1` skips on purpose).
+//!
+//! Links are shaped per host: [`Lab::rate_limit`] puts a token bucket (`tbf`) on a host's
+//! `eth0` (what it sends), [`Lab::rate_limit_all`] on every host, [`Lab::drop_random`] drops
+//! a share of the datagrams a host receives (this kernel has no `sch_netem`). In a star every
+//! host reaches every other through its own `eth0`, so a chain or tree of processes laid
+//! over the hosts gets one shaped link per hop as long as each host sends to one peer.
+//!
+//! [`process::Proc`] runs a program in a host (through [`Host::command`]) and collects its
+//! output lines ([`json::Value`] for JSON ones), memory and exit accounting.
+
+pub mod json;
+pub mod process;
 
 use std::net::Ipv4Addr;
 use std::process::Command;
@@ -160,7 +172,7 @@ impl Lab {
     }
 
     /// Limits what host `i` sends to `rate` (a tc rate such as `200mbit`) with a token
-    /// bucket filter on its `eth0`.
+    /// bucket filter on its `eth0` (256 kB burst, 100 ms of queue).
     pub fn rate_limit(&self, i: usize, rate: &str) -> Result<(), Error> {
         let h = &self.hosts[i];
         run(
@@ -171,6 +183,28 @@ impl Lab {
             ],
         )
         .map(|_| ())
+    }
+
+    /// [`Lab::rate_limit`] on every host: every link of the star sends at most `rate`.
+    pub fn rate_limit_all(&self, rate: &str) -> Result<(), Error> {
+        (0..self.hosts.len()).try_for_each(|i| self.rate_limit(i, rate))
+    }
+
+    /// Removes host `i`'s rate limit (its `eth0` goes back to the default queue).
+    pub fn clear_rate_limit(&self, i: usize) -> Result<(), Error> {
+        let h = &self.hosts[i];
+        match run("tc", &["-n", &h.ns, "qdisc", "del", "dev", "eth0", "root"]) {
+            Ok(_) => Ok(()),
+            // Nothing to delete: already unlimited.
+            Err(e) if e.0.contains("No such file") || e.0.contains("Cannot find") => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The `tc -s qdisc` statistics of host `i`'s `eth0` (sent bytes, drops, overlimits).
+    pub fn qdisc_stats(&self, i: usize) -> Result<String, Error> {
+        let h = &self.hosts[i];
+        run("tc", &["-n", &h.ns, "-s", "qdisc", "show", "dev", "eth0"])
     }
 }
 
