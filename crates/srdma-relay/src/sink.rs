@@ -1,1 +1,487 @@
-//! (sink: being written)
+//! Sinks: where a transfer's objects end up.
+//!
+//! The node calls [`Sink::begin`] at an object's `OBJECT_START`, [`Sink::write`] for each data
+//! chunk (at the chunk's offset), then [`Sink::commit`] when every byte arrived and the
+//! whole-object digest matched, or [`Sink::abort`] on failure.
+//!
+//! Specs ([`open`]):
+//! - `file:PATH`: one object, stored at PATH.
+//! - `dir:PATH`: every object stored at PATH/NAME (NAME is the object's relative name;
+//!   names with `..`, `.`, empty components, absolute paths or NULs are rejected, and so is
+//!   any existing symbolic link on the way, so nothing is written outside PATH).
+//! - `stdout`: objects written to standard output one after another, in offset order.
+//! - `discard`: bytes counted and dropped.
+//!
+//! File and directory sinks are atomic: an object is written to `<final>.srdma-part-<pid>`
+//! and renamed to its final name on commit (after fsync); abort (or dropping the sink with an
+//! object in progress) removes the partial file. A full disk surfaces as an `io::Error` whose
+//! kind is [`std::io::ErrorKind::StorageFull`], with the path in the message.
+
+use crate::source::ObjectInfo;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Component, Path, PathBuf};
+
+/// A destination for objects.
+pub trait Sink: Send {
+    /// Starts an object (the previous one must have been committed or aborted).
+    fn begin(&mut self, obj: &ObjectInfo) -> std::io::Result<()>;
+    /// Stores `data` at `offset` of the current object.
+    fn write(&mut self, offset: u64, data: &[u8]) -> std::io::Result<()>;
+    /// Every byte arrived and the digest matched: make the object visible under its final name (atomic rename).
+    fn commit(&mut self) -> std::io::Result<()>;
+    /// Failure or digest mismatch: remove every trace of the partial object.
+    fn abort(&mut self);
+    /// Object bytes written to this sink so far (all objects).
+    fn bytes_written(&self) -> u64 {
+        0
+    }
+}
+
+/// Opens a sink from its spec (see the module documentation).
+pub fn open(spec: &str) -> std::io::Result<Box<dyn Sink>> {
+    if let Some(p) = spec.strip_prefix("file:") {
+        return Ok(Box::new(FileSink::new(PathBuf::from(p))?));
+    }
+    if let Some(p) = spec.strip_prefix("dir:") {
+        return Ok(Box::new(DirSink::new(PathBuf::from(p))?));
+    }
+    match spec {
+        "stdout" | "-" => Ok(Box::new(WriterSink::new(io::stdout()))),
+        "discard" | "null" => Ok(Box::new(DiscardSink::default())),
+        _ => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("bad sink spec {spec:?} (file:PATH, dir:PATH, stdout or discard)"),
+        )),
+    }
+}
+
+fn with_path(e: io::Error, p: &Path) -> io::Error {
+    io::Error::new(e.kind(), format!("{}: {e}", p.display()))
+}
+
+/// True when `e` means the file system is full (ENOSPC or EDQUOT).
+pub fn is_storage_full(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::StorageFull
+        || e.kind() == io::ErrorKind::QuotaExceeded
+        || matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+}
+
+/// The part-file name for `final_path`: `<final>.srdma-part-<pid>`.
+pub fn part_path(final_path: &Path) -> PathBuf {
+    let mut s = final_path.as_os_str().to_owned();
+    s.push(format!(".srdma-part-{}", std::process::id()));
+    PathBuf::from(s)
+}
+
+/// One object being written to a part file.
+#[derive(Debug)]
+struct PartFile {
+    file: File,
+    part: PathBuf,
+    dest: PathBuf,
+    len: Option<u64>,
+    done: bool,
+}
+
+impl PartFile {
+    fn create(dest: PathBuf, len: Option<u64>) -> io::Result<PartFile> {
+        let part = part_path(&dest);
+        let file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&part)
+            .map_err(|e| with_path(e, &part))?;
+        let pf = PartFile {
+            file,
+            part,
+            dest,
+            len,
+            done: false,
+        };
+        if let Some(len) = len.filter(|&l| l > 0) {
+            // Reserve the space now so a full disk shows at begin, not half-way through.
+            pf.reserve(len)?; // on error `pf` drops and removes the part file
+        }
+        Ok(pf)
+    }
+
+    fn reserve(&self, len: u64) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        let Ok(len) = libc::off_t::try_from(len) else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "object too large",
+            ));
+        };
+        // SAFETY: the fd is an open file owned by `self.file` for the duration of the call.
+        let rc = unsafe { libc::posix_fallocate(self.file.as_raw_fd(), 0, len) };
+        match rc {
+            0 => Ok(()),
+            // File systems without fallocate: fall back to plain writes.
+            libc::EOPNOTSUPP | libc::EINVAL | libc::ENOSYS => Ok(()),
+            e => Err(with_path(io::Error::from_raw_os_error(e), &self.part)),
+        }
+    }
+
+    fn write(&mut self, offset: u64, data: &[u8]) -> io::Result<()> {
+        if let Some(len) = self.len {
+            let end = offset.checked_add(data.len() as u64);
+            if end.is_none_or(|e| e > len) {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "{}: write of {} bytes at {offset} beyond the object's {len} bytes",
+                        self.dest.display(),
+                        data.len()
+                    ),
+                ));
+            }
+        }
+        self.file
+            .write_all_at(data, offset)
+            .map_err(|e| with_path(e, &self.part))
+    }
+
+    /// fsync, then rename to the final name. On success the part file is gone (renamed);
+    /// on failure it is left for `Drop` to remove.
+    fn commit(&mut self) -> io::Result<()> {
+        self.file
+            .sync_data()
+            .map_err(|e| with_path(e, &self.part))?;
+        std::fs::rename(&self.part, &self.dest).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "rename {} -> {}: {e}",
+                    self.part.display(),
+                    self.dest.display()
+                ),
+            )
+        })?;
+        self.done = true;
+        Ok(())
+    }
+}
+
+impl Drop for PartFile {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = std::fs::remove_file(&self.part);
+        }
+    }
+}
+
+/// `file:PATH`: a single object stored at PATH.
+#[derive(Debug)]
+pub struct FileSink {
+    path: PathBuf,
+    current: Option<PartFile>,
+    committed: bool,
+    bytes: u64,
+}
+
+impl FileSink {
+    /// A sink storing one object at `path` (its directory must exist).
+    pub fn new(path: PathBuf) -> io::Result<FileSink> {
+        if path.as_os_str().is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "empty sink path",
+            ));
+        }
+        if path.is_dir() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{}: is a directory (use dir:PATH)", path.display()),
+            ));
+        }
+        Ok(FileSink {
+            path,
+            current: None,
+            committed: false,
+            bytes: 0,
+        })
+    }
+}
+
+fn no_object() -> io::Error {
+    io::Error::other("sink: write/commit without an object begun")
+}
+
+impl Sink for FileSink {
+    /// Starts the object; an object still in progress is aborted first.
+    fn begin(&mut self, obj: &ObjectInfo) -> io::Result<()> {
+        self.current = None;
+        if self.committed {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{}: a file sink stores one object; {:?} is a second one (use dir:PATH)",
+                    self.path.display(),
+                    obj.name
+                ),
+            ));
+        }
+        self.current = Some(PartFile::create(self.path.clone(), obj.len)?);
+        Ok(())
+    }
+
+    fn write(&mut self, offset: u64, data: &[u8]) -> io::Result<()> {
+        let cur = self.current.as_mut().ok_or_else(no_object)?;
+        cur.write(offset, data)?;
+        self.bytes += data.len() as u64;
+        Ok(())
+    }
+
+    fn commit(&mut self) -> io::Result<()> {
+        let mut cur = self.current.take().ok_or_else(no_object)?;
+        cur.commit()?;
+        self.committed = true;
+        Ok(())
+    }
+
+    fn abort(&mut self) {
+        self.current = None;
+    }
+
+    fn bytes_written(&self) -> u64 {
+        self.bytes
+    }
+}
+
+/// Checks an object name for a directory sink: relative, `/`-separated normal components only
+/// (no `..`, `.`, empty components, leading `/` or NUL).
+pub fn check_name(name: &str) -> io::Result<Vec<&str>> {
+    let bad = |why: &str| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("object name {name:?} rejected: {why}"),
+        )
+    };
+    if name.is_empty() {
+        return Err(bad("empty"));
+    }
+    if name.contains('\0') {
+        return Err(bad("contains NUL"));
+    }
+    if name.starts_with('/') {
+        return Err(bad("absolute path"));
+    }
+    let parts: Vec<&str> = name.split('/').collect();
+    for p in &parts {
+        match *p {
+            "" => return Err(bad("empty path component")),
+            "." | ".." => return Err(bad("`.` or `..` component")),
+            _ => {}
+        }
+        // Belt and braces: the component must be a plain file name to the OS too.
+        let mut c = Path::new(p).components();
+        if !matches!((c.next(), c.next()), (Some(Component::Normal(_)), None)) {
+            return Err(bad("not a plain path component"));
+        }
+    }
+    Ok(parts)
+}
+
+/// `dir:PATH`: objects stored under a directory by their relative names.
+#[derive(Debug)]
+pub struct DirSink {
+    root: PathBuf,
+    current: Option<PartFile>,
+    bytes: u64,
+}
+
+impl DirSink {
+    /// A sink storing objects below `root` (created if missing).
+    pub fn new(root: PathBuf) -> io::Result<DirSink> {
+        if root.as_os_str().is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "empty sink path",
+            ));
+        }
+        std::fs::create_dir_all(&root).map_err(|e| with_path(e, &root))?;
+        Ok(DirSink {
+            root,
+            current: None,
+            bytes: 0,
+        })
+    }
+
+    /// Creates the directories leading to `parts`' last component, refusing symbolic links
+    /// and non-directories on the way; returns the final path.
+    fn prepare(&self, parts: &[&str]) -> io::Result<PathBuf> {
+        let mut p = self.root.clone();
+        let (last, dirs) = parts
+            .split_last()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "empty object name"))?;
+        for d in dirs {
+            p.push(d);
+            match std::fs::symlink_metadata(&p) {
+                Ok(md) if md.file_type().is_dir() => {}
+                Ok(_) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!("{}: exists and is not a directory", p.display()),
+                    ));
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => match std::fs::create_dir(&p) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                        let md = std::fs::symlink_metadata(&p).map_err(|e| with_path(e, &p))?;
+                        if !md.file_type().is_dir() {
+                            return Err(io::Error::new(
+                                io::ErrorKind::InvalidInput,
+                                format!("{}: exists and is not a directory", p.display()),
+                            ));
+                        }
+                    }
+                    Err(e) => return Err(with_path(e, &p)),
+                },
+                Err(e) => return Err(with_path(e, &p)),
+            }
+        }
+        p.push(last);
+        Ok(p)
+    }
+}
+
+impl Sink for DirSink {
+    /// Starts the object; an object still in progress is aborted first.
+    fn begin(&mut self, obj: &ObjectInfo) -> io::Result<()> {
+        self.current = None;
+        let parts = check_name(&obj.name)?;
+        let dest = self.prepare(&parts)?;
+        if std::fs::symlink_metadata(&dest).is_ok_and(|m| m.is_dir()) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{}: exists and is a directory", dest.display()),
+            ));
+        }
+        self.current = Some(PartFile::create(dest, obj.len)?);
+        Ok(())
+    }
+
+    fn write(&mut self, offset: u64, data: &[u8]) -> io::Result<()> {
+        let cur = self.current.as_mut().ok_or_else(no_object)?;
+        cur.write(offset, data)?;
+        self.bytes += data.len() as u64;
+        Ok(())
+    }
+
+    fn commit(&mut self) -> io::Result<()> {
+        let mut cur = self.current.take().ok_or_else(no_object)?;
+        cur.commit()
+    }
+
+    fn abort(&mut self) {
+        self.current = None;
+    }
+
+    fn bytes_written(&self) -> u64 {
+        self.bytes
+    }
+}
+
+/// `stdout` (or any writer): objects written one after another, strictly in offset order.
+#[derive(Debug)]
+pub struct WriterSink<W: Write + Send> {
+    w: W,
+    next: Option<u64>,
+    bytes: u64,
+}
+
+impl<W: Write + Send> WriterSink<W> {
+    /// A sink writing to `w`.
+    pub fn new(w: W) -> Self {
+        WriterSink {
+            w,
+            next: None,
+            bytes: 0,
+        }
+    }
+
+    /// The writer.
+    pub fn get_ref(&self) -> &W {
+        &self.w
+    }
+
+    /// Gives the writer back.
+    pub fn into_inner(self) -> W {
+        self.w
+    }
+}
+
+impl<W: Write + Send> Sink for WriterSink<W> {
+    fn begin(&mut self, _obj: &ObjectInfo) -> io::Result<()> {
+        self.next = Some(0);
+        Ok(())
+    }
+
+    /// Errors (`InvalidData`) unless `offset` is exactly where the previous write ended.
+    fn write(&mut self, offset: u64, data: &[u8]) -> io::Result<()> {
+        let next = self.next.ok_or_else(no_object)?;
+        if offset != next {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "stream sink: chunk at offset {offset} arrived out of order (expected {next})"
+                ),
+            ));
+        }
+        self.w.write_all(data)?;
+        self.next = Some(next + data.len() as u64);
+        self.bytes += data.len() as u64;
+        Ok(())
+    }
+
+    fn commit(&mut self) -> io::Result<()> {
+        self.next.take().ok_or_else(no_object)?;
+        self.w.flush()
+    }
+
+    /// A stream cannot take bytes back: flushes and stops accepting writes for this object.
+    fn abort(&mut self) {
+        self.next = None;
+        let _ = self.w.flush();
+    }
+
+    fn bytes_written(&self) -> u64 {
+        self.bytes
+    }
+}
+
+/// `discard`: counts bytes and objects, keeps nothing.
+#[derive(Debug, Default)]
+pub struct DiscardSink {
+    /// Object bytes received.
+    pub bytes: u64,
+    /// Objects committed.
+    pub objects: u64,
+}
+
+impl Sink for DiscardSink {
+    fn begin(&mut self, _obj: &ObjectInfo) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn write(&mut self, _offset: u64, data: &[u8]) -> io::Result<()> {
+        self.bytes += data.len() as u64;
+        Ok(())
+    }
+
+    fn commit(&mut self) -> io::Result<()> {
+        self.objects += 1;
+        Ok(())
+    }
+
+    fn abort(&mut self) {}
+
+    fn bytes_written(&self) -> u64 {
+        self.bytes
+    }
+}
