@@ -3,7 +3,7 @@
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use srdma_proto::Wc;
@@ -86,10 +86,17 @@ pub(crate) struct CqInner {
     armed: Mutex<Option<bool>>,
     overflowed: AtomicBool,
     channel: Option<CompChannel>,
+    /// The device whose QPs complete here: a poll that finds too little drives it.
+    dev: Weak<crate::device::Shared>,
 }
 
 impl Cq {
-    pub(crate) fn new(id: u32, cap: usize, channel: Option<CompChannel>) -> Cq {
+    pub(crate) fn new(
+        id: u32,
+        cap: usize,
+        channel: Option<CompChannel>,
+        dev: Weak<crate::device::Shared>,
+    ) -> Cq {
         Cq {
             inner: Arc::new(CqInner {
                 id,
@@ -98,6 +105,7 @@ impl Cq {
                 armed: Mutex::new(None),
                 overflowed: AtomicBool::new(false),
                 channel,
+                dev,
             }),
         }
     }
@@ -113,11 +121,30 @@ impl Cq {
     }
 
     /// `ibv_poll_cq`: moves up to `max` completions into `out`, returns how many.
+    ///
+    /// A poll that finds fewer than `max` also drives the device from the calling thread
+    /// (receives, acknowledges, retransmits): an application that polls gets its completions
+    /// without waiting for the progress thread, which stays idle meanwhile.
     pub fn poll_into(&self, out: &mut Vec<Wc>, max: usize) -> usize {
+        let mut n = self.take(out, max);
+        if n < max {
+            self.drive();
+            n += self.take(out, max - n);
+        }
+        n
+    }
+
+    fn take(&self, out: &mut Vec<Wc>, max: usize) -> usize {
         let mut q = lock(&self.inner.queue);
         let n = max.min(q.len());
         out.extend(q.drain(..n));
         n
+    }
+
+    fn drive(&self) {
+        if let Some(dev) = self.inner.dev.upgrade() {
+            dev.drive_from_app();
+        }
     }
 
     /// Up to `max` completions.
@@ -129,6 +156,10 @@ impl Cq {
 
     /// The next completion, if any.
     pub fn poll_one(&self) -> Option<Wc> {
+        if let Some(wc) = lock(&self.inner.queue).pop_front() {
+            return Some(wc);
+        }
+        self.drive();
         lock(&self.inner.queue).pop_front()
     }
 

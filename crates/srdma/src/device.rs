@@ -23,10 +23,17 @@ use crate::error::{Error, Result, io_err};
 use crate::memory::{Region, Store};
 use crate::sys;
 
-/// Datagrams per `sendmmsg`.
-const TX_BATCH: usize = 32;
-/// Datagrams per `recvmmsg`.
+/// Datagrams queued per `sendmmsg` (runs of them to one peer go out as one UDP GSO message).
+const TX_BATCH: usize = 128;
+/// Buffers per `recvmmsg` (each may hold a GRO-coalesced run of datagrams).
 const RX_BATCH: usize = 32;
+/// Receive batches handled before timers and the stop flag are looked at again: a flood of
+/// datagrams must not starve retransmissions or block the device's drop.
+const RX_BUDGET: usize = 8;
+/// How long after an application's last poll the progress thread keeps out of the way:
+/// while an application polls, its polls drive the device (no thread hand-off on the hot
+/// path); when it stops, the thread takes over within this time.
+const APP_GRACE: Duration = Duration::from_millis(1);
 
 /// The RoCEv2 UDP port.
 pub const ROCEV2_PORT: u16 = srdma_wire::ROCEV2_PORT;
@@ -46,21 +53,58 @@ pub struct DeviceConfig {
     pub limits: DeviceLimits,
     /// Write every packet sent and received to this pcap (default: `$SRDMA_PCAP`).
     pub pcap: Option<PathBuf>,
+    /// When runs of packets to one peer go out as one UDP GSO message (default: `$SRDMA_GSO`,
+    /// else [`Gso::Auto`]).
+    pub gso: Gso,
+}
+
+/// Use of UDP generic segmentation offload (`UDP_SEGMENT`) for runs of same-sized packets.
+///
+/// One GSO message crosses the stack as one buffer and is cut into datagrams where the path
+/// needs it. IPv6 has no ID field, so the ICRC of every datagram is the same wherever it is
+/// cut. An IPv4 datagram's ICRC covers the IP ID: the socket's DF setting makes it 0, which
+/// stays true when the receiving host cuts the buffer (loopback, veth), but a sending host that
+/// cuts it in software numbers the datagrams 0, 1, 2, ... — which an srdma receiver verifies
+/// (it solves for the ID) and kernel rxe or a NIC would reject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Gso {
+    /// IPv6 peers, and IPv4 peers on this host (loopback or a local address).
+    #[default]
+    Auto,
+    /// Every peer (for srdma-only networks, e.g. namespaces over veth).
+    Always,
+    /// Never: one datagram per send.
+    Never,
+}
+
+impl Gso {
+    fn from_env() -> Gso {
+        match std::env::var("SRDMA_GSO").as_deref() {
+            Ok("always" | "1" | "on") => Gso::Always,
+            Ok("never" | "0" | "off") => Gso::Never,
+            _ => Gso::Auto,
+        }
+    }
 }
 
 impl DeviceConfig {
-    /// A device on `addr`, port 4791, active MTU 1024 (rxe's on 1500-byte Ethernet), rxe's
-    /// limits, capture to `$SRDMA_PCAP` if set.
+    /// A device on `addr`, port 4791, the active MTU rxe would give the interface holding
+    /// `addr` (1024 on 1500-byte Ethernet, 4096 on loopback or 9000-byte links), rxe's limits,
+    /// capture to `$SRDMA_PCAP` if set.
     pub fn new(addr: IpAddr) -> DeviceConfig {
         DeviceConfig {
             name: "srdma0".into(),
             addr,
             port: ROCEV2_PORT,
-            mtu: Mtu::Mtu1024,
+            // rxe's active MTU for the interface; a 1500-byte Ethernet when it is unknown.
+            mtu: sys::interface_mtu(addr)
+                .and_then(Mtu::for_netdev_mtu)
+                .unwrap_or(Mtu::Mtu1024),
             limits: DeviceLimits::default(),
             pcap: std::env::var_os("SRDMA_PCAP")
                 .filter(|v| !v.is_empty())
                 .map(PathBuf::from),
+            gso: Gso::from_env(),
         }
     }
 }
@@ -176,11 +220,15 @@ pub struct DeviceCounters {
     pub tx_datagrams: u64,
     /// Datagrams the socket refused (the transport retransmits).
     pub tx_errors: u64,
+    /// Sends that carried a run of datagrams as one UDP GSO message.
+    pub tx_gso_messages: u64,
+    /// Receive buffers that held a GRO-coalesced run of datagrams.
+    pub rx_gro_buffers: u64,
 }
 
 impl DeviceCounters {
     /// Every counter with its name, in declaration order (for devinfo and stats files).
-    pub fn entries(&self) -> [(&'static str, u64); 9] {
+    pub fn entries(&self) -> [(&'static str, u64); 11] {
         [
             ("rx_datagrams", self.rx_datagrams),
             ("rx_malformed", self.rx_malformed),
@@ -191,6 +239,8 @@ impl DeviceCounters {
             ("rx_cnp", self.rx_cnp),
             ("tx_datagrams", self.tx_datagrams),
             ("tx_errors", self.tx_errors),
+            ("tx_gso_messages", self.tx_gso_messages),
+            ("rx_gro_buffers", self.rx_gro_buffers),
         ]
     }
 }
@@ -211,7 +261,13 @@ pub(crate) struct State {
     next_id: u32,
     pub(crate) counters: DeviceCounters,
     capture: Option<pcap::Writer<BufWriter<File>>>,
-    tx: sys::Batch,
+    tx: sys::TxBatch,
+    /// The receive batch; `None` only while a receive pass has it out.
+    rx: Option<sys::RxBatch>,
+    touched: Vec<u32>,
+    due: Vec<u32>,
+    /// Earliest QP timer, in ns since the epoch (u64::MAX: none).
+    next_timer: u64,
     stats: Option<crate::stats::Publisher>,
 }
 
@@ -223,6 +279,8 @@ pub(crate) struct Shared {
     /// The timer the progress thread sleeps towards, in ns since `epoch` (u64::MAX: none).
     /// A post from an application thread that arms an earlier timer wakes it.
     sleep_until: AtomicU64,
+    /// Until when (ns since `epoch`) an application's polls drive the device.
+    app_active_until: AtomicU64,
     stop: AtomicBool,
     epoch: Instant,
     pub(crate) cfg: DeviceConfig,
@@ -288,6 +346,8 @@ impl Device {
             sys::set_no_check6_rx(fd).map_err(io_err("setting UDP_NO_CHECK6_RX"))?;
         }
         sys::set_buffers(fd, 8 << 20);
+        // Best effort: without GRO every datagram is its own buffer, as before.
+        sys::set_gro(fd);
         socket
             .set_nonblocking(true)
             .map_err(io_err("making the socket non-blocking"))?;
@@ -313,7 +373,12 @@ impl Device {
             next_id: 1,
             counters: DeviceCounters::default(),
             capture,
-            tx: sys::Batch::new(TX_BATCH, MAX_PACKET_LEN),
+            tx: sys::TxBatch::new(TX_BATCH, MAX_PACKET_LEN),
+            // Slots large enough for a GRO run; a longer datagram is cut and fails to parse.
+            rx: Some(sys::RxBatch::new(RX_BATCH, sys::RX_BUF)),
+            touched: Vec::with_capacity(64),
+            due: Vec::with_capacity(64),
+            next_timer: u64::MAX,
             stats: crate::stats::Publisher::new(&cfg.name, local),
         };
         let shared = Arc::new(Shared {
@@ -322,6 +387,7 @@ impl Device {
             local,
             wake: sys::eventfd().map_err(io_err("eventfd"))?,
             sleep_until: AtomicU64::new(u64::MAX),
+            app_active_until: AtomicU64::new(0),
             stop: AtomicBool::new(false),
             epoch: Instant::now(),
             cfg,
@@ -473,7 +539,12 @@ impl Device {
                 self.h.shared.cfg.limits.max_cqe
             )));
         }
-        Ok(Cq::new(self.next_id(), cqe, channel.cloned()))
+        Ok(Cq::new(
+            self.next_id(),
+            cqe,
+            channel.cloned(),
+            Arc::downgrade(&self.h.shared),
+        ))
     }
 
     pub(crate) fn next_id(&self) -> u32 {
@@ -726,22 +797,83 @@ impl Shared {
             if let Some(w) = capture.as_mut() {
                 let _ = w.write_roce(now.as_nanos() as u64 + capture_epoch(), &encap, pkt);
             }
-            tx.commit(t.len, dst);
+            tx.commit(t.len, dst, self.gso_for(dst));
             counters.tx_datagrams += 1;
         }
         if tx.len() > 0 {
             counters.tx_errors += tx.send(fd) as u64;
         }
+        counters.tx_gso_messages = tx.gso_messages;
         deliver_completions(slot);
     }
 
-    fn handle_datagram(
-        &self,
-        st: &mut State,
-        from: SocketAddr,
-        data: &[u8],
-        touched: &mut Vec<u32>,
-    ) {
+    fn gso_for(&self, dst: SocketAddr) -> bool {
+        match self.cfg.gso {
+            Gso::Never => false,
+            Gso::Always => true,
+            Gso::Auto => dst.is_ipv6() || dst.ip().is_loopback() || dst.ip() == self.local.ip(),
+        }
+    }
+
+    /// Called from an application's CQ poll: drives the device from the caller's thread if no
+    /// one else is (the progress thread keeps out while polls keep coming).
+    pub(crate) fn drive_from_app(&self) {
+        let now = self.now().as_nanos() as u64;
+        let until = now + APP_GRACE.as_nanos() as u64;
+        if self.app_active_until.load(Ordering::Relaxed) < until {
+            self.app_active_until.store(until, Ordering::Relaxed);
+        }
+        let Ok(mut st) = self.state.try_lock() else {
+            return;
+        };
+        self.receive(&mut st, RX_BUDGET);
+        if now >= st.next_timer {
+            self.run_timers(&mut st);
+        }
+    }
+
+    /// Receives and handles up to `budget` batches of datagrams, flushing every QP they
+    /// touched; returns true when the budget ran out with more waiting.
+    fn receive(&self, st: &mut State, budget: usize) -> bool {
+        let Some(mut rx) = st.rx.take() else {
+            return false;
+        };
+        let fd = self.socket.as_raw_fd();
+        let mut more = false;
+        for _ in 0..budget {
+            let n = rx.recv(fd).unwrap_or(0);
+            for i in 0..n {
+                match rx.get(i) {
+                    // An empty datagram is one (malformed) packet too.
+                    Some((data, from, _)) if data.is_empty() => {
+                        self.handle_datagram(st, from, data);
+                    }
+                    Some((data, from, seg)) => {
+                        if seg < data.len() {
+                            st.counters.rx_gro_buffers += 1;
+                        }
+                        for pkt in data.chunks(seg.max(1)) {
+                            self.handle_datagram(st, from, pkt);
+                        }
+                    }
+                    None => st.counters.rx_malformed += 1,
+                }
+            }
+            let mut touched = std::mem::take(&mut st.touched);
+            for qpn in touched.drain(..) {
+                self.flush(st, qpn);
+            }
+            st.touched = touched;
+            more = n == RX_BATCH;
+            if !more {
+                break;
+            }
+        }
+        st.rx = Some(rx);
+        more
+    }
+
+    fn handle_datagram(&self, st: &mut State, from: SocketAddr, data: &[u8]) {
         let now = self.now();
         st.counters.rx_datagrams += 1;
         let Some(encap) = self.encap_from(from) else {
@@ -785,6 +917,7 @@ impl Shared {
             qps,
             srqs,
             counters,
+            touched,
             ..
         } = st;
         let Some(slot) = qps.get_mut(&qpn) else {
@@ -815,9 +948,10 @@ impl Shared {
         })
     }
 
-    /// Runs due timers; returns the time until the next one.
-    fn run_timers(&self, st: &mut State, due: &mut Vec<u32>) -> Option<Duration> {
+    /// Runs due timers; returns the time until the next one (also kept in `next_timer`).
+    fn run_timers(&self, st: &mut State) -> Option<Duration> {
         let now = self.now();
+        let mut due = std::mem::take(&mut st.due);
         due.clear();
         let mut next: Option<Duration> = None;
         for (&qpn, slot) in &st.qps {
@@ -829,7 +963,7 @@ impl Shared {
                 }
             }
         }
-        for &qpn in due.iter() {
+        for &qpn in &due {
             let State {
                 mrs,
                 mem,
@@ -848,6 +982,8 @@ impl Shared {
                 next = Some(next.map_or(d, |n| n.min(d)));
             }
         }
+        st.due = due;
+        st.next_timer = next.map_or(u64::MAX, |d| (now + d).as_nanos() as u64);
         next
     }
 }
@@ -888,47 +1024,42 @@ pub(crate) fn deliver_completions(slot: &mut QpSlot) {
 }
 
 /// The progress thread: receive, dispatch, acknowledge, retransmit, complete — so one-sided
-/// operations finish without the target application's help. Sleeps in `poll` when idle.
+/// operations finish without the target application's help. Sleeps in `poll` when idle, and
+/// keeps out of the way while an application's CQ polls drive the device.
 fn progress(shared: &Shared) {
-    // Slots large enough for any RoCEv2 packet; a longer datagram is cut and fails to parse.
-    let mut rx = sys::Batch::new(RX_BATCH, 9216);
-    let mut touched = Vec::new();
-    let mut due = Vec::new();
     let mut timeout = None;
     while !shared.stop.load(Ordering::Acquire) {
+        let now = shared.now().as_nanos() as u64;
+        let active = shared.app_active_until.load(Ordering::Relaxed);
+        if now < active {
+            // Posts need not wake us meanwhile: the application's polls run the timers.
+            shared.sleep_until.store(u64::MAX, Ordering::Release);
+            let _ = sys::poll_readable(
+                [shared.wake.as_raw_fd()],
+                Some(Duration::from_nanos(active - now)),
+            );
+            sys::drain(&shared.wake);
+            timeout = Some(Duration::ZERO);
+            continue;
+        }
         let fds = [shared.socket.as_raw_fd(), shared.wake.as_raw_fd()];
         if sys::poll_readable(fds, timeout).is_err() {
             std::thread::sleep(Duration::from_millis(1));
         }
         sys::drain(&shared.wake);
-        // At most this many full batches before timers and the stop flag are looked at again:
-        // a flood of datagrams must not starve retransmissions or block the device's drop.
-        let mut budget = 8;
-        loop {
-            budget -= 1;
-            let n = rx.recv(shared.socket.as_raw_fd()).unwrap_or(0);
-            let mut st = shared.lock();
-            for i in 0..n {
-                match rx.get(i) {
-                    Some((data, from)) => shared.handle_datagram(&mut st, from, data, &mut touched),
-                    None => st.counters.rx_malformed += 1,
-                }
-            }
-            for qpn in touched.drain(..) {
-                shared.flush(&mut st, qpn);
-            }
-            if n < RX_BATCH || budget == 0 || shared.stop.load(Ordering::Acquire) {
-                timeout = shared.run_timers(&mut st, &mut due);
-                // Published under the lock: a post that arms an earlier timer after this
-                // sees the value and wakes the thread.
-                let until = timeout.map_or(u64::MAX, |t| (shared.now() + t).as_nanos() as u64);
-                shared.sleep_until.store(until, Ordering::Release);
-                if let Some(w) = st.capture.as_mut() {
-                    let _ = w.flush();
-                }
-                publish_stats(&mut st);
-                break;
-            }
+        let mut st = shared.lock();
+        let more = shared.receive(&mut st, RX_BUDGET);
+        timeout = shared.run_timers(&mut st);
+        if more {
+            timeout = Some(Duration::ZERO);
         }
+        // Published under the lock: a post that arms an earlier timer after this sees the
+        // value and wakes the thread.
+        let until = timeout.map_or(u64::MAX, |t| (shared.now() + t).as_nanos() as u64);
+        shared.sleep_until.store(until, Ordering::Release);
+        if let Some(w) = st.capture.as_mut() {
+            let _ = w.flush();
+        }
+        publish_stats(&mut st);
     }
 }

@@ -169,32 +169,85 @@ fn from_sockaddr(s: &libc::sockaddr_storage) -> Option<std::net::SocketAddr> {
     }
 }
 
-/// A batch of datagrams for `recvmmsg`/`sendmmsg`: fixed buffers allocated once, so the data
-/// path allocates nothing per packet and makes one syscall per batch.
-pub(crate) struct Batch {
+const SOL_UDP: libc::c_int = 17;
+const UDP_SEGMENT: libc::c_int = 103;
+const UDP_GRO: libc::c_int = 104;
+/// Most segments the kernel takes in one UDP_SEGMENT send (UDP_MAX_SEGMENTS).
+const GSO_MAX_SEGMENTS: usize = 64;
+/// Most payload bytes of one UDP datagram before segmentation (IPv4: 65535 - 20 - 8).
+const GSO_MAX_BYTES: usize = 65507;
+/// Receive buffer of one (possibly GRO-coalesced) datagram.
+pub(crate) const RX_BUF: usize = 65536;
+
+/// Asks the kernel to hand over coalesced runs of same-sized datagrams (UDP_GRO). Returns
+/// whether it agreed (older kernels do not know the option).
+pub(crate) fn set_gro(fd: RawFd) -> bool {
+    setsockopt(fd, SOL_UDP, UDP_GRO, 1).is_ok()
+}
+
+/// Control-message space of one message: a cmsghdr plus a u16/int, rounded up (CMSG_SPACE).
+#[derive(Clone, Copy)]
+#[repr(C, align(8))]
+struct Cmsg([u8; 32]);
+
+fn sockaddr_eq(
+    a: &libc::sockaddr_storage,
+    alen: libc::socklen_t,
+    b: &libc::sockaddr_storage,
+    blen: libc::socklen_t,
+) -> bool {
+    if alen != blen {
+        return false;
+    }
+    // SAFETY: both point to at least `alen` initialised bytes (written by `to_sockaddr`).
+    unsafe {
+        std::slice::from_raw_parts(
+            (a as *const libc::sockaddr_storage).cast::<u8>(),
+            alen as usize,
+        ) == std::slice::from_raw_parts(
+            (b as *const libc::sockaddr_storage).cast::<u8>(),
+            alen as usize,
+        )
+    }
+}
+
+/// Datagrams to send with `sendmmsg`: fixed buffers allocated once, so the data path allocates
+/// nothing per packet. Runs of same-sized datagrams to one destination go out as one UDP GSO
+/// message (UDP_SEGMENT: the kernel cuts it into the datagrams, one skb through the stack on
+/// loopback and veth), when the caller allows it for that destination.
+pub(crate) struct TxBatch {
     bufs: Vec<Vec<u8>>,
     lens: Vec<usize>,
+    gso_ok: Vec<bool>,
     addrs: Vec<libc::sockaddr_storage>,
     addr_lens: Vec<libc::socklen_t>,
     iovs: Vec<libc::iovec>,
     hdrs: Vec<libc::mmsghdr>,
+    /// Datagrams in each prepared message.
+    segs: Vec<usize>,
+    ctrl: Vec<Cmsg>,
     n: usize,
+    /// Cleared when the kernel refuses UDP_SEGMENT; every datagram then goes alone.
+    gso: bool,
+    /// GSO messages sent (for the counters).
+    pub(crate) gso_messages: u64,
 }
 
 // SAFETY: the raw pointers inside `iovs`/`hdrs` only ever point into this struct's own
 // buffers, are rebuilt right before each syscall, and are never dereferenced elsewhere.
-unsafe impl Send for Batch {}
+unsafe impl Send for TxBatch {}
 
-impl Batch {
+impl TxBatch {
     /// `count` slots of `size` bytes.
-    pub(crate) fn new(count: usize, size: usize) -> Batch {
+    pub(crate) fn new(count: usize, size: usize) -> TxBatch {
         // SAFETY: all-zero is a valid value for these plain C structs.
         let zero_addr: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
         // SAFETY: as above.
         let zero_hdr: libc::mmsghdr = unsafe { std::mem::zeroed() };
-        Batch {
+        TxBatch {
             bufs: vec![vec![0u8; size]; count],
             lens: vec![0; count],
+            gso_ok: vec![false; count],
             addrs: vec![zero_addr; count],
             addr_lens: vec![0; count],
             iovs: vec![
@@ -205,7 +258,11 @@ impl Batch {
                 count
             ],
             hdrs: vec![zero_hdr; count],
+            segs: vec![0; count],
+            ctrl: vec![Cmsg([0; 32]); count],
             n: 0,
+            gso: true,
+            gso_messages: 0,
         }
     }
 
@@ -217,57 +274,224 @@ impl Batch {
         self.n == self.bufs.len()
     }
 
-    /// The next free slot's buffer, to fill before [`Batch::commit`].
+    /// The next free slot's buffer, to fill before [`TxBatch::commit`].
     pub(crate) fn slot(&mut self) -> &mut [u8] {
         &mut self.bufs[self.n]
     }
 
-    /// Queues the first `len` bytes of the current slot for `dst`.
-    pub(crate) fn commit(&mut self, len: usize, dst: std::net::SocketAddr) {
+    /// Queues the first `len` bytes of the current slot for `dst`; `gso` allows sending it in
+    /// one segmented message with its same-sized neighbours to the same destination.
+    pub(crate) fn commit(&mut self, len: usize, dst: std::net::SocketAddr, gso: bool) {
         self.lens[self.n] = len;
+        self.gso_ok[self.n] = gso;
         self.addr_lens[self.n] = to_sockaddr(dst, &mut self.addrs[self.n]);
         self.n += 1;
     }
 
-    /// Datagram `i` of the last receive.
-    pub(crate) fn get(&self, i: usize) -> Option<(&[u8], std::net::SocketAddr)> {
-        let addr = from_sockaddr(&self.addrs[i])?;
-        Some((&self.bufs[i][..self.lens[i]], addr))
+    /// Groups the queued datagrams into messages; returns the message count.
+    fn prepare(&mut self) -> usize {
+        let mut m = 0;
+        let mut i = 0;
+        while i < self.n {
+            let seg = self.lens[i];
+            let mut k = 1;
+            let mut total = seg;
+            if self.gso && self.gso_ok[i] {
+                while i + k < self.n
+                    && k < GSO_MAX_SEGMENTS
+                    && self.gso_ok[i + k]
+                    && self.lens[i + k - 1] == seg
+                    && self.lens[i + k] <= seg
+                    && total + self.lens[i + k] <= GSO_MAX_BYTES
+                    && sockaddr_eq(
+                        &self.addrs[i],
+                        self.addr_lens[i],
+                        &self.addrs[i + k],
+                        self.addr_lens[i + k],
+                    )
+                {
+                    total += self.lens[i + k];
+                    k += 1;
+                }
+            }
+            for j in i..i + k {
+                self.iovs[j] = libc::iovec {
+                    iov_base: self.bufs[j].as_mut_ptr().cast(),
+                    iov_len: self.lens[j],
+                };
+            }
+            let h = &mut self.hdrs[m].msg_hdr;
+            h.msg_name = (&raw mut self.addrs[i]).cast();
+            h.msg_namelen = self.addr_lens[i];
+            h.msg_iov = &raw mut self.iovs[i];
+            h.msg_iovlen = k;
+            h.msg_flags = 0;
+            if k > 1 {
+                let c = &mut self.ctrl[m];
+                h.msg_control = c.0.as_mut_ptr().cast();
+                // SAFETY: CMSG_SPACE/CMSG_LEN are pure arithmetic.
+                h.msg_controllen = unsafe { libc::CMSG_SPACE(2) } as usize;
+                // SAFETY: `msg_control` points to 32 writable, 8-aligned bytes, enough for
+                // CMSG_SPACE(2) = 24; CMSG_FIRSTHDR returns a pointer inside them.
+                unsafe {
+                    let cm = libc::CMSG_FIRSTHDR(h);
+                    (*cm).cmsg_level = SOL_UDP;
+                    (*cm).cmsg_type = UDP_SEGMENT;
+                    (*cm).cmsg_len = libc::CMSG_LEN(2) as usize;
+                    std::ptr::write_unaligned(libc::CMSG_DATA(cm).cast::<u16>(), seg as u16);
+                }
+            } else {
+                h.msg_control = std::ptr::null_mut();
+                h.msg_controllen = 0;
+            }
+            self.hdrs[m].msg_len = 0;
+            self.segs[m] = k;
+            m += 1;
+            i += k;
+        }
+        m
     }
 
-    fn prepare(&mut self, count: usize, recv: bool) {
-        for i in 0..count {
-            let len = if recv {
-                self.bufs[i].len()
+    /// Sends every queued datagram; returns how many the kernel refused. The batch is empty
+    /// afterwards.
+    pub(crate) fn send(&mut self, fd: RawFd) -> usize {
+        let count = self.prepare();
+        let mut done = 0;
+        let mut refused = 0;
+        while done < count {
+            // SAFETY: `hdrs[done..count]` were initialised by `prepare` and point into this
+            // batch's live buffers, iovecs, control buffers and addresses.
+            let r = unsafe {
+                libc::sendmmsg(
+                    fd,
+                    self.hdrs[done..].as_mut_ptr(),
+                    (count - done) as libc::c_uint,
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if r > 0 {
+                for m in done..done + r as usize {
+                    if self.segs[m] > 1 {
+                        self.gso_messages += 1;
+                    }
+                }
+                done += r as usize;
+                continue;
+            }
+            let e = io::Error::last_os_error().raw_os_error();
+            if self.segs[done] > 1
+                && matches!(
+                    e,
+                    Some(libc::EIO | libc::EINVAL | libc::EOPNOTSUPP | libc::ENOPROTOOPT)
+                )
+            {
+                // This path cannot segment: never ask again; resend these datagrams singly.
+                self.gso = false;
+                let first = self.segs[..done].iter().sum::<usize>();
+                refused += self.resend_singly(fd, first, self.segs[done]);
             } else {
-                self.lens[i]
+                // Socket buffer full or an error for this message: drop it (the transport
+                // retransmits) and go on with the rest.
+                refused += self.segs[done];
+            }
+            done += 1;
+        }
+        self.n = 0;
+        refused
+    }
+
+    fn resend_singly(&mut self, fd: RawFd, first: usize, k: usize) -> usize {
+        let mut refused = 0;
+        for j in first..first + k {
+            // SAFETY: a plain msghdr over slot `j`'s buffer and address, both live.
+            let r = unsafe {
+                let mut iov = libc::iovec {
+                    iov_base: self.bufs[j].as_mut_ptr().cast(),
+                    iov_len: self.lens[j],
+                };
+                let mut h: libc::msghdr = std::mem::zeroed();
+                h.msg_name = (&raw mut self.addrs[j]).cast();
+                h.msg_namelen = self.addr_lens[j];
+                h.msg_iov = &raw mut iov;
+                h.msg_iovlen = 1;
+                libc::sendmsg(fd, &h, libc::MSG_DONTWAIT)
             };
-            self.iovs[i] = libc::iovec {
-                iov_base: self.bufs[i].as_mut_ptr().cast(),
-                iov_len: len,
-            };
-            let h = &mut self.hdrs[i].msg_hdr;
-            h.msg_name = (&raw mut self.addrs[i]).cast();
-            h.msg_namelen = if recv {
-                size_of::<libc::sockaddr_storage>() as libc::socklen_t
-            } else {
-                self.addr_lens[i]
-            };
-            h.msg_iov = &raw mut self.iovs[i];
-            h.msg_iovlen = 1;
-            h.msg_control = std::ptr::null_mut();
-            h.msg_controllen = 0;
-            h.msg_flags = 0;
-            self.hdrs[i].msg_len = 0;
+            if r < 0 {
+                refused += 1;
+            }
+        }
+        refused
+    }
+}
+
+/// Datagrams received with `recvmmsg`, buffers allocated once. With UDP_GRO on the socket a
+/// buffer may hold a run of same-sized datagrams; [`RxBatch::get`] says the segment size.
+pub(crate) struct RxBatch {
+    bufs: Vec<Vec<u8>>,
+    lens: Vec<usize>,
+    segs: Vec<usize>,
+    addrs: Vec<libc::sockaddr_storage>,
+    iovs: Vec<libc::iovec>,
+    hdrs: Vec<libc::mmsghdr>,
+    ctrl: Vec<Cmsg>,
+    n: usize,
+}
+
+// SAFETY: as for TxBatch: pointers into own buffers only, rebuilt before each syscall.
+unsafe impl Send for RxBatch {}
+
+impl RxBatch {
+    /// `count` buffers of `size` bytes.
+    pub(crate) fn new(count: usize, size: usize) -> RxBatch {
+        // SAFETY: all-zero is a valid value for these plain C structs.
+        let zero_addr: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let zero_hdr: libc::mmsghdr = unsafe { std::mem::zeroed() };
+        RxBatch {
+            bufs: vec![vec![0u8; size]; count],
+            lens: vec![0; count],
+            segs: vec![0; count],
+            addrs: vec![zero_addr; count],
+            iovs: vec![
+                libc::iovec {
+                    iov_base: std::ptr::null_mut(),
+                    iov_len: 0
+                };
+                count
+            ],
+            hdrs: vec![zero_hdr; count],
+            ctrl: vec![Cmsg([0; 32]); count],
+            n: 0,
         }
     }
 
-    /// Receives up to a batch without blocking; returns how many datagrams arrived.
+    /// Buffer `i` of the last receive: its bytes, the sender, and the size of the datagrams
+    /// it holds back to back (the last may be shorter).
+    pub(crate) fn get(&self, i: usize) -> Option<(&[u8], std::net::SocketAddr, usize)> {
+        let addr = from_sockaddr(&self.addrs[i])?;
+        Some((&self.bufs[i][..self.lens[i]], addr, self.segs[i]))
+    }
+
+    /// Receives up to a batch without blocking; returns how many buffers were filled.
     pub(crate) fn recv(&mut self, fd: RawFd) -> io::Result<usize> {
         let count = self.bufs.len();
-        self.prepare(count, true);
-        // SAFETY: `hdrs[..count]` are initialised and point into live buffers of this batch
-        // (rebuilt by `prepare` just now); the kernel writes at most the given lengths.
+        for i in 0..count {
+            self.iovs[i] = libc::iovec {
+                iov_base: self.bufs[i].as_mut_ptr().cast(),
+                iov_len: self.bufs[i].len(),
+            };
+            let h = &mut self.hdrs[i].msg_hdr;
+            h.msg_name = (&raw mut self.addrs[i]).cast();
+            h.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            h.msg_iov = &raw mut self.iovs[i];
+            h.msg_iovlen = 1;
+            h.msg_control = self.ctrl[i].0.as_mut_ptr().cast();
+            h.msg_controllen = size_of::<Cmsg>();
+            h.msg_flags = 0;
+            self.hdrs[i].msg_len = 0;
+        }
+        // SAFETY: `hdrs[..count]` are initialised just above and point into live buffers,
+        // addresses and control buffers of this batch; the kernel writes at most their lengths.
         let r = unsafe {
             libc::recvmmsg(
                 fd,
@@ -288,39 +512,73 @@ impl Batch {
         }
         self.n = r as usize;
         for i in 0..self.n {
-            self.lens[i] = self.hdrs[i].msg_len as usize;
+            let len = self.hdrs[i].msg_len as usize;
+            self.lens[i] = len;
+            self.segs[i] = len;
+            let h = &self.hdrs[i].msg_hdr;
+            // SAFETY: the kernel filled `msg_controllen` bytes of our control buffer with
+            // well-formed cmsgs; CMSG_FIRSTHDR/NXTHDR stay inside it.
+            unsafe {
+                let mut cm = libc::CMSG_FIRSTHDR(h);
+                while !cm.is_null() {
+                    if (*cm).cmsg_level == SOL_UDP && (*cm).cmsg_type == UDP_GRO {
+                        let seg = std::ptr::read_unaligned(libc::CMSG_DATA(cm).cast::<u16>());
+                        if seg > 0 {
+                            self.segs[i] = seg as usize;
+                        }
+                    }
+                    cm = libc::CMSG_NXTHDR(h, cm);
+                }
+            }
         }
         Ok(self.n)
     }
+}
 
-    /// Sends every queued datagram (one `sendmmsg` per kernel-accepted run); returns how many
-    /// the kernel refused. The batch is empty afterwards.
-    pub(crate) fn send(&mut self, fd: RawFd) -> usize {
-        let count = self.n;
-        self.prepare(count, false);
-        let mut done = 0;
-        let mut refused = 0;
-        while done < count {
-            // SAFETY: `hdrs[done..count]` are initialised by `prepare` and point into this
-            // batch's live buffers and addresses.
-            let r = unsafe {
-                libc::sendmmsg(
-                    fd,
-                    self.hdrs[done..].as_mut_ptr(),
-                    (count - done) as libc::c_uint,
-                    libc::MSG_DONTWAIT,
-                )
+/// The MTU of the interface that holds `addr` (None if no interface does).
+pub(crate) fn interface_mtu(addr: std::net::IpAddr) -> Option<u32> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `head` with a list we free below.
+    if unsafe { libc::getifaddrs(&raw mut head) } != 0 {
+        return None;
+    }
+    let mut name = None;
+    let mut cur = head;
+    while !cur.is_null() {
+        // SAFETY: `cur` is a node of the list getifaddrs returned, not yet freed.
+        let ifa = unsafe { &*cur };
+        if !ifa.ifa_addr.is_null() {
+            // SAFETY: `ifa_addr` points to a sockaddr of the family it names, at most
+            // sockaddr_storage in size; we copy only the bytes that family defines.
+            let sa = unsafe {
+                let mut st: libc::sockaddr_storage = std::mem::zeroed();
+                let len = match (*ifa.ifa_addr).sa_family as libc::c_int {
+                    libc::AF_INET => size_of::<libc::sockaddr_in>(),
+                    libc::AF_INET6 => size_of::<libc::sockaddr_in6>(),
+                    _ => 0,
+                };
+                std::ptr::copy_nonoverlapping(
+                    ifa.ifa_addr.cast::<u8>(),
+                    (&raw mut st).cast::<u8>(),
+                    len,
+                );
+                from_sockaddr(&st)
             };
-            if r <= 0 {
-                // Socket buffer full or an error for the datagram at `done`: drop it (the
-                // transport retransmits) and go on with the rest.
-                refused += 1;
-                done += 1;
-            } else {
-                done += r as usize;
+            if sa.is_some_and(|a| a.ip() == addr) {
+                // SAFETY: `ifa_name` is a NUL-terminated string owned by the list.
+                let n = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) };
+                name = Some(n.to_string_lossy().into_owned());
+                break;
             }
         }
-        self.n = 0;
-        refused
+        cur = ifa.ifa_next;
     }
+    // SAFETY: `head` came from getifaddrs and is freed once.
+    unsafe { libc::freeifaddrs(head) };
+    let name = name?;
+    std::fs::read_to_string(format!("/sys/class/net/{name}/mtu"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
