@@ -17,6 +17,8 @@
 //! object in progress) removes the partial file. A full disk surfaces as an `io::Error` whose
 //! kind is [`std::io::ErrorKind::StorageFull`], with the path in the message.
 
+use crate::chunk::{ChunkHeader, DIGEST_LEN, FrameError, flags};
+use crate::digest::{ObjectDigest, hex};
 use crate::source::ObjectInfo;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
@@ -483,5 +485,310 @@ impl Sink for DiscardSink {
 
     fn bytes_written(&self) -> u64 {
         self.bytes
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// reassembly
+
+/// Why a chunk could not be delivered to a sink.
+#[derive(Debug, thiserror::Error)]
+pub enum DeliverError {
+    /// The chunk's payload does not match its checksum.
+    #[error(transparent)]
+    Frame(#[from] FrameError),
+    /// Chunks out of sequence or framing rules broken.
+    #[error("transfer out of sequence: {0}")]
+    Sequence(String),
+    /// A compressed chunk that does not decompress to its `raw_len`.
+    #[error("chunk {seq}: cannot decompress: {message}")]
+    Decompress {
+        /// The chunk's sequence number.
+        seq: u64,
+        /// What zstd said.
+        message: String,
+    },
+    /// The object's bytes do not match the digest the source sent.
+    #[error("object {name:?}: digest mismatch (source {expected}, received {got}); not committed")]
+    Digest {
+        /// The object's name.
+        name: String,
+        /// The source's digest (hex).
+        expected: String,
+        /// The digest of the bytes received (hex).
+        got: String,
+    },
+    /// The sink failed (`storage_full` tells a full disk apart).
+    #[error("sink error on object {name:?}: {source}")]
+    Io {
+        /// The object's name.
+        name: String,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl DeliverError {
+    /// True when the sink's file system is full.
+    pub fn storage_full(&self) -> bool {
+        matches!(self, DeliverError::Io { source, .. } if is_storage_full(source))
+    }
+}
+
+/// What a delivered chunk did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Delivered {
+    /// An object was begun in the sink.
+    Started {
+        /// Its name.
+        name: String,
+    },
+    /// Object bytes were written.
+    Data {
+        /// How many.
+        bytes: u64,
+    },
+    /// An object was complete, its digest matched and the sink committed it.
+    Committed {
+        /// Its name.
+        name: String,
+        /// Its length.
+        len: u64,
+        /// Its digest (hex).
+        digest: String,
+    },
+    /// The transfer's last chunk.
+    EndOfTransfer,
+}
+
+/// Feeds a transfer's chunks (in sequence order) into a [`Sink`]: checks sequence numbers,
+/// offsets and checksums, decompresses compressed chunks, digests every object and commits it
+/// only when the digest matches (aborting it otherwise, or on any error).
+pub struct Assembler {
+    sink: Box<dyn Sink>,
+    next_seq: u64,
+    current: Option<Current>,
+    dctx: Option<zstd::bulk::Decompressor<'static>>,
+    scratch: Vec<u8>,
+    ended: bool,
+    bytes: u64,
+    objects: u64,
+}
+
+struct Current {
+    index: u32,
+    name: String,
+    len: Option<u64>,
+    offset: u64,
+    digest: ObjectDigest,
+}
+
+impl std::fmt::Debug for Assembler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Assembler")
+            .field("next_seq", &self.next_seq)
+            .field("bytes", &self.bytes)
+            .field("objects", &self.objects)
+            .finish()
+    }
+}
+
+impl Assembler {
+    /// Delivers into `sink`, expecting the transfer from sequence number 0.
+    pub fn new(sink: Box<dyn Sink>) -> Self {
+        Assembler {
+            sink,
+            next_seq: 0,
+            current: None,
+            dctx: None,
+            scratch: Vec::new(),
+            ended: false,
+            bytes: 0,
+            objects: 0,
+        }
+    }
+
+    /// The sink.
+    pub fn sink(&self) -> &dyn Sink {
+        self.sink.as_ref()
+    }
+
+    /// Object bytes delivered so far.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Objects committed so far.
+    pub fn objects(&self) -> u64 {
+        self.objects
+    }
+
+    /// True once `END_OF_TRANSFER` was delivered.
+    pub fn finished(&self) -> bool {
+        self.ended
+    }
+
+    /// Aborts the object in progress, if any (e.g. when the transfer is torn down).
+    pub fn abort(&mut self) {
+        if self.current.take().is_some() {
+            self.sink.abort();
+        }
+    }
+
+    /// Delivers the chunk `h` whose payload is `payload[..h.payload_len]`. On error the object
+    /// in progress is aborted (nothing of it stays in the sink).
+    pub fn accept(&mut self, h: &ChunkHeader, payload: &[u8]) -> Result<Delivered, DeliverError> {
+        let r = self.accept_inner(h, payload);
+        if r.is_err() {
+            self.abort();
+        }
+        r
+    }
+
+    fn accept_inner(&mut self, h: &ChunkHeader, payload: &[u8]) -> Result<Delivered, DeliverError> {
+        let seq_err = |m: String| Err(DeliverError::Sequence(m));
+        if self.ended {
+            return seq_err(format!("chunk {} after the end of the transfer", h.seq));
+        }
+        if h.seq != self.next_seq {
+            return seq_err(format!(
+                "chunk {} arrived, expected {}",
+                h.seq, self.next_seq
+            ));
+        }
+        h.validate()?;
+        h.verify(payload)?;
+        self.next_seq += 1;
+        let payload = &payload[..h.payload_len as usize];
+        let io_err = |name: &str, source: io::Error| DeliverError::Io {
+            name: name.to_owned(),
+            source,
+        };
+        if h.has(flags::OBJECT_START) {
+            if let Some(c) = &self.current {
+                return seq_err(format!(
+                    "object {} starts before object {} ({:?}) ended",
+                    h.object, c.index, c.name
+                ));
+            }
+            if h.object != self.objects as u32 {
+                return seq_err(format!(
+                    "object {} starts, expected {}",
+                    h.object, self.objects
+                ));
+            }
+            let name = std::str::from_utf8(payload)
+                .map_err(|_| {
+                    DeliverError::Sequence(format!("object {}: name is not UTF-8", h.object))
+                })?
+                .to_owned();
+            let len = (h.object_len != u64::MAX).then_some(h.object_len);
+            let info = ObjectInfo {
+                name: name.clone(),
+                len,
+            };
+            self.sink.begin(&info).map_err(|e| io_err(&name, e))?;
+            self.current = Some(Current {
+                index: h.object,
+                name: name.clone(),
+                len,
+                offset: 0,
+                digest: ObjectDigest::new(),
+            });
+            return Ok(Delivered::Started { name });
+        }
+        if h.has(flags::END_OF_TRANSFER) && !h.has(flags::OBJECT_END) {
+            if let Some(c) = &self.current {
+                return seq_err(format!("transfer ends inside object {:?}", c.name));
+            }
+            self.ended = true;
+            return Ok(Delivered::EndOfTransfer);
+        }
+        let Some(cur) = self.current.as_mut() else {
+            return seq_err(format!("chunk {} outside any object", h.seq));
+        };
+        if h.object != cur.index {
+            return seq_err(format!(
+                "chunk {} for object {}, inside object {}",
+                h.seq, h.object, cur.index
+            ));
+        }
+        if h.has(flags::OBJECT_END) {
+            if cur.len.is_some_and(|l| l != cur.offset) || h.object_len != cur.offset {
+                return seq_err(format!(
+                    "object {:?} ends after {} bytes, announced {:?}/{}",
+                    cur.name, cur.offset, cur.len, h.object_len
+                ));
+            }
+            let mut expected = [0u8; DIGEST_LEN as usize];
+            expected.copy_from_slice(payload);
+            let got = cur.digest.finish();
+            let cur = self.current.take().expect("checked above");
+            if got != expected {
+                self.sink.abort();
+                return Err(DeliverError::Digest {
+                    name: cur.name,
+                    expected: hex(&expected),
+                    got: hex(&got),
+                });
+            }
+            self.sink.commit().map_err(|e| io_err(&cur.name, e))?;
+            self.objects += 1;
+            if h.has(flags::END_OF_TRANSFER) {
+                self.ended = true;
+            }
+            return Ok(Delivered::Committed {
+                name: cur.name,
+                len: cur.offset,
+                digest: hex(&got),
+            });
+        }
+        // A data chunk.
+        if h.offset != cur.offset {
+            return seq_err(format!(
+                "object {:?}: chunk {} at offset {}, expected {}",
+                cur.name, h.seq, h.offset, cur.offset
+            ));
+        }
+        let data: &[u8] = if h.has(flags::COMPRESSED) {
+            let raw = h.raw_len as usize;
+            if self.dctx.is_none() {
+                self.dctx = Some(zstd::bulk::Decompressor::new().map_err(|e| {
+                    DeliverError::Decompress {
+                        seq: h.seq,
+                        message: e.to_string(),
+                    }
+                })?);
+            }
+            let dctx = self.dctx.as_mut().expect("just set");
+            if self.scratch.len() < raw + 1 {
+                self.scratch.resize(raw + 1, 0);
+            }
+            let got = dctx
+                .decompress_to_buffer(payload, &mut self.scratch[..raw + 1])
+                .map_err(|e| DeliverError::Decompress {
+                    seq: h.seq,
+                    message: e.to_string(),
+                })?;
+            if got != raw {
+                return Err(DeliverError::Decompress {
+                    seq: h.seq,
+                    message: format!("{got} bytes, header says {raw}"),
+                });
+            }
+            &self.scratch[..raw]
+        } else {
+            payload
+        };
+        cur.digest.update(data);
+        self.sink
+            .write(cur.offset, data)
+            .map_err(|e| io_err(&cur.name, e))?;
+        cur.offset += data.len() as u64;
+        self.bytes += data.len() as u64;
+        Ok(Delivered::Data {
+            bytes: data.len() as u64,
+        })
     }
 }

@@ -14,6 +14,8 @@
 //! - `stdin`: one object named `stdin` of unknown length.
 //! - a bare PATH: `file:` or `dir:` depending on what PATH is.
 
+use crate::chunk::{CheckAlg, ChunkHeader, DIGEST_LEN, MAX_NAME_LEN, MAX_PAYLOAD, flags};
+use crate::digest::ObjectDigest;
 use std::fs::File;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
@@ -473,6 +475,157 @@ impl Source for StdinSource {
             self.eof = true;
         }
         Ok(n)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// framing
+
+/// Turns a [`Source`] into the transfer's chunk sequence, straight into ring slots.
+///
+/// For every object: an `OBJECT_START` chunk (payload: the name), data chunks of `chunk_size`
+/// bytes (the last one shorter), then an `OBJECT_END` chunk (payload: the 16-byte
+/// [`ObjectDigest`](crate::digest::ObjectDigest) of the object's bytes; its `offset` and
+/// `object_len` are the object's actual length, known even for stdin); after the last object
+/// one `END_OF_TRANSFER` chunk. Every header comes back sealed; the caller encodes it in front
+/// of the payload.
+pub struct Framer {
+    src: Box<dyn Source>,
+    chunk_size: usize,
+    alg: CheckAlg,
+    seq: u64,
+    object: u32,
+    state: FrameState,
+    offset: u64,
+    len: Option<u64>,
+    digest: ObjectDigest,
+}
+
+impl std::fmt::Debug for Framer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Framer")
+            .field("chunk_size", &self.chunk_size)
+            .field("seq", &self.seq)
+            .field("object", &self.object)
+            .field("offset", &self.offset)
+            .finish()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FrameState {
+    NeedObject,
+    InObject,
+    Finished,
+}
+
+impl Framer {
+    /// Frames `src` into data chunks of `chunk_size` bytes, checksummed with `alg`.
+    pub fn new(src: Box<dyn Source>, chunk_size: usize, alg: CheckAlg) -> io::Result<Framer> {
+        if chunk_size == 0 || chunk_size > MAX_PAYLOAD as usize {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("chunk size {chunk_size} outside 1..={MAX_PAYLOAD}"),
+            ));
+        }
+        Ok(Framer {
+            src,
+            chunk_size,
+            alg,
+            seq: 0,
+            object: 0,
+            state: FrameState::NeedObject,
+            offset: 0,
+            len: None,
+            digest: ObjectDigest::new(),
+        })
+    }
+
+    /// Sequence number the next chunk gets (= chunks produced so far).
+    pub fn next_seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// Writes the next chunk's payload into `payload` (a slot's payload area: at least
+    /// `chunk_size` and [`MAX_NAME_LEN`] bytes) and returns its sealed header; `None` once
+    /// `END_OF_TRANSFER` has been produced.
+    pub fn next_chunk(&mut self, payload: &mut [u8]) -> io::Result<Option<ChunkHeader>> {
+        let need = self.chunk_size.max(MAX_NAME_LEN as usize);
+        if payload.len() < need {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("slot payload area of {} bytes, need {need}", payload.len()),
+            ));
+        }
+        let mut h = ChunkHeader::data(self.seq, self.object, 0, 0, u64::MAX, self.alg);
+        let n = match self.state {
+            FrameState::Finished => return Ok(None),
+            FrameState::NeedObject => match self.src.next_object()? {
+                None => {
+                    h.flags = flags::END_OF_TRANSFER;
+                    self.state = FrameState::Finished;
+                    0
+                }
+                Some(info) => {
+                    let name = info.name.as_bytes();
+                    if name.is_empty() || name.len() > MAX_NAME_LEN as usize {
+                        return Err(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            format!(
+                                "object name {:?}: {} bytes (1..={MAX_NAME_LEN})",
+                                info.name,
+                                name.len()
+                            ),
+                        ));
+                    }
+                    payload[..name.len()].copy_from_slice(name);
+                    h.flags = flags::OBJECT_START;
+                    h.object_len = info.len.unwrap_or(u64::MAX);
+                    self.len = info.len;
+                    self.offset = 0;
+                    self.digest = ObjectDigest::new();
+                    self.state = FrameState::InObject;
+                    name.len()
+                }
+            },
+            FrameState::InObject => {
+                let n = self.src.read(&mut payload[..self.chunk_size])?;
+                if n > 0 {
+                    self.digest.update(&payload[..n]);
+                    h.offset = self.offset;
+                    h.raw_len = n as u32;
+                    h.object_len = self.len.unwrap_or(u64::MAX);
+                    self.offset += n as u64;
+                    if self.len.is_some_and(|l| self.offset > l) {
+                        return Err(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            format!("object {} grew beyond its announced length", self.object),
+                        ));
+                    }
+                    n
+                } else {
+                    if let Some(l) = self.len.filter(|&l| l != self.offset) {
+                        return Err(io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            format!(
+                                "object {} ended at {} of its announced {l} bytes",
+                                self.object, self.offset
+                            ),
+                        ));
+                    }
+                    payload[..DIGEST_LEN as usize].copy_from_slice(&self.digest.finish());
+                    h.flags = flags::OBJECT_END;
+                    h.offset = self.offset;
+                    h.object_len = self.offset;
+                    self.object += 1;
+                    self.state = FrameState::NeedObject;
+                    DIGEST_LEN as usize
+                }
+            }
+        };
+        h.seal(&payload[..n]);
+        self.seq += 1;
+        Ok(Some(h))
     }
 }
 

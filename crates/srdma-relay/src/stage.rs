@@ -476,3 +476,308 @@ impl Stage for ExecStage {
         self.copied
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chunk::CheckAlg;
+
+    /// A sealed data chunk of `data` in a slot of `cap` payload bytes.
+    fn slot(data: &[u8], cap: usize, alg: CheckAlg) -> (ChunkHeader, Vec<u8>) {
+        let mut buf = vec![0u8; cap];
+        buf[..data.len()].copy_from_slice(data);
+        let mut h = ChunkHeader::data(9, 0, 0, data.len() as u32, u64::MAX, alg);
+        h.seal(data);
+        (h, buf)
+    }
+
+    fn text(n: usize) -> Vec<u8> {
+        (0..n)
+            .map(|i| b"the quick brown fox jumps over the lazy dog "[i % 44])
+            .collect()
+    }
+
+    fn run(st: &mut dyn Stage, h: &mut ChunkHeader, buf: &mut [u8]) -> Result<(), StageError> {
+        st.process(Chunk { header: h, buf })
+    }
+
+    #[test]
+    fn build_specs() {
+        for ok in [
+            "verify",
+            "compress",
+            "compress:5",
+            "compress:-3",
+            "decompress",
+            "exec:cat",
+        ] {
+            assert!(build(ok).is_ok(), "{ok}");
+        }
+        assert_eq!(build("compress:5").unwrap().name(), "compress:5");
+        for bad in [
+            "",
+            "zip",
+            "compress:x",
+            "compress:99",
+            "exec:",
+            "exec:  ",
+            "verify:1",
+        ] {
+            assert!(matches!(build(bad), Err(StageError::Spec(_))), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn capacity() {
+        assert_eq!(capacity_for(1 << 20, &[]), 1 << 20);
+        assert_eq!(capacity_for(1 << 20, &["verify".into()]), 1 << 20);
+        assert!(capacity_for(1 << 20, &["compress:3".into()]) > 1 << 20);
+        assert!(capacity_for(1 << 20, &["exec:cat".into()]) > 1 << 20);
+        // Room for the longest object name even with tiny chunks.
+        assert_eq!(capacity_for(100, &[]), MAX_NAME_LEN as usize);
+    }
+
+    #[test]
+    fn verify_catches_a_flipped_bit_in_any_alg() {
+        for alg in [CheckAlg::Crc32c, CheckAlg::Xxh3] {
+            let data = text(5000);
+            let (mut h, mut buf) = slot(&data, 8192, alg);
+            let mut v = build("verify").unwrap();
+            run(v.as_mut(), &mut h, &mut buf).unwrap();
+            buf[1234] ^= 4;
+            match run(v.as_mut(), &mut h, &mut buf) {
+                Err(StageError::Corrupt {
+                    seq: 9,
+                    error: FrameError::ChecksumMismatch { .. },
+                }) => {}
+                other => panic!("{other:?}"),
+            }
+            // Bytes past payload_len are not the payload: changing them is fine.
+            buf[1234] ^= 4;
+            buf[6000] ^= 1;
+            run(v.as_mut(), &mut h, &mut buf).unwrap();
+        }
+    }
+
+    #[test]
+    fn verify_rejects_payload_len_beyond_slot() {
+        let (mut h, mut buf) = slot(&text(100), 100, CheckAlg::Crc32c);
+        h.payload_len = 101;
+        h.raw_len = 101;
+        let mut v = build("verify").unwrap();
+        assert!(matches!(
+            run(v.as_mut(), &mut h, &mut buf),
+            Err(StageError::Corrupt { .. })
+        ));
+    }
+
+    #[test]
+    fn compress_then_decompress_round_trip() {
+        let data = text(1 << 20);
+        let cap = capacity_for(1 << 20, &["compress".into()]);
+        let (mut h, mut buf) = slot(&data, cap, CheckAlg::Xxh3);
+        let mut c = build("compress:3").unwrap();
+        let mut d = build("decompress").unwrap();
+        run(c.as_mut(), &mut h, &mut buf).unwrap();
+        assert!(h.has(flags::COMPRESSED));
+        assert!(
+            h.payload_len < 100_000,
+            "text should compress well: {}",
+            h.payload_len
+        );
+        assert_eq!(h.raw_len, 1 << 20);
+        assert_eq!(c.copied_bytes(), u64::from(h.payload_len));
+        h.validate().unwrap();
+        h.verify(&buf).unwrap();
+        // Compressing again is a no-op.
+        let before = h;
+        run(c.as_mut(), &mut h, &mut buf).unwrap();
+        assert_eq!(h, before);
+        run(d.as_mut(), &mut h, &mut buf).unwrap();
+        assert!(!h.has(flags::COMPRESSED));
+        assert_eq!(h.payload_len, 1 << 20);
+        assert!(buf[..1 << 20] == data[..]);
+        h.verify(&buf).unwrap();
+        assert_eq!(d.copied_bytes(), 1 << 20);
+        // Decompressing an uncompressed chunk is a no-op.
+        run(d.as_mut(), &mut h, &mut buf).unwrap();
+        assert!(buf[..1 << 20] == data[..]);
+    }
+
+    #[test]
+    fn incompressible_chunks_stay_raw() {
+        let mut data = vec![0u8; 65536];
+        crate::source::gen_fill(3, 0, &mut data);
+        let (mut h, mut buf) = slot(&data, 70_000, CheckAlg::Crc32c);
+        let mut c = build("compress").unwrap();
+        run(c.as_mut(), &mut h, &mut buf).unwrap();
+        assert!(!h.has(flags::COMPRESSED));
+        assert!(buf[..65536] == data[..]);
+        assert_eq!(c.copied_bytes(), 0);
+    }
+
+    #[test]
+    fn control_chunks_pass_through() {
+        let mut h = ChunkHeader::data(0, 0, 0, 0, 10, CheckAlg::Crc32c);
+        h.flags = flags::OBJECT_START;
+        let name = b"some/name.txt";
+        let mut buf = vec![0u8; 4096];
+        buf[..name.len()].copy_from_slice(name);
+        h.seal(name);
+        let before = (h, buf.clone());
+        for spec in ["verify", "compress", "decompress", "exec:false"] {
+            let mut st = build(spec).unwrap();
+            run(st.as_mut(), &mut h, &mut buf).unwrap();
+            assert_eq!((h, buf.clone()), before, "{spec}");
+        }
+    }
+
+    #[test]
+    fn corrupt_input_is_not_resealed() {
+        for spec in ["compress", "exec:cat"] {
+            let (mut h, mut buf) = slot(&text(10_000), 20_000, CheckAlg::Crc32c);
+            buf[10] ^= 0x80;
+            let mut st = build(spec).unwrap();
+            assert!(
+                matches!(
+                    run(st.as_mut(), &mut h, &mut buf),
+                    Err(StageError::Corrupt { .. })
+                ),
+                "{spec}"
+            );
+        }
+    }
+
+    #[test]
+    fn decompress_garbage_is_an_error() {
+        let mut s = 0x1234_5678_9abc_def1u64;
+        let mut d = build("decompress").unwrap();
+        for len in [0usize, 1, 4, 13, 100, 5000] {
+            let mut g = vec![0u8; len];
+            for b in g.iter_mut() {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                *b = s as u8;
+            }
+            // Also a real zstd magic with garbage after it.
+            if len >= 4 {
+                g[..4].copy_from_slice(&[0x28, 0xb5, 0x2f, 0xfd]);
+            }
+            let (mut h, mut buf) = slot(&g, 8192, CheckAlg::Crc32c);
+            h.flags |= flags::COMPRESSED;
+            h.raw_len = 4096;
+            assert!(
+                matches!(
+                    run(d.as_mut(), &mut h, &mut buf),
+                    Err(StageError::Compress { .. })
+                ),
+                "len {len}"
+            );
+        }
+    }
+
+    #[test]
+    fn decompress_wrong_raw_len_is_an_error() {
+        let data = text(10_000);
+        let (mut h, mut buf) = slot(&data, 20_000, CheckAlg::Crc32c);
+        run(build("compress").unwrap().as_mut(), &mut h, &mut buf).unwrap();
+        assert!(h.has(flags::COMPRESSED));
+        for raw in [9_999u32, 10_001] {
+            let mut h2 = h;
+            h2.raw_len = raw;
+            let mut b2 = buf.clone();
+            assert!(matches!(
+                run(build("decompress").unwrap().as_mut(), &mut h2, &mut b2),
+                Err(StageError::Compress { .. })
+            ));
+        }
+        // raw_len larger than the slot.
+        let mut h3 = h;
+        h3.raw_len = 30_000;
+        assert!(matches!(
+            run(build("decompress").unwrap().as_mut(), &mut h3, &mut buf),
+            Err(StageError::TooLarge { need: 30_000, .. })
+        ));
+    }
+
+    #[test]
+    fn exec_transforms_in_place() {
+        let data = b"hello relay world".repeat(1000);
+        let (mut h, mut buf) = slot(&data, 32_768, CheckAlg::Crc32c);
+        let mut st = build("exec:tr a-z A-Z").unwrap();
+        run(st.as_mut(), &mut h, &mut buf).unwrap();
+        assert!(buf[..data.len()] == data.to_ascii_uppercase()[..]);
+        h.verify(&buf).unwrap();
+        assert_eq!(st.copied_bytes(), data.len() as u64);
+    }
+
+    #[test]
+    fn exec_large_chunk_does_not_deadlock() {
+        // More than any pipe buffer in both directions at once.
+        let mut data = vec![0u8; 4 << 20];
+        crate::source::gen_fill(1, 0, &mut data);
+        let (mut h, mut buf) = slot(&data, 4 << 20, CheckAlg::Xxh3);
+        run(build("exec:cat").unwrap().as_mut(), &mut h, &mut buf).unwrap();
+        assert!(buf[..] == data[..]);
+    }
+
+    #[test]
+    fn exec_sees_chunk_environment() {
+        let data = b"0123456789".to_vec();
+        let (mut h, mut buf) = slot(&data, 64, CheckAlg::Crc32c);
+        h.flags |= flags::COMPRESSED; // lets the output length change
+        h.raw_len = 99;
+        h.seal(&data);
+        let mut st =
+            build("exec:cat >/dev/null; printf '%s,%s' \"$SRDMA_SEQ\" \"$SRDMA_COMPRESSED\"")
+                .unwrap();
+        run(st.as_mut(), &mut h, &mut buf).unwrap();
+        assert_eq!(&buf[..h.payload_len as usize], b"9,1");
+        h.verify(&buf).unwrap();
+    }
+
+    #[test]
+    fn exec_failure_carries_stderr() {
+        let (mut h, mut buf) = slot(b"abc", 64, CheckAlg::Crc32c);
+        let mut st = build("exec:echo disk on fire >&2; exit 3").unwrap();
+        match run(st.as_mut(), &mut h, &mut buf) {
+            Err(StageError::Exec {
+                cmd,
+                status,
+                stderr,
+            }) => {
+                assert!(cmd.contains("exit 3"));
+                assert!(status.contains('3'), "{status}");
+                assert_eq!(stderr, "disk on fire");
+            }
+            other => panic!("{other:?}"),
+        }
+        // Payload untouched on failure.
+        assert_eq!(&buf[..3], b"abc");
+        h.verify(&buf).unwrap();
+    }
+
+    #[test]
+    fn exec_output_too_large_or_wrong_length() {
+        let (mut h, mut buf) = slot(b"abc", 64, CheckAlg::Crc32c);
+        let mut st = build("exec:cat >/dev/null; head -c 100000 /dev/zero").unwrap();
+        assert!(matches!(
+            run(st.as_mut(), &mut h, &mut buf),
+            Err(StageError::TooLarge { capacity: 64, .. })
+        ));
+        // An endless producer is stopped too.
+        let mut st = build("exec:cat /dev/zero").unwrap();
+        assert!(matches!(
+            run(st.as_mut(), &mut h, &mut buf),
+            Err(StageError::TooLarge { .. })
+        ));
+        // Uncompressed data must keep its length.
+        let mut st = build("exec:cat; echo extra").unwrap();
+        assert!(matches!(
+            run(st.as_mut(), &mut h, &mut buf),
+            Err(StageError::Exec { .. })
+        ));
+        assert_eq!(&buf[..3], b"abc");
+    }
+}
