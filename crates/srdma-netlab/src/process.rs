@@ -35,7 +35,10 @@ pub struct Exit {
     pub code: Option<i32>,
     /// The signal that killed it, when one did.
     pub signal: Option<i32>,
-    /// Peak resident set size in KiB (`ru_maxrss`, the final `VmHWM`).
+    /// `ru_maxrss` in KiB. Careful: Linux carries it across `execve` and a forked child
+    /// starts from its parent's peak, so for a program started from a large process (a
+    /// test holding its input in memory) it says more about the parent. The program's own
+    /// peak is its `VmHWM`: [`Proc::mem`] while it runs, [`Proc::sampled_peak`] after.
     pub max_rss_kib: u64,
     /// User CPU seconds.
     pub user_s: f64,

@@ -1,0 +1,239 @@
+#!/usr/bin/env bash
+# srdma-relay chain throughput over network namespaces (issue 6 benchmarks).
+#
+# Builds the release binary, creates its own namespaces (a bridge in a "wire" namespace and
+# six hosts 10.199.0.1-6 with veth links, MTU 9000), and runs `srdma relay node` processes,
+# one per host, as chains of 1, 3 and 5 hops (hop = link: a 3-hop chain is source, two
+# relays, sink). Every chain runs twice per pass: with every host's eth0 limited by tbf to
+# the same RATE, then unlimited. The target: a 3-hop and a 5-hop chain deliver to the last
+# sink at >= 0.9x the throughput of the 1-hop chain of the same pass. Relays run a read-only
+# "verify" stage; the user-space bytes they copy are counted from their JSON reports.
+#
+# Writes benchmarks/results/relay.md (or $OUT). Needs root, ip, tc and jq.
+# Exit status: 0 done (whether or not the targets are met: the table says), 1 a failure,
+# 77 skipped (cannot make namespaces here; the reason is printed).
+#
+# Knobs (environment): SIZE (256MiB), RATE (500mbit), CHUNK (1MiB), SLOTS (8),
+# FORWARD (send | write-imm), PASSES (2), HOPS ("1 3 5"), MTU (9000), OUT, CARGO_TARGET_DIR,
+# SRDMA_BIN (run this binary instead of building one).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+SIZE=${SIZE:-256MiB}
+RATE=${RATE:-500mbit}
+CHUNK=${CHUNK:-1MiB}
+SLOTS=${SLOTS:-8}
+FORWARD=${FORWARD:-send}
+PASSES=${PASSES:-2}
+HOPS=${HOPS:-"1 3 5"}
+MTU=${MTU:-9000}
+OUT=${OUT:-$ROOT/benchmarks/results/relay.md}
+TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+RUN_LIMIT=${RUN_LIMIT:-300}   # seconds any one chain may take before it counts as failed
+
+skip() { echo "relay.sh: SKIPPED: $*" >&2; exit 77; }
+die() { echo "relay.sh: $*" >&2; exit 1; }
+
+[ "$(id -u)" = 0 ] || skip "not root (network namespaces need CAP_NET_ADMIN)"
+[ "${SRDMA_SKIP_NETNS:-}" = 1 ] && skip "SRDMA_SKIP_NETNS=1"
+for t in ip tc jq; do command -v "$t" >/dev/null || skip "\`$t\` not installed"; done
+
+if [ -n "${SRDMA_BIN:-}" ]; then
+    BIN=$SRDMA_BIN
+else
+    echo "relay.sh: building the release binary" >&2
+    (cd "$ROOT" && CARGO_TARGET_DIR=$TARGET_DIR cargo build --release -q -p srdma-cli) || die "build failed"
+    BIN=$TARGET_DIR/release/srdma
+fi
+[ -x "$BIN" ] || die "no binary at $BIN"
+
+max_hops=0
+for h in $HOPS; do if [ "$h" -gt "$max_hops" ]; then max_hops=$h; fi; done
+NHOSTS=$((max_hops + 1))
+PREFIX="srb$$"
+WIRE="$PREFIX-w"
+WORK=$(mktemp -d /tmp/srdma-relay-bench.XXXXXX)
+PIDS=()
+
+# Kills the node processes of the current run: bash (timing) -> timeout -> srdma.
+kill_nodes() {
+    local p t
+    for p in "${PIDS[@]}"; do
+        for t in $(pgrep -P "$p" 2>/dev/null); do
+            pkill -9 -P "$t" 2>/dev/null || true
+            kill -9 "$t" 2>/dev/null || true
+        done
+        kill -9 "$p" 2>/dev/null || true
+    done
+}
+
+cleanup() {
+    kill_nodes
+    for ((i = 0; i < NHOSTS; i++)); do ip netns del "$PREFIX-$i" 2>/dev/null || true; done
+    ip netns del "$WIRE" 2>/dev/null || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+addr() { echo "10.199.0.$(($1 + 1))"; }
+
+ip netns add "$WIRE"
+ip -n "$WIRE" link add br0 type bridge
+ip -n "$WIRE" link set br0 mtu "$MTU" up
+for ((i = 0; i < NHOSTS; i++)); do
+    ns="$PREFIX-$i"
+    ip netns add "$ns"
+    ip -n "$ns" link add eth0 mtu "$MTU" type veth peer name "p$i" mtu "$MTU" netns "$WIRE"
+    ip -n "$ns" addr add "$(addr "$i")/24" dev eth0
+    ip -n "$ns" link set eth0 up
+    ip -n "$ns" link set lo up
+    ip -n "$WIRE" link set "p$i" master br0 up
+done
+
+# tbf on every host's eth0: each hop of a chain is one host sending to the next, so every
+# link of the chain is limited to RATE. The burst must hold at least one jumbo frame and
+# RATE/HZ; 512 kB does both up to 4 Gbit/s at HZ=1000. 50 ms of queue at RATE.
+limit_all() {
+    for ((i = 0; i < NHOSTS; i++)); do
+        tc -n "$PREFIX-$i" qdisc replace dev eth0 root tbf rate "$1" burst 512kb latency 50ms
+    done
+}
+unlimit_all() {
+    for ((i = 0; i < NHOSTS; i++)); do
+        tc -n "$PREFIX-$i" qdisc del dev eth0 root 2>/dev/null || true
+    done
+}
+
+# Writes the config of a chain of $1 hops to $2: n0 (source) -> n1 ... -> n$1 (sink).
+chain_config() {
+    local hops=$1 file=$2 i
+    {
+        printf '[transfer]\nchunk_size = "%s"\nslots = %s\nforward = "%s"\n' "$CHUNK" "$SLOTS" "$FORWARD"
+        printf '\n[[node]]\nname = "n0"\naddr = "%s"\nrole = "source"\nsource = "gen:%s"\n' "$(addr 0)" "$SIZE"
+        for ((i = 1; i < hops; i++)); do
+            printf '\n[[node]]\nname = "n%d"\naddr = "%s"\nrole = "relay"\nparent = "n%d"\nstages = ["verify"]\n' \
+                "$i" "$(addr "$i")" $((i - 1))
+        done
+        printf '\n[[node]]\nname = "n%d"\naddr = "%s"\nrole = "sink"\nparent = "n%d"\nsink = "discard"\nstages = ["verify"]\n' \
+            "$hops" "$(addr "$hops")" $((hops - 1))
+    } >"$file"
+}
+
+# Runs a chain of $1 hops; results in $WORK/run-$2/. Sets STATUS to "ok" or "failed".
+run_chain() {
+    local hops=$1 dir=$WORK/run-$2 i
+    mkdir -p "$dir"
+    chain_config "$hops" "$dir/relay.toml"
+    PIDS=()
+    # Leaves first, so every listener is up before its parent connects.
+    for ((i = hops; i >= 0; i--)); do
+        ip netns exec "$PREFIX-$i" bash -c \
+            'TIMEFORMAT="%U %S"; { time timeout -s KILL "$5" "$1" relay node --config "$2" --name "$3" --json >"$4.json" 2>"$4.err"; } 2>"$4.cpu"' \
+            _ "$BIN" "$dir/relay.toml" "n$i" "$dir/n$i" "$RUN_LIMIT" &
+        PIDS+=($!)
+    done
+    local start=$EPOCHREALTIME p
+    STATUS=ok
+    # `timeout` kills a node after RUN_LIMIT s, so a hung chain cannot stall the benchmark.
+    for p in "${PIDS[@]}"; do wait "$p" || STATUS=failed; done
+    PIDS=()
+    awk -v a="$start" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f\n", b - a }' >"$dir/wall"
+}
+
+# The final report line of node $2 in run directory $1.
+report() { jq -c 'select(.event == "report")' "$1/$2.json" 2>/dev/null | tail -1; }
+
+# One result row: pass, hops, limit label, run dir, 1-hop throughput of the pass (or "").
+# Sets THR to this run's last-sink throughput in MB/s.
+row() {
+    local pass=$1 hops=$2 label=$3 dir=$4 base=$5 status=$6 sink rep bytes secs ratio met
+    local copied=0 fwd=0 cpu=0 wall i r c f u s copies
+    sink="n$hops"
+    rep=$(report "$dir" "$sink")
+    THR=""
+    if [ "$status" != ok ] || [ -z "$rep" ] || [ "$(jq -r .ok <<<"$rep")" != true ]; then
+        local why
+        why=$(tail -c 300 "$dir/$sink.err" 2>/dev/null | tr '\n|' '  ')
+        printf '| %s | %s | %s | FAILED | | | | | %s |\n' "$pass" "$hops" "$label" "${why:-no report}"
+        return
+    fi
+    bytes=$(jq -r .bytes <<<"$rep")
+    secs=$(jq -r .seconds <<<"$rep")
+    THR=$(awk -v b="$bytes" -v s="$secs" 'BEGIN { printf "%.1f", (s > 0 ? b / s / 1e6 : 0) }')
+    for ((i = 1; i < hops; i++)); do
+        r=$(report "$dir" "n$i")
+        c=$(jq -r '.copied_bytes // 0' <<<"$r")
+        f=$(jq -r '.forwarded_bytes // 0' <<<"$r")
+        copied=$((copied + c))
+        fwd=$((fwd + f))
+    done
+    for ((i = 0; i <= hops; i++)); do
+        read -r u s <"$dir/n$i.cpu" || true
+        cpu=$(awk -v a="$cpu" -v u="${u:-0}" -v s="${s:-0}" 'BEGIN { print a + u + s }')
+    done
+    wall=$(cat "$dir/wall")
+    if [ "$hops" -eq 1 ]; then
+        ratio="1.00"
+        met="(baseline)"
+        copies="(no relay)"
+    else
+        ratio=$(awk -v t="$THR" -v b="$base" 'BEGIN { printf "%.2f", (b > 0 ? t / b : 0) }')
+        met=$(awk -v r="$ratio" 'BEGIN { print (r >= 0.9 ? "MET" : "NOT MET") }')
+        copies=$(awk -v c="$copied" -v f="$fwd" \
+            'BEGIN { if (f > 0) printf "%d / %d = %.4f %%", c, f, 100 * c / f; else printf "%d / 0", c }')
+    fi
+    printf '| %s | %s | %s | %s | %s | %s | %s | %.1f s (%.2f cores over %s s) | |\n' \
+        "$pass" "$hops" "$label" "$THR" "$ratio" "$met" "$copies" "$cpu" \
+        "$(awk -v c="$cpu" -v w="$wall" 'BEGIN { print (w > 0 ? c / w : 0) }')" "$wall"
+}
+
+ROWS=$WORK/rows
+: >"$ROWS"
+n=0
+for ((pass = 1; pass <= PASSES; pass++)); do
+    for mode in limited unlimited; do
+        if [ "$mode" = limited ]; then limit_all "$RATE"; label="tbf $RATE"; else unlimit_all; label="unlimited"; fi
+        base=""
+        for hops in $HOPS; do
+            n=$((n + 1))
+            echo "relay.sh: pass $pass, $label, $hops hop(s)" >&2
+            run_chain "$hops" "$n"
+            row "$pass" "$hops" "$label" "$WORK/run-$n" "$base" "$STATUS" >>"$ROWS"
+            if [ "$hops" -eq 1 ]; then base=${THR:-0}; fi
+            tail -1 "$ROWS" >&2
+        done
+    done
+done
+unlimit_all
+
+mkdir -p "$(dirname "$OUT")"
+{
+    echo "# srdma-relay: chain throughput in network namespaces"
+    echo
+    echo "Written by \`benchmarks/relay.sh\` on $(date -u '+%Y-%m-%d %H:%M UTC'), commit \`$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)\`."
+    echo
+    echo "| | |"
+    echo "|---|---|"
+    echo "| CPU | $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores |"
+    echo "| Kernel | \`$(uname -r)\` |"
+    echo "| Rust | \`$(rustc --version 2>/dev/null)\`, release profile |"
+    echo "| Object | \`gen:$SIZE\` from the source, \`discard\` at the sink (after its verify stage) |"
+    echo "| Transfer | chunk $CHUNK, $SLOTS slots per ring, forward = $FORWARD, relays run \`verify\` |"
+    echo "| Links | veth + bridge, MTU $MTU; limited runs: tbf $RATE on every host's eth0 |"
+    echo
+    echo "Command: \`SIZE=$SIZE RATE=$RATE CHUNK=$CHUNK SLOTS=$SLOTS FORWARD=$FORWARD PASSES=$PASSES benchmarks/relay.sh\`"
+    echo
+    echo "A hop is a link: the 1-hop chain is source -> sink, the 3-hop chain has two relays, the"
+    echo "5-hop chain four. Last-sink throughput is the sink's report: bytes / seconds, in MB/s"
+    echo "(10^6 B/s). The ratio is to the 1-hop chain of the same pass and link setting; the"
+    echo "target (issue 6) is >= 0.9. Relay copies: user-space bytes copied / bytes forwarded,"
+    echo "summed over the relays from their reports (target <= 1 %). CPU: user + system seconds"
+    echo "of every node process together, and that divided by the wall time of the run."
+    echo
+    echo "| pass | hops | links | last-sink MB/s | × 1-hop | ≥ 0.9× | relay copied / forwarded | CPU | notes |"
+    echo "|---:|---:|---|---:|---:|---|---|---|---|"
+    cat "$ROWS"
+} >"$OUT"
+echo "relay.sh: wrote $OUT" >&2
+cat "$OUT"
