@@ -1,8 +1,14 @@
-//! srdma-relay: distribute data from a source through chains and trees of relays to sinks,
-//! by RDMA WRITE_WITH_IMM into registered rings and SEND forwarding (being written).
+//! srdma-relay: distribute data from one source through chains and trees of relays to sinks,
+//! over srdma's RDMA.
+//!
+//! (Design notes: see the module documentation of [`node`] and [`control`].)
 
 pub mod chunk;
+pub mod config;
+pub mod control;
 pub mod digest;
+pub mod node;
+pub mod report;
 pub mod sink;
 pub mod source;
 pub mod stage;

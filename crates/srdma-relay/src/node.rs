@@ -1,0 +1,1645 @@
+//! One node of a transfer, run as its own process: the source, a relay, a sink, or a relay
+//! that is also a sink. See the crate documentation for the protocol.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use srdma::cm::{self, CmError, CmEvent, ConnectOptions, Connection, Listener};
+use srdma::{
+    AccessFlags, CompChannel, Cq, Device, DeviceConfig, Mr, Mtu, Pd, QpInit, QpType, RKey, RecvWr,
+    SendOp, SendWr, SgeList, Wc, WcOpcode, WcStatus,
+};
+
+use crate::chunk::{ChunkHeader, HEADER_LEN, flags};
+use crate::config::{Config, Forward, Node, Role};
+use crate::control::{self, Msg, SinkStatus};
+use crate::digest::{ObjectDigest, hex};
+use crate::report::{self, Display, Latencies, Report};
+use crate::sink::{self, Sink};
+use crate::source::{self, ObjectInfo, Source};
+use crate::stage::{self, Chunk, Stage, StageError};
+
+/// How a node shows what it does.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NodeOptions {
+    /// Progress and report as JSON lines on stdout.
+    pub json: bool,
+    /// No progress bar or lines on stderr.
+    pub quiet: bool,
+}
+
+/// How a node ended.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// Its report (also printed).
+    pub report: Report,
+    /// Its exit status: 0 success, 1 failure, 2 bad configuration.
+    pub code: i32,
+}
+
+// wr_id kinds, in the top byte.
+const K_DATA_RECV: u64 = 1 << 56;
+const K_CREDIT_RECV: u64 = 2 << 56;
+const K_FORWARD: u64 = 3 << 56;
+const K_CREDIT_SEND: u64 = 4 << 56;
+const KIND_MASK: u64 = 0xFF << 56;
+const SEQ_MASK: u64 = (1 << 40) - 1;
+
+/// Magic of the ring descriptor a child sends as the CM REP's private data.
+const RING_MAGIC: &[u8; 4] = b"SRR1";
+
+/// A failure, with whom it blames.
+#[derive(Debug, Clone)]
+struct Fail {
+    msg: String,
+    hop: Option<String>,
+    primary: bool,
+}
+
+type R<T> = Result<T, Fail>;
+
+impl Fail {
+    fn at(hop: &str, msg: impl Into<String>) -> Fail {
+        Fail {
+            msg: msg.into(),
+            hop: Some(hop.to_string()),
+            primary: true,
+        }
+    }
+
+    fn blame(hop: &str, msg: impl Into<String>) -> Fail {
+        Fail {
+            msg: msg.into(),
+            hop: Some(hop.to_string()),
+            primary: false,
+        }
+    }
+}
+
+/// A child's ring, as its REP announced it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Ring {
+    addr: u64,
+    rkey: u32,
+    len: u64,
+    slots: u32,
+    slot_size: u32,
+}
+
+impl Ring {
+    fn encode(&self) -> Vec<u8> {
+        let mut d = RING_MAGIC.to_vec();
+        d.extend(self.addr.to_be_bytes());
+        d.extend(self.rkey.to_be_bytes());
+        d.extend(self.len.to_be_bytes());
+        d.extend(self.slots.to_be_bytes());
+        d.extend(self.slot_size.to_be_bytes());
+        d
+    }
+
+    fn decode(d: &[u8]) -> Option<Ring> {
+        if d.len() < 32 || &d[..4] != RING_MAGIC {
+            return None;
+        }
+        let u64_at = |i: usize| u64::from_be_bytes(d[i..i + 8].try_into().unwrap_or_default());
+        let u32_at = |i: usize| u32::from_be_bytes(d[i..i + 4].try_into().unwrap_or_default());
+        Some(Ring {
+            addr: u64_at(4),
+            rkey: u32_at(12),
+            len: u64_at(16),
+            slots: u32_at(24),
+            slot_size: u32_at(28),
+        })
+    }
+}
+
+struct Child {
+    name: String,
+    conn: Arc<Connection>,
+    ring: Ring,
+    /// Credits received (= chunks the child released).
+    credits: u64,
+    /// Next chunk to post to it.
+    next_post: u64,
+    posted_at: VecDeque<Instant>,
+    down: Arc<AtomicBool>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    seq: u64,
+    busy: bool,
+    processed: bool,
+    /// Forwards posted and not yet completed.
+    pending: u32,
+    /// Bytes of header and payload to forward.
+    len: usize,
+    arrived: Instant,
+    ready_at: Instant,
+}
+
+/// The sink side of a node.
+struct SinkState {
+    sink: Box<dyn Sink>,
+    open: bool,
+    digest: ObjectDigest,
+    next_offset: u64,
+    object_len: u64,
+    committed: u64,
+    digests: Vec<[u8; 16]>,
+}
+
+/// The source side.
+struct SourceState {
+    src: Box<dyn Source>,
+    in_place: bool,
+    scratch: Vec<u8>,
+    current: Option<ObjectInfo>,
+    object: u32,
+    offset: u64,
+    digest: ObjectDigest,
+    digests: Vec<[u8; 16]>,
+    done: bool,
+}
+
+/// Counters the progress thread reads.
+#[derive(Debug, Default)]
+struct Live {
+    bytes: AtomicU64,
+    chunks: AtomicU64,
+    total: AtomicU64,
+    stop: AtomicBool,
+}
+
+/// What a chunk's processing asks of the loop afterwards (outside the device lock).
+enum After {
+    Nothing,
+    Begin(ObjectInfo),
+    Commit,
+    Mismatch { want: [u8; 16], got: [u8; 16] },
+}
+
+/// Runs node `name` of `cfg` to its end and prints its report; never panics on bad input.
+pub fn run(cfg: &Config, name: &str, opts: &NodeOptions) -> Outcome {
+    let Some(me) = cfg.node(name) else {
+        let names: Vec<&str> = cfg.nodes.iter().map(|n| n.name.as_str()).collect();
+        let msg = format!(
+            "{}: no node named {name:?} (the nodes are {})",
+            cfg.file,
+            names.join(", ")
+        );
+        eprintln!("error: {msg}");
+        return Outcome {
+            report: Report {
+                event: "report".into(),
+                node: name.into(),
+                error: Some(msg),
+                ..Report::default()
+            },
+            code: 2,
+        };
+    };
+    let mut n = NodeRun::new(cfg, me, opts);
+    let result = n.run();
+    n.finish(result)
+}
+
+struct NodeRun<'a> {
+    cfg: &'a Config,
+    me: &'a Node,
+    opts: NodeOptions,
+    slots: usize,
+    slot_size: usize,
+    timeout: Duration,
+    live: Arc<Live>,
+    started: Instant,
+    first_chunk: Option<Instant>,
+    last_chunk: Option<Instant>,
+    dev: Option<Device>,
+    server: Option<control::Server>,
+    client: Option<Arc<control::Client>>,
+    children: Vec<Child>,
+    parent: Option<(Arc<Connection>, Arc<AtomicBool>)>,
+    stages: Vec<Box<dyn Stage>>,
+    own_copies: u64,
+    forwarded: u64,
+    latencies: Latencies,
+    bytes: u64,
+    chunks: u64,
+    objects: u64,
+    sink: Option<SinkState>,
+    source_digests: Vec<[u8; 16]>,
+    progress: Option<thread::JoinHandle<Display>>,
+}
+
+fn mtu_of(v: u32) -> Mtu {
+    match v {
+        256 => Mtu::Mtu256,
+        512 => Mtu::Mtu512,
+        2048 => Mtu::Mtu2048,
+        4096 => Mtu::Mtu4096,
+        _ => Mtu::Mtu1024,
+    }
+}
+
+fn imm_of(seq: u64) -> u32 {
+    (seq & 0xFFFF_FFFF) as u32
+}
+
+fn combined_digest(ds: &[[u8; 16]]) -> Option<String> {
+    match ds {
+        [] => None,
+        [one] => Some(hex(one)),
+        many => {
+            let mut d = ObjectDigest::new();
+            for x in many {
+                d.update(x);
+            }
+            Some(hex(&d.finish()))
+        }
+    }
+}
+
+impl<'a> NodeRun<'a> {
+    fn new(cfg: &'a Config, me: &'a Node, opts: &NodeOptions) -> NodeRun<'a> {
+        NodeRun {
+            cfg,
+            me,
+            opts: *opts,
+            slots: cfg.transfer.slots as usize,
+            slot_size: cfg.slot_size(),
+            timeout: Duration::from_millis(cfg.transfer.timeout_ms),
+            live: Arc::new(Live::default()),
+            started: Instant::now(),
+            first_chunk: None,
+            last_chunk: None,
+            dev: None,
+            server: None,
+            client: None,
+            children: Vec::new(),
+            parent: None,
+            stages: Vec::new(),
+            own_copies: 0,
+            forwarded: 0,
+            latencies: Latencies::default(),
+            bytes: 0,
+            chunks: 0,
+            objects: 0,
+            sink: None,
+            source_digests: Vec::new(),
+            progress: None,
+        }
+    }
+
+    fn name(&self) -> &str {
+        &self.me.name
+    }
+
+    fn parent_name(&self) -> &str {
+        self.me.parent.as_deref().unwrap_or("?")
+    }
+
+    fn status(&self, msg: &str) {
+        if !self.opts.quiet && !self.opts.json {
+            eprintln!("{}: {msg}", self.me.name);
+        }
+    }
+
+    fn run(&mut self) -> R<()> {
+        let me = self.me;
+        let t = &self.cfg.transfer;
+        for s in &me.stages {
+            let st =
+                stage::build(s).map_err(|e| Fail::at(&me.name, format!("stage {s:?}: {e}")))?;
+            self.stages.push(st);
+        }
+        // The device.
+        let mut dc = DeviceConfig::new(me.addr);
+        dc.port = me.udp_port;
+        dc.mtu = mtu_of(
+            t.mtu
+                .unwrap_or(if me.addr.is_loopback() { 4096 } else { 1024 }),
+        );
+        let dev = Device::open(dc).map_err(|e| {
+            let hint = if e.to_string().to_lowercase().contains("in use") {
+                " — the port is busy: is another relay node running on this address?"
+            } else {
+                ""
+            };
+            Fail::at(
+                &me.name,
+                format!(
+                    "cannot open the RDMA device on UDP {}:{}: {e}{hint}",
+                    me.addr, me.udp_port
+                ),
+            )
+        })?;
+        self.dev = Some(dev.clone());
+        let pd = dev.alloc_pd();
+        let deadline = Instant::now() + self.timeout;
+
+        // The control channel, and the CM listener for the parent.
+        let listener = if me.role == Role::Source {
+            let expected: Vec<String> = self
+                .cfg
+                .nodes
+                .iter()
+                .filter(|n| n.role != Role::Source)
+                .map(|n| n.name.clone())
+                .collect();
+            let addr = self.cfg.control_addr();
+            let server = control::Server::bind(addr, &expected).map_err(|e| {
+                Fail::at(
+                    &me.name,
+                    format!("cannot listen on the control port TCP {addr}: {e} (port busy?)"),
+                )
+            })?;
+            self.server = Some(server);
+            None
+        } else {
+            let l = Listener::bind(&dev, &pd, me.cm_addr()).map_err(|e| {
+                Fail::at(
+                    &me.name,
+                    format!(
+                        "cannot listen for connections on TCP {}: {e} (port busy?)",
+                        me.cm_addr()
+                    ),
+                )
+            })?;
+            let src = self.cfg.source();
+            let addr = self.cfg.control_addr();
+            let client = control::Client::connect(addr, &me.name, deadline).map_err(|e| {
+                Fail::blame(
+                    &src.name,
+                    format!(
+                        "cannot reach the source {} at its control port TCP {addr} within {} ms: {e}",
+                        src.name, t.timeout_ms
+                    ),
+                )
+            })?;
+            self.client = Some(Arc::new(client));
+            Some(l)
+        };
+        self.start_progress();
+
+        let chan = CompChannel::new()
+            .map_err(|e| Fail::at(&me.name, format!("completion channel: {e}")))?;
+        let nkids = self.cfg.children(&me.name).len();
+        let cq_len = (3 * self.slots * (nkids + 1) + 64).min(32_000);
+        let cq = dev
+            .create_cq(cq_len, Some(&chan))
+            .map_err(|e| Fail::at(&me.name, format!("creating a CQ: {e}")))?;
+        let mut init = QpInit::new(QpType::Rc, &cq, &cq);
+        let depth = (2 * self.slots as u32 + 16).max(128);
+        init.caps.max_send_wr = depth;
+        init.caps.max_recv_wr = depth;
+        let access = if me.role == Role::Source {
+            AccessFlags::LOCAL_WRITE
+        } else {
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE
+        };
+        let buf = pd
+            .reg_mr(self.slots * self.slot_size, access)
+            .map_err(|e| Fail::at(&me.name, format!("registering the ring: {e}")))?;
+
+        if let Some(l) = &listener {
+            self.accept_parent(l, &pd, &init, &buf, deadline)?;
+        }
+        for child in self.cfg.children(&me.name) {
+            self.connect_child(child, &dev, &pd, &init, deadline)?;
+        }
+        if me.role.has_sink() {
+            let spec = me.sink.as_deref().unwrap_or("discard");
+            let s = sink::open(spec)
+                .map_err(|e| Fail::at(&me.name, format!("opening sink {spec:?}: {e}")))?;
+            self.sink = Some(SinkState {
+                sink: s,
+                open: false,
+                digest: ObjectDigest::new(),
+                next_offset: 0,
+                object_len: u64::MAX,
+                committed: 0,
+                digests: Vec::new(),
+            });
+        }
+        let mut source = None;
+        if me.role == Role::Source {
+            let spec = me.source.as_deref().unwrap_or("");
+            let src = source::open(spec)
+                .map_err(|e| Fail::at(&me.name, format!("opening source {spec:?}: {e}")))?;
+            source = Some(SourceState {
+                src,
+                in_place: !matches!(spec, "stdin" | "-"),
+                scratch: Vec::new(),
+                current: None,
+                object: 0,
+                offset: 0,
+                digest: ObjectDigest::new(),
+                digests: Vec::new(),
+                done: false,
+            });
+        }
+        self.status(&format!(
+            "connected ({} slots of {} bytes per ring)",
+            self.slots, self.slot_size
+        ));
+        self.data_loop(&cq, &chan, &buf, source)
+    }
+
+    fn start_progress(&mut self) {
+        let live = Arc::clone(&self.live);
+        let name = self.me.name.clone();
+        let json = self.opts.json;
+        let quiet = self.opts.quiet;
+        let started = self.started;
+        let client = self.client.clone();
+        let h = thread::Builder::new()
+            .name("relay-progress".into())
+            .spawn(move || {
+                let mut d = Display::new(&name, json, quiet, None);
+                let mut total_set = false;
+                let mut last = (u64::MAX, u64::MAX);
+                loop {
+                    // Sleep in short steps so the end is not delayed by a whole period.
+                    for _ in 0..20 {
+                        if live.stop.load(Ordering::Acquire) {
+                            return d;
+                        }
+                        thread::sleep(Duration::from_millis(10));
+                    }
+                    let total = live.total.load(Ordering::Relaxed);
+                    if !total_set && total > 0 {
+                        d.set_total(total);
+                        total_set = true;
+                    }
+                    let bytes = live.bytes.load(Ordering::Relaxed);
+                    let chunks = live.chunks.load(Ordering::Relaxed);
+                    d.progress(bytes, chunks, started.elapsed());
+                    if let Some(c) = &client {
+                        if last != (bytes, chunks) {
+                            c.send(&Msg::Progress {
+                                node: name.clone(),
+                                bytes,
+                                chunks,
+                            });
+                            last = (bytes, chunks);
+                        }
+                    }
+                }
+            });
+        self.progress = h.ok();
+    }
+
+    /// Waits for the parent's connection (posting a receive per ring slot first) and
+    /// answers with the ring's descriptor.
+    fn accept_parent(
+        &mut self,
+        l: &Listener,
+        pd: &Pd,
+        init: &QpInit,
+        ring: &Mr,
+        deadline: Instant,
+    ) -> R<()> {
+        let parent = self.parent_name().to_string();
+        let desc = ring
+            .remote()
+            .ok_or_else(|| Fail::at(self.name(), "the ring has no rkey"))?;
+        let ring_desc = Ring {
+            addr: desc.addr,
+            rkey: desc.rkey,
+            len: desc.len,
+            slots: self.slots as u32,
+            slot_size: self.slot_size as u32,
+        };
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Fail::blame(
+                    &parent,
+                    format!(
+                        "parent {parent} did not connect within {} ms",
+                        self.timeout.as_millis()
+                    ),
+                ));
+            }
+            let req = match l.accept_request(Some(left)) {
+                Ok(r) => r,
+                Err(CmError::Timeout) => continue,
+                Err(_) => continue,
+            };
+            if req.private_data() != parent.as_bytes() {
+                let who = String::from_utf8_lossy(req.private_data()).into_owned();
+                let _ = req.reject(cm::reason::CONSUMER_DEFINED, b"not my parent");
+                self.status(&format!("refused a connection from {who:?}: not my parent"));
+                continue;
+            }
+            let qp = pd
+                .create_qp(init)
+                .map_err(|e| Fail::at(self.name(), format!("creating a QP: {e}")))?;
+            for s in 0..self.slots {
+                qp.post_recv(RecvWr {
+                    wr_id: K_DATA_RECV | s as u64,
+                    sges: SgeList::one(ring.sge(s * self.slot_size, self.slot_size)),
+                })
+                .map_err(|e| Fail::at(self.name(), format!("posting a receive: {e}")))?;
+            }
+            let conn = match req.accept(&qp, &ring_desc.encode()) {
+                Ok(c) => c,
+                Err(e) => {
+                    self.status(&format!("accepting {parent} failed: {e}; waiting again"));
+                    continue;
+                }
+            };
+            let conn = Arc::new(conn);
+            let down = watch(Arc::clone(&conn), Arc::clone(&self.live));
+            self.parent = Some((conn, down));
+            return Ok(());
+        }
+    }
+
+    /// Connects to a child (retrying until `deadline`: it may start later), reads its ring
+    /// descriptor, posts a receive per slot for its credits.
+    fn connect_child(
+        &mut self,
+        child: &Node,
+        dev: &Device,
+        pd: &Pd,
+        init: &QpInit,
+        deadline: Instant,
+    ) -> R<()> {
+        let addr: SocketAddr = child.cm_addr();
+        let mut last_err = String::new();
+        let conn = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Fail::at(
+                    &child.name,
+                    format!(
+                        "cannot reach {} at {addr} (its CM port) within {} ms: {last_err}",
+                        child.name,
+                        self.timeout.as_millis()
+                    ),
+                ));
+            }
+            let opts = ConnectOptions {
+                private_data: self.me.name.as_bytes().to_vec(),
+                timeout: left.min(Duration::from_secs(2)),
+                ..ConnectOptions::default()
+            };
+            match cm::connect(dev, pd, addr, init, &opts) {
+                Ok(c) => break c,
+                Err(e @ CmError::Rejected { .. }) => {
+                    return Err(Fail::at(
+                        &child.name,
+                        format!("{} at {addr} refused the connection: {e}", child.name),
+                    ));
+                }
+                Err(e) => {
+                    last_err = e.to_string();
+                    thread::sleep(Duration::from_millis(50));
+                }
+            }
+        };
+        let ring = Ring::decode(conn.remote_private_data()).ok_or_else(|| {
+            Fail::at(
+                &child.name,
+                format!("{} sent no ring descriptor (not a relay node?)", child.name),
+            )
+        })?;
+        if ring.slots as usize != self.slots
+            || ring.slot_size as usize != self.slot_size
+            || ring.len < ring.slots as u64 * u64::from(ring.slot_size)
+        {
+            return Err(Fail::at(
+                &child.name,
+                format!(
+                    "{} announces {} slots of {} bytes, this node expects {} of {} (do all nodes \
+                     use the same configuration?)",
+                    child.name, ring.slots, ring.slot_size, self.slots, self.slot_size
+                ),
+            ));
+        }
+        let idx = self.children.len() as u64;
+        for _ in 0..self.slots {
+            conn.qp()
+                .post_recv(RecvWr {
+                    wr_id: K_CREDIT_RECV | idx,
+                    sges: SgeList::new(),
+                })
+                .map_err(|e| Fail::at(self.name(), format!("posting a receive: {e}")))?;
+        }
+        let conn = Arc::new(conn);
+        let down = watch(Arc::clone(&conn), Arc::clone(&self.live));
+        self.children.push(Child {
+            name: child.name.clone(),
+            conn,
+            ring,
+            credits: 0,
+            next_post: 0,
+            posted_at: VecDeque::new(),
+            down,
+        });
+        Ok(())
+    }
+
+    fn peer_of(&self, wc: &Wc) -> String {
+        if let Some((p, _)) = &self.parent {
+            if p.qp().qpn() == wc.qp_num {
+                return self.parent_name().to_string();
+            }
+        }
+        for c in &self.children {
+            if c.conn.qp().qpn() == wc.qp_num {
+                return c.name.clone();
+            }
+        }
+        "?".into()
+    }
+
+    /// Checks what the rest of the transfer says: aborts, lost peers.
+    fn check_outside(&self, done_with_parent: bool) -> R<()> {
+        if let Some(s) = &self.server {
+            let f = s.failures();
+            if let Some(f) = f.iter().find(|f| f.primary).or(f.first()) {
+                return Err(Fail {
+                    msg: f.error.clone(),
+                    hop: f.failed_hop.clone(),
+                    primary: false,
+                });
+            }
+        }
+        if let Some(c) = &self.client {
+            let h = c.heard();
+            if let Some((hop, err)) = h.abort {
+                return Err(Fail {
+                    msg: format!("the source stopped the transfer: {err}"),
+                    hop,
+                    primary: false,
+                });
+            }
+            if h.lost {
+                let src = &self.cfg.source().name;
+                return Err(Fail::blame(
+                    src,
+                    format!("lost the control connection to the source {src}"),
+                ));
+            }
+        }
+        if let Some((_, down)) = &self.parent {
+            if !done_with_parent && down.load(Ordering::Acquire) {
+                let p = self.parent_name();
+                return Err(Fail::blame(
+                    p,
+                    format!("the connection from parent {p} was lost"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_lines)]
+    fn data_loop(
+        &mut self,
+        cq: &Cq,
+        chan: &CompChannel,
+        buf: &Mr,
+        mut source: Option<SourceState>,
+    ) -> R<()> {
+        let slots = self.slots;
+        let now = Instant::now();
+        let mut ring: Vec<Slot> = vec![
+            Slot {
+                seq: 0,
+                busy: false,
+                processed: false,
+                pending: 0,
+                len: 0,
+                arrived: now,
+                ready_at: now,
+            };
+            slots
+        ];
+        let is_source = source.is_some();
+        let mut next_in: u64 = 0;
+        let mut next_release: u64 = 0;
+        let mut eot: Option<u64> = None;
+        let mut credits_out: u64 = 0;
+        let mut throttle_clock = Instant::now();
+        let mut last_activity = Instant::now();
+        let mut wcs: Vec<Wc> = Vec::with_capacity(64);
+        let fwd_send = self.cfg.transfer.forward == Forward::Send && !is_source;
+        let dev = self.dev.clone();
+        loop {
+            let mut progressed = false;
+            // 1. Completions.
+            wcs.clear();
+            cq.poll_into(&mut wcs, 64);
+            for wc in wcs.drain(..) {
+                progressed = true;
+                last_activity = Instant::now();
+                if wc.status != WcStatus::Success {
+                    let peer = self.peer_of(&wc);
+                    return Err(Fail::blame(
+                        &peer,
+                        format!(
+                            "{:?} with {peer} failed: {} ({peer} unreachable or gone)",
+                            wc.opcode, wc.status
+                        ),
+                    ));
+                }
+                match wc.wr_id & KIND_MASK {
+                    K_DATA_RECV => {
+                        let imm = wc.imm_data.ok_or_else(|| {
+                            Fail::at(self.name(), "a chunk arrived without immediate data")
+                        })?;
+                        let seq = next_in;
+                        if imm != imm_of(seq) {
+                            return Err(Fail::at(
+                                self.name(),
+                                format!(
+                                    "chunk {imm} arrived from {}, expected {seq}",
+                                    self.parent_name()
+                                ),
+                            ));
+                        }
+                        let s = (seq % slots as u64) as usize;
+                        if wc.opcode == WcOpcode::Recv && (wc.wr_id & SEQ_MASK) as usize != s {
+                            return Err(Fail::at(
+                                self.name(),
+                                format!(
+                                    "chunk {seq} landed in slot {}, expected {s}",
+                                    wc.wr_id & SEQ_MASK
+                                ),
+                            ));
+                        }
+                        if ring[s].busy {
+                            return Err(Fail::blame(
+                                self.parent_name(),
+                                format!(
+                                    "{} sent chunk {seq} into a slot still in use (credit violation)",
+                                    self.parent_name()
+                                ),
+                            ));
+                        }
+                        next_in += 1;
+                        let arrived = Instant::now();
+                        self.first_chunk.get_or_insert(arrived);
+                        ring[s] = Slot {
+                            seq,
+                            busy: true,
+                            processed: false,
+                            pending: 0,
+                            len: 0,
+                            arrived,
+                            ready_at: arrived,
+                        };
+                        let (len, data, is_eot) =
+                            self.process(buf, s, seq, wc.byte_len as usize)?;
+                        if is_eot {
+                            eot = Some(seq);
+                        }
+                        ring[s].len = len;
+                        ring[s].processed = true;
+                        if let Some(rate) = self.me.throttle {
+                            let cost = Duration::from_secs_f64(len as f64 / rate as f64);
+                            throttle_clock = throttle_clock.max(arrived) + cost;
+                            ring[s].ready_at = throttle_clock;
+                        }
+                        self.note_chunk(data);
+                    }
+                    K_CREDIT_RECV => {
+                        let c = (wc.wr_id & SEQ_MASK) as usize;
+                        let Some(child) = self.children.get_mut(c) else {
+                            continue;
+                        };
+                        let imm = wc.imm_data.unwrap_or(u32::MAX);
+                        if imm != imm_of(child.credits) {
+                            return Err(Fail::blame(
+                                &child.name,
+                                format!(
+                                    "{} returned the credit of chunk {imm}, expected {}",
+                                    child.name, child.credits
+                                ),
+                            ));
+                        }
+                        child.credits += 1;
+                        if let Some(t) = child.posted_at.pop_front() {
+                            self.latencies.record(t.elapsed());
+                        }
+                        child
+                            .conn
+                            .qp()
+                            .post_recv(RecvWr {
+                                wr_id: wc.wr_id,
+                                sges: SgeList::new(),
+                            })
+                            .map_err(|e| {
+                                Fail::at(&self.me.name, format!("posting a receive: {e}"))
+                            })?;
+                    }
+                    K_FORWARD => {
+                        let seq = wc.wr_id & SEQ_MASK;
+                        let s = (seq % slots as u64) as usize;
+                        if ring[s].busy && ring[s].seq & SEQ_MASK == seq && ring[s].pending > 0 {
+                            ring[s].pending -= 1;
+                            self.forwarded += u64::from(wc.byte_len);
+                        }
+                    }
+                    K_CREDIT_SEND => credits_out = credits_out.saturating_sub(1),
+                    _ => {}
+                }
+            }
+
+            // 2. The source fills free staging slots.
+            if let Some(src) = source.as_mut() {
+                if !src.done {
+                    let s = (next_in % slots as u64) as usize;
+                    if !ring[s].busy {
+                        let seq = next_in;
+                        let (len, data, is_eot) = self.fill(src, buf, s, seq)?;
+                        let t = Instant::now();
+                        self.first_chunk.get_or_insert(t);
+                        ring[s] = Slot {
+                            seq,
+                            busy: true,
+                            processed: true,
+                            pending: 0,
+                            len,
+                            arrived: t,
+                            ready_at: t,
+                        };
+                        if is_eot {
+                            eot = Some(seq);
+                            src.done = true;
+                        }
+                        self.note_chunk(data);
+                        next_in += 1;
+                        progressed = true;
+                    }
+                }
+            }
+
+            // 3. Forward what is processed, as far as each child's credits go.
+            for (ci, child) in self.children.iter_mut().enumerate() {
+                while child.next_post < next_in && child.next_post < child.credits + slots as u64 {
+                    let seq = child.next_post;
+                    let s = (seq % slots as u64) as usize;
+                    if !ring[s].processed || ring[s].seq != seq {
+                        break;
+                    }
+                    let off = s * self.slot_size;
+                    let op = if fwd_send {
+                        SendOp::SendWithImm { imm: imm_of(seq) }
+                    } else {
+                        SendOp::WriteWithImm {
+                            remote_addr: child.ring.addr
+                                + (s * child.ring.slot_size as usize) as u64,
+                            rkey: RKey(child.ring.rkey),
+                            imm: imm_of(seq),
+                        }
+                    };
+                    let wr = SendWr::new(
+                        K_FORWARD | ((ci as u64) << 40) | (seq & SEQ_MASK),
+                        op,
+                        SgeList::one(buf.sge(off, ring[s].len)),
+                    );
+                    child.conn.qp().post_send(wr).map_err(|e| {
+                        Fail::blame(
+                            &child.name,
+                            format!("posting chunk {seq} to {}: {e}", child.name),
+                        )
+                    })?;
+                    ring[s].pending += 1;
+                    child.posted_at.push_back(Instant::now());
+                    child.next_post += 1;
+                    progressed = true;
+                }
+            }
+
+            // 4. Release slots in order: processed, forwarded to every child, throttle
+            //    satisfied. A relay/sink reposts the receive and returns the credit.
+            let now = Instant::now();
+            let mut next_wake: Option<Instant> = None;
+            while next_release < next_in {
+                let s = (next_release % slots as u64) as usize;
+                let sl = ring[s];
+                let all_posted = self.children.iter().all(|c| c.next_post > sl.seq);
+                if !(sl.busy && sl.processed && sl.pending == 0 && all_posted) {
+                    break;
+                }
+                if sl.ready_at > now {
+                    next_wake = Some(sl.ready_at);
+                    break;
+                }
+                if let Some((parent, _)) = &self.parent {
+                    let qp = parent.qp();
+                    qp.post_recv(RecvWr {
+                        wr_id: K_DATA_RECV | s as u64,
+                        sges: SgeList::one(buf.sge(s * self.slot_size, self.slot_size)),
+                    })
+                    .map_err(|e| Fail::at(&self.me.name, format!("reposting a receive: {e}")))?;
+                    let credit = SendWr::new(
+                        K_CREDIT_SEND | (sl.seq & SEQ_MASK),
+                        SendOp::SendWithImm {
+                            imm: imm_of(sl.seq),
+                        },
+                        SgeList::new(),
+                    );
+                    qp.post_send(credit).map_err(|e| {
+                        Fail::blame(
+                            self.parent_name(),
+                            format!("returning a credit to {}: {e}", self.parent_name()),
+                        )
+                    })?;
+                    credits_out += 1;
+                    if self.children.is_empty() {
+                        self.latencies.record(sl.arrived.elapsed());
+                    }
+                }
+                ring[s].busy = false;
+                ring[s].processed = false;
+                next_release += 1;
+                self.last_chunk = Some(now);
+                progressed = true;
+            }
+
+            // 5. Done?
+            if let Some(e) = eot {
+                let done = if is_source {
+                    self.children.iter().all(|c| c.credits > e)
+                } else {
+                    next_release > e && credits_out == 0
+                };
+                if done {
+                    return Ok(());
+                }
+            }
+
+            // 6. Failures elsewhere, dead hops.
+            let done_with_parent = eot.is_some_and(|e| next_release > e && credits_out == 0);
+            self.check_outside(done_with_parent)?;
+            for c in &self.children {
+                let finished = eot.is_some_and(|e| c.credits > e);
+                if !finished && c.down.load(Ordering::Acquire) {
+                    return Err(Fail::blame(
+                        &c.name,
+                        format!("the connection to child {} was lost", c.name),
+                    ));
+                }
+            }
+            if !progressed && last_activity.elapsed() > self.timeout && next_wake.is_none() {
+                let ms = self.timeout.as_millis();
+                if let Some(c) = self.children.iter().find(|c| c.next_post > c.credits) {
+                    return Err(Fail::blame(
+                        &c.name,
+                        format!(
+                            "{} returned no credit for {ms} ms ({} of {} chunks acknowledged): hop {} is dead or stuck",
+                            c.name, c.credits, c.next_post, c.name
+                        ),
+                    ));
+                }
+                if !is_source {
+                    let p = self.parent_name().to_string();
+                    return Err(Fail::blame(
+                        &p,
+                        format!(
+                            "no chunk from parent {p} for {ms} ms after chunk {next_in}: hop {p} is dead or stuck"
+                        ),
+                    ));
+                }
+            }
+            if progressed {
+                continue;
+            }
+            // 7. Sleep until a completion, the next throttle deadline, or a periodic check.
+            cq.req_notify(false);
+            if !cq.poll(0).is_empty() {
+                continue;
+            }
+            let mut wait = Duration::from_millis(20);
+            if let Some(w) = next_wake {
+                wait = wait.min(w.saturating_duration_since(Instant::now()));
+            }
+            let _ = chan.get_event(Some(wait));
+            let _ = &dev;
+        }
+    }
+
+    fn note_chunk(&mut self, data: u64) {
+        self.chunks += 1;
+        self.bytes += data;
+        self.live.chunks.store(self.chunks, Ordering::Relaxed);
+        self.live.bytes.store(self.bytes, Ordering::Relaxed);
+    }
+
+    /// The source: frames the next chunk in staging slot `s`. Returns (bytes to send, object
+    /// bytes it carries, end of transfer).
+    fn fill(
+        &mut self,
+        src: &mut SourceState,
+        buf: &Mr,
+        s: usize,
+        seq: u64,
+    ) -> R<(usize, u64, bool)> {
+        let me = self.me.name.clone();
+        let check = self.cfg.transfer.check;
+        let chunk_size = self.cfg.transfer.chunk_size;
+        let base = s * self.slot_size;
+        let slot_size = self.slot_size;
+        let src_err = |e: std::io::Error| Fail::at(&me, format!("reading the source: {e}"));
+        // Decide what this chunk is (outside the device lock: opening files may block).
+        enum What {
+            Start(ObjectInfo),
+            Data,
+            End,
+            Eot,
+        }
+        let what = if src.current.is_none() {
+            match src.src.next_object().map_err(src_err)? {
+                Some(info) => What::Start(info),
+                None => What::Eot,
+            }
+        } else {
+            What::Data
+        };
+        // Stdin and other blocking sources: read outside the lock, copy in (counted).
+        let mut pre: Option<usize> = None;
+        if matches!(what, What::Data) && !src.in_place {
+            src.scratch.resize(chunk_size, 0);
+            let mut got = 0;
+            while got < chunk_size {
+                let n = src.src.read(&mut src.scratch[got..]).map_err(src_err)?;
+                if n == 0 {
+                    break;
+                }
+                got += n;
+            }
+            pre = Some(got);
+        }
+        let flip = self.me.flip_bit_at_seq == Some(seq);
+        let stages = &mut self.stages;
+        let r: R<(usize, u64, Option<What>)> = buf.with_bytes_mut(|b| {
+            let slot = &mut b[base..base + slot_size];
+            let (hb, pb) = slot.split_at_mut(HEADER_LEN);
+            let obj_len = |info: &ObjectInfo| info.len.unwrap_or(u64::MAX);
+            let mut what = what;
+            let mut h;
+            let mut data = 0u64;
+            match &what {
+                What::Start(info) => {
+                    let name = info.name.as_bytes();
+                    if name.len() > pb.len() {
+                        return Err(Fail::at(
+                            &me,
+                            format!("object name {:?} is too long", info.name),
+                        ));
+                    }
+                    pb[..name.len()].copy_from_slice(name);
+                    h = ChunkHeader::data(seq, src.object, 0, 0, obj_len(info), check);
+                    h.flags = flags::OBJECT_START;
+                    h.seal(&pb[..name.len()]);
+                }
+                What::Eot => {
+                    h = ChunkHeader::data(seq, src.object, 0, 0, 0, check);
+                    h.flags = flags::END_OF_TRANSFER;
+                    h.seal(&[]);
+                }
+                What::Data | What::End => {
+                    let n = match pre {
+                        Some(n) => {
+                            pb[..n].copy_from_slice(&src.scratch[..n]);
+                            n
+                        }
+                        None => {
+                            // Fill the slot straight from the source.
+                            let mut got = 0;
+                            while got < chunk_size {
+                                let n = src.src.read(&mut pb[got..chunk_size]).map_err(src_err)?;
+                                if n == 0 {
+                                    break;
+                                }
+                                got += n;
+                            }
+                            got
+                        }
+                    };
+                    let len = src.current.as_ref().map_or(u64::MAX, obj_len);
+                    if n == 0 {
+                        let d = src.digest.finish();
+                        pb[..16].copy_from_slice(&d);
+                        h = ChunkHeader::data(seq, src.object, src.offset, 0, len, check);
+                        h.flags = flags::OBJECT_END;
+                        h.seal(&pb[..16]);
+                        what = What::End;
+                    } else {
+                        src.digest.update(&pb[..n]);
+                        h = ChunkHeader::data(seq, src.object, src.offset, n as u32, len, check);
+                        h.seal(&pb[..n]);
+                        for st in stages.iter_mut() {
+                            st.process(Chunk {
+                                header: &mut h,
+                                buf: &mut *pb,
+                            })
+                            .map_err(|e| Fail::at(&me, format!("stage {}: {e}", st.name())))?;
+                        }
+                        data = n as u64;
+                    }
+                }
+            }
+            h.encode(hb)
+                .map_err(|e| Fail::at(&me, format!("framing chunk {seq}: {e}")))?;
+            if flip {
+                flip_bit(hb, pb, h.payload_len as usize);
+            }
+            Ok((HEADER_LEN + h.payload_len as usize, data, Some(what)))
+        });
+        let (len, data, what) = r?;
+        if pre.is_some() {
+            self.own_copies += data;
+        }
+        match what {
+            Some(What::Start(info)) => {
+                if let Some(l) = info.len {
+                    self.live.total.fetch_add(l, Ordering::Relaxed);
+                }
+                src.current = Some(info);
+                src.offset = 0;
+                src.digest = ObjectDigest::new();
+                Ok((len, 0, false))
+            }
+            Some(What::Data) => {
+                src.offset += data;
+                Ok((len, data, false))
+            }
+            Some(What::End) => {
+                let d = src.digest.finish();
+                src.digests.push(d);
+                self.source_digests.push(d);
+                src.current = None;
+                src.object += 1;
+                self.objects += 1;
+                Ok((len, 0, false))
+            }
+            Some(What::Eot) | None => Ok((len, 0, true)),
+        }
+    }
+
+    /// A relay or sink: checks and processes the chunk in slot `s` in place, hands it to the
+    /// sink. Returns (bytes to forward, object bytes it carries, end of transfer).
+    fn process(&mut self, buf: &Mr, s: usize, seq: u64, byte_len: usize) -> R<(usize, u64, bool)> {
+        let me = self.me.name.clone();
+        let parent = self.parent_name().to_string();
+        let base = s * self.slot_size;
+        let slot_size = self.slot_size;
+        let flip = self.me.flip_bit_at_seq == Some(seq);
+        let stages = &mut self.stages;
+        let sink = &mut self.sink;
+        let corrupt = |what: String| {
+            Fail::at(
+                &me,
+                format!("chunk {seq} corrupt, caught at {me} (received from {parent}): {what}"),
+            )
+        };
+        let r: R<(usize, u64, bool, After, u64)> = buf.with_bytes_mut(|b| {
+            let slot = &mut b[base..base + slot_size];
+            let (hb, pb) = slot.split_at_mut(HEADER_LEN);
+            let mut h = ChunkHeader::decode(hb).map_err(|e| corrupt(e.to_string()))?;
+            if h.seq != seq {
+                return Err(corrupt(format!("its header says chunk {}", h.seq)));
+            }
+            if HEADER_LEN + h.payload_len as usize != byte_len {
+                return Err(corrupt(format!(
+                    "{byte_len} bytes arrived, the header announces {}",
+                    HEADER_LEN + h.payload_len as usize
+                )));
+            }
+            for st in stages.iter_mut() {
+                st.process(Chunk {
+                    header: &mut h,
+                    buf: &mut *pb,
+                })
+                .map_err(|e| match e {
+                    StageError::Corrupt { error, .. } => corrupt(error.to_string()),
+                    other => Fail::at(&me, format!("stage {} at {me}: {other}", st.name())),
+                })?;
+            }
+            h.encode(hb)
+                .map_err(|e| Fail::at(&me, format!("re-framing chunk {seq}: {e}")))?;
+            if flip {
+                flip_bit(hb, pb, h.payload_len as usize);
+                // Re-read what now goes on: the sink below must see the damage too.
+                if h.payload_len == 0 {
+                    h = ChunkHeader::decode(hb).map_err(|e| corrupt(e.to_string()))?;
+                }
+            }
+            let plen = h.payload_len as usize;
+            let payload = &pb[..plen];
+            let data = if h.is_data() { u64::from(h.raw_len) } else { 0 };
+            let mut after = After::Nothing;
+            let mut copied = 0u64;
+            if let Some(sk) = sink.as_mut() {
+                h.verify(pb).map_err(|e| corrupt(e.to_string()))?;
+                if h.has(flags::OBJECT_START) {
+                    if sk.open {
+                        return Err(corrupt("an object starts inside another".into()));
+                    }
+                    let name = String::from_utf8(payload.to_vec())
+                        .map_err(|_| corrupt("the object name is not UTF-8".into()))?;
+                    copied += plen as u64;
+                    after = After::Begin(ObjectInfo {
+                        name,
+                        len: (h.object_len != u64::MAX).then_some(h.object_len),
+                    });
+                } else if h.has(flags::OBJECT_END) {
+                    if !sk.open {
+                        return Err(corrupt("an object ends that never started".into()));
+                    }
+                    let want: [u8; 16] = payload
+                        .get(..16)
+                        .and_then(|d| d.try_into().ok())
+                        .ok_or_else(|| corrupt("the object digest is missing".into()))?;
+                    if sk.object_len != u64::MAX && sk.next_offset != sk.object_len {
+                        return Err(corrupt(format!(
+                            "the object ends after {} of its {} bytes",
+                            sk.next_offset, sk.object_len
+                        )));
+                    }
+                    let got = sk.digest.finish();
+                    after = if got == want {
+                        After::Commit
+                    } else {
+                        After::Mismatch { want, got }
+                    };
+                } else if h.has(flags::END_OF_TRANSFER) {
+                    if sk.open {
+                        return Err(corrupt("the transfer ends inside an object".into()));
+                    }
+                } else {
+                    if !sk.open {
+                        return Err(corrupt("data outside an object".into()));
+                    }
+                    if h.has(flags::COMPRESSED) {
+                        return Err(Fail::at(
+                            &me,
+                            format!(
+                                "chunk {seq} reached sink {me} compressed: add a \"decompress\" stage"
+                            ),
+                        ));
+                    }
+                    if h.offset != sk.next_offset || h.raw_len as usize != plen {
+                        return Err(corrupt(format!(
+                            "data at offset {} ({} bytes), expected offset {}",
+                            h.offset, plen, sk.next_offset
+                        )));
+                    }
+                    sk.digest.update(payload);
+                    sk.sink.write(h.offset, payload).map_err(|e| {
+                        if sink::is_storage_full(&e) {
+                            Fail::at(&me, format!("disk full at sink {me}: {e}"))
+                        } else {
+                            Fail::at(&me, format!("sink {me}: writing: {e}"))
+                        }
+                    })?;
+                    sk.next_offset += plen as u64;
+                }
+            }
+            let eot = h.has(flags::END_OF_TRANSFER);
+            if h.has(flags::OBJECT_END) {
+                // Counted below for sinks on commit; relays count objects passing through.
+            }
+            Ok((HEADER_LEN + plen, data, eot, after, copied))
+        });
+        let (len, data, eot, after, copied) = r?;
+        self.own_copies += copied;
+        match after {
+            After::Nothing => {}
+            After::Begin(info) => {
+                let sk = self
+                    .sink
+                    .as_mut()
+                    .ok_or_else(|| Fail::at(&self.me.name, "no sink"))?;
+                if let Some(l) = info.len {
+                    self.live.total.fetch_add(l, Ordering::Relaxed);
+                }
+                sk.sink.begin(&info).map_err(|e| {
+                    if sink::is_storage_full(&e) {
+                        Fail::at(
+                            &self.me.name,
+                            format!("disk full at sink {}: {e}", self.me.name),
+                        )
+                    } else {
+                        Fail::at(
+                            &self.me.name,
+                            format!("sink {}: starting {:?}: {e}", self.me.name, info.name),
+                        )
+                    }
+                })?;
+                sk.open = true;
+                sk.digest = ObjectDigest::new();
+                sk.next_offset = 0;
+                sk.object_len = info.len.unwrap_or(u64::MAX);
+            }
+            After::Commit => {
+                let name = self.me.name.clone();
+                let sk = self
+                    .sink
+                    .as_mut()
+                    .ok_or_else(|| Fail::at(&name, "no sink"))?;
+                sk.open = false;
+                sk.sink.commit().map_err(|e| {
+                    if sink::is_storage_full(&e) {
+                        Fail::at(&name, format!("disk full at sink {name}: {e}"))
+                    } else {
+                        Fail::at(&name, format!("sink {name}: committing: {e}"))
+                    }
+                })?;
+                sk.committed += 1;
+                sk.digests.push(sk.digest.finish());
+            }
+            After::Mismatch { want, got } => {
+                let name = self.me.name.clone();
+                if let Some(sk) = self.sink.as_mut() {
+                    sk.open = false;
+                    sk.sink.abort();
+                }
+                return Err(Fail::at(
+                    &name,
+                    format!(
+                        "object digest mismatch at sink {name}: the source sent {}, the data gives {}",
+                        hex(&want),
+                        hex(&got)
+                    ),
+                ));
+            }
+        }
+        if self.sink.is_none() {
+            // Relays count objects as their ends pass.
+            let ended = buf.with_bytes(|b| {
+                ChunkHeader::decode(&b[base..base + HEADER_LEN])
+                    .map(|h| h.has(flags::OBJECT_END))
+                    .unwrap_or(false)
+            });
+            if ended {
+                self.objects += 1;
+            }
+        } else if let Some(sk) = &self.sink {
+            self.objects = sk.committed;
+        }
+        Ok((len, data, eot))
+    }
+
+    /// Ends the run: reports to the source (or decides, at the source), prints the report.
+    fn finish(mut self, result: R<()>) -> Outcome {
+        let name = self.me.name.clone();
+        let seconds = match (self.first_chunk, self.last_chunk) {
+            (Some(a), Some(b)) if b > a => (b - a).as_secs_f64(),
+            _ => 0.0,
+        };
+        // A sink removes any partial object.
+        let mut committed = false;
+        if let Some(sk) = self.sink.as_mut() {
+            if sk.open {
+                sk.sink.abort();
+                sk.open = false;
+            }
+            committed = result.is_ok() && sk.committed > 0;
+        }
+        let mut report = Report {
+            event: "report".into(),
+            node: name.clone(),
+            role: self.me.role.as_str().into(),
+            ok: result.is_ok(),
+            bytes: self.bytes,
+            objects: self.objects,
+            chunks: self.chunks,
+            seconds,
+            throughput_mbps: report::mbps(self.bytes, seconds),
+            chunk_latency_p50_us: self.latencies.percentile(50.0),
+            chunk_latency_p99_us: self.latencies.percentile(99.0),
+            retransmissions: self
+                .dev
+                .as_ref()
+                .map_or(0, |d| d.qp_counters().completer_retry_err),
+            copied_bytes: self.own_copies
+                + self.stages.iter().map(|s| s.copied_bytes()).sum::<u64>(),
+            forwarded_bytes: self.forwarded,
+            digest: match &self.sink {
+                Some(sk) => combined_digest(&sk.digests),
+                None => combined_digest(&self.source_digests),
+            },
+            error: None,
+            failed_hop: None,
+            sinks: BTreeMap::new(),
+        };
+        if let Err(f) = &result {
+            report.error = Some(format!("{name}: {}", f.msg));
+            report.failed_hop = f.hop.clone();
+        }
+        let grace = self.timeout;
+        if let Some(server) = &self.server {
+            // The source: stop everyone on a failure, then wait for every report.
+            if let Err(f) = &result {
+                server.record(control::Failure {
+                    failed_hop: f.hop.clone(),
+                    error: format!("{name}: {}", f.msg),
+                    primary: f.primary,
+                });
+                server.broadcast(&Msg::Abort {
+                    failed_hop: f.hop.clone(),
+                    error: format!("{name}: {}", f.msg),
+                });
+            }
+            let all = server.wait_all(Instant::now() + grace);
+            let failures = server.failures();
+            if result.is_ok() && !failures.is_empty() {
+                server.broadcast(&Msg::Abort {
+                    failed_hop: failures[0].failed_hop.clone(),
+                    error: failures[0].error.clone(),
+                });
+            }
+            let finals = server.finals();
+            let mut sinks = BTreeMap::new();
+            for s in self.cfg.sinks() {
+                let f = finals.get(&s.name);
+                sinks.insert(
+                    s.name.clone(),
+                    SinkStatus {
+                        bytes: server.bytes_of(&s.name),
+                        committed: f.is_some_and(|f| f.ok && f.committed),
+                    },
+                );
+            }
+            let mut ok = result.is_ok() && failures.is_empty() && all;
+            ok &= sinks.values().all(|s| s.committed);
+            if ok {
+                report.ok = true;
+            } else {
+                report.ok = false;
+                if let Some(f) = failures.iter().find(|f| f.primary).or(failures.first()) {
+                    report.error = Some(f.error.clone());
+                    report.failed_hop = f.failed_hop.clone();
+                } else if report.error.is_none() {
+                    let missing = server.pending();
+                    let unconnected = server.unconnected();
+                    let who = unconnected.first().or(missing.first()).cloned();
+                    report.error = Some(format!(
+                        "no final report from {} within {} ms",
+                        if missing.is_empty() {
+                            "some sinks".to_string()
+                        } else {
+                            missing.join(", ")
+                        },
+                        grace.as_millis()
+                    ));
+                    report.failed_hop = who;
+                }
+            }
+            report.sinks = sinks.clone();
+            server.broadcast(&Msg::Verdict {
+                ok,
+                error: report.error.clone(),
+                failed_hop: report.failed_hop.clone(),
+                sinks,
+            });
+        } else if let Some(client) = &self.client {
+            let (error, hop, primary) = match &result {
+                Ok(()) => (None, None, false),
+                Err(f) => (Some(format!("{name}: {}", f.msg)), f.hop.clone(), f.primary),
+            };
+            client.send(&Msg::Final {
+                node: name.clone(),
+                ok: result.is_ok(),
+                bytes: self.bytes,
+                committed,
+                error,
+                failed_hop: hop,
+                primary,
+            });
+            let heard = client.wait_verdict(Instant::now() + grace);
+            if let Some(Msg::Verdict {
+                error,
+                failed_hop,
+                sinks,
+                ..
+            }) = heard.verdict
+            {
+                report.sinks = sinks;
+                if result.is_err() {
+                    // The source knows best which hop failed first.
+                    if failed_hop.is_some() {
+                        report.failed_hop = failed_hop;
+                    }
+                    if let Some(e) = error {
+                        if report.error.as_deref() != Some(e.as_str()) {
+                            report.error = Some(match report.error.take() {
+                                Some(mine) => format!("{e} (here: {mine})"),
+                                None => e,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        // Stop the progress display and the connection watchers.
+        self.live.stop.store(true, Ordering::Release);
+        if let Some(h) = self.progress.take() {
+            if let Ok(mut d) = h.join() {
+                d.progress(self.bytes, self.chunks, self.started.elapsed());
+                d.finish();
+            }
+        }
+        for c in &self.children {
+            let _ = c.conn.disconnect();
+        }
+        if let Some((p, _)) = &self.parent {
+            let _ = p.disconnect();
+        }
+        if self.opts.json {
+            report::print_json(&report);
+        } else {
+            println!("{}", report::human(&report));
+        }
+        if !report.ok {
+            let mut msg = report.error.clone().unwrap_or_else(|| "failed".into());
+            if let Some(h) = &report.failed_hop {
+                msg.push_str(&format!("; failed hop: {h}"));
+            }
+            for (s, st) in &report.sinks {
+                msg.push_str(&format!(
+                    "; sink {s}: {} bytes{}",
+                    st.bytes,
+                    if st.committed {
+                        " committed"
+                    } else {
+                        ", not committed"
+                    }
+                ));
+            }
+            eprintln!("error: node {name}: {msg}");
+        }
+        let code = if report.ok { 0 } else { 1 };
+        Outcome { report, code }
+    }
+}
+
+/// Flips one bit of the payload (or, for an empty payload, of the header) in place.
+fn flip_bit(hb: &mut [u8], pb: &mut [u8], payload_len: usize) {
+    if payload_len > 0 {
+        pb[payload_len / 2] ^= 0x10;
+    } else {
+        hb[8] ^= 0x01;
+    }
+}
+
+/// Watches a connection for the peer's disconnect (or the loss of its TCP link).
+fn watch(conn: Arc<Connection>, live: Arc<Live>) -> Arc<AtomicBool> {
+    let down = Arc::new(AtomicBool::new(false));
+    let d2 = Arc::clone(&down);
+    let _ = thread::Builder::new()
+        .name("relay-cm-watch".into())
+        .spawn(move || {
+            while !live.stop.load(Ordering::Acquire) {
+                match conn.poll_event(Some(Duration::from_millis(100))) {
+                    Some(CmEvent::Established) | None => {}
+                    Some(_) => {
+                        d2.store(true, Ordering::Release);
+                        return;
+                    }
+                }
+            }
+        });
+    down
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ring_descriptor_round_trips() {
+        let r = Ring {
+            addr: 0x7f00_1234_5000,
+            rkey: 0xdead_beef,
+            len: 8 << 20,
+            slots: 8,
+            slot_size: (1 << 20) + 64,
+        };
+        assert_eq!(Ring::decode(&r.encode()), Some(r));
+        assert_eq!(Ring::decode(&r.encode()[..31]), None);
+        assert_eq!(Ring::decode(b"XXXX0000000000000000000000000000"), None);
+    }
+
+    #[test]
+    fn flipping_changes_exactly_one_bit() {
+        let mut h = [0u8; HEADER_LEN];
+        let mut p = [0u8; 10];
+        flip_bit(&mut h, &mut p, 10);
+        assert_eq!(p.iter().map(|b| b.count_ones()).sum::<u32>(), 1);
+        flip_bit(&mut h, &mut p, 0);
+        assert_eq!(h.iter().map(|b| b.count_ones()).sum::<u32>(), 1);
+    }
+}

@@ -1,0 +1,321 @@
+//! What a node reports: progress while it runs and one final report, as JSON lines
+//! (`--json`) or for people (a progress bar on a terminal, plain lines otherwise).
+
+use std::collections::BTreeMap;
+use std::io::{IsTerminal, Write};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::control::SinkStatus;
+
+/// A node's final report; with `--json` it is printed as one line,
+/// `{"event":"report",...}`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    /// Always `"report"`.
+    pub event: String,
+    /// The node's name.
+    pub node: String,
+    /// The node's role.
+    #[serde(default)]
+    pub role: String,
+    /// True when the node's part succeeded (the source: every sink committed).
+    pub ok: bool,
+    /// Object bytes the node handled: the source sent (acknowledged by every child), a relay
+    /// processed, a sink wrote.
+    pub bytes: u64,
+    /// Objects completed.
+    pub objects: u64,
+    /// Chunks handled.
+    #[serde(default)]
+    pub chunks: u64,
+    /// Seconds from the first chunk to the last.
+    pub seconds: f64,
+    /// `bytes` over `seconds`, in megabits (10^6 bits) per second.
+    pub throughput_mbps: f64,
+    /// Median chunk latency: at a sender, from posting a chunk to a child until that child's
+    /// credit for it came back; at a sink, from arrival to credit return.
+    pub chunk_latency_p50_us: f64,
+    /// 99th percentile of the same.
+    pub chunk_latency_p99_us: f64,
+    /// Transport retransmissions (`completer_retry_err` of the node's device).
+    pub retransmissions: u64,
+    /// Chunk bytes copied in user space at this node (its stages and itself).
+    pub copied_bytes: u64,
+    /// Bytes (headers included) sent to children.
+    pub forwarded_bytes: u64,
+    /// Object digest (hex): the source's as sent, a sink's as verified; several objects:
+    /// the digest of their digests.
+    pub digest: Option<String>,
+    /// What went wrong.
+    pub error: Option<String>,
+    /// The hop that failed.
+    pub failed_hop: Option<String>,
+    /// Per sink: bytes written and whether it committed (the source's report; others carry
+    /// it when the source's verdict reached them).
+    pub sinks: BTreeMap<String, SinkStatus>,
+}
+
+/// A progress line, `{"event":"progress","node":"C","bytes":N,"chunks":N}`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Progress {
+    /// Always `"progress"`.
+    pub event: String,
+    /// The node's name.
+    pub node: String,
+    /// Object bytes so far.
+    pub bytes: u64,
+    /// Chunks so far.
+    pub chunks: u64,
+}
+
+/// Chunk latencies, in microseconds.
+#[derive(Debug, Default, Clone)]
+pub struct Latencies {
+    samples: Vec<u32>,
+}
+
+impl Latencies {
+    /// Records one latency.
+    pub fn record(&mut self, d: Duration) {
+        self.samples
+            .push(u32::try_from(d.as_micros()).unwrap_or(u32::MAX));
+    }
+
+    /// The `p`-th percentile (0..=100), in microseconds; 0 without samples.
+    pub fn percentile(&self, p: f64) -> f64 {
+        if self.samples.is_empty() {
+            return 0.0;
+        }
+        let mut v = self.samples.clone();
+        v.sort_unstable();
+        let rank = ((p / 100.0) * (v.len() - 1) as f64).round() as usize;
+        f64::from(v[rank.min(v.len() - 1)])
+    }
+
+    /// Number of samples.
+    pub fn len(&self) -> usize {
+        self.samples.len()
+    }
+
+    /// True without samples.
+    pub fn is_empty(&self) -> bool {
+        self.samples.is_empty()
+    }
+}
+
+/// Megabits per second for `bytes` in `seconds`.
+pub fn mbps(bytes: u64, seconds: f64) -> f64 {
+    if seconds <= 0.0 {
+        0.0
+    } else {
+        bytes as f64 * 8.0 / seconds / 1e6
+    }
+}
+
+/// Bytes for people: "1.50 GiB".
+pub fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.2} {}", UNITS[u])
+    }
+}
+
+/// How a node shows its progress.
+#[derive(Debug)]
+pub struct Display {
+    name: String,
+    json: bool,
+    bar: Option<indicatif::ProgressBar>,
+    plain: bool,
+    last_plain: std::time::Instant,
+}
+
+impl Display {
+    /// JSON progress lines on stdout with `json`; a bar on stderr when it is a terminal, plain
+    /// lines about every second otherwise; nothing on stderr with `quiet`.
+    pub fn new(name: &str, json: bool, quiet: bool, total: Option<u64>) -> Display {
+        let tty = std::io::stderr().is_terminal();
+        let bar = (!quiet && tty).then(|| {
+            let bar = match total {
+                Some(t) => indicatif::ProgressBar::new(t),
+                None => indicatif::ProgressBar::new_spinner(),
+            };
+            let style = indicatif::ProgressStyle::with_template(
+                "{prefix:>4} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} {msg}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> ");
+            bar.set_style(style);
+            bar.set_prefix(name.to_string());
+            bar
+        });
+        Display {
+            name: name.into(),
+            json,
+            bar,
+            plain: !quiet && !tty,
+            last_plain: std::time::Instant::now(),
+        }
+    }
+
+    /// Sets the expected total once known (turns a spinner into a bar).
+    pub fn set_total(&mut self, total: u64) {
+        if let Some(bar) = &self.bar {
+            bar.set_length(total);
+        }
+    }
+
+    /// Shows progress.
+    pub fn progress(&mut self, bytes: u64, chunks: u64, elapsed: Duration) {
+        if self.json {
+            let p = Progress {
+                event: "progress".into(),
+                node: self.name.clone(),
+                bytes,
+                chunks,
+            };
+            print_json(&p);
+        }
+        if let Some(bar) = &self.bar {
+            bar.set_position(bytes);
+        } else if self.plain && self.last_plain.elapsed() >= Duration::from_secs(1) {
+            self.last_plain = std::time::Instant::now();
+            eprintln!(
+                "{}: {} in {} chunks, {:.1} Mbit/s",
+                self.name,
+                human_bytes(bytes),
+                chunks,
+                mbps(bytes, elapsed.as_secs_f64())
+            );
+        }
+    }
+
+    /// Shows a one-line status message (connections, waiting).
+    pub fn status(&mut self, msg: &str) {
+        if let Some(bar) = &self.bar {
+            bar.set_message(msg.to_string());
+        } else if self.plain {
+            eprintln!("{}: {msg}", self.name);
+        }
+    }
+
+    /// Removes the bar.
+    pub fn finish(&mut self) {
+        if let Some(bar) = self.bar.take() {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+/// Prints `v` as one JSON line on stdout.
+pub fn print_json<T: Serialize>(v: &T) {
+    if let Ok(s) = serde_json::to_string(v) {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{s}");
+        let _ = out.flush();
+    }
+}
+
+/// The report for people, several lines.
+pub fn human(r: &Report) -> String {
+    let mut s = format!(
+        "{} ({}): {} — {} in {} objects, {} chunks, {:.2} s, {:.1} Mbit/s ({:.1} MiB/s); chunk \
+         latency p50 {:.0} µs, p99 {:.0} µs; {} retransmissions; copied {} of {} forwarded",
+        r.node,
+        r.role,
+        if r.ok { "ok" } else { "FAILED" },
+        human_bytes(r.bytes),
+        r.objects,
+        r.chunks,
+        r.seconds,
+        r.throughput_mbps,
+        r.throughput_mbps * 1e6 / 8.0 / 1_048_576.0,
+        r.chunk_latency_p50_us,
+        r.chunk_latency_p99_us,
+        r.retransmissions,
+        human_bytes(r.copied_bytes),
+        human_bytes(r.forwarded_bytes),
+    );
+    if let Some(d) = &r.digest {
+        s.push_str(&format!("\n  digest {d}"));
+    }
+    if let Some(e) = &r.error {
+        s.push_str(&format!("\n  error: {e}"));
+    }
+    if let Some(h) = &r.failed_hop {
+        s.push_str(&format!("\n  failed hop: {h}"));
+    }
+    for (name, st) in &r.sinks {
+        s.push_str(&format!(
+            "\n  sink {name}: {} ({} bytes), {}",
+            human_bytes(st.bytes),
+            st.bytes,
+            if st.committed {
+                "committed"
+            } else {
+                "NOT committed"
+            }
+        ));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles() {
+        let mut l = Latencies::default();
+        assert_eq!(l.percentile(50.0), 0.0);
+        for us in 1..=100u64 {
+            l.record(Duration::from_micros(us));
+        }
+        assert_eq!(l.percentile(50.0), 51.0);
+        assert_eq!(l.percentile(99.0), 99.0);
+        assert_eq!(l.len(), 100);
+    }
+
+    #[test]
+    fn report_json_has_the_spec_fields() {
+        let r = Report {
+            event: "report".into(),
+            node: "C".into(),
+            ok: true,
+            ..Report::default()
+        };
+        let v: serde_json::Value = serde_json::to_value(&r).unwrap();
+        for k in [
+            "event",
+            "node",
+            "ok",
+            "bytes",
+            "objects",
+            "seconds",
+            "throughput_mbps",
+            "chunk_latency_p50_us",
+            "chunk_latency_p99_us",
+            "retransmissions",
+            "copied_bytes",
+            "forwarded_bytes",
+            "digest",
+            "error",
+            "failed_hop",
+            "sinks",
+        ] {
+            assert!(v.get(k).is_some(), "missing {k}");
+        }
+        assert_eq!(human_bytes(1536), "1.50 KiB");
+        assert_eq!(mbps(1_000_000, 8.0), 1.0);
+    }
+}
