@@ -5,8 +5,8 @@
 //! listed are the ones rxe would create, one per address of every interface that is up, as
 //! rxe binds to a netdev: `srdma_<ifname>` for an interface's first address (IPv4 before
 //! IPv6), `srdma_<ifname>_<k>` for its k-th further one. IPv6 link-local addresses are left
-//! out (a device cannot bind them without a scope). Each device's active MTU is the
-//! interface's, as rxe derives it (1500-byte Ethernet: 1024; loopback: 4096).
+//! out (a device cannot bind them without a scope). Each device's active MTU is what the engine
+//! derives from the interface's MTU, as rxe does (1500-byte Ethernet: 1024; loopback: 4096).
 //!
 //! The attributes printed are those of a real device: each is opened on its address with a
 //! free UDP port and queried (`query`, `query_port`, `gids`), in the layout of `ibv_devinfo`
@@ -106,19 +106,19 @@ pub(crate) struct LocalDev {
 }
 
 impl LocalDev {
-    /// A configuration for this device on UDP `port`: its name, the active MTU rxe would
-    /// derive from the interface MTU, no capture.
+    /// A configuration for this device on UDP `port`: its name, no capture, and the active
+    /// MTU the engine gives the interface (rxe's rule).
     pub(crate) fn config(&self, port: u16) -> DeviceConfig {
         let mut cfg = DeviceConfig::new(self.addr);
         cfg.name = self.name.clone();
         cfg.port = port;
         cfg.pcap = None;
-        let mtu = Mtu::for_netdev_mtu(self.netdev_mtu)
-            .unwrap_or(Mtu::Mtu256)
-            .min(cfg.limits.port_max_mtu);
-        cfg.mtu = mtu;
-        cfg.limits.port_active_mtu = mtu;
         cfg
+    }
+
+    /// The active MTU rxe derives from this interface's MTU.
+    pub(crate) fn active_mtu(&self) -> Mtu {
+        Mtu::for_netdev_mtu(self.netdev_mtu).unwrap_or(Mtu::Mtu256)
     }
 }
 

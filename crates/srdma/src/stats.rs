@@ -170,6 +170,13 @@ fn live_devices_in(dirs: &[PathBuf]) -> Vec<LiveDevice> {
         };
         for entry in entries.flatten() {
             let file_name = entry.file_name();
+            if let Some(pid) = stale_tmp_pid(&file_name) {
+                // A writer that died between writing and renaming.
+                if !alive(pid, None) {
+                    let _ = std::fs::remove_file(entry.path());
+                }
+                continue;
+            }
             let Some(stem) = file_name
                 .to_str()
                 .and_then(|n| n.strip_suffix(SUFFIX))
@@ -197,6 +204,14 @@ fn live_devices_in(dirs: &[PathBuf]) -> Vec<LiveDevice> {
     }
     found.sort_by_key(|(order, _)| *order);
     found.into_iter().map(|(_, d)| d).collect()
+}
+
+/// The pid in the name of a temporary file (`.<pid>-<n>.tmp`).
+fn stale_tmp_pid(name: &std::ffi::OsStr) -> Option<u32> {
+    let n = name.to_str()?.strip_prefix('.')?.strip_suffix(".tmp")?;
+    let (pid, seq) = n.split_once('-')?;
+    seq.parse::<u64>().ok()?;
+    pid.parse().ok()
 }
 
 /// A parsed statistics file.
@@ -448,10 +463,16 @@ mod tests {
             ),
         )
         .unwrap();
+        // A dead writer's temporary file; a live one's is left alone.
+        let dead_tmp = dir.join(".1073741000-3.tmp");
+        std::fs::write(&dead_tmp, "half").unwrap();
+        let live_tmp = dir.join(format!(".{}-77.tmp", std::process::id()));
+        std::fs::write(&live_tmp, "half").unwrap();
         let live = live_devices_in(std::slice::from_ref(&*dir));
         let names: Vec<&str> = live.iter().map(|d| d.name.as_str()).collect();
         assert_eq!(names, ["alive"]);
-        assert!(!dead.exists() && !reused.exists());
+        assert!(!dead.exists() && !reused.exists() && !dead_tmp.exists());
+        assert!(live_tmp.exists());
         drop(keep);
     }
 
