@@ -7,6 +7,7 @@ pub mod chunk;
 pub mod config;
 pub mod control;
 pub mod digest;
+pub mod launch;
 pub mod node;
 pub mod report;
 pub mod sink;

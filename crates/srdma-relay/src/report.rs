@@ -57,6 +57,13 @@ pub struct Report {
     pub sinks: BTreeMap<String, SinkStatus>,
 }
 
+impl Report {
+    /// The report as one line of JSON.
+    pub fn json_line(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+}
+
 /// A progress line, `{"event":"progress","node":"C","bytes":N,"chunks":N}`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Progress {
