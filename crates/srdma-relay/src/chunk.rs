@@ -3,8 +3,11 @@
 //! A transfer is a sequence of chunks. Each object in it is framed as one `OBJECT_START` chunk
 //! (payload: the object's relative name, UTF-8), any number of data chunks (payload: object
 //! bytes, possibly zstd-compressed) and one `OBJECT_END` chunk (payload: the 16-byte
-//! whole-object digest from [`crate::digest`]). The last chunk of a transfer carries
-//! `END_OF_TRANSFER` (an empty payload).
+//! whole-object digest from [`crate::digest`]; its `offset` and `object_len` are the object's
+//! actual length, known even when the data chunks said `u64::MAX`). The last chunk of a
+//! transfer carries `END_OF_TRANSFER` (an empty payload). `seq` counts every chunk, control
+//! chunks included. [`crate::source::Framer`] produces this sequence and
+//! [`crate::sink::Assembler`] consumes it.
 //!
 //! # Wire layout (64 bytes, all integers little-endian)
 //!

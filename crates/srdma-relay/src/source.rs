@@ -126,16 +126,16 @@ fn with_path(e: io::Error, p: &Path) -> io::Error {
 // ---------------------------------------------------------------------------------------------
 // gen
 
-/// The generator's 64-bit word number `w` for `seed` (a SplitMix64-style finaliser of a counter:
-/// every word independent, so any offset can be produced without the ones before it).
+/// The generator's 64-bit word number `w` for `seed`: a counter-based wyrand step (one
+/// 64x64->128-bit multiply per word, every word independent, so any offset can be produced
+/// without the ones before it).
 #[inline(always)]
 fn gen_word(seed: u64, w: u64) -> u64 {
-    let mut z = seed
-        .wrapping_mul(0xd1b5_4a32_d192_ed03)
-        .wrapping_add(w.wrapping_mul(0x9e37_79b9_7f4a_7c15));
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
+    let s = w
+        .wrapping_mul(0xa076_1d64_78bd_642f)
+        .wrapping_add(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let t = u128::from(s).wrapping_mul(u128::from(s ^ 0xe703_7ed1_a0b4_28db));
+    ((t >> 64) as u64) ^ (t as u64)
 }
 
 /// Fills `dst` with the `gen` bytes of `seed` starting at byte `offset` of the stream: byte `i`
@@ -485,7 +485,7 @@ impl Source for StdinSource {
 ///
 /// For every object: an `OBJECT_START` chunk (payload: the name), data chunks of `chunk_size`
 /// bytes (the last one shorter), then an `OBJECT_END` chunk (payload: the 16-byte
-/// [`ObjectDigest`](crate::digest::ObjectDigest) of the object's bytes; its `offset` and
+/// [`ObjectDigest`] of the object's bytes; its `offset` and
 /// `object_len` are the object's actual length, known even for stdin); after the last object
 /// one `END_OF_TRANSFER` chunk. Every header comes back sealed; the caller encodes it in front
 /// of the payload.

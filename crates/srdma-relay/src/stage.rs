@@ -81,12 +81,20 @@ pub enum StageError {
 }
 
 /// A chunk in its ring slot.
-#[derive(Debug)]
 pub struct Chunk<'a> {
     /// The decoded header (written back to the slot by the caller after the stages ran).
     pub header: &'a mut ChunkHeader,
     /// The slot's payload area (its whole capacity); the payload is `buf[..header.payload_len]`.
     pub buf: &'a mut [u8],
+}
+
+impl std::fmt::Debug for Chunk<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Chunk")
+            .field("header", &self.header)
+            .field("capacity", &self.buf.len())
+            .finish()
+    }
 }
 
 impl Chunk<'_> {

@@ -656,3 +656,115 @@ fn stage_errors_are_typed() {
         );
     }
 }
+
+/// Throughput of the hot paths, printed (run it optimised:
+/// `cargo test --release -p srdma-relay --test io -- --ignored --nocapture throughput`).
+#[test]
+#[ignore = "measurement, not a check; run with --release --ignored --nocapture"]
+fn throughput() {
+    use std::time::Instant;
+    let chunk = 4 << 20;
+    let total: u64 = 1 << 30;
+    let rounds = total / chunk as u64;
+    let gbps = |bytes: u64, t: std::time::Duration| bytes as f64 / t.as_secs_f64() / 1e9;
+    let mut buf = vec![0u8; stage::capacity_for(chunk, &["compress".into()])];
+
+    let mut src = source::open("gen:1GiB:7").unwrap();
+    src.next_object().unwrap();
+    let t = Instant::now();
+    let mut n = 0u64;
+    loop {
+        let r = src.read(&mut buf[..chunk]).unwrap();
+        if r == 0 {
+            break;
+        }
+        n += r as u64;
+    }
+    println!(
+        "gen source      {:6.2} GB/s ({n} bytes)",
+        gbps(n, t.elapsed())
+    );
+
+    for (alg, name) in [(CheckAlg::Crc32c, "crc32c"), (CheckAlg::Xxh3, "xxh3")] {
+        let mut h = ChunkHeader::data(0, 0, 0, chunk as u32, u64::MAX, alg);
+        h.seal(&buf[..chunk]);
+        let mut v = stage::build("verify").unwrap();
+        let t = Instant::now();
+        for _ in 0..rounds {
+            v.process(Chunk {
+                header: &mut h,
+                buf: &mut buf,
+            })
+            .unwrap();
+        }
+        println!("verify {name:<8} {:6.2} GB/s", gbps(total, t.elapsed()));
+        let t = Instant::now();
+        for _ in 0..rounds {
+            h.seal(&buf[..chunk]);
+        }
+        println!("seal   {name:<8} {:6.2} GB/s", gbps(total, t.elapsed()));
+    }
+
+    let t = Instant::now();
+    let mut d = ObjectDigest::new();
+    for _ in 0..rounds {
+        d.update(&buf[..chunk]);
+    }
+    std::hint::black_box(d.finish());
+    println!("object digest   {:6.2} GB/s", gbps(total, t.elapsed()));
+
+    // zstd on text-like data (compressible) over 256 MiB.
+    let text = text(chunk, 0);
+    let mut c = stage::build("compress").unwrap();
+    let mut dz = stage::build("decompress").unwrap();
+    let (mut tc, mut td) = (std::time::Duration::ZERO, std::time::Duration::ZERO);
+    let mut packed = 0u64;
+    for _ in 0..64 {
+        buf[..chunk].copy_from_slice(&text);
+        let mut h = ChunkHeader::data(0, 0, 0, chunk as u32, u64::MAX, CheckAlg::Crc32c);
+        h.seal(&buf[..chunk]);
+        let t = Instant::now();
+        c.process(Chunk {
+            header: &mut h,
+            buf: &mut buf,
+        })
+        .unwrap();
+        tc += t.elapsed();
+        packed += u64::from(h.payload_len);
+        let t = Instant::now();
+        dz.process(Chunk {
+            header: &mut h,
+            buf: &mut buf,
+        })
+        .unwrap();
+        td += t.elapsed();
+    }
+    let raw = 64 * chunk as u64;
+    println!(
+        "compress (text) {:6.2} GB/s, ratio {:.1}x, copied {:.2}% of input",
+        gbps(raw, tc),
+        raw as f64 / packed as f64,
+        100.0 * c.copied_bytes() as f64 / raw as f64
+    );
+    println!("decompress      {:6.2} GB/s", gbps(raw, td));
+
+    // zstd on incompressible data: the attempt costs time, the chunk stays raw.
+    let mut c = stage::build("compress").unwrap();
+    let t = Instant::now();
+    for i in 0..32u64 {
+        gen_fill(i, 0, &mut buf[..chunk]);
+        let mut h = ChunkHeader::data(0, 0, 0, chunk as u32, u64::MAX, CheckAlg::Crc32c);
+        h.seal(&buf[..chunk]);
+        c.process(Chunk {
+            header: &mut h,
+            buf: &mut buf,
+        })
+        .unwrap();
+        assert!(!h.has(flags::COMPRESSED));
+    }
+    println!(
+        "compress (rand) {:6.2} GB/s incl. gen+seal, copied {} bytes",
+        gbps(32 * chunk as u64, t.elapsed()),
+        c.copied_bytes()
+    );
+}
