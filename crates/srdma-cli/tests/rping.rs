@@ -529,3 +529,13 @@ fn pair_between_two_network_namespaces() {
         "{server:#?}"
     );
 }
+
+#[test]
+fn ipv6_pair() {
+    if std::net::UdpSocket::bind("[::1]:0").is_err() {
+        eprintln!("skipped: no IPv6 loopback");
+        return;
+    }
+    let (s, c) = pair("::1", "::1", 17470, &["-V", "-v", "-S", "3000", "-C", "4"]);
+    check_pair(&s, &c, 3000, 4);
+}
