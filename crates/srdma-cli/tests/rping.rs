@@ -463,11 +463,23 @@ fn server_killed_mid_run_fails_the_client() {
     ]);
     std::thread::sleep(Duration::from_millis(500));
     let mut server = server;
+    let server_pid = server.child.id();
     server.child.kill().unwrap();
     let _ = server.finish();
     let out = client.finish();
     assert_eq!(out.code, Some(1), "{out:#?}");
     assert!(out.stderr.contains("rping client failed"), "{out:#?}");
+    // The killed server could not remove its statistics file; the next reader does.
+    let killed = run_dir().join(format!("{server_pid}-0.stats"));
+    assert!(killed.exists());
+    let stats = Command::new(env!("CARGO_BIN_EXE_srdma"))
+        .args(["devinfo", "--stats"])
+        .env("SRDMA_RUN_DIR", run_dir())
+        .output()
+        .unwrap();
+    assert_eq!(stats.status.code(), Some(0));
+    assert!(!String::from_utf8_lossy(&stats.stdout).contains(&format!("pid {server_pid} ")));
+    assert!(!killed.exists());
 }
 
 #[test]
