@@ -67,6 +67,19 @@ pub trait Memory {
         Ok(())
     }
 
+    /// Reads bytes that only go out in the packet being built (`dst` lies in the buffer
+    /// handed to [`crate::transport::Qp::poll_transmit`]). An implementation may check the
+    /// range, leave `dst` unwritten and note where the bytes are instead, so its engine hands
+    /// them to the network straight from the region (a zero-copy send). Default: [`Memory::read`].
+    fn read_for_transmit(
+        &mut self,
+        mr: MrHandle,
+        offset: u64,
+        dst: &mut [u8],
+    ) -> Result<(), MemoryError> {
+        self.read(mr, offset, dst)
+    }
+
     /// Copies `src` into region `mr` starting at `offset`.
     fn write(&mut self, mr: MrHandle, offset: u64, src: &[u8]) -> Result<(), MemoryError> {
         let bytes = self.bytes_mut(mr)?;

@@ -73,50 +73,78 @@ const CRC_OF_LRH_PLACEHOLDER: u32 = 0x2144_df1c;
 /// written as ones and the IPv4 checksum, which the mask hides, is never computed. This is
 /// the per-packet path of a sender; [`compute_raw`] is for headers taken off the wire.
 pub fn compute(encap: &Encap, roce: &[u8]) -> Result<u32> {
-    crate::error::need("BTH", roce, BTH_LEN)?;
-    let udp_len = UDP_LEN + roce.len() + ICRC_LEN;
-    let udp_len16 = u16::try_from(udp_len).map_err(|_| Error::OutOfRange {
-        field: "UDP length",
-        value: udp_len as u64,
-    })?;
-    let mut pseudo = [0xFFu8; IPV6_LEN + UDP_LEN + BTH_LEN];
-    let iplen = match encap.ip {
-        crate::IpRepr::V4(h) => {
-            let total = u16::try_from(IPV4_LEN + udp_len).map_err(|_| Error::OutOfRange {
-                field: "IPv4 total length",
-                value: (IPV4_LEN + udp_len) as u64,
-            })?;
-            let b = &mut pseudo[..IPV4_LEN];
-            b[0] = 0x45;
-            b[2..4].copy_from_slice(&total.to_be_bytes());
-            b[4..6].copy_from_slice(&h.ident.to_be_bytes());
-            b[6..8].copy_from_slice(&h.flags_frag.to_be_bytes());
-            b[9] = crate::ip::IPPROTO_UDP;
-            b[12..16].copy_from_slice(&h.src.octets());
-            b[16..20].copy_from_slice(&h.dst.octets());
-            IPV4_LEN
-        }
-        crate::IpRepr::V6(h) => {
-            let b = &mut pseudo[..IPV6_LEN];
-            b[0] = 0x6F;
-            b[4..6].copy_from_slice(&udp_len16.to_be_bytes());
-            b[6] = crate::ip::IPPROTO_UDP;
-            b[8..24].copy_from_slice(&h.src.octets());
-            b[24..40].copy_from_slice(&h.dst.octets());
-            IPV6_LEN
-        }
-    };
-    let u = &mut pseudo[iplen..iplen + UDP_LEN];
-    u[0..2].copy_from_slice(&encap.src_port.to_be_bytes());
-    u[2..4].copy_from_slice(&encap.dst_port.to_be_bytes());
-    u[4..6].copy_from_slice(&udp_len16.to_be_bytes());
-    let bth = &mut pseudo[iplen + UDP_LEN..iplen + UDP_LEN + BTH_LEN];
-    bth.copy_from_slice(&roce[..BTH_LEN]);
-    bth[4] = 0xFF;
-    let mut h = crc32fast::Hasher::new_with_initial(CRC_OF_LRH_PLACEHOLDER);
-    h.update(&pseudo[..iplen + UDP_LEN + BTH_LEN]);
+    let mut h = Hasher::new(encap, roce.len(), roce)?;
     h.update(&roce[BTH_LEN..]);
-    Ok(h.finalize())
+    Ok(h.finish())
+}
+
+/// An ICRC computed piece by piece, for a packet whose bytes are not contiguous (headers in
+/// one buffer, payload straight from registered memory): [`Hasher::new`] takes the BTH,
+/// [`Hasher::update`] everything after it in order, up to the pad; [`Hasher::finish`] gives
+/// what [`compute`] would for the same bytes.
+#[derive(Debug, Clone)]
+pub struct Hasher {
+    h: crc32fast::Hasher,
+}
+
+impl Hasher {
+    /// Starts the ICRC of a packet of `roce_len` bytes (BTH to pad, without the ICRC) carried
+    /// in `encap`; `bth` holds at least its BTH.
+    pub fn new(encap: &Encap, roce_len: usize, bth: &[u8]) -> Result<Hasher> {
+        crate::error::need("BTH", bth, BTH_LEN)?;
+        let udp_len = UDP_LEN + roce_len + ICRC_LEN;
+        let udp_len16 = u16::try_from(udp_len).map_err(|_| Error::OutOfRange {
+            field: "UDP length",
+            value: udp_len as u64,
+        })?;
+        let mut pseudo = [0xFFu8; IPV6_LEN + UDP_LEN + BTH_LEN];
+        let iplen = match encap.ip {
+            crate::IpRepr::V4(h) => {
+                let total = u16::try_from(IPV4_LEN + udp_len).map_err(|_| Error::OutOfRange {
+                    field: "IPv4 total length",
+                    value: (IPV4_LEN + udp_len) as u64,
+                })?;
+                let b = &mut pseudo[..IPV4_LEN];
+                b[0] = 0x45;
+                b[2..4].copy_from_slice(&total.to_be_bytes());
+                b[4..6].copy_from_slice(&h.ident.to_be_bytes());
+                b[6..8].copy_from_slice(&h.flags_frag.to_be_bytes());
+                b[9] = crate::ip::IPPROTO_UDP;
+                b[12..16].copy_from_slice(&h.src.octets());
+                b[16..20].copy_from_slice(&h.dst.octets());
+                IPV4_LEN
+            }
+            crate::IpRepr::V6(h) => {
+                let b = &mut pseudo[..IPV6_LEN];
+                b[0] = 0x6F;
+                b[4..6].copy_from_slice(&udp_len16.to_be_bytes());
+                b[6] = crate::ip::IPPROTO_UDP;
+                b[8..24].copy_from_slice(&h.src.octets());
+                b[24..40].copy_from_slice(&h.dst.octets());
+                IPV6_LEN
+            }
+        };
+        let u = &mut pseudo[iplen..iplen + UDP_LEN];
+        u[0..2].copy_from_slice(&encap.src_port.to_be_bytes());
+        u[2..4].copy_from_slice(&encap.dst_port.to_be_bytes());
+        u[4..6].copy_from_slice(&udp_len16.to_be_bytes());
+        let b = &mut pseudo[iplen + UDP_LEN..iplen + UDP_LEN + BTH_LEN];
+        b.copy_from_slice(&bth[..BTH_LEN]);
+        b[4] = 0xFF;
+        let mut h = crc32fast::Hasher::new_with_initial(CRC_OF_LRH_PLACEHOLDER);
+        h.update(&pseudo[..iplen + UDP_LEN + BTH_LEN]);
+        Ok(Hasher { h })
+    }
+
+    /// Adds the next bytes of the packet (after the BTH).
+    pub fn update(&mut self, bytes: &[u8]) {
+        self.h.update(bytes);
+    }
+
+    /// The ICRC.
+    pub fn finish(self) -> u32 {
+        self.h.finalize()
+    }
 }
 
 /// The ICRC carried by a whole RoCEv2 packet (its last four bytes, little-endian).
@@ -414,6 +442,13 @@ mod tests {
                 compute(&encap, &roce).unwrap(),
                 compute_raw(&hdr[..il], &hdr[il..il + UDP_LEN], &roce).unwrap()
             );
+            // Piece by piece, cut anywhere after the BTH, gives the same ICRC.
+            for cut in BTH_LEN..=roce.len() {
+                let mut h = Hasher::new(&encap, roce.len(), &roce[..BTH_LEN]).unwrap();
+                h.update(&roce[BTH_LEN..cut]);
+                h.update(&roce[cut..]);
+                assert_eq!(h.finish(), compute(&encap, &roce).unwrap(), "cut at {cut}");
+            }
         }
     }
 }

@@ -773,13 +773,20 @@ impl Shared {
             return;
         };
         let fd = self.socket.as_raw_fd();
+        // Payload goes to the socket straight from registered memory, except when a capture
+        // wants each packet whole.
+        let zero_copy = capture.is_none();
         loop {
             if tx.is_full() {
                 counters.tx_errors += tx.send(fd) as u64;
             }
             let srq = slot.srq.and_then(|id| srqs.get_mut(&id));
+            mem.deferring = zero_copy;
+            mem.pieces.clear();
             let mut ctx = Ctx { now, mrs, mem, srq };
-            let Some(t) = slot.qp.poll_transmit(&mut ctx, tx.slot()) else {
+            let t = slot.qp.poll_transmit(&mut ctx, tx.slot());
+            mem.deferring = false;
+            let Some(t) = t else {
                 break;
             };
             let dst = SocketAddr::new(Gid(t.dest.dgid).ip(), t.dest.udp_dport);
@@ -789,6 +796,21 @@ impl Shared {
                 counters.tx_errors += 1;
                 continue;
             };
+            let gso = self.gso_for(dst);
+            if !mem.pieces.is_empty() {
+                match commit_zero_copy(tx, mem, &encap, t.len, dst, gso) {
+                    ZeroCopy::Queued => {
+                        counters.tx_datagrams += 1;
+                        continue;
+                    }
+                    ZeroCopy::Copied => {}
+                    ZeroCopy::Failed => {
+                        // Never send a packet whose payload is not all there.
+                        counters.tx_errors += 1;
+                        continue;
+                    }
+                }
+            }
             let pkt = &mut tx.slot()[..t.len];
             if Packet::new_unchecked(&mut *pkt).fill_icrc(&encap).is_err() {
                 counters.tx_errors += 1;
@@ -797,7 +819,7 @@ impl Shared {
             if let Some(w) = capture.as_mut() {
                 let _ = w.write_roce(now.as_nanos() as u64 + capture_epoch(), &encap, pkt);
             }
-            tx.commit(t.len, dst, self.gso_for(dst));
+            tx.commit(t.len, dst, gso);
             counters.tx_datagrams += 1;
         }
         if tx.len() > 0 {
@@ -986,6 +1008,79 @@ impl Shared {
         st.next_timer = next.map_or(u64::MAX, |d| (now + d).as_nanos() as u64);
         next
     }
+}
+
+/// What became of a packet built with its payload left in registered memory.
+enum ZeroCopy {
+    /// Queued, sent from the pieces.
+    Queued,
+    /// The pieces were copied into the slot: send it as an ordinary packet.
+    Copied,
+    /// The payload could not be assembled: drop the packet (the transport retransmits).
+    Failed,
+}
+
+/// Queues the packet in the current slot of `tx` — headers and pad there, payload pieces in
+/// registered memory (noted by the store while the packet was built) — computing its ICRC
+/// across the pieces. When it cannot go out that way (too many pieces) the pieces are
+/// copied into the slot instead.
+fn commit_zero_copy(
+    tx: &mut sys::TxBatch,
+    mem: &Store,
+    encap: &Encap,
+    len: usize,
+    dst: SocketAddr,
+    gso: bool,
+) -> ZeroCopy {
+    const ICRC: usize = srdma_wire::icrc::ICRC_LEN;
+    let slot = tx.slot();
+    let base = slot.as_ptr() as usize;
+    let mut parts = [(std::ptr::null::<u8>(), 0usize); sys::MAX_PARTS];
+    let mut n = 0;
+    let fits = 2 * mem.pieces.len() < sys::MAX_PARTS && len >= srdma_wire::bth::BTH_LEN + ICRC;
+    let hasher = fits
+        .then(|| srdma_wire::icrc::Hasher::new(encap, len - ICRC, &slot[..len]).ok())
+        .flatten();
+    let Some(mut h) = hasher else {
+        return materialize(slot, base, mem);
+    };
+    let mut at = srdma_wire::bth::BTH_LEN;
+    let mut gap = 0;
+    for p in &mem.pieces {
+        let off = p.dst.wrapping_sub(base);
+        let src = mem.piece(p);
+        let (Some(src), true) = (src, off >= at && off + p.len <= len - ICRC) else {
+            return materialize(slot, base, mem);
+        };
+        h.update(&slot[at..off]);
+        h.update(src);
+        if off > gap {
+            parts[n] = (slot[gap..].as_ptr(), off - gap);
+            n += 1;
+        }
+        parts[n] = (src.as_ptr(), src.len());
+        n += 1;
+        at = off + p.len;
+        gap = at;
+    }
+    h.update(&slot[at..len - ICRC]);
+    slot[len - ICRC..len].copy_from_slice(&h.finish().to_le_bytes());
+    parts[n] = (slot[gap..].as_ptr(), len - gap);
+    n += 1;
+    tx.commit_parts(len, dst, gso, parts[..n].iter().copied());
+    ZeroCopy::Queued
+}
+
+/// Copies noted payload pieces into the packet buffer they stand for.
+fn materialize(slot: &mut [u8], base: usize, mem: &Store) -> ZeroCopy {
+    for p in &mem.pieces {
+        let off = p.dst.wrapping_sub(base);
+        match (mem.piece(p), slot.get_mut(off..off.saturating_add(p.len))) {
+            (Some(src), Some(dst)) => dst.copy_from_slice(src),
+            _ => return ZeroCopy::Failed,
+        }
+    }
+    ZeroCopy::Copied
 }
 
 /// Unix time of the engine's epoch, so captures carry real timestamps.

@@ -84,6 +84,21 @@ impl Drop for Region {
 #[derive(Debug, Default)]
 pub(crate) struct Store {
     regions: BTreeMap<u32, (MrHandle, Arc<Region>)>,
+    /// While set, reads for transmission are noted in `pieces` instead of copied.
+    pub(crate) deferring: bool,
+    /// The payload pieces of the packet being built, in packet order.
+    pub(crate) pieces: Vec<Piece>,
+}
+
+/// Payload bytes of a packet under construction that stay in their region: the engine sends
+/// them from there (zero-copy) instead of from the packet buffer.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Piece {
+    pub(crate) handle: MrHandle,
+    pub(crate) offset: usize,
+    pub(crate) len: usize,
+    /// Address of the bytes in the packet buffer they stand for.
+    pub(crate) dst: usize,
 }
 
 impl Store {
@@ -101,6 +116,11 @@ impl Store {
         }
     }
 
+    /// The bytes of a noted piece.
+    pub(crate) fn piece(&self, p: &Piece) -> Option<&[u8]> {
+        self.bytes(p.handle).ok()?.get(p.offset..p.offset + p.len)
+    }
+
     fn get(&self, h: MrHandle) -> Result<&Region, MemoryError> {
         match self.regions.get(&h.index().value()) {
             Some((k, r)) if *k == h => Ok(r),
@@ -115,6 +135,26 @@ impl Memory for Store {
         // SAFETY: the store is only reachable through the locked device state, and the
         // returned borrow of `&self` ends before the lock is released, so no writer is active.
         Ok(unsafe { r.bytes() })
+    }
+
+    fn read_for_transmit(
+        &mut self,
+        mr: MrHandle,
+        offset: u64,
+        dst: &mut [u8],
+    ) -> Result<(), MemoryError> {
+        if !self.deferring {
+            return self.read(mr, offset, dst);
+        }
+        let len = self.get(mr)?.len() as u64;
+        let range = srdma_proto::memory::region_range(offset, dst.len() as u64, len)?;
+        self.pieces.push(Piece {
+            handle: mr,
+            offset: range.start,
+            len: range.len(),
+            dst: dst.as_ptr() as usize,
+        });
+        Ok(())
     }
 
     fn bytes_mut(&mut self, mr: MrHandle) -> Result<&mut [u8], MemoryError> {

@@ -211,17 +211,26 @@ fn sockaddr_eq(
     }
 }
 
+/// Most pieces (iovecs) one datagram may be sent from.
+pub(crate) const MAX_PARTS: usize = 40;
+/// Most iovecs in one message (UIO_MAXIOV).
+const MAX_IOV: usize = 1024;
+
 /// Datagrams to send with `sendmmsg`: fixed buffers allocated once, so the data path allocates
-/// nothing per packet. Runs of same-sized datagrams to one destination go out as one UDP GSO
-/// message (UDP_SEGMENT: the kernel cuts it into the datagrams, one skb through the stack on
-/// loopback and veth), when the caller allows it for that destination.
+/// nothing per packet. A datagram is its slot's bytes, or pieces: headers in the slot and
+/// payload straight from registered memory (zero-copy). Runs of same-sized datagrams to one
+/// destination go out as one UDP GSO message (UDP_SEGMENT: the kernel cuts it into the
+/// datagrams, one skb through the stack on loopback and veth), when the caller allows it.
 pub(crate) struct TxBatch {
     bufs: Vec<Vec<u8>>,
     lens: Vec<usize>,
     gso_ok: Vec<bool>,
     addrs: Vec<libc::sockaddr_storage>,
     addr_lens: Vec<libc::socklen_t>,
-    iovs: Vec<libc::iovec>,
+    /// Every queued datagram's pieces, in order; slot `i` owns `parts[first[i]..first[i + 1]]`.
+    parts: Vec<libc::iovec>,
+    first: Vec<usize>,
+    np: usize,
     hdrs: Vec<libc::mmsghdr>,
     /// Datagrams in each prepared message.
     segs: Vec<usize>,
@@ -233,8 +242,9 @@ pub(crate) struct TxBatch {
     pub(crate) gso_messages: u64,
 }
 
-// SAFETY: the raw pointers inside `iovs`/`hdrs` only ever point into this struct's own
-// buffers, are rebuilt right before each syscall, and are never dereferenced elsewhere.
+// SAFETY: the raw pointers inside `parts`/`hdrs` point into this struct's own buffers or into
+// registered memory the device keeps alive and locked until the batch is sent (a batch is
+// always sent before the device lock is released); they are never dereferenced here.
 unsafe impl Send for TxBatch {}
 
 impl TxBatch {
@@ -244,19 +254,19 @@ impl TxBatch {
         let zero_addr: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
         // SAFETY: as above.
         let zero_hdr: libc::mmsghdr = unsafe { std::mem::zeroed() };
+        let iov = libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        };
         TxBatch {
             bufs: vec![vec![0u8; size]; count],
             lens: vec![0; count],
             gso_ok: vec![false; count],
             addrs: vec![zero_addr; count],
             addr_lens: vec![0; count],
-            iovs: vec![
-                libc::iovec {
-                    iov_base: std::ptr::null_mut(),
-                    iov_len: 0
-                };
-                count
-            ],
+            parts: vec![iov; count * 3 + MAX_PARTS],
+            first: vec![0; count + 1],
+            np: 0,
             hdrs: vec![zero_hdr; count],
             segs: vec![0; count],
             ctrl: vec![Cmsg([0; 32]); count],
@@ -270,8 +280,9 @@ impl TxBatch {
         self.n
     }
 
+    /// True when the next datagram might not fit: send the batch before building another.
     pub(crate) fn is_full(&self) -> bool {
-        self.n == self.bufs.len()
+        self.n == self.bufs.len() || self.np + MAX_PARTS > self.parts.len()
     }
 
     /// The next free slot's buffer, to fill before [`TxBatch::commit`].
@@ -282,10 +293,33 @@ impl TxBatch {
     /// Queues the first `len` bytes of the current slot for `dst`; `gso` allows sending it in
     /// one segmented message with its same-sized neighbours to the same destination.
     pub(crate) fn commit(&mut self, len: usize, dst: std::net::SocketAddr, gso: bool) {
+        let base = self.bufs[self.n].as_mut_ptr();
+        self.commit_parts(len, dst, gso, [(base.cast_const(), len)]);
+    }
+
+    /// Queues the current slot's datagram of `len` bytes for `dst`, sent from `parts` in
+    /// order (addresses in the slot or in registered memory; at most [`MAX_PARTS`], lengths
+    /// summing to `len`). The memory must stay valid and unchanged until the batch is sent.
+    pub(crate) fn commit_parts(
+        &mut self,
+        len: usize,
+        dst: std::net::SocketAddr,
+        gso: bool,
+        parts: impl IntoIterator<Item = (*const u8, usize)>,
+    ) {
+        self.first[self.n] = self.np;
+        for (ptr, l) in parts.into_iter().take(MAX_PARTS) {
+            self.parts[self.np] = libc::iovec {
+                iov_base: ptr.cast_mut().cast(),
+                iov_len: l,
+            };
+            self.np += 1;
+        }
         self.lens[self.n] = len;
         self.gso_ok[self.n] = gso;
         self.addr_lens[self.n] = to_sockaddr(dst, &mut self.addrs[self.n]);
         self.n += 1;
+        self.first[self.n] = self.np;
     }
 
     /// Groups the queued datagrams into messages; returns the message count.
@@ -303,6 +337,7 @@ impl TxBatch {
                     && self.lens[i + k - 1] == seg
                     && self.lens[i + k] <= seg
                     && total + self.lens[i + k] <= GSO_MAX_BYTES
+                    && self.first[i + k + 1] - self.first[i] <= MAX_IOV
                     && sockaddr_eq(
                         &self.addrs[i],
                         self.addr_lens[i],
@@ -314,22 +349,16 @@ impl TxBatch {
                     k += 1;
                 }
             }
-            for j in i..i + k {
-                self.iovs[j] = libc::iovec {
-                    iov_base: self.bufs[j].as_mut_ptr().cast(),
-                    iov_len: self.lens[j],
-                };
-            }
             let h = &mut self.hdrs[m].msg_hdr;
             h.msg_name = (&raw mut self.addrs[i]).cast();
             h.msg_namelen = self.addr_lens[i];
-            h.msg_iov = &raw mut self.iovs[i];
-            h.msg_iovlen = k;
+            h.msg_iov = &raw mut self.parts[self.first[i]];
+            h.msg_iovlen = self.first[i + k] - self.first[i];
             h.msg_flags = 0;
             if k > 1 {
                 let c = &mut self.ctrl[m];
                 h.msg_control = c.0.as_mut_ptr().cast();
-                // SAFETY: CMSG_SPACE/CMSG_LEN are pure arithmetic.
+                // SAFETY: CMSG_SPACE is pure arithmetic.
                 h.msg_controllen = unsafe { libc::CMSG_SPACE(2) } as usize;
                 // SAFETY: `msg_control` points to 32 writable, 8-aligned bytes, enough for
                 // CMSG_SPACE(2) = 24; CMSG_FIRSTHDR returns a pointer inside them.
@@ -358,9 +387,11 @@ impl TxBatch {
         let count = self.prepare();
         let mut done = 0;
         let mut refused = 0;
+        let mut slot = 0;
         while done < count {
             // SAFETY: `hdrs[done..count]` were initialised by `prepare` and point into this
-            // batch's live buffers, iovecs, control buffers and addresses.
+            // batch's live iovecs, control buffers and addresses, and the iovecs into live
+            // slots or locked registered memory.
             let r = unsafe {
                 libc::sendmmsg(
                     fd,
@@ -374,12 +405,14 @@ impl TxBatch {
                     if self.segs[m] > 1 {
                         self.gso_messages += 1;
                     }
+                    slot += self.segs[m];
                 }
                 done += r as usize;
                 continue;
             }
             let e = io::Error::last_os_error().raw_os_error();
-            if self.segs[done] > 1
+            let k = self.segs[done];
+            if k > 1
                 && matches!(
                     e,
                     Some(libc::EIO | libc::EINVAL | libc::EOPNOTSUPP | libc::ENOPROTOOPT)
@@ -387,33 +420,30 @@ impl TxBatch {
             {
                 // This path cannot segment: never ask again; resend these datagrams singly.
                 self.gso = false;
-                let first = self.segs[..done].iter().sum::<usize>();
-                refused += self.resend_singly(fd, first, self.segs[done]);
+                refused += self.resend_singly(fd, slot, k);
             } else {
                 // Socket buffer full or an error for this message: drop it (the transport
                 // retransmits) and go on with the rest.
-                refused += self.segs[done];
+                refused += k;
             }
+            slot += k;
             done += 1;
         }
         self.n = 0;
+        self.np = 0;
         refused
     }
 
     fn resend_singly(&mut self, fd: RawFd, first: usize, k: usize) -> usize {
         let mut refused = 0;
         for j in first..first + k {
-            // SAFETY: a plain msghdr over slot `j`'s buffer and address, both live.
+            // SAFETY: a plain msghdr over slot `j`'s iovecs and address, all live (see `send`).
             let r = unsafe {
-                let mut iov = libc::iovec {
-                    iov_base: self.bufs[j].as_mut_ptr().cast(),
-                    iov_len: self.lens[j],
-                };
                 let mut h: libc::msghdr = std::mem::zeroed();
                 h.msg_name = (&raw mut self.addrs[j]).cast();
                 h.msg_namelen = self.addr_lens[j];
-                h.msg_iov = &raw mut iov;
-                h.msg_iovlen = 1;
+                h.msg_iov = &raw mut self.parts[self.first[j]];
+                h.msg_iovlen = self.first[j + 1] - self.first[j];
                 libc::sendmsg(fd, &h, libc::MSG_DONTWAIT)
             };
             if r < 0 {

@@ -334,7 +334,7 @@ pub(super) fn gather(
         AccessFlags::empty(),
         |ctx, grant, at, n| {
             ctx.mem
-                .read(grant.handle(), grant.offset(), &mut dst[at..at + n])
+                .read_for_transmit(grant.handle(), grant.offset(), &mut dst[at..at + n])
                 .map_err(|_| WcStatus::LocProtErr)
         },
     )

@@ -596,7 +596,11 @@ impl Qp {
                             .and_then(|g| {
                                 let hl = r.bth.opcode.header_len();
                                 ctx.mem
-                                    .read(g.handle(), g.offset(), &mut buf[hl..hl + plen])
+                                    .read_for_transmit(
+                                        g.handle(),
+                                        g.offset(),
+                                        &mut buf[hl..hl + plen],
+                                    )
                                     .ok()
                             });
                         if read.is_none() {
