@@ -387,6 +387,16 @@ fn read_capped(r: &mut impl Read, out: &mut Vec<u8>, cap: usize) -> io::Result<u
     Ok(out.len())
 }
 
+/// Asks the kernel for a pipe buffer of `len` bytes (ignored when refused: unprivileged
+/// processes are capped by /proc/sys/fs/pipe-max-size).
+fn grow_pipe(p: &impl std::os::fd::AsRawFd, len: usize) {
+    let len = libc::c_int::try_from(len).unwrap_or(libc::c_int::MAX);
+    // SAFETY: fcntl on a pipe fd we own, with an integer argument; no memory is passed.
+    unsafe {
+        libc::fcntl(p.as_raw_fd(), libc::F_SETPIPE_SZ, len);
+    }
+}
+
 impl Stage for ExecStage {
     fn name(&self) -> &str {
         &self.name
@@ -418,6 +428,14 @@ impl Stage for ExecStage {
             .map_err(|e| io::Error::new(e.kind(), format!("spawning sh -c {:?}: {e}", self.cmd)))?;
         let mut stdin = child.stdin.take();
         let mut stdout = child.stdout.take();
+        // Bigger pipes: fewer context switches per multi-MiB chunk (best effort).
+        let pipe_len = n.clamp(1 << 16, 1 << 20);
+        if let Some(p) = &stdin {
+            grow_pipe(p, pipe_len);
+        }
+        if let Some(p) = &stdout {
+            grow_pipe(p, pipe_len);
+        }
         let mut stderr = child.stderr.take();
         let payload = &chunk.buf[..n];
         let scratch = &mut self.scratch;

@@ -767,4 +767,23 @@ fn throughput() {
         gbps(32 * chunk as u64, t.elapsed()),
         c.copied_bytes()
     );
+
+    // exec: a process per chunk.
+    let mut e = stage::build("exec:cat").unwrap();
+    let t = Instant::now();
+    for _ in 0..16 {
+        let mut h = ChunkHeader::data(0, 0, 0, chunk as u32, u64::MAX, CheckAlg::Crc32c);
+        h.seal(&buf[..chunk]);
+        e.process(Chunk {
+            header: &mut h,
+            buf: &mut buf,
+        })
+        .unwrap();
+    }
+    let el = t.elapsed();
+    println!(
+        "exec:cat        {:6.2} GB/s ({:.2} ms per 4 MiB chunk)",
+        gbps(16 * chunk as u64, el),
+        el.as_secs_f64() * 1000.0 / 16.0
+    );
 }
