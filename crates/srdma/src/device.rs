@@ -34,6 +34,8 @@ const RX_BUDGET: usize = 8;
 /// while an application polls, its polls drive the device (no thread hand-off on the hot
 /// path); when it stops, the thread takes over within this time.
 const APP_GRACE: Duration = Duration::from_millis(1);
+/// How often an application's polls refresh the device's published statistics at most.
+const STATS_EVERY: Duration = Duration::from_millis(250);
 
 /// The RoCEv2 UDP port.
 pub const ROCEV2_PORT: u16 = srdma_wire::ROCEV2_PORT;
@@ -268,6 +270,8 @@ pub(crate) struct State {
     due: Vec<u32>,
     /// Earliest QP timer, in ns since the epoch (u64::MAX: none).
     next_timer: u64,
+    /// When (ns since the epoch) the published statistics may be refreshed next.
+    stats_next: u64,
     stats: Option<crate::stats::Publisher>,
 }
 
@@ -379,6 +383,7 @@ impl Device {
             touched: Vec::with_capacity(64),
             due: Vec::with_capacity(64),
             next_timer: u64::MAX,
+            stats_next: 0,
             stats: crate::stats::Publisher::new(&cfg.name, local),
         };
         let shared = Arc::new(Shared {
@@ -852,6 +857,10 @@ impl Shared {
         if now >= st.next_timer {
             self.run_timers(&mut st);
         }
+        if now >= st.stats_next {
+            st.stats_next = now + STATS_EVERY.as_nanos() as u64;
+            publish_stats(&mut st);
+        }
     }
 
     /// Receives and handles up to `budget` batches of datagrams, flushing every QP they
@@ -1156,5 +1165,9 @@ fn progress(shared: &Shared) {
             let _ = w.flush();
         }
         publish_stats(&mut st);
+        // A rate-limited refresh is pending: come back for it even if nothing else happens.
+        if let Some(d) = st.stats.as_ref().and_then(|p| p.due_in(Instant::now())) {
+            timeout = Some(timeout.map_or(d, |t| t.min(d)));
+        }
     }
 }

@@ -135,7 +135,6 @@ impl Publisher {
     /// counters that a rate-limited call left out (None: the file is up to date). A progress
     /// thread that would sleep longer can wake then, so the file never lags by more than
     /// about a second.
-    #[allow(dead_code)] // For the engine's progress loop.
     pub(crate) fn due_in(&self, now: Instant) -> Option<Duration> {
         if !self.dirty {
             return None;
