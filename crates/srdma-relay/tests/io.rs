@@ -787,3 +787,91 @@ fn throughput() {
         el.as_secs_f64() * 1000.0 / 16.0
     );
 }
+
+/// Stages and the assembler fed arbitrary (even inconsistent) headers and payloads return
+/// errors, never panic, and never report success on a payload that does not verify.
+#[test]
+fn arbitrary_chunks_never_panic() {
+    let mut s = 0x2545_f491_4f6c_dd1du64;
+    let mut rnd = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    let mut compressed = vec![0u8; 4096];
+    let mut h0 = ChunkHeader::data(0, 0, 0, 3000, u64::MAX, CheckAlg::Crc32c);
+    compressed[..3000].copy_from_slice(&text(3000, 1));
+    h0.seal(&compressed[..3000]);
+    stage::build("compress")
+        .unwrap()
+        .process(Chunk {
+            header: &mut h0,
+            buf: &mut compressed,
+        })
+        .unwrap();
+    assert!(h0.has(flags::COMPRESSED));
+    let mut stages: Vec<Box<dyn Stage>> = ["verify", "compress", "decompress"]
+        .iter()
+        .map(|s| stage::build(s).unwrap())
+        .collect();
+    for i in 0..20_000u32 {
+        let cap = (rnd() % 5000) as usize;
+        let mut buf: Vec<u8> = (0..cap).map(|_| rnd() as u8).collect();
+        // Some cases start from a real compressed payload, possibly damaged.
+        if i % 3 == 0 && cap >= h0.payload_len as usize {
+            let n = h0.payload_len as usize;
+            buf[..n].copy_from_slice(&compressed[..n]);
+            if i % 2 == 0 && n > 0 {
+                let at = (rnd() as usize) % n;
+                buf[at] ^= 1 << (rnd() % 8);
+            }
+        }
+        let r = rnd();
+        let alg = [CheckAlg::None, CheckAlg::Crc32c, CheckAlg::Xxh3][(r % 3) as usize];
+        let mut h = ChunkHeader {
+            seq: rnd() % 4,
+            object: (rnd() % 2) as u32,
+            flags: (rnd() % 16) as u16,
+            check_alg: alg,
+            offset: rnd() % 10_000,
+            payload_len: (rnd() % 6000) as u32,
+            raw_len: if i % 3 == 0 {
+                h0.raw_len
+            } else {
+                (rnd() % 6000) as u32
+            },
+            checksum: 0,
+            object_len: if rnd() % 2 == 0 {
+                u64::MAX
+            } else {
+                rnd() % 20_000
+            },
+        };
+        if i % 3 == 0 {
+            h.flags = flags::COMPRESSED;
+            h.payload_len = h0.payload_len;
+        }
+        // Mostly sealed correctly over what is there, sometimes not.
+        let plen = (h.payload_len as usize).min(buf.len());
+        if rnd() % 4 != 0 {
+            h.checksum = alg.checksum(&buf[..plen]);
+        }
+        for st in stages.iter_mut() {
+            let before = h;
+            if st
+                .process(Chunk {
+                    header: &mut h,
+                    buf: &mut buf,
+                })
+                .is_ok()
+                && h != before
+            {
+                // A stage that changed the chunk must have sealed it properly.
+                h.verify(&buf).unwrap();
+            }
+        }
+        let mut asm = Assembler::new(Box::new(sink::DiscardSink::default()));
+        let _ = asm.accept(&h, &buf);
+    }
+}
