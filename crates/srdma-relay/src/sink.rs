@@ -9,8 +9,8 @@
 //! - `dir:PATH`: every object stored at PATH/NAME (NAME is the object's relative name;
 //!   names with `..`, `.`, empty components, absolute paths or NULs are rejected, and so is
 //!   any existing symbolic link on the way, so nothing is written outside PATH).
-//! - `stdout`: objects written to standard output one after another, in offset order.
-//! - `discard`: bytes counted and dropped.
+//! - `stdout` (or `-`): objects written to standard output one after another, in offset order.
+//! - `discard` (or `null`): bytes counted and dropped.
 //!
 //! File and directory sinks are atomic: an object is written to `<final>.srdma-part-<pid>`
 //! and renamed to its final name on commit (after fsync); abort (or dropping the sink with an

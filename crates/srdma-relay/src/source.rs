@@ -11,7 +11,7 @@
 //! - `file:PATH`: one object, the file; its name is the file's last path component.
 //! - `dir:PATH`: every regular file below PATH (symbolic links are not followed), named by its
 //!   path relative to PATH with `/` separators, in byte-wise sorted order.
-//! - `stdin`: one object named `stdin` of unknown length.
+//! - `stdin` (or `-`): one object named `stdin` of unknown length.
 //! - a bare PATH: `file:` or `dir:` depending on what PATH is.
 
 use crate::chunk::{CheckAlg, ChunkHeader, DIGEST_LEN, MAX_NAME_LEN, MAX_PAYLOAD, flags};
