@@ -484,7 +484,7 @@ impl<'a, W: Write> Side<'a, W> {
             return Err(PeerError(String::new())).context(msg);
         }
         let peer_mtu = get_u64(&hello, "mtu")? as u32;
-        let mtu = Mtu::from_bytes(peer_mtu.min(self.args.mtu.bytes() as u32))
+        let mtu = Mtu::from_bytes(peer_mtu.min(self.args.mtu.bytes()))
             .ok_or_else(|| anyhow!("the client sent an invalid MTU"))?;
         ctrl.send(&json!({"type": "hello_ok", "mtu": mtu.bytes()}))?;
         let opts = self.engine_opts(mtu);

@@ -84,7 +84,7 @@ impl BwStats {
     }
 
     /// Machine-readable form (also what travels over the control connection).
-    pub fn to_json(&self) -> Value {
+    pub fn to_json(self) -> Value {
         json!({
             "bytes": self.size,
             "iterations": self.msgs,
@@ -222,7 +222,7 @@ impl LatStats {
     }
 
     /// Machine-readable form.
-    pub fn to_json(&self) -> Value {
+    pub fn to_json(self) -> Value {
         json!({
             "bytes": self.size,
             "iterations": self.iters,
