@@ -185,25 +185,11 @@ fn bad_config(msg: &str) -> ! {
 }
 
 fn run_node(a: &NodeArgs) -> anyhow::Result<bool> {
-    let cfg = Config::load(&a.config).unwrap_or_else(|e| bad_config(&e.to_string()));
-    if cfg.node(&a.name).is_none() {
-        let names: Vec<&str> = cfg.nodes.iter().map(|n| n.name.as_str()).collect();
-        bad_config(&format!(
-            "{}: no node named {:?} (the nodes are {})",
-            cfg.file,
-            a.name,
-            names.join(", ")
-        ));
-    }
-    let outcome = node::run(
-        &cfg,
-        &a.name,
-        &NodeOptions {
-            json: a.json,
-            quiet: a.quiet,
-        },
-    );
-    match outcome.code {
+    let opts = NodeOptions {
+        json: a.json,
+        quiet: a.quiet,
+    };
+    match node::run_file(&a.config, &a.name, &opts) {
         0 => Ok(true),
         2 => std::process::exit(2),
         _ => Ok(false),

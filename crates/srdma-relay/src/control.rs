@@ -123,6 +123,7 @@ pub struct FinalReport {
 
 #[derive(Debug, Default)]
 struct NodeSlot {
+    hello: bool,
     writer: Option<TcpStream>,
     progress_bytes: u64,
     final_report: Option<FinalReport>,
@@ -228,15 +229,17 @@ impl Server {
             .collect()
     }
 
-    /// Waits until every node reported or died, or `deadline` passes; true if all did.
-    pub fn wait_all(&self, deadline: Instant) -> bool {
+    /// Waits until every node reported or died, or `deadline` passes; true if all did. With
+    /// `connected_only`, nodes that never connected are not waited for (after a failure,
+    /// they may never come).
+    pub fn wait_all(&self, deadline: Instant, connected_only: bool) -> bool {
         let (m, cv) = &*self.shared;
         let mut st = lock(m);
         loop {
             if st
                 .nodes
                 .values()
-                .all(|n| n.final_report.is_some() || n.dead)
+                .all(|n| n.final_report.is_some() || n.dead || (connected_only && !n.hello))
             {
                 return true;
             }
@@ -291,6 +294,7 @@ fn serve(stream: TcpStream, shared: &Arc<(Mutex<ServerState>, Condvar)>) {
             Msg::Hello { node } => {
                 if let Some(slot) = st.nodes.get_mut(&node) {
                     slot.writer = writer.try_clone().ok();
+                    slot.hello = true;
                     me = Some(node);
                 }
             }
@@ -500,7 +504,7 @@ mod tests {
             primary: false,
         });
         drop(b);
-        assert!(server.wait_all(Instant::now() + Duration::from_secs(5)));
+        assert!(server.wait_all(Instant::now() + Duration::from_secs(5), false));
         let f = server.failures();
         assert_eq!(f.len(), 1, "{f:?}");
         assert_eq!(f[0].failed_hop.as_deref(), Some("B"));

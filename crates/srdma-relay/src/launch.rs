@@ -225,5 +225,5 @@ pub fn source_size(cfg: &Config) -> Option<u64> {
     }
     let p = spec.strip_prefix("file:").unwrap_or(spec);
     let md = std::fs::metadata(Path::new(p)).ok()?;
-    md.is_file().then(|| md.len())
+    md.is_file().then_some(md.len())
 }

@@ -183,6 +183,19 @@ enum After {
     Mismatch { want: [u8; 16], got: [u8; 16] },
 }
 
+/// Loads the configuration at `path` and runs node `name` of it: what `srdma relay node` does.
+/// Returns the exit status: 2 (with a message on stderr naming the file, node and field) for a
+/// bad configuration or an unknown node, else [`run`]'s.
+pub fn run_file(path: &std::path::Path, name: &str, opts: &NodeOptions) -> i32 {
+    match Config::load(path) {
+        Ok(cfg) => run(&cfg, name, opts).code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            2
+        }
+    }
+}
+
 /// Runs node `name` of `cfg` to its end and prints its report; never panics on bad input.
 pub fn run(cfg: &Config, name: &str, opts: &NodeOptions) -> Outcome {
     let Some(me) = cfg.node(name) else {
@@ -1453,7 +1466,7 @@ impl<'a> NodeRun<'a> {
                     error: format!("{name}: {}", f.msg),
                 });
             }
-            let all = server.wait_all(Instant::now() + grace);
+            let all = server.wait_all(Instant::now() + grace, result.is_err());
             let failures = server.failures();
             if result.is_ok() && !failures.is_empty() {
                 server.broadcast(&Msg::Abort {
@@ -1528,18 +1541,18 @@ impl<'a> NodeRun<'a> {
             }) = heard.verdict
             {
                 report.sinks = sinks;
-                if result.is_err() {
+                if let Err(f) = &result {
                     // The source knows best which hop failed first.
                     if failed_hop.is_some() {
                         report.failed_hop = failed_hop;
                     }
                     if let Some(e) = error {
-                        if report.error.as_deref() != Some(e.as_str()) {
-                            report.error = Some(match report.error.take() {
-                                Some(mine) => format!("{e} (here: {mine})"),
-                                None => e,
-                            });
-                        }
+                        let mine = report.error.take().unwrap_or_default();
+                        report.error = Some(if f.primary && !e.contains(&mine) {
+                            format!("{e} (here: {mine})")
+                        } else {
+                            e
+                        });
                     }
                 }
             }

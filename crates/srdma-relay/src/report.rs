@@ -22,8 +22,8 @@ pub struct Report {
     pub role: String,
     /// True when the node's part succeeded (the source: every sink committed).
     pub ok: bool,
-    /// Object bytes the node handled: the source sent (acknowledged by every child), a relay
-    /// processed, a sink wrote.
+    /// Object bytes the node handled: the source read and sent, a relay processed, a sink
+    /// wrote.
     pub bytes: u64,
     /// Objects completed.
     pub objects: u64,

@@ -1,0 +1,505 @@
+//! Whole transfers on loopback addresses, every node its own process: this test binary
+//! re-executes itself as a node (the ignored test `relay_node_process`, told which node by
+//! environment variables), as `srdma relay node` would run it.
+//!
+//! Each test uses its own 127.0.4x.0/24 addresses, so they can run in parallel with each other
+//! and with the demo (127.0.30.x). Sizes are small (8–24 MiB): the engine is a debug build here.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use srdma_relay::config::Config;
+use srdma_relay::launch::{self, LaunchOptions, NodeResult};
+use srdma_relay::node::{self, NodeOptions};
+use srdma_relay::report::Report;
+
+const ENV_CONFIG: &str = "SRDMA_RELAY_TEST_CONFIG";
+const ENV_NODE: &str = "SRDMA_RELAY_TEST_NODE";
+
+/// The entry point of the node processes the other tests start; does nothing when run by hand.
+#[test]
+#[ignore = "entry point of the node processes the other tests start"]
+fn relay_node_process() {
+    let (Ok(cfg), Ok(name)) = (std::env::var(ENV_CONFIG), std::env::var(ENV_NODE)) else {
+        return;
+    };
+    let opts = NodeOptions {
+        json: true,
+        quiet: true,
+    };
+    std::process::exit(node::run_file(Path::new(&cfg), &name, &opts));
+}
+
+fn node_command(cfg: &Path, name: &str) -> Command {
+    let mut c = Command::new(std::env::current_exe().unwrap());
+    c.args([
+        "relay_node_process",
+        "--exact",
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(ENV_CONFIG, cfg)
+    .env(ENV_NODE, name);
+    c
+}
+
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(tag: &str) -> Scratch {
+        let d = std::env::temp_dir().join(format!("srdma-relay-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        Scratch(d)
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+
+    /// Writes `len` pseudo-random bytes (seeded by `seed`) to `name`.
+    fn random_file(&self, name: &str, len: usize, seed: u64) -> PathBuf {
+        let mut x = seed | 1;
+        let mut v = Vec::with_capacity(len + 8);
+        while v.len() < len {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            v.extend_from_slice(&x.to_le_bytes());
+        }
+        v.truncate(len);
+        let p = self.path(name);
+        std::fs::write(&p, v).unwrap();
+        p
+    }
+
+    fn config(&self, text: &str) -> (PathBuf, Config) {
+        let p = self.path("relay.toml");
+        std::fs::write(&p, text).unwrap();
+        let c = Config::load(&p).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        (p, c)
+    }
+
+    /// Files in the directory whose name starts with `prefix`.
+    fn leftovers(&self, prefix: &str) -> Vec<String> {
+        std::fs::read_dir(&self.0)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(prefix))
+            .collect()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn run(cfg_path: &Path, cfg: &Config) -> BTreeMap<String, NodeResult> {
+    let res = launch::run_all(
+        cfg,
+        |name| node_command(cfg_path, name),
+        &LaunchOptions {
+            show: false,
+            deadline: Duration::from_secs(50),
+        },
+    )
+    .unwrap();
+    res.into_iter().map(|r| (r.name.clone(), r)).collect()
+}
+
+fn report<'a>(r: &'a BTreeMap<String, NodeResult>, name: &str) -> &'a Report {
+    let n = &r[name];
+    n.report
+        .as_ref()
+        .unwrap_or_else(|| panic!("{name} printed no report (exit {:?}): {}", n.code, n.stderr))
+}
+
+fn assert_all_ok(r: &BTreeMap<String, NodeResult>) {
+    for (name, n) in r {
+        assert_eq!(n.code, Some(0), "{name} failed: {}", n.stderr);
+        assert!(report(r, name).ok, "{name}: {:?}", n.report);
+    }
+}
+
+fn header(extra: &str) -> String {
+    format!("[transfer]\nchunk_size = \"256KiB\"\nslots = 4\ntimeout_ms = 3000\n{extra}\n")
+}
+
+fn node(name: &str, addr: &str, role: &str, parent: Option<&str>, extra: &str) -> String {
+    let mut s = format!("[[node]]\nname = \"{name}\"\naddr = \"{addr}\"\nrole = \"{role}\"\n");
+    if let Some(p) = parent {
+        s.push_str(&format!("parent = \"{p}\"\n"));
+    }
+    s.push_str(extra);
+    s.push('\n');
+    s
+}
+
+#[test]
+fn three_hop_chain_delivers_an_identical_file() {
+    let d = Scratch::new("chain");
+    let src = d.random_file("in.bin", 16 << 20, 7);
+    let out = d.path("out.bin");
+    let text = header("")
+        + &node(
+            "A",
+            "127.0.41.1",
+            "source",
+            None,
+            &format!("source = \"file:{}\"", src.display()),
+        )
+        + &node(
+            "B",
+            "127.0.41.2",
+            "relay",
+            Some("A"),
+            "stages = [\"verify\"]",
+        )
+        + &node(
+            "C",
+            "127.0.41.3",
+            "relay",
+            Some("B"),
+            "stages = [\"verify\"]",
+        )
+        + &node(
+            "D",
+            "127.0.41.4",
+            "sink",
+            Some("C"),
+            &format!("sink = \"file:{}\"\nstages = [\"verify\"]", out.display()),
+        );
+    let (p, cfg) = d.config(&text);
+    let r = run(&p, &cfg);
+    assert_all_ok(&r);
+    assert!(
+        std::fs::read(&src).unwrap() == std::fs::read(&out).unwrap(),
+        "the copies differ"
+    );
+    let a = report(&r, "A");
+    assert_eq!(a.bytes, 16 << 20);
+    assert_eq!(a.digest, report(&r, "D").digest);
+    assert_eq!(a.sinks["D"].bytes, 16 << 20);
+    assert!(a.sinks["D"].committed);
+    for relay in ["B", "C"] {
+        let rep = report(&r, relay);
+        assert_eq!(rep.copied_bytes, 0, "{relay} copied chunk data");
+        assert!(rep.forwarded_bytes >= 16 << 20, "{relay}: {rep:?}");
+    }
+    assert!(
+        d.leftovers("out.bin.").is_empty(),
+        "{:?}",
+        d.leftovers("out.bin.")
+    );
+}
+
+#[test]
+fn fan_out_tree_delivers_to_every_sink() {
+    // A -> B (relay) -> D, E; A -> C (sink): fan-out 2 at the source and at a relay.
+    let d = Scratch::new("tree");
+    let src = d.random_file("in.bin", 8 << 20, 11);
+    let sink = |n: &str| {
+        format!(
+            "sink = \"file:{}\"\nstages = [\"verify\"]",
+            d.path(&format!("{n}.bin")).display()
+        )
+    };
+    let text = header("")
+        + &node(
+            "A",
+            "127.0.42.1",
+            "source",
+            None,
+            &format!("source = \"{}\"", src.display()),
+        )
+        + &node(
+            "B",
+            "127.0.42.2",
+            "relay",
+            Some("A"),
+            "stages = [\"verify\"]",
+        )
+        + &node("C", "127.0.42.3", "sink", Some("A"), &sink("C"))
+        + &node("D", "127.0.42.4", "sink", Some("B"), &sink("D"))
+        + &node("E", "127.0.42.5", "sink", Some("B"), &sink("E"));
+    let (p, cfg) = d.config(&text);
+    let r = run(&p, &cfg);
+    assert_all_ok(&r);
+    let want = std::fs::read(&src).unwrap();
+    for s in ["C", "D", "E"] {
+        let got = std::fs::read(d.path(&format!("{s}.bin"))).unwrap();
+        assert!(got == want, "sink {s}'s copy differs");
+        assert!(report(&r, "A").sinks[s].committed);
+    }
+    // B forwarded every chunk twice, from the same slot.
+    let b = report(&r, "B");
+    assert!(b.forwarded_bytes >= 2 * (8 << 20), "{b:?}");
+    assert_eq!(b.copied_bytes, 0);
+}
+
+#[test]
+fn write_imm_forwarding_delivers_too() {
+    let d = Scratch::new("wimm");
+    let out = d.path("out.bin");
+    let text = header("forward = \"write-imm\"\ncheck = \"xxh3\"")
+        + &node("A", "127.0.43.1", "source", None, "source = \"gen:8MiB:3\"")
+        + &node(
+            "B",
+            "127.0.43.2",
+            "relay",
+            Some("A"),
+            "stages = [\"verify\"]",
+        )
+        + &node(
+            "C",
+            "127.0.43.3",
+            "sink",
+            Some("B"),
+            &format!("sink = \"file:{}\"", out.display()),
+        );
+    let (p, cfg) = d.config(&text);
+    let r = run(&p, &cfg);
+    assert_all_ok(&r);
+    let got = std::fs::read(&out).unwrap();
+    let mut want = vec![0u8; 8 << 20];
+    srdma_relay::source::gen_fill(3, 0, &mut want);
+    assert!(got == want, "the copy differs from the generated data");
+}
+
+#[test]
+fn a_throttled_sink_slows_the_source() {
+    let d = Scratch::new("slow");
+    let (bytes, rate) = (24u64 << 20, 12u64 << 20);
+    let text = "[transfer]\nchunk_size = \"128KiB\"\nslots = 4\ntimeout_ms = 3000\n".to_string()
+        + &node(
+            "A",
+            "127.0.44.1",
+            "source",
+            None,
+            &format!("source = \"gen:{bytes}\""),
+        )
+        + &node("B", "127.0.44.2", "relay", Some("A"), "")
+        + &node(
+            "C",
+            "127.0.44.3",
+            "sink",
+            Some("B"),
+            "sink = \"discard\"\nthrottle = \"12MiB/s\"",
+        );
+    let (p, cfg) = d.config(&text);
+    let r = run(&p, &cfg);
+    assert_all_ok(&r);
+    let a = report(&r, "A");
+    let floor = bytes as f64 / rate as f64 * 0.8;
+    assert!(
+        a.seconds >= floor,
+        "the source took {:.2} s for {bytes} bytes, a sink at {rate} B/s needs at least {floor:.2} s",
+        a.seconds
+    );
+    assert!(report(&r, "C").seconds >= floor);
+}
+
+#[test]
+fn a_flipped_bit_is_caught_at_the_next_hop() {
+    let d = Scratch::new("flip");
+    let out = d.path("out.bin");
+    let text = header("")
+        + &node("A", "127.0.45.1", "source", None, "source = \"gen:8MiB\"")
+        + &node(
+            "B",
+            "127.0.45.2",
+            "relay",
+            Some("A"),
+            "stages = [\"verify\"]\nflip_bit_at_seq = 5",
+        )
+        + &node(
+            "C",
+            "127.0.45.3",
+            "sink",
+            Some("B"),
+            &format!("sink = \"file:{}\"\nstages = [\"verify\"]", out.display()),
+        );
+    let (p, cfg) = d.config(&text);
+    let r = run(&p, &cfg);
+    for n in ["A", "C"] {
+        assert_eq!(r[n].code, Some(1), "{n}: {}", r[n].stderr);
+    }
+    let c = report(&r, "C");
+    assert!(!c.ok);
+    let err = c.error.as_deref().unwrap_or("");
+    assert!(
+        err.contains("chunk 5") && err.contains("caught at C"),
+        "{err}"
+    );
+    let a = report(&r, "A");
+    assert!(!a.ok);
+    assert!(
+        a.error.as_deref().unwrap_or("").contains("chunk 5"),
+        "{a:?}"
+    );
+    assert!(!a.sinks["C"].committed);
+    assert!(r["A"].stderr.contains("chunk 5"), "{}", r["A"].stderr);
+    assert!(!out.exists(), "a corrupt object was committed");
+    assert!(
+        d.leftovers("out.bin").is_empty(),
+        "{:?}",
+        d.leftovers("out.bin")
+    );
+}
+
+#[test]
+fn a_killed_relay_is_reported_by_the_source_and_downstream() {
+    let d = Scratch::new("kill");
+    let out = d.path("out.bin");
+    let text = "[transfer]\nchunk_size = \"256KiB\"\nslots = 4\ntimeout_ms = 2000\n".to_string()
+        + &node("A", "127.0.46.1", "source", None, "source = \"gen:64MiB\"")
+        + &node(
+            "B",
+            "127.0.46.2",
+            "relay",
+            Some("A"),
+            "stages = [\"verify\"]",
+        )
+        + &node(
+            "C",
+            "127.0.46.3",
+            "sink",
+            Some("B"),
+            &format!("sink = \"file:{}\"\nthrottle = \"8MiB/s\"", out.display()),
+        );
+    let (p, _cfg) = d.config(&text);
+    let spawn = |name: &str| -> Child {
+        node_command(&p, name)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (mut c, mut b, mut a) = (spawn("C"), spawn("B"), spawn("A"));
+    // Wait until C reports progress, then kill B.
+    let c_out = BufReader::new(c.stdout.take().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let reader = std::thread::spawn(move || {
+        for line in c_out.lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let start = Instant::now();
+    let mut c_lines = Vec::new();
+    loop {
+        let line = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("C printed no progress within 20 s");
+        let progressed = line.contains("\"progress\"")
+            && serde_json::from_str::<serde_json::Value>(&line)
+                .ok()
+                .and_then(|v| v["bytes"].as_u64())
+                .is_some_and(|b| b >= 2 << 20);
+        c_lines.push(line);
+        if progressed {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20));
+    }
+    b.kill().unwrap();
+    let killed = Instant::now();
+    let _ = b.wait();
+    let wait = |ch: &mut Child, who: &str| {
+        loop {
+            if let Some(st) = ch.try_wait().unwrap() {
+                return st.code();
+            }
+            if killed.elapsed() > Duration::from_secs(15) {
+                let _ = ch.kill();
+                panic!("{who} still runs 15 s after the relay was killed");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    assert_eq!(wait(&mut a, "A"), Some(1));
+    assert_eq!(wait(&mut c, "C"), Some(1));
+    reader.join().unwrap();
+    c_lines.extend(rx.try_iter());
+    let a_out = std::io::read_to_string(a.stdout.take().unwrap()).unwrap();
+    let a_err = std::io::read_to_string(a.stderr.take().unwrap()).unwrap();
+    let c_err = std::io::read_to_string(c.stderr.take().unwrap()).unwrap();
+    let last_report = |lines: &mut dyn Iterator<Item = &str>| -> Report {
+        lines
+            .filter(|l| l.contains("\"report\""))
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .last()
+            .expect("no report")
+    };
+    let ar = last_report(&mut a_out.lines());
+    let cr = last_report(&mut c_lines.iter().map(String::as_str));
+    for (who, rep, err) in [("A", &ar, &a_err), ("C", &cr, &c_err)] {
+        assert!(!rep.ok, "{who}: {rep:?}");
+        assert_eq!(rep.failed_hop.as_deref(), Some("B"), "{who}: {rep:?}");
+        assert!(err.contains("failed hop: B"), "{who} said: {err}");
+        assert!(err.contains("sink C:"), "{who} said: {err}");
+        let sink = rep
+            .sinks
+            .get("C")
+            .unwrap_or_else(|| panic!("{who}: {rep:?}"));
+        assert!(!sink.committed);
+        assert!(
+            sink.bytes >= 2 << 20 && sink.bytes < 64 << 20,
+            "{who}: {sink:?}"
+        );
+    }
+    assert!(!out.exists(), "an incomplete object was committed");
+    assert!(
+        d.leftovers("out.bin").is_empty(),
+        "{:?}",
+        d.leftovers("out.bin")
+    );
+}
+
+#[test]
+fn an_unreachable_hop_is_named() {
+    let d = Scratch::new("unreach");
+    let text = "[transfer]\ntimeout_ms = 800\n".to_string()
+        + &node("A", "127.0.47.1", "source", None, "source = \"gen:1MiB\"")
+        + &node("B", "127.0.47.2", "sink", Some("A"), "sink = \"discard\"");
+    let (p, _) = d.config(&text);
+    let t = Instant::now();
+    let out = node_command(&p, "A").output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("cannot reach B") && err.contains("127.0.47.2"),
+        "{err}"
+    );
+    assert!(err.contains("failed hop: B"), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
+fn a_bad_config_exits_2_naming_the_field() {
+    let d = Scratch::new("badcfg");
+    let p = d.path("bad.toml");
+    let text = "[transfer]\nslots = 0\n".to_string()
+        + &node("A", "127.0.48.1", "source", None, "source = \"gen:1MiB\"")
+        + &node("B", "127.0.48.2", "sink", Some("A"), "sink = \"discard\"");
+    std::fs::write(&p, text).unwrap();
+    let out = node_command(&p, "A").output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("bad.toml") && err.contains("`slots`"), "{err}");
+
+    let text = "[transfer]\n".to_string()
+        + &node("A", "127.0.48.1", "source", None, "source = \"gen:1MiB\"")
+        + &node("B", "127.0.48.2", "sink", Some("Z"), "sink = \"discard\"");
+    std::fs::write(&p, text).unwrap();
+    let out = node_command(&p, "B").output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("\"B\"") && err.contains("`parent`"), "{err}");
+}
