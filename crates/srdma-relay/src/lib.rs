@@ -1,7 +1,84 @@
 //! srdma-relay: distribute data from one source through chains and trees of relays to sinks,
-//! over srdma's RDMA.
+//! over srdma's RDMA, processing it in place at every hop.
 //!
-//! (Design notes: see the module documentation of [`node`] and [`control`].)
+//! ```text
+//!   A (source)                      B (relay)                          C (sink)
+//!   fill staging slot i%W            ring: W slots in one MR            ring: W slots
+//!   (header + payload, sealed)
+//!   WRITE_WITH_IMM(imm=i) ─────────▶ slot i%W   RECV_RDMA_WITH_IMM
+//!                                   decode, stages in place (verify…)
+//!                                   SEND_WITH_IMM(imm=i) ────────────▶ posted receive = slot i%W
+//!                                   from the same slot, no copy        decode, stages, verify,
+//!                                                                      digest, write to the sink
+//!                                   ◀──────────────── credit i: 0-byte SEND_WITH_IMM(imm=i)
+//!                                   forward completed + credit back
+//!   credit i ◀────────────────────  0-byte SEND_WITH_IMM(imm=i)
+//! ```
+//!
+//! One configuration file ([`config`]) describes the transfer and every node; each node runs
+//! as its own process ([`node::run`], `srdma relay node --config FILE --name NAME`).
+//!
+//! # Data path
+//!
+//! * **Rings.** Every node but the source registers one memory region of `slots` slots;
+//!   a slot holds a 64-byte [`chunk::ChunkHeader`] and a payload area of
+//!   [`config::Config::payload_capacity`] bytes (the largest any node's stages need, so a
+//!   chunk fits every ring it passes). Before accepting its parent's connection a node posts
+//!   one receive per slot, each scattering into its slot; the CM REP carries the ring
+//!   descriptor as private data (`"SRR1"`, address, R_Key, length, slots, slot size; big
+//!   endian). The parent's REQ carries the parent's name, and a node refuses any other caller.
+//! * **Sending.** Chunk `seq` always travels into slot `seq % slots` with `imm = seq` (low 32
+//!   bits). The source frames chunks in its own staging region (gen and file sources fill the
+//!   slot directly; stdin is read into a buffer first and that copy is counted) and writes them
+//!   with RDMA WRITE_WITH_IMM. Relays forward from the slot the chunk arrived in, to every
+//!   child: SEND_WITH_IMM (`forward = "send"`, the data lands in the child's posted receive,
+//!   which is its slot `seq % slots` because receives are reposted in sequence order) or
+//!   WRITE_WITH_IMM into the child's slot (`forward = "write-imm"`). Both consume one posted
+//!   receive at the child.
+//! * **Credits.** One credit per slot and hop. A node returns the credit of chunk `seq` — a
+//!   zero-byte SEND_WITH_IMM with `imm = seq` on the connection to its parent, into one of the
+//!   `slots` empty receives the parent posted — only after its stages ran on the slot, every
+//!   forward from that slot *completed* (RC-acknowledged by each child), any throttle delay
+//!   passed, and the slot's receive was reposted. Credits are returned strictly in sequence
+//!   order. A sender posts chunk `seq` to a child only while `seq < credits_received +
+//!   slots`. Backpressure therefore propagates hop by hop to the source, and each hop's memory
+//!   is the ring: `slots × slot size`, no queue grows anywhere.
+//! * **Processing.** Stages ([`stage`]) run on the node's own thread, in place on the slot,
+//!   while the node holds the device lock of [`srdma::Mr::with_bytes_mut`] (the only safe
+//!   access to a region peers may write); the engine's progress thread waits meanwhile.
+//!   `verify` checks the chunk's checksum; a relay never copies chunk bytes in user space
+//!   (its report's `copied_bytes` counts what its stages copy, e.g. compression's scratch
+//!   buffer). Sinks check the chunk checksum, the order of the data, and the object digest
+//!   (xxh3-128 over the raw bytes) carried by the `OBJECT_END` chunk; an object is committed
+//!   (renamed into place) only when it matches, otherwise aborted (no file remains).
+//! * **Knobs.** `throttle = "10MiB/s"` holds each slot's credit until the node's byte budget
+//!   allows it (a slow consumer); `flip_bit_at_seq = N` flips one payload bit of chunk N after
+//!   the node's stages (so the next check catches it).
+//!
+//! # Control and failure reports
+//!
+//! Every non-source node opens a TCP connection to the source's control port (the source's
+//! address, `cm_port + 1`) and reports progress and its final state as JSON lines
+//! ([`control`]). The source decides: a node whose control connection closes without a final
+//! report died (the failed hop); a node that caught a fault itself (a corrupt chunk, a full
+//! disk, a failing stage) names itself; nodes that only lost a neighbour blame that neighbour
+//! but yield to a primary report. On the first failure the source sends `abort` to everyone,
+//! waits (at most `timeout_ms`) for the reports of every node that connected, and sends the
+//! `verdict` (failed hop, error, bytes and commit state of every sink), which every node
+//! prints. Everything is bounded: connections are retried until `timeout_ms`, a hop that
+//! delivers no chunk or returns no credit for `timeout_ms` is declared dead, and a broken
+//! RDMA connection surfaces as an error completion or a CM disconnect.
+//!
+//! # Reports
+//!
+//! With `--json` a node prints `{"event":"progress","node":..,"bytes":..,"chunks":..}` about
+//! every 200 ms and one final [`report::Report`] line (`"event":"report"`). `throughput_mbps`
+//! is in megabits (10^6 bits) per second over the node's first to last chunk; chunk latency is
+//! the time from posting a chunk to a child until that child's credit for it returns (at a
+//! sink: from arrival to credit return); `retransmissions` is the device's
+//! `completer_retry_err`; `copied_bytes` / `forwarded_bytes` give the zero-copy ratio.
+//!
+//! [`launch`] runs every node of a configuration as child processes (`srdma relay demo`).
 
 pub mod chunk;
 pub mod config;

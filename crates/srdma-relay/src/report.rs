@@ -77,38 +77,75 @@ pub struct Progress {
     pub chunks: u64,
 }
 
-/// Chunk latencies, in microseconds.
+/// Chunk latencies, in microseconds: a fixed-size log-linear histogram (exact below 128 µs,
+/// then 64 buckets per power of two, under 1.6 % error), so memory does not grow with the
+/// transfer.
 #[derive(Debug, Default, Clone)]
 pub struct Latencies {
-    samples: Vec<u32>,
+    buckets: Vec<u64>,
+    count: u64,
+}
+
+const LINEAR: u64 = 128;
+const SUB: u64 = 64;
+const BUCKETS: usize = (LINEAR + (64 - 7) * SUB) as usize;
+
+fn bucket_of(us: u64) -> usize {
+    if us < LINEAR {
+        return us as usize;
+    }
+    let e = u64::from(63 - us.leading_zeros());
+    let sub = (us >> (e - 6)) & (SUB - 1);
+    (LINEAR + (e - 7) * SUB + sub) as usize
+}
+
+fn value_of(b: usize) -> f64 {
+    let b = b as u64;
+    if b < LINEAR {
+        return b as f64;
+    }
+    let e = (b - LINEAR) / SUB + 7;
+    let sub = (b - LINEAR) % SUB;
+    let lo = (1u64 << e) + (sub << (e - 6));
+    // The middle of the bucket.
+    lo as f64 + (1u64 << (e - 6)) as f64 / 2.0
 }
 
 impl Latencies {
     /// Records one latency.
     pub fn record(&mut self, d: Duration) {
-        self.samples
-            .push(u32::try_from(d.as_micros()).unwrap_or(u32::MAX));
+        if self.buckets.is_empty() {
+            self.buckets = vec![0; BUCKETS];
+        }
+        let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        self.buckets[bucket_of(us).min(BUCKETS - 1)] += 1;
+        self.count += 1;
     }
 
-    /// The `p`-th percentile (0..=100), in microseconds; 0 without samples.
+    /// The `p`-th percentile (0..=100, nearest rank), in microseconds; 0 without samples.
     pub fn percentile(&self, p: f64) -> f64 {
-        if self.samples.is_empty() {
+        if self.count == 0 {
             return 0.0;
         }
-        let mut v = self.samples.clone();
-        v.sort_unstable();
-        let rank = ((p / 100.0) * (v.len() - 1) as f64).round() as usize;
-        f64::from(v[rank.min(v.len() - 1)])
+        let rank = ((p / 100.0) * self.count as f64).ceil().max(1.0) as u64;
+        let mut seen = 0;
+        for (i, n) in self.buckets.iter().enumerate() {
+            seen += n;
+            if seen >= rank {
+                return value_of(i);
+            }
+        }
+        value_of(BUCKETS - 1)
     }
 
     /// Number of samples.
-    pub fn len(&self) -> usize {
-        self.samples.len()
+    pub fn len(&self) -> u64 {
+        self.count
     }
 
     /// True without samples.
     pub fn is_empty(&self) -> bool {
-        self.samples.is_empty()
+        self.count == 0
     }
 }
 
@@ -288,9 +325,25 @@ mod tests {
         for us in 1..=100u64 {
             l.record(Duration::from_micros(us));
         }
-        assert_eq!(l.percentile(50.0), 51.0);
+        assert_eq!(l.percentile(50.0), 50.0);
         assert_eq!(l.percentile(99.0), 99.0);
         assert_eq!(l.len(), 100);
+        // Large values: within the bucket resolution.
+        let mut l = Latencies::default();
+        for us in [10_000u64, 20_000, 1_000_000] {
+            l.record(Duration::from_micros(us));
+        }
+        for (p, want) in [(10.0, 10_000.0), (50.0, 20_000.0), (100.0, 1_000_000.0)] {
+            let got = l.percentile(p);
+            assert!((got - want).abs() / want < 0.016, "p{p}: {got} vs {want}");
+        }
+        for us in [0u64, 1, 127, 128, 129, 1 << 20, u64::MAX >> 1] {
+            let b = bucket_of(us);
+            assert!(b < BUCKETS);
+            if us >= 128 {
+                assert!((value_of(b) - us as f64).abs() / us as f64 <= 0.016, "{us}");
+            }
+        }
     }
 
     #[test]

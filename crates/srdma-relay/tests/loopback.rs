@@ -202,7 +202,7 @@ fn three_hop_chain_delivers_an_identical_file() {
 
 #[test]
 fn fan_out_tree_delivers_to_every_sink() {
-    // A -> B (relay) -> D, E; A -> C (sink): fan-out 2 at the source and at a relay.
+    // A -> B (relay and sink) -> D, E; A -> C (sink): fan-out 2 at the source and at a relay.
     let d = Scratch::new("tree");
     let src = d.random_file("in.bin", 8 << 20, 11);
     let sink = |n: &str| {
@@ -219,13 +219,7 @@ fn fan_out_tree_delivers_to_every_sink() {
             None,
             &format!("source = \"{}\"", src.display()),
         )
-        + &node(
-            "B",
-            "127.0.42.2",
-            "relay",
-            Some("A"),
-            "stages = [\"verify\"]",
-        )
+        + &node("B", "127.0.42.2", "relay+sink", Some("A"), &sink("B"))
         + &node("C", "127.0.42.3", "sink", Some("A"), &sink("C"))
         + &node("D", "127.0.42.4", "sink", Some("B"), &sink("D"))
         + &node("E", "127.0.42.5", "sink", Some("B"), &sink("E"));
@@ -233,15 +227,16 @@ fn fan_out_tree_delivers_to_every_sink() {
     let r = run(&p, &cfg);
     assert_all_ok(&r);
     let want = std::fs::read(&src).unwrap();
-    for s in ["C", "D", "E"] {
+    for s in ["B", "C", "D", "E"] {
         let got = std::fs::read(d.path(&format!("{s}.bin"))).unwrap();
         assert!(got == want, "sink {s}'s copy differs");
         assert!(report(&r, "A").sinks[s].committed);
     }
-    // B forwarded every chunk twice, from the same slot.
+    // B forwarded every chunk twice, from the same slot, and wrote it to its own sink.
     let b = report(&r, "B");
     assert!(b.forwarded_bytes >= 2 * (8 << 20), "{b:?}");
-    assert_eq!(b.copied_bytes, 0);
+    // Only the object name is copied out (a relay+sink opens the file with it).
+    assert!(b.copied_bytes <= 4096 && b.copied_bytes * 100 <= b.forwarded_bytes, "{b:?}");
 }
 
 #[test]
@@ -502,4 +497,64 @@ fn a_bad_config_exits_2_naming_the_field() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("\"B\"") && err.contains("`parent`"), "{err}");
+}
+
+/// A tiny tmpfs (needs root and mount(2); `None` when unavailable).
+struct TinyFs(PathBuf);
+
+impl TinyFs {
+    fn mount(dir: PathBuf, size: &str) -> Option<TinyFs> {
+        std::fs::create_dir_all(&dir).ok()?;
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&dir)
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then_some(TinyFs(dir))
+    }
+}
+
+impl Drop for TinyFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_full_disk_at_a_sink_is_reported_by_the_source() {
+    let d = Scratch::new("full");
+    let Some(fs) = TinyFs::mount(d.path("tiny"), "1m") else {
+        eprintln!("skipping: cannot mount a tmpfs here (not root?)");
+        return;
+    };
+    let out = fs.0.join("out.bin");
+    let text = header("")
+        + &node("A", "127.0.49.1", "source", None, "source = \"gen:8MiB\"")
+        + &node("B", "127.0.49.2", "relay", Some("A"), "")
+        + &node(
+            "C",
+            "127.0.49.3",
+            "sink",
+            Some("B"),
+            &format!("sink = \"file:{}\"", out.display()),
+        );
+    let (p, cfg) = d.config(&text);
+    let r = run(&p, &cfg);
+    for n in ["A", "C"] {
+        assert_eq!(r[n].code, Some(1), "{n}: {}", r[n].stderr);
+    }
+    let a = report(&r, "A");
+    assert!(
+        a.error
+            .as_deref()
+            .unwrap_or("")
+            .contains("disk full at sink C"),
+        "{a:?}"
+    );
+    assert_eq!(a.failed_hop.as_deref(), Some("C"));
+    assert!(!a.sinks["C"].committed);
+    assert!(r["A"].stderr.contains("disk full"), "{}", r["A"].stderr);
+    let left: Vec<_> = std::fs::read_dir(&fs.0).unwrap().collect();
+    assert!(left.is_empty(), "{left:?}");
 }
