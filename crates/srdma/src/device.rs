@@ -711,7 +711,12 @@ impl Mr {
     /// Runs `f` on the region's bytes with the device locked (RDMA into it waits meanwhile).
     /// `f` must not call back into the same device (post, poll a QP, register memory): the
     /// device lock is not reentrant, so that would deadlock. Copy out with [`Mr::read`] first.
+    ///
+    /// Like a CQ poll, reading drives the device first: an application that polls memory
+    /// for a peer's RDMA WRITE (as perftest's latency tests do) sees it land without waiting
+    /// for the progress thread.
     pub fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
+        self.pd.dev.h.shared.drive_from_app();
         let _st = self.pd.dev.lock();
         // SAFETY: the device lock is held for the whole borrow, so the engine cannot write
         // these bytes concurrently, and no `&mut` to them exists.
