@@ -783,11 +783,16 @@ impl<'a, W: Write> Side<'a, W> {
             let port = get_u64(&ctrl.expect("bready")?, "port")? as u16;
             let server = SocketAddr::new(server_ip, port);
             let cpu0 = sys::cpu_seconds();
-            let iters_total = self.spec.iters * u64::from(self.spec.qps);
+            // Duration mode: as many as fit in the time.
+            let iters = if self.spec.duration.is_some() {
+                u64::MAX
+            } else {
+                self.spec.iters
+            };
             if t.is_bw() {
                 let per_stream = match kind {
-                    BaselineKind::Tcp => self.spec.iters,
-                    BaselineKind::Udp => iters_total,
+                    BaselineKind::Tcp => iters,
+                    BaselineKind::Udp => iters.saturating_mul(u64::from(self.spec.qps)),
                 };
                 let streams = match kind {
                     BaselineKind::Tcp => self.spec.qps as usize,
@@ -818,11 +823,6 @@ impl<'a, W: Write> Side<'a, W> {
                 base.push(Measured::Bw(stats));
             } else {
                 let busy = !self.args.events;
-                let iters = if self.spec.duration.is_some() {
-                    u64::MAX
-                } else {
-                    self.spec.iters
-                };
                 let times = baseline::ping(
                     kind,
                     local_ip,

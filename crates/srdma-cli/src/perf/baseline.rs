@@ -340,6 +340,7 @@ pub fn echo_bind(kind: BaselineKind, ip: IpAddr) -> anyhow::Result<(Echo, u16)> 
 fn read_full(s: &mut TcpStream, buf: &mut [u8], busy: bool) -> anyhow::Result<bool> {
     let mut got = 0;
     let t0 = Instant::now();
+    let mut spins = 0;
     while got < buf.len() {
         match s.read(&mut buf[got..]) {
             Ok(0) if got == 0 => return Ok(false),
@@ -349,7 +350,7 @@ fn read_full(s: &mut TcpStream, buf: &mut [u8], busy: bool) -> anyhow::Result<bo
                 if busy && t0.elapsed() > PINGPONG_TIMEOUT {
                     bail!("no ping-pong message for {}s", PINGPONG_TIMEOUT.as_secs());
                 }
-                std::hint::spin_loop();
+                idle(&mut spins);
             }
             Err(e) if e.kind() == ErrorKind::TimedOut => {
                 bail!("no ping-pong message for {}s", PINGPONG_TIMEOUT.as_secs())
@@ -363,6 +364,7 @@ fn read_full(s: &mut TcpStream, buf: &mut [u8], busy: bool) -> anyhow::Result<bo
 /// Receives one datagram, spinning when `busy`.
 fn recv_dgram(s: &UdpSocket, buf: &mut [u8], busy: bool) -> anyhow::Result<usize> {
     let t0 = Instant::now();
+    let mut spins = 0;
     loop {
         match s.recv(buf) {
             Ok(n) => return Ok(n),
@@ -373,7 +375,7 @@ fn recv_dgram(s: &UdpSocket, buf: &mut [u8], busy: bool) -> anyhow::Result<usize
                         PINGPONG_TIMEOUT.as_secs()
                     );
                 }
-                std::hint::spin_loop();
+                idle(&mut spins);
             }
             Err(e) if e.kind() == ErrorKind::TimedOut => {
                 bail!(
@@ -411,6 +413,7 @@ pub fn echo_serve(echo: Echo, size: usize, busy: bool) -> anyhow::Result<u64> {
             }
             let mut big = vec![0u8; size.max(1) + 1];
             loop {
+                let mut spins = 0;
                 let (len, from) = loop {
                     match s.recv_from(&mut big) {
                         Ok(x) => break x,
@@ -420,7 +423,7 @@ pub fn echo_serve(echo: Echo, size: usize, busy: bool) -> anyhow::Result<u64> {
                                 ErrorKind::WouldBlock | ErrorKind::Interrupted
                             ) =>
                         {
-                            std::hint::spin_loop()
+                            idle(&mut spins)
                         }
                         Err(e) => return Err(e).context("receiving a ping-pong datagram"),
                     }
@@ -492,6 +495,17 @@ pub fn ping(
         }
     }
     Ok(times)
+}
+
+/// One idle turn of a busy-polling loop, as the RDMA side's: spin a little, then yield so
+/// that a small machine's other runnable threads get the CPU.
+fn idle(spins: &mut u32) {
+    *spins += 1;
+    if *spins < 64 {
+        std::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
+    }
 }
 
 fn write_all_spin(s: &mut TcpStream, mut data: &[u8]) -> anyhow::Result<()> {

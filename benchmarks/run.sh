@@ -1,0 +1,366 @@
+#!/usr/bin/env bash
+# srdma perf against kernel sockets and UCX: the issue-5 benchmark, in one script.
+#
+# On a fresh Debian machine (root, apt-get working) it installs what it compares against
+# (jq to read the results, iproute2, ucx-utils for ucx_perftest; a Rust toolchain through
+# rustup if cargo is missing), builds srdma --release, then runs `srdma perf` and its
+# kernel-socket baselines side by side (two processes each time) and ucx_perftest with
+# UCX_TLS=tcp:
+#
+#   1. over loopback (127.203.0.1 <-> 127.203.0.2, path MTU 4096);
+#   2. between two network namespaces joined by a veth pair, at MTU 1500 (path MTU 1024)
+#      and MTU 9000 (path MTU 4096); the namespaces are created here and removed on exit.
+#
+# Every comparison is a ratio of two figures measured a few seconds apart in the same run.
+# Raw outputs go to benchmarks/results/ (one JSON per srdma client, the server's tables, the
+# ucx_perftest outputs); the summary replaces the block between `<!-- run.sh:begin -->` and
+# `<!-- run.sh:end -->` of benchmarks/README.md (appended if the markers are missing).
+# benchmarks/relay.sh, if present and executable, runs last; its benchmarks/results/relay.md
+# is included in the block.
+#
+# Knobs (environment): DURATION seconds per measurement (2), CARGO_TARGET_DIR, SRDMA_BIN (use
+# this binary instead of building), SKIP_NETNS=1, SKIP_UCX=1, SKIP_RELAY=1.
+# Exit status: 0 when every run completed (targets met or not: the table says), 1 otherwise.
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+RES=$ROOT/benchmarks/results
+README=$ROOT/benchmarks/README.md
+DUR=${DURATION:-2}
+NS_A=srdma-bench-a
+NS_B=srdma-bench-b
+PORT_BASE=18600
+mkdir -p "$RES"
+
+log() { echo "== $*" >&2; }
+FAILURES=0
+NOTES=()
+PIDS=()
+
+if [ "$(id -u)" != 0 ]; then
+    echo "run.sh: run as root (it installs packages and creates network namespaces)" >&2
+    exit 1
+fi
+
+cleanup() {
+    for p in "${PIDS[@]:-}"; do
+        [ -n "$p" ] && kill "$p" 2>/dev/null
+    done
+    ip netns del "$NS_A" 2>/dev/null
+    ip netns del "$NS_B" 2>/dev/null
+    return 0
+}
+trap cleanup EXIT INT TERM
+
+# ---------------------------------------------------------------------------- installing
+apt_updated=0
+apt_install() {
+    if [ $apt_updated = 0 ]; then
+        DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null 2>&1 || true
+        apt_updated=1
+    fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >/dev/null 2>&1
+}
+command -v jq >/dev/null || apt_install jq || { echo "run.sh: jq is needed" >&2; exit 1; }
+command -v ip >/dev/null || apt_install iproute2
+command -v lscpu >/dev/null || apt_install util-linux
+HAVE_UCX=0
+if [ "${SKIP_UCX:-0}" = 1 ]; then
+    NOTES+=("UCX comparison skipped (SKIP_UCX=1).")
+elif command -v ucx_perftest >/dev/null; then
+    HAVE_UCX=1
+elif apt-cache show ucx-utils >/dev/null 2>&1; then
+    if apt_install ucx-utils && command -v ucx_perftest >/dev/null; then
+        HAVE_UCX=1
+    else
+        NOTES+=("ucx-utils is in the apt sources but could not be installed: no UCX comparison.")
+    fi
+else
+    NOTES+=("No ucx-utils package in this machine's apt sources: no UCX comparison.")
+fi
+[ $HAVE_UCX = 0 ] && log "${NOTES[-1]}"
+UCX_VERSION=n/a
+if [ $HAVE_UCX = 1 ]; then
+    UCX_VERSION=$(dpkg-query -W -f '${Version}' ucx-utils 2>/dev/null || ucx_info -v 2>/dev/null | head -1)
+fi
+
+# ---------------------------------------------------------------------------- building
+if [ -n "${SRDMA_BIN:-}" ]; then
+    SRDMA=$SRDMA_BIN
+else
+    if ! command -v cargo >/dev/null; then
+        [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
+    fi
+    if ! command -v cargo >/dev/null; then
+        log "installing a Rust toolchain with rustup"
+        apt_install curl ca-certificates gcc libc6-dev
+        curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal >/dev/null 2>&1
+        . "$HOME/.cargo/env"
+    fi
+    export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+    log "building srdma --release"
+    (cd "$ROOT" && cargo build --release -q -p srdma-cli) || { echo "run.sh: build failed" >&2; exit 1; }
+    SRDMA=$CARGO_TARGET_DIR/release/srdma
+fi
+RUSTC=$(rustc --version 2>/dev/null || echo unknown)
+
+# ---------------------------------------------------------------------------- running
+NEXT_PORT=$PORT_BASE
+# in_ns NS CMD...: runs CMD in namespace NS ("" = this one).
+in_ns() {
+    local ns=$1
+    shift
+    if [ -n "$ns" ]; then ip netns exec "$ns" "$@"; else "$@"; fi
+}
+
+# srdma_pair NAME NS_SERVER IP_SERVER NS_CLIENT IP_CLIENT TEST ARGS...: runs one test,
+# leaves $RES/NAME.json (client, JSON) and $RES/NAME.server.txt (server tables).
+srdma_pair() {
+    local name=$1 nss=$2 ips=$3 nsc=$4 ipc=$5 test=$6
+    shift 6
+    local port=$NEXT_PORT
+    NEXT_PORT=$((NEXT_PORT + 1))
+    log "$name: srdma perf $test $*"
+    in_ns "$nss" timeout 120 "$SRDMA" perf "$test" --bind "$ips" -p "$port" "$@" \
+        >"$RES/$name.server.txt" 2>&1 &
+    local spid=$!
+    PIDS+=("$spid")
+    for _ in $(seq 100); do
+        grep -q "Waiting for client" "$RES/$name.server.txt" 2>/dev/null && break
+        sleep 0.1
+    done
+    if ! in_ns "$nsc" timeout 120 "$SRDMA" perf "$test" "$ips" --bind "$ipc" -p "$port" "$@" --json \
+        >"$RES/$name.json" 2>"$RES/$name.client.err"; then
+        log "$name FAILED: $(tail -1 "$RES/$name.client.err")"
+        FAILURES=$((FAILURES + 1))
+        rm -f "$RES/$name.json"
+        sleep 1
+        kill "$spid" 2>/dev/null
+    fi
+    wait "$spid" || true
+    [ -s "$RES/$name.client.err" ] || rm -f "$RES/$name.client.err"
+}
+
+# ucx_pair NAME NS_SERVER IP_SERVER NS_CLIENT TEST SIZE ITERS: leaves $RES/NAME.ucx.txt and
+# prints "median_latency_us bandwidth_MBps msgrate" from its final line.
+ucx_pair() {
+    local name=$1 nss=$2 ips=$3 nsc=$4 test=$5 size=$6 iters=$7
+    local port=$NEXT_PORT
+    NEXT_PORT=$((NEXT_PORT + 1))
+    log "$name: ucx_perftest -t $test -s $size -n $iters"
+    UCX_TLS=tcp in_ns "$nss" timeout 120 ucx_perftest -p "$port" >"$RES/$name.ucx-server.txt" 2>&1 &
+    local spid=$!
+    PIDS+=("$spid")
+    sleep 0.5
+    UCX_TLS=tcp in_ns "$nsc" timeout 120 ucx_perftest "$ips" -p "$port" -t "$test" -s "$size" \
+        -n "$iters" -w $((iters / 10 + 1)) -f >"$RES/$name.ucx.txt" 2>&1 || {
+        log "$name FAILED: $(tail -1 "$RES/$name.ucx.txt")"
+        FAILURES=$((FAILURES + 1))
+    }
+    wait "$spid" || true
+}
+
+# The final figures line of a ucx_perftest -f output: iterations, latency 50%ile / average /
+# overall (usec), bandwidth average / overall (MB/s), message rate average / overall.
+ucx_final() { awk 'NF == 8 && $1 ~ /^[0-9]+$/ { l = $0 } END { print l }' "$RES/$1.ucx.txt"; }
+
+jget() { [ -f "$RES/$1.json" ] && jq -r "$2 // empty" "$RES/$1.json" 2>/dev/null; }
+fmt() { [ -n "$1" ] && printf "%.${2:-2}f" "$1" || echo "n/a"; }
+met() { # met RATIO OP LIMIT
+    [ -z "$1" ] && { echo "**FAILED**"; return; }
+    if awk -v r="$1" -v l="$3" -v op="$2" 'BEGIN { exit !((op == ">=") ? r >= l : r <= l) }'; then
+        echo "MET"
+    else
+        echo "**NOT MET**"
+    fi
+}
+ratio() { [ -n "$1" ] && [ -n "$2" ] && awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.3f", a / b }'; }
+
+TABLES=""
+COMMANDS=""
+
+# setup NAME NS_SERVER IP_SERVER NS_CLIENT IP_CLIENT MTU_ARG TITLE: every run of one setup,
+# then its table.
+setup() {
+    local tag=$1 nss=$2 ips=$3 nsc=$4 ipc=$5 mtu=$6 title=$7
+    local D=(-D "$DUR" -m "$mtu")
+    srdma_pair "$tag-write-bw-65536" "$nss" "$ips" "$nsc" "$ipc" write-bw -s 65536 "${D[@]}" --baseline tcp
+    srdma_pair "$tag-write-bw-1048576" "$nss" "$ips" "$nsc" "$ipc" write-bw -s 1048576 "${D[@]}" --baseline tcp
+    srdma_pair "$tag-write-bw-64" "$nss" "$ips" "$nsc" "$ipc" write-bw -s 64 "${D[@]}" --baseline udp
+    srdma_pair "$tag-send-lat-8" "$nss" "$ips" "$nsc" "$ipc" send-lat -s 8 "${D[@]}" --baseline udp
+    srdma_pair "$tag-send-lat-8-e" "$nss" "$ips" "$nsc" "$ipc" send-lat -s 8 -e "${D[@]}" --baseline udp
+    srdma_pair "$tag-write-lat-8" "$nss" "$ips" "$nsc" "$ipc" write-lat -s 8 "${D[@]}" --baseline udp
+    srdma_pair "$tag-write-lat-8-e" "$nss" "$ips" "$nsc" "$ipc" write-lat -s 8 -e "${D[@]}" --baseline udp
+    if [ $HAVE_UCX = 1 ]; then
+        srdma_pair "$tag-write-bw-8" "$nss" "$ips" "$nsc" "$ipc" write-bw -s 8 "${D[@]}"
+        srdma_pair "$tag-write-lat-65536" "$nss" "$ips" "$nsc" "$ipc" write-lat -s 65536 "${D[@]}"
+        srdma_pair "$tag-write-lat-1048576" "$nss" "$ips" "$nsc" "$ipc" write-lat -s 1048576 "${D[@]}"
+        ucx_pair "$tag-ucp_put_bw-8" "$nss" "$ips" "$nsc" ucp_put_bw 8 200000
+        ucx_pair "$tag-ucp_put_bw-65536" "$nss" "$ips" "$nsc" ucp_put_bw 65536 10000
+        ucx_pair "$tag-ucp_put_bw-1048576" "$nss" "$ips" "$nsc" ucp_put_bw 1048576 1000
+        ucx_pair "$tag-ucp_put_lat-8" "$nss" "$ips" "$nsc" ucp_put_lat 8 20000
+        ucx_pair "$tag-ucp_put_lat-65536" "$nss" "$ips" "$nsc" ucp_put_lat 65536 3000
+        ucx_pair "$tag-ucp_put_lat-1048576" "$nss" "$ips" "$nsc" ucp_put_lat 1048576 300
+    fi
+
+    local t="### $title"$'\n\n'
+    t+="| target | srdma | baseline | ratio | met? | CPU s/GB srdma (client / server) | CPU s/GB baseline (client / server) |"$'\n'
+    t+="|---|---:|---:|---:|---|---|---|"$'\n'
+    local n r s b
+    for size in 65536 1048576; do
+        n=$tag-write-bw-$size
+        r=$(jget "$n" '.ratios[0].bw')
+        s=$(jget "$n" '.results[0].bw_avg_mib_s')
+        b=$(jget "$n" '.baseline.results[0].bw_avg_mib_s')
+        t+="| RC WRITE BW $((size / 1024)) KiB, 1 QP ≥ 1.0× one TCP stream | $(fmt "$s" 0) MiB/s | $(fmt "$b" 0) MiB/s | $(fmt "$r" 3)× | $(met "$r" ">=" 1.0) "
+        t+="| $(fmt "$(jget "$n" '.results[0].cpu_s_per_gb_local')" 3) / $(fmt "$(jget "$n" '.results[0].cpu_s_per_gb_remote')" 3) "
+        t+="| $(fmt "$(jget "$n" '.baseline.results[0].cpu_s_per_gb_local')" 3) / $(fmt "$(jget "$n" '.baseline.results[0].cpu_s_per_gb_remote')" 3) |"$'\n'
+    done
+    n=$tag-write-bw-64
+    r=$(jget "$n" '.ratios[0].msg_rate')
+    s=$(jget "$n" '.results[0].msg_rate_mpps')
+    b=$(jget "$n" '.baseline.results[0].msg_rate_mpps')
+    t+="| RC WRITE 64 B message rate ≥ 1.0× UDP sendmmsg blast | $(fmt "$s" 3) Mpps | $(fmt "$b" 3) Mpps received (of $(fmt "$(jget "$n" '.baseline.results[0].sent')" 0) sent) | $(fmt "$r" 3)× | $(met "$r" ">=" 1.0) "
+    t+="| $(fmt "$(jget "$n" '.results[0].cpu_s_per_gb_local')" 1) / $(fmt "$(jget "$n" '.results[0].cpu_s_per_gb_remote')" 1) "
+    t+="| $(fmt "$(jget "$n" '.baseline.results[0].cpu_s_per_gb_local')" 1) / $(fmt "$(jget "$n" '.baseline.results[0].cpu_s_per_gb_remote')" 1) |"$'\n'
+    local op mode
+    for op in send write; do
+        for mode in "" -e; do
+            n=$tag-$op-lat-8$mode
+            r=$(jget "$n" '.ratios[0].t_typical')
+            s=$(jget "$n" '.results[0].t_typical_us')
+            b=$(jget "$n" '.baseline.results[0].t_typical_us')
+            local how="busy-poll vs busy-poll"
+            [ -n "$mode" ] && how="-e events vs blocking recv"
+            t+="| RC ${op^^} latency 8 B, half RTT ($how) ≤ 1.3× UDP ping-pong | $(fmt "$s") µs | $(fmt "$b") µs | $(fmt "$r" 3)× | $(met "$r" "<=" 1.3) | | |"$'\n'
+        done
+    done
+    if [ $HAVE_UCX = 1 ]; then
+        local size u f
+        for size in 8 65536 1048576; do
+            f=$(ucx_final "$tag-ucp_put_bw-$size")
+            u=$(echo "$f" | awk '{ print $6 }')
+            s=$(jget "$tag-write-bw-$size" '.results[0].bw_avg_mib_s')
+            r=$(ratio "$s" "$u")
+            t+="| srdma write-bw ≥ 1.0× ucp_put_bw (UCX_TLS=tcp), $size B | $(fmt "$s" 1) MiB/s | $(fmt "$u" 1) MB/s | $(fmt "$r" 3)× | $(met "$r" ">=" 1.0) | | |"$'\n'
+        done
+        for size in 8 65536 1048576; do
+            f=$(ucx_final "$tag-ucp_put_lat-$size")
+            u=$(echo "$f" | awk '{ print $2 }')
+            s=$(jget "$tag-write-lat-$size" '.results[0].t_typical_us')
+            r=$(ratio "$s" "$u")
+            t+="| srdma write-lat ≤ 1.0× ucp_put_lat (UCX_TLS=tcp, medians), $size B | $(fmt "$s") µs | $(fmt "$u") µs | $(fmt "$r" 3)× | $(met "$r" "<=" 1.0) | | |"$'\n'
+        done
+    fi
+    TABLES+="$t"$'\n'
+}
+
+log "loopback"
+setup lo "" 127.203.0.1 "" 127.203.0.2 4096 "Loopback: two processes, 127.203.0.1 ↔ 127.203.0.2 (path MTU 4096)"
+
+make_netns() { # make_netns MTU
+    ip netns del "$NS_A" 2>/dev/null
+    ip netns del "$NS_B" 2>/dev/null
+    ip netns add "$NS_A" && ip netns add "$NS_B" &&
+        ip link add veth-a netns "$NS_A" type veth peer name veth-b netns "$NS_B" &&
+        ip -n "$NS_A" addr add 10.203.0.1/24 dev veth-a &&
+        ip -n "$NS_B" addr add 10.203.0.2/24 dev veth-b &&
+        ip -n "$NS_A" link set veth-a mtu "$1" up &&
+        ip -n "$NS_B" link set veth-b mtu "$1" up &&
+        ip -n "$NS_A" link set lo up && ip -n "$NS_B" link set lo up
+}
+if [ "${SKIP_NETNS:-0}" = 1 ]; then
+    NOTES+=("Namespaces skipped (SKIP_NETNS=1).")
+else
+    for mtu in 1500 9000; do
+        if make_netns "$mtu"; then
+            path=1024
+            [ "$mtu" = 9000 ] && path=4096
+            log "veth MTU $mtu"
+            setup "veth$mtu" "$NS_A" 10.203.0.1 "$NS_B" 10.203.0.2 "$path" \
+                "Two network namespaces, veth MTU $mtu (10.203.0.1 ↔ 10.203.0.2, path MTU $path)"
+        else
+            NOTES+=("Could not create network namespaces with MTU $mtu: no veth results.")
+            FAILURES=$((FAILURES + 1))
+        fi
+        ip netns del "$NS_A" 2>/dev/null
+        ip netns del "$NS_B" 2>/dev/null
+    done
+fi
+
+RELAY=""
+if [ "${SKIP_RELAY:-0}" != 1 ] && [ -x "$ROOT/benchmarks/relay.sh" ]; then
+    log "benchmarks/relay.sh"
+    SRDMA_BIN=$SRDMA "$ROOT/benchmarks/relay.sh" >"$RES/relay.log" 2>&1
+    rc=$?
+    if [ -f "$RES/relay.md" ]; then
+        RELAY=$(cat "$RES/relay.md")
+    else
+        RELAY="benchmarks/relay.sh exited with status $rc and wrote no benchmarks/results/relay.md (log: benchmarks/results/relay.log)."
+    fi
+fi
+
+# ---------------------------------------------------------------------------- README block
+CPU_MODEL=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
+CORES=$(nproc)
+KERNEL=$(uname -r)
+{
+    echo "<!-- run.sh:begin -->"
+    echo "## srdma perf against kernel sockets and UCX"
+    echo
+    echo "Written by \`benchmarks/run.sh\` on $(date -u '+%Y-%m-%d %H:%M UTC'); raw outputs in"
+    echo "\`benchmarks/results/\` (one JSON per srdma client run, the servers' tables, ucx_perftest's output)."
+    echo
+    echo "| | |"
+    echo "|---|---|"
+    echo "| CPU | \`$CPU_MODEL\` |"
+    echo "| Cores | $CORES |"
+    echo "| Kernel | \`$KERNEL\` |"
+    echo "| Rust | \`$RUSTC\` |"
+    echo "| UCX | $UCX_VERSION |"
+    echo
+    echo "Each measurement runs ${DUR} s (\`-D $DUR\`); the kernel baseline runs right after the srdma"
+    echo "test between the same two addresses, by the same two processes. Bandwidth is the average"
+    echo "from the first post to the last completion, in MiB/s; latency is the median (perftest's"
+    echo "t_typical) of half the round trip. CPU s/GB: CPU seconds (user + system, every thread,"
+    echo "from getrusage) per 10^9 bytes moved, for the client and the server process."
+    echo
+    echo "Commands (server first, then the client; in the namespaces each under \`ip netns exec\`):"
+    echo
+    echo '```sh'
+    echo "srdma perf write-bw --bind A -D $DUR -m MTU -s 65536 --baseline tcp      # and -s 1048576"
+    echo "srdma perf write-bw A --bind B -D $DUR -m MTU -s 65536 --baseline tcp --json"
+    echo "srdma perf write-bw ... -s 64 --baseline udp                   # message rate vs a sendmmsg blast"
+    echo "srdma perf send-lat ... -s 8 --baseline udp                    # busy-poll both sides; -e: events vs blocking"
+    echo "srdma perf write-lat ... -s 8 --baseline udp                   # likewise"
+    echo "srdma perf write-bw ... -s 8;  srdma perf write-lat ... -s 65536 / -s 1048576   # for UCX"
+    echo "UCX_TLS=tcp ucx_perftest -p PORT;  UCX_TLS=tcp ucx_perftest A -p PORT -t ucp_put_bw -s SIZE -n N -f"
+    echo '```'
+    echo
+    for n in "${NOTES[@]:-}"; do [ -n "$n" ] && echo "- $n"; done
+    [ "${#NOTES[@]}" -gt 0 ] && echo
+    printf "%s" "$TABLES"
+    if [ "$FAILURES" -gt 0 ]; then
+        echo "$FAILURES run(s) failed; their rows say FAILED or n/a (errors in \`benchmarks/results/*.client.err\`)."
+        echo
+    fi
+    if [ -n "$RELAY" ]; then
+        echo "### srdma-relay (benchmarks/relay.sh)"
+        echo
+        echo "$RELAY"
+        echo
+    fi
+    echo "<!-- run.sh:end -->"
+} >"$RES/run-block.md"
+
+if grep -q '<!-- run.sh:begin -->' "$README" && grep -q '<!-- run.sh:end -->' "$README"; then
+    awk -v block="$RES/run-block.md" '
+        /<!-- run.sh:begin -->/ { while ((getline l < block) > 0) print l; skip = 1; next }
+        /<!-- run.sh:end -->/ { skip = 0; next }
+        !skip { print }' "$README" >"$README.tmp" && mv "$README.tmp" "$README"
+else
+    { echo; cat "$RES/run-block.md"; } >>"$README"
+fi
+log "wrote the run.sh block of $README"
+cat "$RES/run-block.md"
+[ "$FAILURES" = 0 ]
