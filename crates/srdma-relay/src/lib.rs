@@ -51,6 +51,12 @@
 //!   buffer). Sinks check the chunk checksum, the order of the data, and the object digest
 //!   (xxh3-128 over the raw bytes) carried by the `OBJECT_END` chunk; an object is committed
 //!   (renamed into place) only when it matches, otherwise aborted (no file remains).
+//! * **Waiting.** While chunks move, a node keeps polling its completion queue (yielding the
+//!   CPU between polls): every poll drives srdma's engine from the node's thread, and the
+//!   engine's progress thread stands aside for a millisecond after each poll, so blocking
+//!   right after a poll would stall the device for up to that long (about 1 ms per chunk,
+//!   halving throughput). After 2 ms without progress (`SRDMA_RELAY_SPIN_US` in the
+//!   environment changes it) the node sleeps on its completion channel.
 //! * **Knobs.** `throttle = "10MiB/s"` holds each slot's credit until the node's byte budget
 //!   allows it (a slow consumer); `flip_bit_at_seq = N` flips one payload bit of chunk N after
 //!   the node's stages (so the next check catches it).
