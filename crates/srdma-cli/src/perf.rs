@@ -232,7 +232,8 @@ impl Spec {
         })
     }
 
-    /// The differences between this side's options and the peer's, as "name: here X, peer Y".
+    /// The differences between the server's options (these) and the client's, as
+    /// "name: server X, client Y".
     fn mismatches(&self, peer: &Value) -> Vec<String> {
         let mine = self.to_json();
         let names = [
@@ -250,7 +251,7 @@ impl Spec {
             .map(|(k, label)| {
                 let show = |v: Option<&Value>| v.map_or("(none)".to_string(), short);
                 format!(
-                    "{label}: this side {}, peer {}",
+                    "{label}: server {}, client {}",
                     show(mine.get(*k)),
                     show(peer.get(*k))
                 )
@@ -477,11 +478,11 @@ impl<'a, W: Write> Side<'a, W> {
         let bad = self.spec.mismatches(peer);
         if !bad.is_empty() {
             let msg = format!(
-                "the client's options differ from the server's: {}",
+                "the options of the server and the client differ: {}",
                 bad.join("; ")
             );
             ctrl.send_error(&msg);
-            return Err(PeerError(String::new())).context(msg);
+            return Err(ctrl::Reported(msg).into());
         }
         let peer_mtu = get_u64(&hello, "mtu")? as u32;
         let mtu = Mtu::from_bytes(peer_mtu.min(self.args.mtu.bytes()))
@@ -1057,7 +1058,9 @@ fn finish(ctrl: &mut Ctrl, r: anyhow::Result<()>) -> anyhow::Result<bool> {
     match r {
         Ok(()) => Ok(true),
         Err(e) => {
-            if e.downcast_ref::<PeerError>().is_none() {
+            if e.downcast_ref::<PeerError>().is_none()
+                && e.downcast_ref::<ctrl::Reported>().is_none()
+            {
                 ctrl.send_error(&format!("{e:#}"));
             }
             Err(e)

@@ -417,16 +417,15 @@ fn option_mismatch_fails_both_sides() {
     assert_eq!(c.code, Some(1), "client: {c:?}");
     for o in [&s, &c] {
         assert!(
-            o.stderr.contains("options differ") && o.stderr.contains("-s/-a (message sizes)"),
+            o.stderr
+                .contains("the options of the server and the client differ")
+                && o.stderr
+                    .contains("-s/-a (message sizes): server [1024], client [2048]"),
             "{}",
             o.stderr
         );
     }
-    assert!(
-        c.stderr.contains("peer 1024") || c.stderr.contains("1024"),
-        "{}",
-        c.stderr
-    );
+    assert!(c.stderr.contains("the peer reports"), "{}", c.stderr);
 }
 
 #[test]

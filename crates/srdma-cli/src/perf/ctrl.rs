@@ -130,6 +130,18 @@ impl std::fmt::Display for PeerError {
 
 impl std::error::Error for PeerError {}
 
+/// An error this side has already sent to the peer.
+#[derive(Debug)]
+pub struct Reported(pub String);
+
+impl std::fmt::Display for Reported {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Reported {}
+
 /// Field `k` of `v` as u64.
 pub fn get_u64(v: &Value, k: &str) -> anyhow::Result<u64> {
     v.get(k)
