@@ -196,6 +196,7 @@ row() {
         "$(awk -v c="$cpu" -v w="$wall" 'BEGIN { print (w > 0 ? c / w : 0) }')" "$wall"
 }
 
+LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 ROWS=$WORK/rows
 : >"$ROWS"
 n=0
@@ -214,16 +215,19 @@ for ((pass = 1; pass <= PASSES; pass++)); do
     done
 done
 unlimit_all
+LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
 
 mkdir -p "$(dirname "$OUT")"
 {
-    echo "# srdma-relay: chain throughput in network namespaces"
+    # No heading: benchmarks/run.sh embeds this file under its own.
+    echo "**srdma-relay: chain throughput in network namespaces.**"
     echo
     echo "Written by \`benchmarks/relay.sh\` on $(date -u '+%Y-%m-%d %H:%M UTC'), commit \`$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)\`."
     echo
     echo "| | |"
     echo "|---|---|"
     echo "| CPU | $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores |"
+    echo "| Load average | $LOAD_BEFORE before, $LOAD_AFTER after (1, 5, 15 min; other jobs share the machine) |"
     echo "| Kernel | \`$(uname -r)\` |"
     echo "| Rust | \`$(rustc --version 2>/dev/null)\`, release profile |"
     echo "| Object | \`gen:$SIZE\` from the source, \`discard\` at the sink (after its verify stage) |"
