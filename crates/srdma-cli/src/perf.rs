@@ -407,6 +407,7 @@ impl<'a, W: Write> Side<'a, W> {
         let dev = self.open_device(ip)?;
         let stream = connect(addr)?;
         let mut ctrl = Ctrl::new(stream);
+        ctrl.set_run_length(self.spec.duration().unwrap_or_default());
         let r = self.client_run(&mut ctrl, dev);
         finish(&mut ctrl, r)
     }
@@ -422,6 +423,7 @@ impl<'a, W: Write> Side<'a, W> {
         let (stream, _) = listener.accept().context("accepting the client")?;
         drop(listener);
         let mut ctrl = Ctrl::new(stream);
+        ctrl.set_run_length(self.spec.duration().unwrap_or_default());
         let r = self.server_run(&mut ctrl, dev);
         finish(&mut ctrl, r)
     }

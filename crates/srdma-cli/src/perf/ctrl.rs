@@ -9,13 +9,15 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, anyhow, bail};
 use serde_json::Value;
 
-/// How long to wait for the peer's next message before giving up (it is stuck or gone).
-pub const PEER_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long to wait for the peer's next message, beyond the length of a measurement, before
+/// giving up (a peer that is gone closes the connection; this catches one that hangs).
+pub const PEER_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// A control connection.
 pub struct Ctrl {
     stream: TcpStream,
     buf: Vec<u8>,
+    patience: Duration,
 }
 
 impl Ctrl {
@@ -25,7 +27,13 @@ impl Ctrl {
         Ctrl {
             stream,
             buf: Vec::new(),
+            patience: PEER_TIMEOUT,
         }
+    }
+
+    /// Waits for messages [`PEER_TIMEOUT`] plus `run` (the length of one measurement).
+    pub fn set_run_length(&mut self, run: Duration) {
+        self.patience = PEER_TIMEOUT + run;
     }
 
     /// Sends one message.
@@ -98,7 +106,7 @@ impl Ctrl {
     /// The next message, which must be of type `kind`; an error message from the peer becomes
     /// this side's error.
     pub fn expect(&mut self, kind: &str) -> anyhow::Result<Value> {
-        let v = self.recv(PEER_TIMEOUT)?;
+        let v = self.recv(self.patience)?;
         check_kind(v, kind)
     }
 }
