@@ -337,6 +337,24 @@ KERNEL=$(uname -r)
     echo "UCX_TLS=tcp ucx_perftest -p PORT;  UCX_TLS=tcp ucx_perftest A -p PORT -t ucp_put_bw -s SIZE -n N -f"
     echo '```'
     echo
+    echo "How to read the tables:"
+    echo
+    echo "- Ratios are srdma / baseline: above 1 srdma is faster for bandwidth and message rate,"
+    echo "  below 1 it is faster for latency. MET / NOT MET applies the issue's threshold to the ratio."
+    echo "- Both ends, their srdma progress threads and the kernel's network processing share the"
+    echo "  machine's cores (2 here). Busy-poll tests spin on both sides; every spinning loop, the"
+    echo "  kernel baselines' included, yields the CPU after 64 idle turns so that the threads that"
+    echo "  do the work can run. Figures from a machine with other jobs running move by 2x between"
+    echo "  runs; the ratios move less."
+    echo "- The UDP blast counts what the receiver got (\`recvmmsg\`) over the time from its first to"
+    echo "  its last datagram; the sender's surplus was dropped by the kernel. srdma's rate is what was"
+    echo "  written and acknowledged."
+    echo "- The TCP baseline writes message-size buffers into one stream; on loopback and veth the"
+    echo "  kernel moves them in up-to-64 KiB segments (GSO/GRO). srdma sends one datagram per"
+    echo "  path-MTU packet and computes the ICRC of each in software."
+    echo "- ucx_perftest prints MB/s with UCX's UCS_MBYTE (2^20 bytes), the unit of srdma's MiB/s;"
+    echo "  its latency column is the median of one-way (half round trip) times, as srdma's t_typical."
+    echo
     for n in "${NOTES[@]:-}"; do [ -n "$n" ] && echo "- $n"; done
     [ "${#NOTES[@]}" -gt 0 ] && echo
     printf "%s" "$TABLES"
