@@ -207,7 +207,7 @@ fn generate(shape: &Shape, c: &Common) -> Result<Config, String> {
         source: c
             .source
             .clone()
-            .unwrap_or_else(|| format!("gen:{}", c.size)),
+            .unwrap_or_else(|| format!("gen:{}", config::format_size(c.size))),
         transfer: Transfer {
             chunk_size: chunk,
             slots: c.slots,
@@ -340,8 +340,10 @@ fn generate_and_run(shape: Shape, c: &Common, out: &mut impl Write) -> anyhow::R
             rep.digest.as_deref().unwrap_or("-"),
             if matches {
                 "verified (matches the source's)"
+            } else if !rep.ok {
+                "FAILED, nothing committed"
             } else {
-                "DOES NOT MATCH"
+                "DOES NOT MATCH the source's"
             }
         )?;
     }

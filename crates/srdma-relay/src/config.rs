@@ -534,7 +534,7 @@ impl Config {
         let t = &self.transfer;
         let mut s = String::new();
         let _ = writeln!(s, "[transfer]");
-        let _ = writeln!(s, "chunk_size = {}", t.chunk_size);
+        let _ = writeln!(s, "chunk_size = \"{}\"", format_size(t.chunk_size as u64));
         let _ = writeln!(s, "slots = {}", t.slots);
         let _ = writeln!(s, "forward = {:?}", t.forward.as_str());
         let check = match t.check {
@@ -572,7 +572,7 @@ impl Config {
                 let _ = writeln!(s, "udp_port = {}", n.udp_port);
             }
             if let Some(r) = n.throttle {
-                let _ = writeln!(s, "throttle = \"{r}/s\"");
+                let _ = writeln!(s, "throttle = \"{}/s\"", format_size(r));
             }
             if let Some(f) = n.flip_bit_at_seq {
                 let _ = writeln!(s, "flip_bit_at_seq = {f}");
@@ -806,6 +806,17 @@ fn check_sink_spec(s: &str) -> Result<(), String> {
             "{s:?} is not one of file:PATH, dir:PATH, stdout, discard"
         ))
     }
+}
+
+/// A byte count as the shortest exact spelling `parse_size` reads back: "1GiB", "256KiB",
+/// "1000".
+pub fn format_size(n: u64) -> String {
+    for (unit, shift) in [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)] {
+        if n != 0 && n % (1u64 << shift) == 0 {
+            return format!("{}{unit}", n >> shift);
+        }
+    }
+    n.to_string()
 }
 
 /// The name of the `i`-th generated node: A, B, ..., Z, then N27, N28, ...
@@ -1082,6 +1093,15 @@ sink = "discard"
         assert_eq!(t.children("A").len(), 2);
         assert!(generate_chain(0, &opts).is_err());
         assert!(generate_tree(3, 6, &opts).is_err());
+    }
+
+    #[test]
+    fn sizes_print_as_they_parse() {
+        for n in [1u64, 1000, 4096, 256 << 10, 1 << 20, 3 << 30, (1 << 20) + 1] {
+            assert_eq!(crate::source::parse_size(&format_size(n)).unwrap(), n);
+        }
+        assert_eq!(format_size(1 << 30), "1GiB");
+        assert_eq!(format_size(0), "0");
     }
 
     #[test]

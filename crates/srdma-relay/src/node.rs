@@ -1615,7 +1615,11 @@ impl<'a> NodeRun<'a> {
                     }
                 ));
             }
-            eprintln!("error: node {name}: {msg}");
+            if msg.starts_with(&format!("{name}: ")) {
+                eprintln!("error: {msg}");
+            } else {
+                eprintln!("error: {name}: {msg}");
+            }
         }
         let code = if report.ok { 0 } else { 1 };
         Outcome { report, code }
