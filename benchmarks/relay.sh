@@ -79,7 +79,7 @@ cleanup() {
     kill_nodes
     for ((i = 0; i < NHOSTS; i++)); do ip netns del "$PREFIX-$i" 2>/dev/null || true; done
     ip netns del "$WIRE" 2>/dev/null || true
-    rm -rf "$WORK"
+    if [ -n "${KEEP_WORK:-}" ]; then echo "relay.sh: kept $WORK" >&2; else rm -rf "$WORK"; fi
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -113,6 +113,19 @@ unlimit_all() {
     done
 }
 
+# Datagrams lost inside the lab so far, all hosts together: "TBF RCVBUF" (drops of the tbf
+# queues, and UDP datagrams refused because a socket's receive buffer was full).
+lab_drops() {
+    local i tbf=0 rcv=0 d r
+    for ((i = 0; i < NHOSTS; i++)); do
+        d=$(tc -n "$PREFIX-$i" -s qdisc show dev eth0 | sed -n 's/.*dropped \([0-9]*\).*/\1/p' | head -1)
+        r=$(ip netns exec "$PREFIX-$i" awk '/^Udp:/ { if (!h) { for (k = 1; k <= NF; k++) c[$k] = k; h = 1 } else print $c["RcvbufErrors"] }' /proc/net/snmp)
+        tbf=$((tbf + ${d:-0}))
+        rcv=$((rcv + ${r:-0}))
+    done
+    echo "$tbf $rcv"
+}
+
 # Writes the config of a chain of $1 hops to $2: n0 (source) -> n1 ... -> n$1 (sink).
 chain_config() {
     local hops=$1 file=$2 i
@@ -141,11 +154,14 @@ run_chain() {
             _ "$BIN" "$dir/relay.toml" "n$i" "$dir/n$i" "$RUN_LIMIT" &
         PIDS+=($!)
     done
-    local start=$EPOCHREALTIME p
+    local start=$EPOCHREALTIME p tbf0 rcv0 tbf1 rcv1
+    read -r tbf0 rcv0 < <(lab_drops)
     STATUS=ok
     # `timeout` kills a node after RUN_LIMIT s, so a hung chain cannot stall the benchmark.
     for p in "${PIDS[@]}"; do wait "$p" || STATUS=failed; done
     PIDS=()
+    read -r tbf1 rcv1 < <(lab_drops)
+    echo "$((tbf1 - tbf0)) $((rcv1 - rcv0))" >"$dir/drops"
     awk -v a="$start" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f\n", b - a }' >"$dir/wall"
 }
 
@@ -191,9 +207,15 @@ row() {
         copies=$(awk -v c="$copied" -v f="$fwd" \
             'BEGIN { if (f > 0) printf "%d / %d = %.4f %%", c, f, 100 * c / f; else printf "%d / 0", c }')
     fi
-    printf '| %s | %s | %s | %s | %s | %s | %s | %.1f s (%.2f cores over %s s) | |\n' \
+    local retx=0 tbfd rcvd
+    for ((i = 0; i <= hops; i++)); do
+        r=$(report "$dir" "n$i")
+        retx=$((retx + $(jq -r '.retransmissions // 0' <<<"$r")))
+    done
+    read -r tbfd rcvd <"$dir/drops"
+    printf '| %s | %s | %s | %s | %s | %s | %s | %.1f s (%.2f cores over %s s) | %s retransmissions; %s tbf drops, %s receive-buffer drops |\n' \
         "$pass" "$hops" "$label" "$THR" "$ratio" "$met" "$copies" "$cpu" \
-        "$(awk -v c="$cpu" -v w="$wall" 'BEGIN { print (w > 0 ? c / w : 0) }')" "$wall"
+        "$(awk -v c="$cpu" -v w="$wall" 'BEGIN { print (w > 0 ? c / w : 0) }')" "$wall" "$retx" "$tbfd" "$rcvd"
 }
 
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -241,7 +263,9 @@ mkdir -p "$(dirname "$OUT")"
     echo "(10^6 B/s). The ratio is to the 1-hop chain of the same pass and link setting; the"
     echo "target (issue 6) is >= 0.9. Relay copies: user-space bytes copied / bytes forwarded,"
     echo "summed over the relays from their reports (target <= 1 %). CPU: user + system seconds"
-    echo "of every node process together, and that divided by the wall time of the run."
+    echo "of every node process together, and that divided by the wall time of the run. Notes:"
+    echo "retransmissions summed over the nodes' reports; datagrams the tbf queues dropped and"
+    echo "that UDP sockets refused with a full receive buffer, all hosts, during the run."
     echo
     echo "Why these rates: the links must be the bottleneck for the ratio to measure the relays."
     echo "A 5-hop chain is six node processes on $(nproc) cores, and every byte is sent and"
