@@ -58,7 +58,7 @@
 //!   halving throughput). After 2 ms without progress (`SRDMA_RELAY_SPIN_US` in the
 //!   environment changes it) the node sleeps on its completion channel.
 //! * **Knobs.** `throttle = "10MiB/s"` holds each slot's credit until the node's byte budget
-//!   allows it (a slow consumer); `flip_bit_at_seq = N` flips one payload bit of chunk N after
+//!   allows it (a slow consumer; at the source: reads no faster); `flip_bit_at_seq = N` flips one payload bit of chunk N after
 //!   the node's stages (so the next check catches it).
 //!
 //! # Control and failure reports

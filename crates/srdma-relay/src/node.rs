@@ -175,6 +175,10 @@ struct Live {
     stop: AtomicBool,
 }
 
+/// A processed chunk: bytes to forward, object bytes, (flags, object length), what to do
+/// next, bytes copied.
+type Processed = (usize, u64, (u16, u64), After, u64);
+
 /// What a chunk's processing asks of the loop afterwards (outside the device lock).
 enum After {
     Nothing,
@@ -876,9 +880,15 @@ impl<'a> NodeRun<'a> {
                 }
             }
 
-            // 2. The source fills free staging slots.
+            // 2. The source fills free staging slots (no faster than its throttle, if any).
+            let mut next_wake: Option<Instant> = None;
             if let Some(src) = source.as_mut() {
-                if !src.done {
+                let now = Instant::now();
+                let paced = self.me.throttle.is_some() && throttle_clock > now;
+                if paced {
+                    next_wake = Some(throttle_clock);
+                }
+                if !src.done && !paced {
                     let s = (next_in % slots as u64) as usize;
                     if !ring[s].busy {
                         let seq = next_in;
@@ -901,6 +911,10 @@ impl<'a> NodeRun<'a> {
                         self.note_chunk(data);
                         next_in += 1;
                         progressed = true;
+                        if let Some(rate) = self.me.throttle {
+                            let cost = Duration::from_secs_f64(len as f64 / rate as f64);
+                            throttle_clock = throttle_clock.max(t) + cost;
+                        }
                     }
                 }
             }
@@ -945,7 +959,6 @@ impl<'a> NodeRun<'a> {
             // 4. Release slots in order: processed, forwarded to every child, throttle
             //    satisfied. A relay/sink reposts the receive and returns the credit.
             let now = Instant::now();
-            let mut next_wake: Option<Instant> = None;
             while next_release < next_in {
                 let s = (next_release % slots as u64) as usize;
                 let sl = ring[s];
@@ -954,7 +967,7 @@ impl<'a> NodeRun<'a> {
                     break;
                 }
                 if sl.ready_at > now {
-                    next_wake = Some(sl.ready_at);
+                    next_wake = Some(next_wake.map_or(sl.ready_at, |w| w.min(sl.ready_at)));
                     break;
                 }
                 if let Some((parent, _)) = &self.parent {
@@ -1236,7 +1249,7 @@ impl<'a> NodeRun<'a> {
             )
         };
         let verified = stages.last().is_some_and(|st| st.name() == "verify");
-        let r: R<(usize, u64, bool, After, u64)> = buf.with_bytes_mut(|b| {
+        let r: R<Processed> = buf.with_bytes_mut(|b| {
             let slot = &mut b[base..base + slot_size];
             let (hb, pb) = slot.split_at_mut(HEADER_LEN);
             let mut h = ChunkHeader::decode(hb).map_err(|e| corrupt(e.to_string()))?;
@@ -1343,13 +1356,10 @@ impl<'a> NodeRun<'a> {
                     sk.next_offset += plen as u64;
                 }
             }
-            let eot = h.has(flags::END_OF_TRANSFER);
-            if h.has(flags::OBJECT_END) {
-                // Counted below for sinks on commit; relays count objects passing through.
-            }
-            Ok((HEADER_LEN + plen, data, eot, after, copied))
+            Ok((HEADER_LEN + plen, data, (h.flags, h.object_len), after, copied))
         });
-        let (len, data, eot, after, copied) = r?;
+        let (len, data, (chunk_flags, object_len), after, copied) = r?;
+        let eot = chunk_flags & flags::END_OF_TRANSFER != 0;
         self.own_copies += copied;
         match after {
             After::Nothing => {}
@@ -1413,14 +1423,12 @@ impl<'a> NodeRun<'a> {
             }
         }
         if self.sink.is_none() {
-            // Relays count objects as their ends pass.
-            let ended = buf.with_bytes(|b| {
-                ChunkHeader::decode(&b[base..base + HEADER_LEN])
-                    .map(|h| h.has(flags::OBJECT_END))
-                    .unwrap_or(false)
-            });
-            if ended {
+            // Relays count objects as their ends pass, and learn the size from their starts.
+            if chunk_flags & flags::OBJECT_END != 0 {
                 self.objects += 1;
+            }
+            if chunk_flags & flags::OBJECT_START != 0 && object_len != u64::MAX {
+                self.live.total.fetch_add(object_len, Ordering::Relaxed);
             }
         } else if let Some(sk) = &self.sink {
             self.objects = sk.committed;
