@@ -143,7 +143,10 @@ impl Cq {
 
     fn drive(&self) {
         if let Some(dev) = self.inner.dev.upgrade() {
-            dev.drive_from_app();
+            // A poll of an armed CQ is the last look before sleeping on the channel: drive
+            // the device, but do not ask the progress thread to stand aside.
+            let sleeping = lock(&self.inner.armed).is_some();
+            dev.drive_from_app(!sleeping);
         }
     }
 
@@ -168,6 +171,11 @@ impl Cq {
     /// fires one event on the CQ's channel.
     pub fn req_notify(&self, solicited_only: bool) {
         *lock(&self.inner.armed) = Some(solicited_only);
+        // Arming means the application is about to sleep on the channel: hand the device
+        // back to the progress thread now instead of after the poll grace period.
+        if let Some(dev) = self.inner.dev.upgrade() {
+            dev.app_sleeps();
+        }
     }
 
     /// True once more completions arrived than the CQ holds (`IBV_EVENT_CQ_ERR`): none were

@@ -716,7 +716,7 @@ impl Mr {
     /// for a peer's RDMA WRITE (as perftest's latency tests do) sees it land without waiting
     /// for the progress thread.
     pub fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
-        self.pd.dev.h.shared.drive_from_app();
+        self.pd.dev.h.shared.drive_from_app(true);
         let _st = self.pd.dev.lock();
         // SAFETY: the device lock is held for the whole borrow, so the engine cannot write
         // these bytes concurrently, and no `&mut` to them exists.
@@ -849,10 +849,11 @@ impl Shared {
 
     /// Called from an application's CQ poll: drives the device from the caller's thread if no
     /// one else is (the progress thread keeps out while polls keep coming).
-    pub(crate) fn drive_from_app(&self) {
+    /// `polling`: the caller keeps polling (the thread stands aside for a grace period).
+    pub(crate) fn drive_from_app(&self, polling: bool) {
         let now = self.now().as_nanos() as u64;
         let until = now + APP_GRACE.as_nanos() as u64;
-        if self.app_active_until.load(Ordering::Relaxed) < until {
+        if polling && self.app_active_until.load(Ordering::Relaxed) < until {
             self.app_active_until.store(until, Ordering::Relaxed);
         }
         let Ok(mut st) = self.state.try_lock() else {
@@ -865,6 +866,14 @@ impl Shared {
         if now >= st.stats_next {
             st.stats_next = now + STATS_EVERY.as_nanos() as u64;
             publish_stats(&mut st);
+        }
+    }
+
+    /// The application stops polling (it armed a CQ to sleep on its channel): the progress
+    /// thread takes over at once.
+    pub(crate) fn app_sleeps(&self) {
+        if self.app_active_until.swap(0, Ordering::Relaxed) > self.now().as_nanos() as u64 {
+            sys::signal(&self.wake);
         }
     }
 
