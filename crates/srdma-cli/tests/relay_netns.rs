@@ -8,9 +8,9 @@
 //! - the same under 2 % loss. This kernel has no `sch_netem`, so "2 % loss" is an nftables
 //!   rule in every namespace that drops 2 % of the UDP datagrams the host receives, at random
 //!   (`Lab::drop_random`): the loss half of `tc netem loss 2%`, applied at each receiver;
-//! - a relay killed with SIGKILL mid-transfer: the source and every node below the relay exit
-//!   1 within a bound, name the failed hop and say how many bytes reached each sink; the sink
-//!   leaves no final file;
+//! - a relay killed with SIGKILL mid-transfer (and one frozen with SIGSTOP): the source and
+//!   every node below the relay exit 1 within `timeout_ms` + 3 s, name the failed hop and say
+//!   how many bytes reached each sink; the sink leaves no final file;
 //! - a sink throttled to a tenth of the link rate slows the source down to its pace, and no
 //!   node's peak resident memory (`VmHWM`) passes `2 × slots × chunk_size + allowance`;
 //! - one bit flipped in a chunk at a relay is caught, never delivered.
@@ -25,7 +25,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use srdma_netlab::json::Value;
-use srdma_netlab::process::{Exit, Proc};
+use srdma_netlab::process::{Exit, Proc, SIGKILL, SIGSTOP};
 use srdma_netlab::{Lab, skip_reason};
 
 const MIB: u64 = 1 << 20;
@@ -505,18 +505,30 @@ fn progress_bytes(p: &Proc) -> u64 {
 
 /// Relay B of A → B → C → D is killed with SIGKILL once 4 MiB went through it (of 32 MiB,
 /// the source's link limited to 80 Mbit/s so the transfer lasts about 3.5 s). The source and
-/// both nodes below B exit 1 within `timeout_ms` + 10 s, each naming B as the failed hop;
-/// the source says how many bytes reached the sink (less than the object, not committed);
-/// the sink reports failure and leaves no file.
+/// both nodes below B exit 1 within `timeout_ms` + 3 s, each naming B as the failed hop and
+/// saying how many bytes reached the sink (less than the object, not committed); the sink
+/// reports failure and leaves no file.
 #[test]
 fn relay_killed_mid_transfer_is_reported() {
+    failed_relay("kill", 65, SIGKILL);
+}
+
+/// The same with B frozen (SIGSTOP) instead of killed: its connections stay open and its
+/// kernel keeps acknowledging TCP, so only the `timeout_ms` "hop is dead" limit can tell.
+#[test]
+fn relay_frozen_mid_transfer_is_reported() {
+    failed_relay("freeze", 68, SIGSTOP);
+}
+
+/// The scenario of the two tests above; `signal` is what B gets.
+fn failed_relay(label: &str, net: u8, signal: i32) {
     let Some(_lab_lock) = lab_guard(false) else {
         return;
     };
-    let dir = Scratch::new("kill");
+    let dir = Scratch::new(label);
     let size = 32 * MIB;
     make_input(&dir.path("input.bin"), size, 0x5eed_0005);
-    let lab = Lab::star("rkill", 4, 65, 1500).unwrap();
+    let lab = Lab::star(label, 4, net, 1500).unwrap();
     lab.rate_limit(0, "80mbit").unwrap();
     let nodes = vec![
         source(0, &dir.path("input.bin")),
@@ -550,71 +562,76 @@ fn relay_killed_mid_transfer_is_reported() {
     let at_kill = progress_bytes(run.node("B"));
     assert!(
         at_kill < size,
-        "B was done before the kill: {at_kill}\n{}",
+        "B was done before the {label}: {at_kill}\n{}",
         run.dump()
     );
-    let killed_at = Instant::now();
-    let b_exit = run.node_mut("B").kill().unwrap();
-    assert_eq!(b_exit.signal, Some(9));
-    let bound = Duration::from_millis(timeout_ms) + Duration::from_secs(10);
+    // Each survivor's age at the signal, to tell from its exit's age how long it took.
+    let age_at_kill: Vec<Duration> = ["A", "C", "D"]
+        .iter()
+        .map(|n| run.node(n).elapsed())
+        .collect();
+    run.node("B").signal(signal);
+    let bound = Duration::from_millis(timeout_ms) + Duration::from_secs(3);
     let mut took = Vec::new();
-    for name in ["A", "C", "D"] {
+    for (name, age) in ["A", "C", "D"].into_iter().zip(age_at_kill) {
         let e = run.node_mut(name).wait_timeout(bound);
         let dump = run.dump();
-        let e = e.unwrap_or_else(|| panic!("{name} still running {bound:?} after B died\n{dump}"));
-        took.push((name, killed_at.elapsed()));
-        assert_eq!(e.code, Some(1), "{name} exited {e:?} after B died\n{dump}");
+        let e = e.unwrap_or_else(|| {
+            panic!("{label}: {name} still running {bound:?} after B's {label}\n{dump}")
+        });
+        took.push((name, e.wall.saturating_sub(age)));
+        assert_eq!(e.code, Some(1), "{label}: {name} exited {e:?}\n{dump}");
         let stderr = run.node(name).stderr();
         assert!(
             names_word(&stderr, "B"),
-            "{name}'s message does not name the failed hop B: {stderr:?}"
+            "{label}: {name}'s message does not name the failed hop B: {stderr:?}"
         );
         let r = run.report(name);
-        assert_eq!(r.get("ok").as_bool(), Some(false), "{name}: {r}");
-        assert_eq!(r.get("failed_hop").as_str(), Some("B"), "{name}: {r}");
-        assert!(!r.get("error").is_null(), "{name}: {r}");
+        assert_eq!(r.get("ok").as_bool(), Some(false), "{label}: {name}: {r}");
+        assert_eq!(
+            r.get("failed_hop").as_str(),
+            Some("B"),
+            "{label}: {name}: {r}"
+        );
+        assert!(!r.get("error").is_null(), "{label}: {name}: {r}");
         // Every survivor says how much reached the sink, in its report and its message.
         let at_d = r.get("sinks").get("D");
         let n = at_d.get("bytes").as_u64();
         assert!(
             n.is_some_and(|n| n < size),
-            "{name} does not say how many bytes reached D: {r}"
+            "{label}: {name} does not say how many bytes reached D: {r}"
         );
-        assert_eq!(at_d.get("committed").as_bool(), Some(false), "{name}: {r}");
+        assert_eq!(
+            at_d.get("committed").as_bool(),
+            Some(false),
+            "{label}: {name}: {r}"
+        );
         let n = n.unwrap_or_default().to_string();
         assert!(
             names_word(&stderr, "D") && names_word(&stderr, &n),
-            "{name}'s message does not say that {n} bytes reached D: {stderr:?}"
+            "{label}: {name}'s message does not say that {n} bytes reached D: {stderr:?}"
         );
     }
-    let src = run.report("A");
-    let d = src.get("sinks").get("D");
-    let reached = d.get("bytes").as_u64();
-    assert!(
-        reached.is_some_and(|n| n < size),
-        "the source must say how many bytes reached D (< {size}): {src}"
-    );
-    assert_eq!(d.get("committed").as_bool(), Some(false), "{src}");
-    let sink = run.report("D");
-    let sink_bytes = sink.get("bytes").as_u64().unwrap_or(u64::MAX);
-    assert!(sink_bytes < size, "{sink}");
+    let sink_bytes = run.report("D").get("bytes").as_u64().unwrap_or(u64::MAX);
+    assert!(sink_bytes < size, "{label}: D got {sink_bytes} of {size}");
     // Nobody can know of more bytes at D than D received.
     for name in ["A", "C"] {
         let view = run.report(name).get("sinks").get("D").get("bytes").as_u64();
         assert!(
             view.is_some_and(|v| v <= sink_bytes),
-            "{name} claims {view:?} bytes reached D, D got {sink_bytes}"
+            "{label}: {name} claims {view:?} bytes reached D, D got {sink_bytes}"
         );
     }
     assert!(
         !dir.path("out-D.bin").exists(),
-        "the sink left a final file for an incomplete object"
+        "{label}: the sink left a final file for an incomplete object"
     );
+    let reached = run.report("A").get("sinks").get("D").get("bytes").as_u64();
     eprintln!(
-        "kill: B killed after {at_kill} B of progress; exits after the kill: {took:?}; \
+        "{label}: B stopped after {at_kill} B of progress; survivors exited after {took:?}; \
          the source says {reached:?} B reached D, D says {sink_bytes} B"
     );
-    eprintln!("kill: A says: {}", run.node("A").stderr().trim_end());
+    eprintln!("{label}: A says: {}", run.node("A").stderr().trim_end());
 }
 
 /// A → B → C → D with every link at 420 Mbit/s (≈ 50 MiB/s) and D consuming at most

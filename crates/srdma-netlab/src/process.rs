@@ -44,7 +44,7 @@ pub struct Exit {
     pub user_s: f64,
     /// System CPU seconds.
     pub sys_s: f64,
-    /// Time from spawn to exit, as observed.
+    /// Time from spawn to exit (noticed by a waiter thread as it happens).
     pub wall: Duration,
 }
 
@@ -90,32 +90,51 @@ struct Rusage {
 
 unsafe extern "C" {
     fn wait4(pid: i32, status: *mut i32, options: i32, rusage: *mut Rusage) -> i32;
+    fn waitid(idtype: u32, id: u32, infop: *mut SigInfo, options: i32) -> i32;
     fn kill(pid: i32, sig: i32) -> i32;
 }
 
-const WNOHANG: i32 = 1;
+/// `siginfo_t`: 128 bytes, 8-byte aligned; only filled in, never read here.
+#[repr(C, align(8))]
+struct SigInfo([u8; 128]);
+
+const P_PID: u32 = 1;
+const WEXITED: i32 = 4;
+const WNOWAIT: i32 = 0x0100_0000;
 /// `SIGKILL`.
 pub const SIGKILL: i32 = 9;
 /// `SIGTERM`.
 pub const SIGTERM: i32 = 15;
+/// `SIGSTOP` (freezes a process; SIGKILL still ends it).
+pub const SIGSTOP: i32 = 19;
 
-/// A spawned process whose stdout lines and stderr are collected by background threads.
-/// Dropping it kills the process (if still running) and reaps it.
+/// What the waiter thread knows about the process.
+#[derive(Debug, Default)]
+struct State {
+    /// Set when the process has ended (it may not be reaped yet, but it is a zombie then,
+    /// so its pid cannot be reused while this lock is held).
+    ended: bool,
+    exit: Option<Exit>,
+}
+
+/// A spawned process whose stdout lines and stderr are collected by background threads,
+/// and whose end is noticed (and timed) by a waiter thread as it happens. Dropping it kills
+/// the process (if still running) and reaps it.
 #[derive(Debug)]
 pub struct Proc {
     /// A name for messages (e.g. the node's name).
     pub name: String,
     pid: u32,
-    // Kept so the pipes' other ends stay owned; never waited on through std (we reap with
-    // wait4 to get the rusage), so never killed through std either.
+    // Kept so the pipes' other ends stay owned; never waited on through std (the waiter
+    // thread reaps with wait4 to get the rusage), so never killed through std either.
     _child: Child,
     start: Instant,
-    exit: Option<Exit>,
+    state: Arc<Mutex<State>>,
+    waiter: Option<std::thread::JoinHandle<()>>,
     lines: Arc<Mutex<Vec<Line>>>,
     stderr: Arc<Mutex<String>>,
+    readers: Vec<std::thread::JoinHandle<()>>,
     peak: Arc<Mutex<Mem>>,
-    // Stops the sampler before the pid is reaped (and could be reused).
-    stop: Arc<AtomicBool>,
 }
 
 impl Proc {
@@ -134,9 +153,11 @@ impl Proc {
         let stderr = Arc::new(Mutex::new(String::new()));
         let peak = Arc::new(Mutex::new(Mem::default()));
         let stop = Arc::new(AtomicBool::new(false));
+        let state = Arc::new(Mutex::new(State::default()));
+        let mut readers = Vec::new();
         if let Some(out) = child.stdout.take() {
             let lines = lines.clone();
-            std::thread::spawn(move || {
+            readers.push(std::thread::spawn(move || {
                 for text in BufReader::new(out).lines() {
                     let Ok(text) = text else { break };
                     let json = Value::parse(&text).ok();
@@ -146,11 +167,11 @@ impl Proc {
                         json,
                     });
                 }
-            });
+            }));
         }
         if let Some(mut err) = child.stderr.take() {
             let stderr = stderr.clone();
-            std::thread::spawn(move || {
+            readers.push(std::thread::spawn(move || {
                 let mut buf = [0u8; 4096];
                 while let Ok(n) = err.read(&mut buf) {
                     if n == 0 {
@@ -161,15 +182,15 @@ impl Proc {
                         .unwrap()
                         .push_str(&String::from_utf8_lossy(&buf[..n]));
                 }
-            });
+            }));
         }
         if let Some(every) = sample {
             let peak = peak.clone();
             let stop = stop.clone();
             std::thread::spawn(move || {
+                // A zombie has no VmRSS line, so this ends when the process does (and the
+                // flag covers the rest).
                 while let Some(m) = mem_status(pid) {
-                    // Checked after reading: a reaped pid may already belong to another
-                    // process, and then the reading is not ours.
                     if stop.load(Ordering::Acquire) {
                         break;
                     }
@@ -181,16 +202,22 @@ impl Proc {
                 }
             });
         }
+        let waiter = {
+            let state = state.clone();
+            let stop = stop.clone();
+            std::thread::spawn(move || wait_for(pid, start, &state, &stop))
+        };
         Ok(Proc {
             name: name.to_string(),
             pid,
             _child: child,
             start,
-            exit: None,
+            state,
+            waiter: Some(waiter),
             lines,
             stderr,
+            readers,
             peak,
-            stop,
         })
     }
 
@@ -232,11 +259,13 @@ impl Proc {
         self.stderr.lock().unwrap().clone()
     }
 
-    /// Current memory figures; None once the process has exited.
+    /// Current memory figures; None once the process has ended.
     pub fn mem(&self) -> Option<Mem> {
-        if self.exit.is_some() {
+        let st = self.state.lock().unwrap();
+        if st.ended {
             return None;
         }
+        // Read under the lock: the pid stays ours until the waiter can take it.
         mem_status(self.pid)
     }
 
@@ -245,27 +274,24 @@ impl Proc {
         *self.peak.lock().unwrap()
     }
 
-    /// The exit, if the process has ended (reaping it then).
+    /// The exit, once the process has ended and been reaped.
     pub fn try_wait(&mut self) -> Option<Exit> {
-        if self.exit.is_none() {
-            self.reap(WNOHANG);
-        }
-        self.exit
+        self.state.lock().unwrap().exit
     }
 
-    /// Waits up to `limit` for the process to end.
+    /// Waits up to `limit` for the process to end; once it has, also for its output pipes
+    /// to be read to their end (unless something it started still holds them).
     pub fn wait_timeout(&mut self, limit: Duration) -> Option<Exit> {
         let until = Instant::now() + limit;
         loop {
             if let Some(e) = self.try_wait() {
-                // Give the reader threads a moment to drain the pipes.
-                self.drain();
+                self.drain(Instant::now() + Duration::from_secs(1));
                 return Some(e);
             }
             if Instant::now() >= until {
                 return None;
             }
-            std::thread::sleep(Duration::from_millis(10));
+            std::thread::sleep(Duration::from_millis(5));
         }
     }
 
@@ -284,11 +310,12 @@ impl Proc {
         }
     }
 
-    /// Sends `sig` to the process unless it has already been reaped.
+    /// Sends `sig` to the process unless it has already ended.
     pub fn signal(&self, sig: i32) {
-        if self.exit.is_none() {
-            // SAFETY: kill has no memory preconditions; the pid is our unreaped child, so it
-            // cannot have been reused by another process.
+        let st = self.state.lock().unwrap();
+        if !st.ended {
+            // SAFETY: kill has no memory preconditions. The process has not ended or is a
+            // zombie the waiter cannot reap while we hold the lock, so the pid is still ours.
             unsafe { kill(self.pid as i32, sig) };
         }
     }
@@ -299,45 +326,66 @@ impl Proc {
         self.wait_timeout(Duration::from_secs(10))
     }
 
-    fn drain(&self) {
-        // The pipes close when the process (and anything that inherited them) is gone; the
-        // reader threads finish right after. A short grace period is enough.
-        std::thread::sleep(Duration::from_millis(50));
+    /// Waits (until `until` at the latest) for the reader threads to reach the end of the
+    /// pipes, so that every line the process printed is in.
+    fn drain(&mut self, until: Instant) {
+        while self.readers.iter().any(|r| !r.is_finished()) && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(2));
+        }
     }
+}
 
-    fn reap(&mut self, options: i32) {
-        let mut status = 0i32;
-        let mut ru = Rusage::default();
-        // SAFETY: status and ru are valid, writable and of the layout wait4 expects; the pid
-        // is our own child.
-        let r = unsafe { wait4(self.pid as i32, &mut status, options, &mut ru) };
-        if r != self.pid as i32 {
+/// The waiter thread: notices the end of `pid` without reaping it, marks it ended under the
+/// lock, then reaps it with its rusage.
+fn wait_for(pid: u32, start: Instant, state: &Mutex<State>, stop: &AtomicBool) {
+    let mut info = SigInfo([0; 128]);
+    loop {
+        // SAFETY: info is a writable, aligned siginfo_t-sized buffer; the pid is our child.
+        let r = unsafe { waitid(P_PID, pid, &mut info, WEXITED | WNOWAIT) };
+        if r == 0 {
+            break;
+        }
+        if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            // Not our child any more (someone else reaped it): nothing to report.
+            let mut st = state.lock().unwrap();
+            st.ended = true;
+            stop.store(true, Ordering::Release);
             return;
         }
-        // The pid is free for reuse from now on: the sampler drops any later reading.
-        self.stop.store(true, Ordering::Release);
-        let (code, signal) = if status & 0x7f == 0 {
-            (Some((status >> 8) & 0xff), None)
-        } else {
-            (None, Some(status & 0x7f))
-        };
-        let secs = |t: &Timeval| t.sec as f64 + t.usec as f64 / 1e6;
-        self.exit = Some(Exit {
-            code,
-            signal,
-            max_rss_kib: ru.maxrss.max(0) as u64,
-            user_s: secs(&ru.utime),
-            sys_s: secs(&ru.stime),
-            wall: self.start.elapsed(),
-        });
     }
+    let wall = start.elapsed();
+    let mut st = state.lock().unwrap();
+    st.ended = true;
+    stop.store(true, Ordering::Release);
+    let mut status = 0i32;
+    let mut ru = Rusage::default();
+    // SAFETY: status and ru are valid, writable and of the layout wait4 expects; the pid is
+    // our own child, a zombie by now, so this returns at once.
+    let r = unsafe { wait4(pid as i32, &mut status, 0, &mut ru) };
+    if r != pid as i32 {
+        return;
+    }
+    let (code, signal) = if status & 0x7f == 0 {
+        (Some((status >> 8) & 0xff), None)
+    } else {
+        (None, Some(status & 0x7f))
+    };
+    let secs = |t: &Timeval| t.sec as f64 + t.usec as f64 / 1e6;
+    st.exit = Some(Exit {
+        code,
+        signal,
+        max_rss_kib: ru.maxrss.max(0) as u64,
+        user_s: secs(&ru.utime),
+        sys_s: secs(&ru.stime),
+        wall,
+    });
 }
 
 impl Drop for Proc {
     fn drop(&mut self) {
-        if self.exit.is_none() {
-            self.signal(SIGKILL);
-            self.reap(0);
+        self.signal(SIGKILL);
+        if let Some(w) = self.waiter.take() {
+            let _ = w.join();
         }
     }
 }
@@ -364,6 +412,21 @@ mod tests {
         assert_eq!(p.lines().len(), 2);
         assert_eq!(p.stderr(), "oops\n");
         assert!(p.mem().is_none());
+    }
+
+    #[test]
+    fn the_exit_is_timed_when_it_happens_not_when_asked() {
+        let mut c = Command::new("sh");
+        c.args(["-c", "sleep 0.3; exit 4"]);
+        let mut p = Proc::spawn("sh", c, None).unwrap();
+        std::thread::sleep(Duration::from_millis(1200));
+        let e = p.try_wait().expect("ended");
+        assert_eq!(e.code, Some(4));
+        assert!(
+            e.wall >= Duration::from_millis(300) && e.wall < Duration::from_millis(900),
+            "{:?}",
+            e.wall
+        );
     }
 
     #[test]
