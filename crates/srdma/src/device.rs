@@ -267,6 +267,10 @@ pub(crate) struct State {
     /// The receive batch; `None` only while a receive pass has it out.
     rx: Option<sys::RxBatch>,
     touched: Vec<u32>,
+    /// QPs whose packets (ACKs, responses) an application-driven receive held back: they go
+    /// out with the application's next post to that QP (one send for the ACK and the reply
+    /// of a ping-pong) or at its next poll, whichever comes first.
+    deferred: Vec<u32>,
     due: Vec<u32>,
     /// Earliest QP timer, in ns since the epoch (u64::MAX: none).
     next_timer: u64,
@@ -381,6 +385,7 @@ impl Device {
             // Slots large enough for a GRO run; a longer datagram is cut and fails to parse.
             rx: Some(sys::RxBatch::new(RX_BATCH, sys::RX_BUF)),
             touched: Vec::with_capacity(64),
+            deferred: Vec::with_capacity(64),
             due: Vec::with_capacity(64),
             next_timer: u64::MAX,
             stats_next: 0,
@@ -859,7 +864,8 @@ impl Shared {
         let Ok(mut st) = self.state.try_lock() else {
             return;
         };
-        self.receive(&mut st, RX_BUDGET);
+        self.flush_deferred(&mut st);
+        self.receive(&mut st, RX_BUDGET, true);
         if now >= st.next_timer {
             self.run_timers(&mut st);
         }
@@ -877,9 +883,19 @@ impl Shared {
         }
     }
 
+    /// Sends what earlier application-driven receives held back.
+    fn flush_deferred(&self, st: &mut State) {
+        let mut deferred = std::mem::take(&mut st.deferred);
+        for qpn in deferred.drain(..) {
+            self.flush(st, qpn);
+        }
+        st.deferred = deferred;
+    }
+
     /// Receives and handles up to `budget` batches of datagrams, flushing every QP they
-    /// touched; returns true when the budget ran out with more waiting.
-    fn receive(&self, st: &mut State, budget: usize) -> bool {
+    /// touched (with `defer`, completing their work now but holding their packets back:
+    /// see `State::deferred`); returns true when the budget ran out with more waiting.
+    fn receive(&self, st: &mut State, budget: usize, defer: bool) -> bool {
         let Some(mut rx) = st.rx.take() else {
             return false;
         };
@@ -906,7 +922,17 @@ impl Shared {
             }
             let mut touched = std::mem::take(&mut st.touched);
             for qpn in touched.drain(..) {
-                self.flush(st, qpn);
+                // Requests (a window the ACKs just opened) go now; only ACKs and responses
+                // wait for the application's reply.
+                let ready = st.qps.get(&qpn).is_some_and(|s| s.qp.has_requests_ready());
+                if !defer || ready {
+                    self.flush(st, qpn);
+                } else if let Some(slot) = st.qps.get_mut(&qpn) {
+                    deliver_completions(slot);
+                    if !st.deferred.contains(&qpn) {
+                        st.deferred.push(qpn);
+                    }
+                }
             }
             st.touched = touched;
             more = n == RX_BATCH;
@@ -1150,8 +1176,9 @@ fn progress(shared: &Shared) {
         let now = shared.now().as_nanos() as u64;
         let active = shared.app_active_until.load(Ordering::Relaxed);
         if now < active {
-            // Posts need not wake us meanwhile: the application's polls run the timers.
-            shared.sleep_until.store(u64::MAX, Ordering::Release);
+            // Posts need not wake us meanwhile (0: "asleep until the past", so no timer is
+            // earlier): the application's polls run the timers, and we run them on return.
+            shared.sleep_until.store(0, Ordering::Release);
             let _ = sys::poll_readable(
                 [shared.wake.as_raw_fd()],
                 Some(Duration::from_nanos(active - now)),
@@ -1166,7 +1193,8 @@ fn progress(shared: &Shared) {
         }
         sys::drain(&shared.wake);
         let mut st = shared.lock();
-        let more = shared.receive(&mut st, RX_BUDGET);
+        shared.flush_deferred(&mut st);
+        let more = shared.receive(&mut st, RX_BUDGET, false);
         timeout = shared.run_timers(&mut st);
         if more {
             timeout = Some(Duration::ZERO);

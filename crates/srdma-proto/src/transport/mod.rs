@@ -632,6 +632,12 @@ impl Qp {
         Some(t)
     }
 
+    /// True when the requester has request packets ready to send right now (responses and
+    /// acknowledgements aside).
+    pub fn has_requests_ready(&self) -> bool {
+        self.rnr_deadline.is_none() && self.req_cursor < self.sq.len()
+    }
+
     /// True when the QP has something to send right now.
     pub fn wants_transmit(&self) -> bool {
         !self.resp_out.is_empty()
