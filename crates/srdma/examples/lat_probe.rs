@@ -20,12 +20,12 @@ fn main() {
     } else {
         ("127.0.6.2", "127.0.6.1")
     };
-    if !server {
-        let _child = std::process::Command::new(std::env::current_exe().unwrap())
+    let child = (!server).then(|| {
+        std::process::Command::new(std::env::current_exe().unwrap())
             .args([iters.to_string(), "server".into()])
             .spawn()
-            .unwrap();
-    }
+            .unwrap()
+    });
     let mut cfg = DeviceConfig::new(me.parse().unwrap());
     cfg.port = 4799;
     let dev = Device::open(cfg).unwrap();
@@ -110,7 +110,8 @@ fn main() {
         }
         ulat.push(t.elapsed().as_nanos() as f64 / 2000.0);
     }
-    if !server {
+    if let Some(mut child) = child {
+        let _ = child.wait();
         lat.sort_by(f64::total_cmp);
         ulat.sort_by(f64::total_cmp);
         let m = |v: &[f64]| v[v.len() / 2];
