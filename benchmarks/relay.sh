@@ -48,7 +48,9 @@ for t in ip tc jq; do command -v "$t" >/dev/null || skip "\`$t\` not installed";
 
 if [ -n "${SRDMA_BIN:-}" ]; then
     BIN=$SRDMA_BIN
+    BIN_NOTE="\`$BIN\` (given as SRDMA_BIN, built $(date -u -r "$BIN" '+%Y-%m-%d %H:%M UTC' 2>/dev/null))"
 else
+    BIN_NOTE="built by relay.sh from the working tree (cargo build --release -p srdma-cli)"
     echo "relay.sh: building the release binary" >&2
     (cd "$ROOT" && CARGO_TARGET_DIR=$TARGET_DIR cargo build --release -q -p srdma-cli) || die "build failed"
     BIN=$TARGET_DIR/release/srdma
@@ -252,6 +254,7 @@ mkdir -p "$(dirname "$OUT")"
     echo "| Load average | $LOAD_BEFORE before, $LOAD_AFTER after (1, 5, 15 min; other jobs share the machine) |"
     echo "| Kernel | \`$(uname -r)\` |"
     echo "| Rust | \`$(rustc --version 2>/dev/null)\`, release profile |"
+    echo "| Binary | $BIN_NOTE |"
     echo "| Object | \`gen:$SIZE\` from the source, \`discard\` at the sink (after its verify stage) |"
     echo "| Transfer | chunk $CHUNK, $SLOTS slots per ring, forward = $FORWARD, relays run \`verify\` |"
     echo "| Links | veth + bridge, MTU $MTU; limited runs: tbf at each of $RATES on every host's eth0 |"
