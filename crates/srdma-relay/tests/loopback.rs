@@ -236,7 +236,10 @@ fn fan_out_tree_delivers_to_every_sink() {
     let b = report(&r, "B");
     assert!(b.forwarded_bytes >= 2 * (8 << 20), "{b:?}");
     // Only the object name is copied out (a relay+sink opens the file with it).
-    assert!(b.copied_bytes <= 4096 && b.copied_bytes * 100 <= b.forwarded_bytes, "{b:?}");
+    assert!(
+        b.copied_bytes <= 4096 && b.copied_bytes * 100 <= b.forwarded_bytes,
+        "{b:?}"
+    );
 }
 
 #[test]
