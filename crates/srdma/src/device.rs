@@ -302,6 +302,11 @@ pub(crate) struct DeviceHandle {
 
 impl Drop for DeviceHandle {
     fn drop(&mut self) {
+        // Held-back ACKs go out before the device goes away.
+        {
+            let mut st = self.shared.lock();
+            self.shared.flush_deferred(&mut st);
+        }
         self.shared.stop.store(true, Ordering::Release);
         sys::signal(&self.shared.wake);
         if let Some(t) = self
@@ -580,6 +585,14 @@ impl Device {
 
     pub(crate) fn same(&self, other: &Device) -> bool {
         Arc::ptr_eq(&self.h, &other.h)
+    }
+
+    /// Sends `qpn`'s packets if an application-driven receive held them back.
+    pub(crate) fn flush_if_deferred(&self, st: &mut State, qpn: u32) {
+        if let Some(i) = st.deferred.iter().position(|&q| q == qpn) {
+            st.deferred.swap_remove(i);
+            self.h.shared.flush(st, qpn);
+        }
     }
 
     /// Sends every packet `qpn` has ready, from the caller's thread (the "doorbell"), and

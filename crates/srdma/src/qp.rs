@@ -141,7 +141,11 @@ struct QpInner {
 
 impl Drop for QpInner {
     fn drop(&mut self) {
-        self.dev.lock().qps.remove(&self.qpn.value());
+        let mut st = self.dev.lock();
+        // ACKs an application-driven receive held back still go out: the peer's last
+        // message must not be left unacknowledged because this side destroyed its QP.
+        self.dev.flush_if_deferred(&mut st, self.qpn.value());
+        st.qps.remove(&self.qpn.value());
     }
 }
 
