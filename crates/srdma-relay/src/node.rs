@@ -1669,6 +1669,19 @@ fn watch(conn: Arc<Connection>, live: Arc<Live>) -> Arc<AtomicBool> {
     down
 }
 
+/// The RC ACK timeout exponent for a transfer whose dead-hop limit is `limit`: the largest
+/// (at most 18, about 1 s) whose seven retries still give up within half the limit. A
+/// busy 2-core host can stall a live peer for longer than ibv_rc_pingpong's 67 ms
+/// (exponent 14) now and then; retries must not declare it dead for that, while a dead peer
+/// is found by the control connection at once and by the transport within the limit.
+fn ack_timeout_for(limit: Duration) -> u8 {
+    let budget = limit.as_secs_f64() / 2.0 / 8.0;
+    (14..=18)
+        .rev()
+        .find(|t| 4.096e-6 * f64::from(1u32 << t) <= budget)
+        .unwrap_or(14)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1696,17 +1709,4 @@ mod tests {
         flip_bit(&mut h, &mut p, 0);
         assert_eq!(h.iter().map(|b| b.count_ones()).sum::<u32>(), 1);
     }
-}
-
-/// The RC ACK timeout exponent for a transfer whose dead-hop limit is `limit`: the largest
-/// (at most 18, about 1 s) whose seven retries still give up within half the limit. A
-/// busy 2-core host can stall a live peer for longer than ibv_rc_pingpong's 67 ms
-/// (exponent 14) now and then; retries must not declare it dead for that, while a dead peer
-/// is found by the control connection at once and by the transport within the limit.
-fn ack_timeout_for(limit: Duration) -> u8 {
-    let budget = limit.as_secs_f64() / 2.0 / 8.0;
-    (14..=18)
-        .rev()
-        .find(|t| 4.096e-6 * f64::from(1u32 << t) <= budget)
-        .unwrap_or(14)
 }
