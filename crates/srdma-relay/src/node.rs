@@ -1569,7 +1569,9 @@ impl<'a> NodeRun<'a> {
                 failed_hop: hop,
                 primary,
             });
-            let heard = client.wait_verdict(Instant::now() + grace);
+            // The source may itself wait up to `grace` for the other nodes' reports after
+            // hearing this one, so wait longer than that for its verdict.
+            let heard = client.wait_verdict(Instant::now() + 2 * grace + Duration::from_secs(1));
             if let Some(Msg::Verdict {
                 error,
                 failed_hop,
