@@ -176,7 +176,8 @@ fn check_bw(out: &str, sizes: &[u64], iters: u64) {
         assert_eq!(f[1].parse::<u64>().unwrap(), iters);
         let avg: f64 = f[3].parse().unwrap();
         let rate: f64 = f[4].parse().unwrap();
-        assert!(avg > 0.0 && rate > 0.0, "{}", rows[2 * i]);
+        // perftest prints MB/s with two decimals: a few 2-byte messages can show 0.00.
+        assert!(rate > 0.0 && (avg > 0.0 || size < 4096), "{}", rows[2 * i]);
         assert!(
             rows[2 * i + 1].starts_with(" CPU[s/GB]: local "),
             "{}",
