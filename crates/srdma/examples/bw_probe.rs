@@ -1,7 +1,9 @@
 //! Throughput probe: RDMA WRITE bandwidth between two devices of this process over loopback,
 //! next to a TCP stream of the same writes. `cargo run --release -p srdma --example bw_probe -- SIZE SECS`
 
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::io::{Read, Write};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use srdma::{
@@ -9,6 +11,32 @@ use srdma::{
     SendFlags, SendOp, SendWr, SgeList, WcStatus,
 };
 use srdma_wire::Psn;
+
+/// Counts heap allocations of every thread (the engine's progress threads included).
+struct Counting;
+
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: forwards to the system allocator unchanged; only counts calls.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract as our caller's.
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        // SAFETY: same contract as our caller's.
+        unsafe { System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract as our caller's.
+        unsafe { System.realloc(p, l, n) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -53,10 +81,15 @@ fn main() {
     let mut inflight = 0;
     let mut done = 0u64;
     let t0 = Instant::now();
-    let mut wcs = Vec::new();
+    let mut wcs = Vec::with_capacity(64);
+    let mut steady: Option<(u64, u64)> = None;
     let sig_every = (depth / 4).max(1) as u64;
     let mut posted = 0u64;
     while t0.elapsed().as_secs_f64() < secs {
+        if steady.is_none() && t0.elapsed().as_secs_f64() > secs / 2.0 {
+            let d = a.counters().tx_datagrams + b.counters().rx_datagrams;
+            steady = Some((ALLOCS.load(Ordering::Relaxed), d));
+        }
         while inflight < depth {
             let mut wr = SendWr::new(
                 posted,
@@ -84,6 +117,11 @@ fn main() {
         }
     }
     let el = t0.elapsed().as_secs_f64();
+    if let Some((a0, d0)) = steady {
+        let d = a.counters().tx_datagrams + b.counters().rx_datagrams - d0;
+        let n = ALLOCS.load(Ordering::Relaxed) - a0;
+        println!("steady state: {n} allocations for {d} datagrams sent + received");
+    }
     let rd = (done as f64 * size as f64) / el / 1e6;
     println!("srdma WRITE {size} B: {rd:.0} MB/s ({done} msgs in {el:.2}s)");
     println!("dev a: {:?}\ndev b: {:?}", a.counters(), b.counters());
