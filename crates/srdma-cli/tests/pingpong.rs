@@ -7,83 +7,30 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// Longest any one process may run.
 const DEADLINE: Duration = Duration::from_secs(60);
 
-/// A started `srdma pingpong` process whose output is being collected.
-struct Running {
-    child: Child,
-    stdout: JoinHandle<String>,
-    stderr: JoinHandle<String>,
-    args: Vec<String>,
-}
-
-/// What a finished process left.
-#[derive(Debug)]
-struct Outcome {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-    elapsed: Duration,
-}
+mod common;
+use common::{Outcome, Running};
 
 fn start(args: &[&str]) -> Running {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_srdma"))
-        .arg("pingpong")
-        .args(args)
-        .env_remove("SRDMA_PCAP")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start srdma");
-    let read = |mut r: Box<dyn Read + Send>| {
-        std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = r.read_to_string(&mut s);
-            s
-        })
-    };
-    let stdout = read(Box::new(child.stdout.take().unwrap()));
-    let stderr = read(Box::new(child.stderr.take().unwrap()));
-    Running {
-        child,
-        stdout,
-        stderr,
-        args: args.iter().map(|s| s.to_string()).collect(),
-    }
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_srdma"));
+    cmd.arg("pingpong");
+    common::spawn(cmd, args)
 }
 
-impl Running {
-    /// Waits for the exit; past `DEADLINE` kills the process and fails the test.
-    fn finish(mut self) -> Outcome {
-        let t0 = Instant::now();
-        let code = loop {
-            if let Some(st) = self.child.try_wait().unwrap() {
-                break st.code();
-            }
-            if t0.elapsed() > DEADLINE {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                panic!(
-                    "srdma pingpong {:?} still running after {DEADLINE:?}\nstdout:\n{}\nstderr:\n{}",
-                    self.args,
-                    self.stdout.join().unwrap(),
-                    self.stderr.join().unwrap()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        };
-        Outcome {
-            code,
-            stdout: self.stdout.join().unwrap(),
-            stderr: self.stderr.join().unwrap(),
-            elapsed: t0.elapsed(),
-        }
+/// Waits for `r`'s exit under the deadline.
+trait Finish {
+    fn finish(self) -> Outcome;
+}
+
+impl Finish for Running {
+    fn finish(self) -> Outcome {
+        self.finish_within(DEADLINE)
     }
 }
 
@@ -105,24 +52,12 @@ fn run_client(args: &[&str]) -> Outcome {
     }
 }
 
-/// Waits until some socket listens on TCP `port` (Linux: /proc/net/tcp{,6}).
+/// Waits until some socket listens on TCP `port`.
 fn wait_listening(port: u16) {
-    let t0 = Instant::now();
-    let needle = format!(":{port:04X} ");
-    while t0.elapsed() < Duration::from_secs(20) {
-        for f in ["/proc/net/tcp", "/proc/net/tcp6"] {
-            let table = std::fs::read_to_string(f).unwrap_or_default();
-            // Columns: sl local_address rem_address st ...; st 0A = LISTEN.
-            if table.lines().skip(1).any(|l| {
-                let c: Vec<&str> = l.split_whitespace().collect();
-                c.len() > 3 && format!("{} ", c[1]).ends_with(&needle) && c[3] == "0A"
-            }) {
-                return;
-            }
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    panic!("nothing listens on TCP port {port}");
+    assert!(
+        common::listening(port),
+        "nothing listens on TCP port {port}"
+    );
 }
 
 /// Runs a server and a client; both must exit 0.

@@ -5,10 +5,9 @@
 //! Every test uses its own 127.62.N.x addresses and TCP port, so the tests run in parallel;
 //! every process runs under a deadline and is killed past it, so nothing hangs.
 
-use std::io::Read;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -27,48 +26,12 @@ fn run_dir() -> PathBuf {
     std::env::temp_dir().join("srdma-rping-tests")
 }
 
-/// A started process whose output is being collected.
-struct Running {
-    child: Child,
-    stdout: JoinHandle<String>,
-    stderr: JoinHandle<String>,
-    args: Vec<String>,
-}
-
-/// What a finished process left.
-#[derive(Debug)]
-struct Outcome {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-    elapsed: Duration,
-}
+mod common;
+use common::{Outcome, Running};
 
 fn spawn(mut cmd: Command, args: &[&str]) -> Running {
-    let mut child = cmd
-        .args(args)
-        .env_remove("SRDMA_PCAP")
-        .env("SRDMA_RUN_DIR", run_dir())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start srdma");
-    let read = |mut r: Box<dyn Read + Send>| {
-        std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = r.read_to_string(&mut s);
-            s
-        })
-    };
-    let stdout = read(Box::new(child.stdout.take().unwrap()));
-    let stderr = read(Box::new(child.stderr.take().unwrap()));
-    Running {
-        child,
-        stdout,
-        stderr,
-        args: args.iter().map(|s| s.to_string()).collect(),
-    }
+    cmd.env("SRDMA_RUN_DIR", run_dir());
+    common::spawn(cmd, args)
 }
 
 fn start(args: &[&str]) -> Running {
@@ -77,32 +40,14 @@ fn start(args: &[&str]) -> Running {
     spawn(cmd, args)
 }
 
-impl Running {
-    /// Waits for the exit; past `DEADLINE` kills the process and fails the test.
-    fn finish(mut self) -> Outcome {
-        let t0 = Instant::now();
-        let code = loop {
-            if let Some(st) = self.child.try_wait().unwrap() {
-                break st.code();
-            }
-            if t0.elapsed() > DEADLINE {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                panic!(
-                    "srdma rping {:?} still running after {DEADLINE:?}\nstdout:\n{}\nstderr:\n{}",
-                    self.args,
-                    self.stdout.join().unwrap(),
-                    self.stderr.join().unwrap()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        };
-        Outcome {
-            code,
-            stdout: self.stdout.join().unwrap(),
-            stderr: self.stderr.join().unwrap(),
-            elapsed: t0.elapsed(),
-        }
+/// Waits for `r`'s exit under the deadline.
+trait Finish {
+    fn finish(self) -> Outcome;
+}
+
+impl Finish for Running {
+    fn finish(self) -> Outcome {
+        self.finish_within(DEADLINE)
     }
 }
 
@@ -110,24 +55,12 @@ fn run(args: &[&str]) -> Outcome {
     start(args).finish()
 }
 
-/// Waits until some socket listens on TCP `port` (Linux: /proc/net/tcp{,6}).
+/// Waits until some socket listens on TCP `port`.
 fn wait_listening(port: u16) {
-    let t0 = Instant::now();
-    let needle = format!(":{port:04X}");
-    while t0.elapsed() < Duration::from_secs(20) {
-        for f in ["/proc/net/tcp", "/proc/net/tcp6"] {
-            let table = std::fs::read_to_string(f).unwrap_or_default();
-            // Columns: sl local_address rem_address st ...; st 0A = LISTEN.
-            if table.lines().skip(1).any(|l| {
-                let c: Vec<&str> = l.split_whitespace().collect();
-                c.len() > 3 && c[1].ends_with(&needle) && c[3] == "0A"
-            }) {
-                return;
-            }
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    panic!("nothing listens on TCP port {port}");
+    assert!(
+        common::listening(port),
+        "nothing listens on TCP port {port}"
+    );
 }
 
 /// rping's ping data for ping `n`, written from its description: "rdma-ping-<n>: ", then
