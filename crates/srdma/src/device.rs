@@ -855,6 +855,7 @@ impl Shared {
         }
         counters.tx_gso_messages = tx.gso_messages;
         deliver_completions(slot);
+        note_timer(&mut st.next_timer, slot);
     }
 
     fn gso_for(&self, dst: SocketAddr) -> bool {
@@ -942,6 +943,7 @@ impl Shared {
                     self.flush(st, qpn);
                 } else if let Some(slot) = st.qps.get_mut(&qpn) {
                     deliver_completions(slot);
+                    note_timer(&mut st.next_timer, slot);
                     if !st.deferred.contains(&qpn) {
                         st.deferred.push(qpn);
                     }
@@ -1167,6 +1169,14 @@ fn publish_stats(st: &mut State) {
     let dev = st.counters;
     if let Some(p) = st.stats.as_mut() {
         p.maybe_write(&dev, &qp, Instant::now());
+    }
+}
+
+/// Keeps `next_timer` (the earliest timer an application's poll must run) at or before the
+/// QP's timer, so a timer armed by a post or a packet fires while an application polls.
+fn note_timer(next_timer: &mut u64, slot: &QpSlot) {
+    if let Some(t) = slot.qp.poll_timeout() {
+        *next_timer = (*next_timer).min(t.as_nanos() as u64);
     }
 }
 

@@ -250,3 +250,55 @@ fn ud_send_to_the_wrong_family_is_refused() {
     );
     assert!(wait(&ca, Duration::from_millis(50)).is_none());
 }
+
+/// A busy-polling application drives the device, and the progress thread stands aside while
+/// it does: a retransmission timer that a post arms must still fire from those polls. The
+/// first WRITE (to a silent peer) runs its timers and leaves the thread standing aside with
+/// no timer pending; the second, posted on another QP while polling goes on, arms a new one.
+/// Before the fix the poll path only ran timers the thread had seen, so the second WRITE
+/// never completed while the application kept polling.
+#[test]
+fn busy_polling_runs_the_retransmission_timer() {
+    let a = dev("127.0.64.1", Mtu::Mtu1024);
+    let silent = std::net::UdpSocket::bind("127.0.64.2:0").unwrap();
+    let pa = a.alloc_pd();
+    let ca = a.create_cq(8, None).unwrap();
+    let mut p = ConnectParams::new(Mtu::Mtu1024, Psn::new(1));
+    p.timeout = 8; // 1 ms
+    p.retry_cnt = 2;
+    let peer = RemoteQp {
+        qpn: Qpn::new(0x11),
+        psn: Psn::new(1),
+        gid: srdma::Gid::from_ip(silent.local_addr().unwrap().ip()),
+        port: silent.local_addr().unwrap().port(),
+    };
+    let src = pa.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    let op = SendOp::Write {
+        remote_addr: 0x1000,
+        rkey: RKey(0x100),
+    };
+    let qps: Vec<_> = (0..2)
+        .map(|_| {
+            let q = pa.create_qp(&QpInit::new(QpType::Rc, &ca, &ca)).unwrap();
+            q.connect(&peer, &p).unwrap();
+            q
+        })
+        .collect();
+    for (i, q) in qps.iter().enumerate() {
+        q.post_send(SendWr::new(i as u64, op, SgeList::one(src.sge(0, 8))))
+            .unwrap();
+        let t = Instant::now();
+        let wc = loop {
+            // Spin without pause: every poll keeps the progress thread out of the way.
+            if let Some(wc) = ca.poll_one() {
+                break wc;
+            }
+            // Three 1 ms timeouts; 500 ms leaves room for a loaded machine.
+            assert!(
+                t.elapsed() < Duration::from_millis(500),
+                "WRITE {i}: no completion within 500 ms while busy polling"
+            );
+        };
+        assert_eq!((wc.wr_id, wc.status), (i as u64, WcStatus::RetryExcErr));
+    }
+}
