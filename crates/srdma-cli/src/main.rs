@@ -121,6 +121,19 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
     }
 }
 
+/// A usage or configuration error: exits with status 2, like clap's own argument errors.
+/// An empty message means the command already said what was wrong.
+#[derive(Debug)]
+pub(crate) struct UsageError(pub(crate) String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
@@ -132,6 +145,12 @@ fn main() -> ExitCode {
                 .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
             {
                 return ExitCode::SUCCESS;
+            }
+            if let Some(u) = e.downcast_ref::<UsageError>() {
+                if !u.0.is_empty() {
+                    eprintln!("error: {u}");
+                }
+                return ExitCode::from(2);
             }
             eprintln!("error: {e:#}");
             ExitCode::from(1)

@@ -178,12 +178,6 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<bool> {
     }
 }
 
-/// A configuration error: message, exit status 2.
-fn bad_config(msg: &str) -> ! {
-    eprintln!("error: {msg}");
-    std::process::exit(2)
-}
-
 fn run_node(a: &NodeArgs) -> anyhow::Result<bool> {
     let opts = NodeOptions {
         json: a.json,
@@ -191,7 +185,8 @@ fn run_node(a: &NodeArgs) -> anyhow::Result<bool> {
     };
     match node::run_file(&a.config, &a.name, &opts) {
         0 => Ok(true),
-        2 => std::process::exit(2),
+        // The node printed what was wrong with the configuration.
+        2 => Err(crate::UsageError(String::new()).into()),
         _ => Ok(false),
     }
 }
@@ -237,7 +232,7 @@ fn generate(shape: &Shape, c: &Common) -> Result<Config, String> {
 }
 
 fn generate_and_run(shape: Shape, c: &Common, out: &mut impl Write) -> anyhow::Result<bool> {
-    let cfg = generate(&shape, c).unwrap_or_else(|e| bad_config(&e));
+    let cfg = generate(&shape, c).map_err(crate::UsageError)?;
     if c.print_config {
         write!(out, "{}", cfg.to_toml())?;
         return Ok(true);
