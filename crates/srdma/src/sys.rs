@@ -465,9 +465,12 @@ pub(crate) struct RxBatch {
     hdrs: Vec<libc::mmsghdr>,
     ctrl: Vec<Cmsg>,
     n: usize,
+    /// Whether every message was armed once (later calls re-arm only the used ones).
+    armed: bool,
 }
 
-// SAFETY: as for TxBatch: pointers into own buffers only, rebuilt before each syscall.
+// SAFETY: as for TxBatch: pointers into own heap buffers only (they never move), re-armed
+// before each syscall that could use them.
 unsafe impl Send for RxBatch {}
 
 impl RxBatch {
@@ -492,6 +495,7 @@ impl RxBatch {
             hdrs: vec![zero_hdr; count],
             ctrl: vec![Cmsg([0; 32]); count],
             n: 0,
+            armed: false,
         }
     }
 
@@ -502,26 +506,37 @@ impl RxBatch {
         Some((&self.bufs[i][..self.lens[i]], addr, self.segs[i]))
     }
 
+    /// Points message `i` at its buffer, address and control space (all heap storage that
+    /// never moves), with the lengths the kernel is allowed to fill.
+    fn arm(&mut self, i: usize) {
+        self.iovs[i] = libc::iovec {
+            iov_base: self.bufs[i].as_mut_ptr().cast(),
+            iov_len: self.bufs[i].len(),
+        };
+        let h = &mut self.hdrs[i].msg_hdr;
+        h.msg_name = (&raw mut self.addrs[i]).cast();
+        h.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        h.msg_iov = &raw mut self.iovs[i];
+        h.msg_iovlen = 1;
+        h.msg_control = self.ctrl[i].0.as_mut_ptr().cast();
+        h.msg_controllen = size_of::<Cmsg>();
+        h.msg_flags = 0;
+        self.hdrs[i].msg_len = 0;
+    }
+
     /// Receives up to a batch without blocking; returns how many buffers were filled.
+    /// Only the messages the previous call filled are re-armed: a poll that finds nothing
+    /// costs the syscall alone.
     pub(crate) fn recv(&mut self, fd: RawFd) -> io::Result<usize> {
         let count = self.bufs.len();
-        for i in 0..count {
-            self.iovs[i] = libc::iovec {
-                iov_base: self.bufs[i].as_mut_ptr().cast(),
-                iov_len: self.bufs[i].len(),
-            };
-            let h = &mut self.hdrs[i].msg_hdr;
-            h.msg_name = (&raw mut self.addrs[i]).cast();
-            h.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-            h.msg_iov = &raw mut self.iovs[i];
-            h.msg_iovlen = 1;
-            h.msg_control = self.ctrl[i].0.as_mut_ptr().cast();
-            h.msg_controllen = size_of::<Cmsg>();
-            h.msg_flags = 0;
-            self.hdrs[i].msg_len = 0;
+        let rearm = if self.armed { self.n } else { count };
+        for i in 0..rearm {
+            self.arm(i);
         }
-        // SAFETY: `hdrs[..count]` are initialised just above and point into live buffers,
-        // addresses and control buffers of this batch; the kernel writes at most their lengths.
+        self.armed = true;
+        // SAFETY: `hdrs[..count]` were armed (now or after the call that last used them) and
+        // point into live heap buffers, addresses and control buffers of this batch; the
+        // kernel writes at most their lengths.
         let r = unsafe {
             libc::recvmmsg(
                 fd,
