@@ -1058,10 +1058,10 @@ impl<'a> NodeRun<'a> {
                 continue;
             }
             // 7. Nothing to do. While chunks are moving, keep polling (each poll drives the
-            //    device from this thread, and the engine's progress thread stands aside for a
-            //    while after every poll, so sleeping right after one would stall the device);
-            //    after `spin` without progress, sleep until a completion, the next throttle
-            //    deadline, or a periodic check.
+            //    device from this thread, cheaper than a wake-up per chunk); after `spin`
+            //    without progress, arm the CQ (which hands the device back to the progress
+            //    thread) and sleep until a completion, the next throttle deadline, or a
+            //    periodic check.
             if idle_since.elapsed() < spin {
                 thread::yield_now();
                 continue;
