@@ -763,6 +763,16 @@ impl<'a, W: Write> Side<'a, W> {
         }
     }
 
+    /// The title and column line of a baseline table.
+    fn baseline_header(&mut self, kind: BaselineKind) -> anyhow::Result<()> {
+        self.say(self.baseline_title(kind))?;
+        self.say(if self.spec.test.is_bw() {
+            report::bw_columns(self.args.report_gbits).to_string()
+        } else {
+            report::LAT_COLUMNS.to_string()
+        })
+    }
+
     fn client_baseline(
         &mut self,
         ctrl: &mut Ctrl,
@@ -772,12 +782,7 @@ impl<'a, W: Write> Side<'a, W> {
         rdma: &[Measured],
     ) -> anyhow::Result<()> {
         let t = self.spec.test;
-        self.say(self.baseline_title(kind))?;
-        self.say(if t.is_bw() {
-            report::bw_columns(self.args.report_gbits).to_string()
-        } else {
-            report::LAT_COLUMNS.to_string()
-        })?;
+        self.baseline_header(kind)?;
         let mut base = Vec::new();
         let mut jres = Vec::new();
         for &size in &self.spec.sizes.clone() {
@@ -879,12 +884,7 @@ impl<'a, W: Write> Side<'a, W> {
         rdma: &[Measured],
     ) -> anyhow::Result<()> {
         let t = self.spec.test;
-        self.say(self.baseline_title(kind))?;
-        self.say(if t.is_bw() {
-            report::bw_columns(self.args.report_gbits).to_string()
-        } else {
-            report::LAT_COLUMNS.to_string()
-        })?;
+        self.baseline_header(kind)?;
         let mut base = Vec::new();
         let mut jres = Vec::new();
         for &want in &self.spec.sizes.clone() {
