@@ -1,0 +1,42 @@
+//! `libibverbs.so.1` on srdma: the C ABI of rdma-core 44 (Debian bookworm's libibverbs1), so
+//! that unmodified verbs programs (ibv_devinfo, ibv_rc_pingpong, perftest, your own) run on
+//! srdma without an RDMA NIC, the rxe module or any kernel RDMA support.
+//!
+//! Layers, top to bottom:
+//! - the exported `ibv_*` functions (this crate's modules other than [`abi`]): the only
+//!   place with raw pointers and `unsafe`, each behind [`guard`], the one panic boundary;
+//! - [`abi`]: the structs, enums and function-pointer tables of `infiniband/verbs.h`, byte
+//!   for byte (checked against the installed header by a unit test);
+//! - the safe `srdma` API, which does the work.
+//!
+//! Every function is bound to the symbol version Debian's library gives it (`symbols.txt`,
+//! turned into `.symver` directives and a version script by `build.rs`).
+
+#![allow(non_camel_case_types, non_snake_case, non_upper_case_globals)]
+
+pub mod abi;
+mod stubs;
+
+#[cfg(not(test))]
+include!(concat!(env!("OUT_DIR"), "/symver.rs"));
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+/// Sets the calling thread's `errno`.
+pub(crate) fn set_errno(e: i32) {
+    // SAFETY: __errno_location always returns the calling thread's valid errno slot.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// The panic boundary: runs `f`; if it panics, sets `errno` to `EIO` and returns `on_panic`
+/// (an errno for functions that return one, NULL for those that return a pointer). No panic
+/// unwinds into C.
+pub(crate) fn guard<T>(on_panic: T, f: impl FnOnce() -> T) -> T {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(v) => v,
+        Err(_) => {
+            set_errno(libc::EIO);
+            on_panic
+        }
+    }
+}
