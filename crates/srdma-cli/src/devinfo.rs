@@ -21,12 +21,11 @@
 //! Exit status: 0; 1 when `-d` names no device, `-i` no port, or a device cannot be opened;
 //! 2 for bad arguments.
 
-use std::ffi::CStr;
 use std::io::Write;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use anyhow::Context;
-use srdma::{Device, DeviceConfig, Mtu};
+use srdma::netdev::{LocalDev, local_devices};
+use srdma::{Device, Mtu};
 
 /// What `ibv_devinfo -v` prints for a count srdma does not bound (`INT_MAX`).
 const UNLIMITED: u32 = i32::MAX as u32;
@@ -92,146 +91,12 @@ fn parse_port(s: &str) -> Result<u32, String> {
     }
 }
 
-/// A local address srdma can open a device on, named as rxe would name its device.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct LocalDev {
-    /// `srdma_<ifname>` or `srdma_<ifname>_<k>`.
-    pub(crate) name: String,
-    /// The interface.
-    pub(crate) ifname: String,
-    /// The address.
-    pub(crate) addr: IpAddr,
-    /// The interface's MTU (1500 when it cannot be read).
-    pub(crate) netdev_mtu: u32,
-}
-
-impl LocalDev {
-    /// A configuration for this device on UDP `port`: its name, no capture, and the active
-    /// MTU the engine gives the interface (rxe's rule).
-    pub(crate) fn config(&self, port: u16) -> DeviceConfig {
-        let mut cfg = DeviceConfig::new(self.addr);
-        cfg.name = self.name.clone();
-        cfg.port = port;
-        cfg.pcap = None;
-        cfg
-    }
-
-    /// The active MTU rxe derives from this interface's MTU.
-    pub(crate) fn active_mtu(&self) -> Mtu {
-        Mtu::for_netdev_mtu(self.netdev_mtu).unwrap_or(Mtu::Mtu256)
-    }
-}
-
-/// Every address of every interface that is up, as devices (see the module doc).
-pub(crate) fn local_devices() -> anyhow::Result<Vec<LocalDev>> {
-    let mut per_if: Vec<(String, Vec<IpAddr>)> = Vec::new();
-    for (ifname, addr) in interface_addresses().context("listing the network interfaces")? {
-        if let IpAddr::V6(v6) = addr {
-            // fe80::/10 needs a scope id to bind; multicast is not an interface address.
-            if v6.segments()[0] & 0xffc0 == 0xfe80 || v6.is_multicast() {
-                continue;
-            }
-        }
-        match per_if.iter_mut().find(|(n, _)| *n == ifname) {
-            Some((_, addrs)) => {
-                if !addrs.contains(&addr) {
-                    addrs.push(addr);
-                }
-            }
-            None => per_if.push((ifname, vec![addr])),
-        }
-    }
-    let mut out = Vec::new();
-    for (ifname, mut addrs) in per_if {
-        // Stable: IPv4 first, otherwise in the kernel's order.
-        addrs.sort_by_key(|a| a.is_ipv6());
-        let netdev_mtu = netdev_mtu(&ifname).unwrap_or(1500);
-        for (k, addr) in addrs.into_iter().enumerate() {
-            let name = match k {
-                0 => format!("srdma_{ifname}"),
-                k => format!("srdma_{ifname}_{k}"),
-            };
-            out.push(LocalDev {
-                name,
-                ifname: ifname.clone(),
-                addr,
-                netdev_mtu,
-            });
-        }
-    }
-    Ok(out)
-}
-
-/// The device on `addr`, if `addr` is a local interface address.
-pub(crate) fn local_device(addr: IpAddr) -> Option<LocalDev> {
-    local_devices().ok()?.into_iter().find(|d| d.addr == addr)
-}
-
-/// The MTU of interface `ifname` (`/sys/class/net/<if>/mtu`; an alias `eth0:1` is `eth0`'s).
-fn netdev_mtu(ifname: &str) -> Option<u32> {
-    let base = ifname.split(':').next().unwrap_or(ifname);
-    if base.is_empty() || base.contains('/') || base.starts_with('.') {
-        return None;
-    }
-    std::fs::read_to_string(format!("/sys/class/net/{base}/mtu"))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
-}
-
-/// (interface name, address) of every IPv4 and IPv6 address of an interface that is up, in
-/// `getifaddrs` order.
-fn interface_addresses() -> std::io::Result<Vec<(String, IpAddr)>> {
-    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: `head` is a valid out-pointer; on success it owns a list freed below.
-    if unsafe { libc::getifaddrs(&mut head) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    let mut out = Vec::new();
-    let mut cur = head;
-    while !cur.is_null() {
-        // SAFETY: `cur` is a node of the list getifaddrs returned, which is not freed yet.
-        let ifa = unsafe { &*cur };
-        cur = ifa.ifa_next;
-        if ifa.ifa_addr.is_null()
-            || ifa.ifa_name.is_null()
-            || ifa.ifa_flags & libc::IFF_UP as libc::c_uint == 0
-        {
-            continue;
-        }
-        // SAFETY: `ifa_addr` is non-null and points at a sockaddr of at least the size its
-        // family implies; unaligned reads make no assumption about its alignment.
-        let ip = unsafe {
-            match i32::from((*ifa.ifa_addr).sa_family) {
-                libc::AF_INET => {
-                    let sin: libc::sockaddr_in = std::ptr::read_unaligned(ifa.ifa_addr.cast());
-                    IpAddr::V4(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)))
-                }
-                libc::AF_INET6 => {
-                    let sin6: libc::sockaddr_in6 = std::ptr::read_unaligned(ifa.ifa_addr.cast());
-                    IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr))
-                }
-                _ => continue,
-            }
-        };
-        // SAFETY: `ifa_name` is a non-null NUL-terminated string owned by the list.
-        let name = unsafe { CStr::from_ptr(ifa.ifa_name) }
-            .to_string_lossy()
-            .into_owned();
-        out.push((name, ip));
-    }
-    // SAFETY: `head` came from getifaddrs and is freed once; no reference into it survives.
-    unsafe { libc::freeifaddrs(head) };
-    Ok(out)
-}
-
 /// Runs `srdma devinfo`.
 pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<bool> {
     if args.stats {
         return print_stats(args, out);
     }
-    let devices = local_devices()?;
+    let devices = local_devices().context("listing the network interfaces")?;
     if args.list {
         writeln!(
             out,

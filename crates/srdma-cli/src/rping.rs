@@ -177,7 +177,7 @@ impl Log {
 
 /// Opens the srdma device on `ip`, named and sized after its interface.
 fn open_device(ip: IpAddr, udp_port: u16) -> anyhow::Result<Device> {
-    let cfg = match crate::devinfo::local_device(ip) {
+    let cfg = match srdma::netdev::local_device(ip) {
         Some(d) => d.config(udp_port),
         None => {
             // An address of lo's 127.0.0.0/8 that is not listed (only 127.0.0.1 is): lo's
@@ -185,7 +185,7 @@ fn open_device(ip: IpAddr, udp_port: u16) -> anyhow::Result<Device> {
             let lo = ip
                 .is_loopback()
                 .then(|| {
-                    crate::devinfo::local_devices()
+                    srdma::netdev::local_devices()
                         .ok()?
                         .into_iter()
                         .find(|d| d.addr.is_loopback() && d.addr.is_ipv4() == ip.is_ipv4())

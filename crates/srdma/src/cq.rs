@@ -28,7 +28,7 @@ struct ChannelInner {
 impl CompChannel {
     /// A new channel.
     pub fn new() -> Result<CompChannel> {
-        let fd = sys::eventfd().map_err(io_err("eventfd for a completion channel"))?;
+        let fd = sys::eventfd_blocking().map_err(io_err("eventfd for a completion channel"))?;
         Ok(CompChannel {
             inner: Arc::new(ChannelInner {
                 fd,
@@ -52,7 +52,7 @@ impl CompChannel {
             }
             let ready = sys::poll_readable([self.inner.fd.as_raw_fd()], timeout)
                 .map_err(io_err("waiting on a completion channel"))?;
-            sys::drain(&self.inner.fd);
+            sys::drain_polled(&self.inner.fd);
             if !ready[0] {
                 return Ok(lock(&self.inner.events).pop_front());
             }
@@ -113,6 +113,12 @@ impl Cq {
     /// The CQ's id (what [`CompChannel::get_event`] returns).
     pub fn id(&self) -> u32 {
         self.inner.id
+    }
+
+    /// How many handles share this CQ: this one, its other clones, and two per QP side that
+    /// completes here (the QP's own and the engine's). More than one means it is in use.
+    pub fn users(&self) -> usize {
+        Arc::strong_count(&self.inner)
     }
 
     /// Capacity in completions.
@@ -178,17 +184,38 @@ impl Cq {
         }
     }
 
-    /// True once more completions arrived than the CQ holds (`IBV_EVENT_CQ_ERR`): none were
-    /// dropped, but the application sized the CQ too small.
+    /// True once more completions arrived than the CQ holds (`IBV_EVENT_CQ_ERR`, raised
+    /// then): the CQ is in error, drops further completions, and the QPs that completed into
+    /// it moved to ERR, as with rxe.
     pub fn overflowed(&self) -> bool {
         self.inner.overflowed.load(Ordering::Relaxed)
     }
 
-    /// Called by the engine with the device lock held.
-    pub(crate) fn push(&self, wc: Wc, solicited: bool) {
+    /// Raises an async event on the device this CQ belongs to.
+    pub(crate) fn raise(&self, ev: crate::AsyncEvent) {
+        if let Some(dev) = self.inner.dev.upgrade() {
+            dev.raise(ev);
+        }
+    }
+
+    /// Called by the engine with the device lock held. False when the CQ is full (or was
+    /// overrun before): the completion is dropped, the first time with `IBV_EVENT_CQ_ERR`,
+    /// and the caller moves the QP to ERR, as rxe does.
+    pub(crate) fn push(&self, wc: Wc, solicited: bool) -> bool {
         let mut q = lock(&self.inner.queue);
-        if q.len() >= self.inner.cap {
-            self.inner.overflowed.store(true, Ordering::Relaxed);
+        if q.len() >= self.inner.cap || self.inner.overflowed.load(Ordering::Relaxed) {
+            drop(q);
+            if !self.inner.overflowed.swap(true, Ordering::Relaxed) {
+                self.raise(crate::AsyncEvent::CqError { cq: self.inner.id });
+                // A sleeper on the channel learns of it through the error completion it
+                // will not get: wake it so it polls and sees the CQ in error.
+                if let Some(ch) = &self.inner.channel {
+                    if lock(&self.inner.armed).take().is_some() {
+                        ch.notify(self.inner.id);
+                    }
+                }
+            }
+            return false;
         }
         q.push_back(wc);
         drop(q);
@@ -204,5 +231,6 @@ impl Cq {
                 ch.notify(self.inner.id);
             }
         }
+        true
     }
 }

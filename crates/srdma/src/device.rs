@@ -111,6 +111,83 @@ impl DeviceConfig {
     }
 }
 
+impl DeviceConfig {
+    /// The node GUID of a device opened with this configuration on UDP `port`: EUI-64 style,
+    /// from the address instead of a MAC (`02:xx:xx:ff:fe:xx:xx:pp`).
+    fn node_guid_on(&self, port: u16) -> u64 {
+        let b = match self.addr {
+            IpAddr::V4(v4) => v4.octets(),
+            IpAddr::V6(v6) => v6.octets()[12..].try_into().unwrap_or([0; 4]),
+        };
+        u64::from_be_bytes([
+            0x02,
+            b[0],
+            b[1],
+            0xff,
+            0xfe,
+            b[2],
+            b[3],
+            (port & 0xff) as u8,
+        ])
+    }
+
+    /// The GID table of a device opened with this configuration on UDP `port` (see
+    /// [`Device::gid`]).
+    pub fn gids_on(&self, port: u16) -> Vec<Gid> {
+        match self.addr {
+            IpAddr::V4(_) => {
+                let mut ll = [0u8; 16];
+                ll[0] = 0xfe;
+                ll[1] = 0x80;
+                ll[8..].copy_from_slice(&self.node_guid_on(port).to_be_bytes());
+                vec![Gid(ll), Gid::from_ip(self.addr)]
+            }
+            IpAddr::V6(_) => vec![Gid::from_ip(self.addr)],
+        }
+    }
+
+    /// `ibv_query_device` of a device opened with this configuration on UDP `port`, without
+    /// opening it.
+    pub fn query_on(&self, port: u16) -> DeviceAttr {
+        let l = &self.limits;
+        DeviceAttr {
+            fw_ver: env!("CARGO_PKG_VERSION").into(),
+            node_guid: self.node_guid_on(port),
+            vendor_id: 0xFF_FFFF,
+            max_mr_size: l.max_mr_size,
+            page_size_cap: crate::memory::PAGE as u64,
+            max_qp: 0x1_0000,
+            max_qp_wr: l.max_qp_wr,
+            max_sge: l.max_send_sge,
+            max_cqe: l.max_cqe,
+            max_mr: l.max_mr,
+            max_qp_rd_atom: l.max_qp_rd_atom,
+            max_qp_init_rd_atom: l.max_qp_init_rd_atom,
+            max_srq_wr: l.max_srq_wr,
+            max_srq_sge: l.max_srq_sge,
+            atomic_cap: 1,
+            phys_port_cnt: 1,
+            max_inline_data: l.max_inline_data,
+        }
+    }
+
+    /// `ibv_query_port` of a device opened with this configuration (its counters at 0).
+    pub fn query_port(&self) -> PortAttr {
+        let l = &self.limits;
+        PortAttr {
+            state: 4,
+            max_mtu: l.port_max_mtu,
+            active_mtu: self.mtu,
+            gid_tbl_len: l.gid_tbl_len,
+            max_msg_sz: l.max_msg_sz,
+            pkey_tbl_len: l.pkey_tbl_len,
+            link_layer: "Ethernet",
+            bad_pkey_cntr: 0,
+            qkey_viol_cntr: 0,
+        }
+    }
+}
+
 /// A GID: for RoCEv2, the IPv6 address (IPv4 addresses IPv4-mapped, `::ffff:a.b.c.d`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Gid(pub [u8; 16]);
@@ -249,6 +326,9 @@ impl DeviceCounters {
 
 pub(crate) struct QpSlot {
     pub(crate) qp: ProtoQp,
+    /// The state the application last saw or set: a move to ERR the engine makes on its
+    /// own raises `QpFatal`.
+    pub(crate) state_seen: srdma_proto::QpState,
     pub(crate) send_cq: Cq,
     pub(crate) recv_cq: Cq,
     pub(crate) srq: Option<u32>,
@@ -259,6 +339,8 @@ pub(crate) struct State {
     pub(crate) mem: Store,
     pub(crate) qps: BTreeMap<u32, QpSlot>,
     pub(crate) srqs: BTreeMap<u32, ProtoSrq>,
+    /// The QPN range this device owns: `qpn_base | n` (0 unless the port is shared).
+    qpn_base: u32,
     next_qpn: u32,
     next_id: u32,
     pub(crate) counters: DeviceCounters,
@@ -282,6 +364,14 @@ pub(crate) struct State {
 pub(crate) struct Shared {
     state: Mutex<State>,
     socket: UdpSocket,
+    /// The connection to the port keeper while this device holds a slot of a shared port.
+    _keeper: Option<OwnedFd>,
+    /// Where async events go.
+    events: Mutex<Option<crate::EventHandler>>,
+    /// Set when the progress thread failed: the device is dead.
+    pub(crate) fatal: AtomicBool,
+    /// Test hook: the progress thread panics at its next turn.
+    inject_failure: AtomicBool,
     pub(crate) local: SocketAddr,
     wake: OwnedFd,
     /// The timer the progress thread sleeps towards, in ns since `epoch` (u64::MAX: none).
@@ -351,7 +441,21 @@ impl Device {
             )));
         }
         let bind = SocketAddr::new(cfg.addr, cfg.port);
-        let socket = UdpSocket::bind(bind).map_err(io_err(format!("binding UDP {bind}")))?;
+        // On the RoCEv2 port, share the address with this host's other srdma processes
+        // (see portshare); the slot numbers our QPs.
+        let share = if cfg.port == ROCEV2_PORT && crate::portshare::enabled() {
+            crate::portshare::acquire(bind).ok()
+        } else {
+            None
+        };
+        let (socket, slot, keeper) = match share {
+            Some(s) => (s.socket, s.slot, Some(s.keeper)),
+            None => (
+                UdpSocket::bind(bind).map_err(io_err(format!("binding UDP {bind}")))?,
+                0,
+                None,
+            ),
+        };
         let fd = socket.as_raw_fd();
         let v6 = cfg.addr.is_ipv6();
         sys::set_dont_fragment(fd, v6).map_err(io_err("setting IP_MTU_DISCOVER"))?;
@@ -381,7 +485,9 @@ impl Device {
             mem: Store::default(),
             qps: BTreeMap::new(),
             srqs: BTreeMap::new(),
-            // rxe numbers QPs from 17 (0x11); 0 and 1 are the special QPs.
+            // rxe numbers QPs from 17 (0x11); 0 and 1 are the special QPs. A shared port's
+            // slot k owns k << 16 | n.
+            qpn_base: u32::from(slot) << 16,
             next_qpn: 0x11,
             next_id: 1,
             counters: DeviceCounters::default(),
@@ -399,6 +505,10 @@ impl Device {
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
             socket,
+            _keeper: keeper,
+            events: Mutex::new(None),
+            fatal: AtomicBool::new(false),
+            inject_failure: AtomicBool::new(false),
             local,
             wake: sys::eventfd().map_err(io_err("eventfd"))?,
             sleep_until: AtomicU64::new(u64::MAX),
@@ -410,7 +520,12 @@ impl Device {
         let s2 = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name(format!("srdma-{}", local))
-            .spawn(move || progress(&s2))
+            .spawn(move || {
+                let run = std::panic::AssertUnwindSafe(|| progress(&s2));
+                if std::panic::catch_unwind(run).is_err() {
+                    s2.fail();
+                }
+            })
             .map_err(io_err("starting the progress thread"))?;
         Ok(Device {
             h: Arc::new(DeviceHandle {
@@ -418,6 +533,42 @@ impl Device {
                 thread: Mutex::new(Some(thread)),
             }),
         })
+    }
+
+    /// Sends the device's async events (CQ overrun, QP fatal, last WQE, device fatal) to
+    /// `handler` from now on, replacing any earlier handler.
+    pub fn set_event_handler(&self, handler: crate::EventHandler) {
+        *self
+            .h
+            .shared
+            .events
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(handler);
+    }
+
+    /// True once the device failed (`AsyncEvent::DeviceFatal`): every call that needs the
+    /// engine then fails with [`Error::DeviceFailed`].
+    pub fn is_failed(&self) -> bool {
+        self.h.shared.fatal.load(Ordering::Acquire)
+    }
+
+    /// [`Error::DeviceFailed`] once the device failed.
+    pub(crate) fn check_alive(&self) -> Result<()> {
+        if self.is_failed() {
+            Err(Error::DeviceFailed)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Fault injection for tests: the progress thread panics at its next turn, which kills
+    /// the device as a real failure would (see [`AsyncEvent::DeviceFatal`]).
+    ///
+    /// [`AsyncEvent::DeviceFatal`]: crate::AsyncEvent::DeviceFatal
+    #[doc(hidden)]
+    pub fn inject_failure(&self) {
+        self.h.shared.inject_failure.store(true, Ordering::Relaxed);
+        sys::signal(&self.h.shared.wake);
     }
 
     /// The bound socket address.
@@ -439,17 +590,7 @@ impl Device {
 
     /// The GID table.
     pub fn gids(&self) -> Vec<Gid> {
-        let ip = self.h.shared.cfg.addr;
-        match ip {
-            IpAddr::V4(_) => {
-                let mut ll = [0u8; 16];
-                ll[0] = 0xfe;
-                ll[1] = 0x80;
-                ll[8..].copy_from_slice(&self.node_guid().to_be_bytes());
-                vec![Gid(ll), Gid::from_ip(ip)]
-            }
-            IpAddr::V6(_) => vec![Gid::from_ip(ip)],
-        }
+        self.h.shared.cfg.gids_on(self.h.shared.local.port())
     }
 
     /// The GID of the bound address.
@@ -457,69 +598,20 @@ impl Device {
         Gid::from_ip(self.h.shared.cfg.addr)
     }
 
-    fn node_guid(&self) -> u64 {
-        // EUI-64 style, from the address instead of a MAC: 02:xx:xx:ff:fe:xx:xx:xx.
-        let b = match self.h.shared.cfg.addr {
-            IpAddr::V4(v4) => v4.octets(),
-            IpAddr::V6(v6) => v6.octets()[12..].try_into().unwrap_or([0; 4]),
-        };
-        u64::from_be_bytes([
-            0x02,
-            b[0],
-            b[1],
-            0xff,
-            0xfe,
-            b[2],
-            b[3],
-            (self.h.shared.local.port() & 0xff) as u8,
-        ])
-    }
-
     /// `ibv_query_device`.
     pub fn query(&self) -> DeviceAttr {
-        let l = &self.h.shared.cfg.limits;
-        DeviceAttr {
-            fw_ver: env!("CARGO_PKG_VERSION").into(),
-            node_guid: self.node_guid(),
-            vendor_id: 0xFF_FFFF,
-            max_mr_size: l.max_mr_size,
-            page_size_cap: crate::memory::PAGE as u64,
-            max_qp: 0x1_0000,
-            max_qp_wr: l.max_qp_wr,
-            max_sge: l.max_send_sge,
-            max_cqe: l.max_cqe,
-            max_mr: l.max_mr,
-            max_qp_rd_atom: l.max_qp_rd_atom,
-            max_qp_init_rd_atom: l.max_qp_init_rd_atom,
-            max_srq_wr: l.max_srq_wr,
-            max_srq_sge: l.max_srq_sge,
-            atomic_cap: 1,
-            phys_port_cnt: 1,
-            max_inline_data: l.max_inline_data,
-        }
+        self.h.shared.cfg.query_on(self.h.shared.local.port())
     }
 
     /// `ibv_query_port` (port 1).
     pub fn query_port(&self) -> PortAttr {
-        let l = &self.h.shared.cfg.limits;
+        let mut attr = self.h.shared.cfg.query_port();
         let st = self.lock();
-        let mut bad_pkey = 0;
-        let mut qkey = 0;
         for s in st.qps.values() {
-            bad_pkey += s.qp.counters().bad_pkey;
-            qkey += s.qp.counters().qkey_violations;
+            attr.bad_pkey_cntr += s.qp.counters().bad_pkey;
+            attr.qkey_viol_cntr += s.qp.counters().qkey_violations;
         }
-        PortAttr {
-            state: 4,
-            max_mtu: l.port_max_mtu,
-            active_mtu: self.h.shared.cfg.mtu,
-            gid_tbl_len: l.gid_tbl_len,
-            max_msg_sz: l.max_msg_sz,
-            pkey_tbl_len: l.pkey_tbl_len,
-            link_layer: "Ethernet",
-            bad_pkey_cntr: bad_pkey,
-            qkey_viol_cntr: qkey,
-        }
+        attr
     }
 
     /// Device receive/transmit statistics.
@@ -548,6 +640,7 @@ impl Device {
 
     /// A completion queue of `cqe` entries, optionally tied to a completion channel.
     pub fn create_cq(&self, cqe: usize, channel: Option<&CompChannel>) -> Result<Cq> {
+        self.check_alive()?;
         if cqe == 0 || cqe > self.h.shared.cfg.limits.max_cqe as usize {
             return Err(Error::InvalidArgument(format!(
                 "cqe {cqe} outside 1..={}",
@@ -573,11 +666,14 @@ impl Device {
     }
 
     pub(crate) fn alloc_qpn(&self, st: &mut State) -> Result<Qpn> {
+        // Unshared: 0x11..=0xFFFFFE; a shared port's slot: its 64 Ki numbers (0x11..=0xFFFF).
+        let last = if st.qpn_base == 0 { 0xFF_FFFE } else { 0xFFFF };
         for _ in 0..0x1_0000 {
             let n = st.next_qpn;
-            st.next_qpn = if n >= 0xFF_FFFE { 0x11 } else { n + 1 };
-            if !st.qps.contains_key(&n) {
-                return Ok(Qpn::new(n));
+            st.next_qpn = if n >= last { 0x11 } else { n + 1 };
+            let qpn = st.qpn_base | n;
+            if !st.qps.contains_key(&qpn) {
+                return Ok(Qpn::new(qpn));
             }
         }
         Err(Error::Exhausted("QP numbers"))
@@ -624,6 +720,7 @@ impl Pd {
     /// `ibv_reg_mr` on memory srdma allocates: `len` zeroed, page-aligned bytes the region
     /// owns. Its address is the region's virtual address for remote access, as with a NIC.
     pub fn reg_mr(&self, len: usize, access: AccessFlags) -> Result<Mr> {
+        self.dev.check_alive()?;
         access.validate_for_mr()?;
         let region = Arc::new(Region::new(len).ok_or(Error::Exhausted("memory for the region"))?);
         let mut st = self.dev.lock();
@@ -634,6 +731,46 @@ impl Pd {
         Ok(Mr {
             pd: self.clone(),
             keys,
+            iova: region.addr(),
+            region,
+        })
+    }
+
+    /// `ibv_reg_mr_iova2` on the caller's own memory: registers the `len` bytes at `addr`,
+    /// which peers and work requests address as `iova..iova + len` (pass `addr as u64` for
+    /// what `ibv_reg_mr` does). The region does not own the bytes and never frees them.
+    ///
+    /// # Safety
+    /// The caller keeps `addr..addr + len` mapped, readable and writable (a region without
+    /// write access is still only read) until the returned [`Mr`] is dropped. The engine reads
+    /// and writes those bytes from its progress thread and from the threads that post and
+    /// poll, as a NIC's DMA would: while a transfer targets them, the application must not
+    /// rely on their contents (the verbs contract), and it must not free or unmap them.
+    pub unsafe fn reg_user_mr(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<Mr> {
+        self.dev.check_alive()?;
+        access.validate_for_mr()?;
+        let ptr = std::ptr::NonNull::new(addr)
+            .ok_or_else(|| Error::InvalidArgument("NULL address".into()))?;
+        if (addr as usize).checked_add(len).is_none() || iova.checked_add(len as u64).is_none() {
+            return Err(Error::InvalidArgument(
+                "the range wraps around the address space".into(),
+            ));
+        }
+        // SAFETY: the caller's contract is `Region::foreign`'s.
+        let region = Arc::new(unsafe { Region::foreign(ptr, len) });
+        let mut st = self.dev.lock();
+        let keys = st.mrs.register(self.id, iova, len as u64, access)?;
+        st.mem.insert(keys.handle, Arc::clone(&region));
+        Ok(Mr {
+            pd: self.clone(),
+            keys,
+            iova,
             region,
         })
     }
@@ -645,6 +782,8 @@ impl Pd {
 pub struct Mr {
     pd: Pd,
     keys: MrKeys,
+    /// The address work requests and peers use for the first byte.
+    iova: u64,
     region: Arc<Region>,
 }
 
@@ -660,9 +799,10 @@ pub struct RemoteMr {
 }
 
 impl Mr {
-    /// Address of the first byte (the region's virtual address).
+    /// Address of the first byte as work requests and peers name it: its virtual address,
+    /// or the I/O virtual address it was registered at.
     pub fn addr(&self) -> u64 {
-        self.region.addr()
+        self.iova
     }
 
     /// Length in bytes.
@@ -869,7 +1009,35 @@ impl Shared {
     /// Called from an application's CQ poll: drives the device from the caller's thread if no
     /// one else is (the progress thread keeps out while polls keep coming).
     /// `polling`: the caller keeps polling (the thread stands aside for a grace period).
+    /// Sends `ev` to the device's event handler, if it has one.
+    pub(crate) fn raise(&self, ev: crate::AsyncEvent) {
+        let h = self
+            .events
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        if let Some(h) = h {
+            h(ev);
+        }
+    }
+
+    /// The progress thread died: the device is dead. Every QP goes to ERR with its work
+    /// flushed (error completions, so no waiter hangs), then `DeviceFatal`; later calls fail.
+    fn fail(&self) {
+        self.fatal.store(true, Ordering::Release);
+        let mut st = self.lock();
+        for slot in st.qps.values_mut() {
+            slot.qp.set_error();
+            deliver_completions(slot);
+        }
+        drop(st);
+        self.raise(crate::AsyncEvent::DeviceFatal);
+    }
+
     pub(crate) fn drive_from_app(&self, polling: bool) {
+        if self.fatal.load(Ordering::Acquire) {
+            return;
+        }
         let now = self.now().as_nanos() as u64;
         let until = now + APP_GRACE.as_nanos() as u64;
         if polling && self.app_active_until.load(Ordering::Relaxed) < until {
@@ -1181,13 +1349,35 @@ fn note_timer(next_timer: &mut u64, slot: &QpSlot) {
 }
 
 pub(crate) fn deliver_completions(slot: &mut QpSlot) {
+    let mut overrun = false;
     while let Some((side, wc)) = slot.qp.poll_completion() {
         let solicited = wc.solicited;
-        match side {
+        overrun |= !match side {
             CqSide::Send => slot.send_cq.push(wc, false),
             CqSide::Recv => slot.recv_cq.push(wc, solicited),
+        };
+    }
+    if overrun {
+        // As rxe: a QP whose completion found its CQ full goes to ERR; its flushed work
+        // requests go where they can (an overrun CQ takes no more).
+        slot.qp.set_error();
+        while let Some((side, wc)) = slot.qp.poll_completion() {
+            let _ = match side {
+                CqSide::Send => slot.send_cq.push(wc, false),
+                CqSide::Recv => slot.recv_cq.push(wc, false),
+            };
         }
     }
+    let state = slot.qp.state();
+    if state == srdma_proto::QpState::Err && slot.state_seen != state {
+        let qpn = slot.qp.qpn();
+        slot.send_cq.raise(crate::AsyncEvent::QpFatal { qpn });
+        if slot.srq.is_some() {
+            slot.send_cq
+                .raise(crate::AsyncEvent::QpLastWqeReached { qpn });
+        }
+    }
+    slot.state_seen = state;
 }
 
 /// The progress thread: receive, dispatch, acknowledge, retransmit, complete — so one-sided
@@ -1196,6 +1386,9 @@ pub(crate) fn deliver_completions(slot: &mut QpSlot) {
 fn progress(shared: &Shared) {
     let mut timeout = None;
     while !shared.stop.load(Ordering::Acquire) {
+        if shared.inject_failure.load(Ordering::Relaxed) {
+            panic!("srdma: injected failure of the progress thread (Device::inject_failure)");
+        }
         let now = shared.now().as_nanos() as u64;
         let active = shared.app_active_until.load(Ordering::Relaxed);
         if now < active {

@@ -40,6 +40,9 @@ pub enum Error {
     /// The object belongs to another device.
     #[error("object belongs to another device")]
     WrongDevice,
+    /// The device failed (its progress thread stopped): nothing works on it any more.
+    #[error("the device failed (its progress thread stopped); open a new one")]
+    DeviceFailed,
 }
 
 /// Result of the verbs API.

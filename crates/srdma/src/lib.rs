@@ -48,8 +48,11 @@ pub mod cookbook;
 mod cq;
 mod device;
 mod error;
+mod event;
 pub mod lease;
 mod memory;
+pub mod netdev;
+mod portshare;
 mod qp;
 mod random;
 pub mod stats;
@@ -61,6 +64,7 @@ pub use device::{
     Device, DeviceAttr, DeviceConfig, DeviceCounters, Gid, Mr, Pd, PortAttr, ROCEV2_PORT, RemoteMr,
 };
 pub use error::{Error, Result};
+pub use event::{AsyncEvent, EventHandler};
 pub use lease::{Buf, BufPool, LeasedQp, RawPost};
 pub use qp::{ConnectParams, Qp, QpInit, RemoteQp, Srq, ah};
 pub use random::{random_psn, random_u64};

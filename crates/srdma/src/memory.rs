@@ -1,5 +1,6 @@
 //! Registered memory: page-aligned allocations the engine reads and writes for RDMA, and the
-//! application reads and writes through [`crate::Mr`]. Every access happens with the device
+//! application reads and writes through [`crate::Mr`]; or the application's own memory,
+//! registered by [`crate::Pd::reg_user_mr`] (the drop-in libibverbs' `ibv_reg_mr`). Every access happens with the device
 //! lock held, which is what makes handing out slices of the raw allocation sound.
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
@@ -13,12 +14,13 @@ use srdma_proto::{Memory, MrHandle};
 /// Page size for MR alignment.
 pub const PAGE: usize = 4096;
 
-/// One zeroed, page-aligned allocation.
+/// One zeroed, page-aligned allocation, or a range of the application's memory.
 #[derive(Debug)]
 pub(crate) struct Region {
     ptr: NonNull<u8>,
     len: usize,
-    layout: Layout,
+    /// The allocation to free on drop; `None` for the application's own memory.
+    layout: Option<Layout>,
 }
 
 // SAFETY: a Region owns its allocation outright; the pointer is never shared outside the
@@ -38,8 +40,21 @@ impl Region {
         Some(Region {
             ptr: NonNull::new(ptr)?,
             len,
-            layout,
+            layout: Some(layout),
         })
+    }
+
+    /// The application's bytes `ptr..ptr + len`, which the region does not own.
+    ///
+    /// # Safety
+    /// As [`crate::Pd::reg_user_mr`]: the range stays mapped, readable and writable for as
+    /// long as the region exists.
+    pub(crate) unsafe fn foreign(ptr: NonNull<u8>, len: usize) -> Region {
+        Region {
+            ptr,
+            len,
+            layout: None,
+        }
     }
 
     /// Address of the first byte: the region's virtual address for RDMA, as on a NIC.
@@ -74,8 +89,10 @@ impl Region {
 
 impl Drop for Region {
     fn drop(&mut self) {
-        // SAFETY: allocated in `new` with exactly this layout, freed once.
-        unsafe { dealloc(self.ptr.as_ptr(), self.layout) }
+        if let Some(layout) = self.layout {
+            // SAFETY: allocated in `new` with exactly this layout, freed once.
+            unsafe { dealloc(self.ptr.as_ptr(), layout) }
+        }
     }
 }
 

@@ -152,7 +152,18 @@ impl Drop for QpInner {
 impl Pd {
     /// `ibv_create_qp` then RESET→INIT: a QP ready to take receives and be connected.
     pub fn create_qp(&self, init: &QpInit) -> Result<Qp> {
+        self.create_qp_in(init, true)
+    }
+
+    /// `ibv_create_qp` alone: the QP starts in RESET and every transition, RESET→INIT
+    /// included, is the caller's (`init.access` and `init.qkey` are then unused).
+    pub fn create_qp_reset(&self, init: &QpInit) -> Result<Qp> {
+        self.create_qp_in(init, false)
+    }
+
+    fn create_qp_in(&self, init: &QpInit, to_init: bool) -> Result<Qp> {
         let dev = self.device();
+        dev.check_alive()?;
         if let Some(srq) = &init.srq {
             if !srq.inner.dev.same(dev) {
                 return Err(Error::WrongDevice);
@@ -183,10 +194,13 @@ impl Pd {
             attr.qp_access_flags = init.access;
             mask |= AttrMask::ACCESS_FLAGS;
         }
-        qp.modify(&attr, mask, &limits)?;
+        if to_init {
+            qp.modify(&attr, mask, &limits)?;
+        }
         st.qps.insert(
             qpn.value(),
             QpSlot {
+                state_seen: qp.state(),
                 qp,
                 send_cq: init.send_cq.clone(),
                 recv_cq: init.recv_cq.clone(),
@@ -271,10 +285,23 @@ impl Qp {
             .get_mut(&self.inner.qpn.value())
             .expect("a live Qp handle keeps its slot");
         slot.qp.modify(attr, mask, &limits)?;
+        // The application's own move to ERR is no fatal event; an SRQ's QP still reports
+        // its last WQE.
+        if slot.qp.state() == QpState::Err && slot.state_seen != QpState::Err && slot.srq.is_some()
+        {
+            slot.send_cq
+                .raise(crate::AsyncEvent::QpLastWqeReached { qpn: slot.qp.qpn() });
+        }
+        slot.state_seen = slot.qp.state();
         // Entering ERR flushes and SQD->RTS resumes work posted while draining: send what
         // the QP has and deliver its completions.
         self.inner.dev.flush(&mut st, self.inner.qpn.value());
         Ok(())
+    }
+
+    /// The protection domain the QP was created in.
+    pub fn pd(&self) -> &Pd {
+        &self.inner._pd
     }
 
     /// The device the QP lives on.
@@ -352,6 +379,7 @@ impl Qp {
     /// before it are posted), like `ibv_post_send`'s `bad_wr`.
     pub fn post_send_batch(&self, wrs: impl IntoIterator<Item = SendWr>) -> Result<()> {
         let dev = &self.inner.dev;
+        dev.check_alive()?;
         let mut st = dev.lock();
         let qpn = self.inner.qpn.value();
         let mut res = Ok(());
@@ -378,6 +406,7 @@ impl Qp {
 
     /// `ibv_post_recv`.
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
+        self.inner.dev.check_alive()?;
         self.with(|s| {
             s.qp.post_recv(wr)?;
             deliver_completions(s);
@@ -418,6 +447,12 @@ fn check_family(dev: &Device, gid: Gid) -> Result<()> {
 }
 
 impl Srq {
+    /// How many handles share this SRQ: this one, its clones, and one per QP using it.
+    /// More than one means it is in use.
+    pub fn users(&self) -> usize {
+        std::sync::Arc::strong_count(&self.inner)
+    }
+
     /// `ibv_post_srq_recv`.
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
         let mut st = self.inner.dev.lock();

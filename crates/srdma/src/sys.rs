@@ -72,6 +72,36 @@ pub(crate) fn eventfd() -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// A blocking eventfd, for a completion channel whose descriptor the application owns in
+/// effect: it may poll it or set O_NONBLOCK itself, and `ibv_get_cq_event` must then
+/// follow that mode, so the descriptor starts in blocking mode as rdma-core's does.
+pub(crate) fn eventfd_blocking() -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall with constant flags.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just returned by eventfd and is owned by no one else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Clears an eventfd that may be in blocking mode: reads it only if `poll` says it is
+/// readable (another reader between the two can only make the read find 0, never block,
+/// because the descriptor's readers all go through here).
+pub(crate) fn drain_polled(fd: &OwnedFd) {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, no wait.
+    if unsafe { libc::poll(&mut p, 1, 0) } == 1 && p.revents & libc::POLLIN != 0 {
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 bytes into a live u64 from an eventfd we own.
+        let _ = unsafe { libc::read(fd.as_raw_fd(), (&raw mut v).cast(), 8) };
+    }
+}
+
 /// Adds one to an eventfd.
 pub(crate) fn signal(fd: &OwnedFd) {
     let one: u64 = 1;
@@ -115,7 +145,10 @@ pub(crate) fn poll_readable<const N: usize>(
     Ok(p.map(|x| x.revents & (libc::POLLIN | libc::POLLERR | libc::POLLHUP) != 0))
 }
 
-fn to_sockaddr(addr: std::net::SocketAddr, out: &mut libc::sockaddr_storage) -> libc::socklen_t {
+pub(crate) fn to_sockaddr(
+    addr: std::net::SocketAddr,
+    out: &mut libc::sockaddr_storage,
+) -> libc::socklen_t {
     // SAFETY: sockaddr_storage is large and aligned enough for sockaddr_in and sockaddr_in6;
     // the written struct is fully initialised (zeroed first).
     unsafe {

@@ -390,6 +390,14 @@ impl Qp {
         Ok(())
     }
 
+    /// Moves the QP to ERR outside `ibv_modify_qp` (the device's own decision, e.g. a CQ
+    /// overrun or a device failure), flushing every outstanding WQE as modify would.
+    pub fn set_error(&mut self) {
+        if self.state != QpState::Err {
+            self.enter_error(false);
+        }
+    }
+
     /// Back to the freshly created state: every queue emptied without completions (verbs
     /// semantics of RESET). Counters survive.
     fn reset(&mut self) {

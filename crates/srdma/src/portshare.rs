@@ -1,0 +1,514 @@
+//! Several processes on one address and UDP port, as processes share one kernel rxe device.
+//!
+//! RoCEv2 peers send every packet to UDP 4791, so the processes of a host that use one
+//! address must share that port, and each packet must reach the process that owns its
+//! destination QP. The kernel does the steering:
+//!
+//! - every process's socket is a member of one `SO_REUSEPORT` group on ADDRESS:PORT;
+//! - a classic BPF program attached to the group (`SO_ATTACH_REUSEPORT_CBPF`, no privilege
+//!   needed) reads the destination QPN from the BTH (bytes 5..8 of the UDP payload) and
+//!   returns `QPN >> 16`, an index into the group's socket array;
+//! - a process owns the QPNs `slot << 16 | n`: slot `k` is the `k`-th socket of the group.
+//!
+//! The kernel's array shifts when a member other than the last closes, so one process must
+//! create, hold and never close the sockets while any user lives: a small per-address port
+//! keeper, forked on demand by the first process that opens the address. It listens on the
+//! abstract Unix socket `@srdma-port-ADDRESS-PORT`, hands each process a duplicate of one
+//! socket (its slot) with `SCM_RIGHTS`, takes the slot back when the process's connection
+//! closes (it drains the socket before handing it out again), keeps slot 0 (QPNs below
+//! 0x10000, QP1 among them) for itself, and exits once it has had no user for a few seconds.
+//!
+//! Packets then go straight from the kernel to the owning process: the sharing costs nothing
+//! per packet. A QPN whose slot has no socket falls back to the kernel's hash and is dropped
+//! as an unknown QP by whichever process gets it, which is what a NIC does with it.
+
+use std::io;
+use std::mem::size_of;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::time::{Duration, Instant};
+
+/// The slots, 1..=MAX_SLOT, one process each (slot 0 is the keeper's).
+const MAX_SLOT: u8 = 255;
+/// How long the keeper stays without users before it exits.
+const IDLE_EXIT: Duration = Duration::from_secs(3);
+
+/// A process's share of an address and port.
+#[derive(Debug)]
+pub(crate) struct Share {
+    /// Its member of the port's `SO_REUSEPORT` group.
+    pub(crate) socket: std::net::UdpSocket,
+    /// Its slot: it owns the QPNs `slot << 16 | n`.
+    pub(crate) slot: u8,
+    /// The connection to the keeper: open for as long as the slot is ours.
+    pub(crate) keeper: OwnedFd,
+}
+
+/// Whether devices on port 4791 share it (`SRDMA_SHARE_PORT=0` turns it off).
+pub(crate) fn enabled() -> bool {
+    !matches!(
+        std::env::var("SRDMA_SHARE_PORT").as_deref(),
+        Ok("0" | "off" | "no")
+    )
+}
+
+fn name_of(addr: SocketAddr) -> Vec<u8> {
+    format!("srdma-port-{}-{}", addr.ip(), addr.port()).into_bytes()
+}
+
+fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+/// An abstract Unix address for `name`.
+fn unix_addr(name: &[u8]) -> (libc::sockaddr_un, libc::socklen_t) {
+    // SAFETY: sockaddr_un is plain data; all zeroes is valid.
+    let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    a.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    // Abstract: a leading NUL, then the name (no file, gone with the socket).
+    let n = name.len().min(a.sun_path.len() - 1);
+    for (d, s) in a.sun_path[1..=n].iter_mut().zip(name) {
+        *d = *s as libc::c_char;
+    }
+    let len = size_of::<libc::sa_family_t>() + 1 + n;
+    (a, len as libc::socklen_t)
+}
+
+fn seqpacket() -> io::Result<OwnedFd> {
+    // SAFETY: socket() has no memory arguments; the descriptor is owned below.
+    let fd =
+        cvt(unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: a fresh descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn connect_keeper(name: &[u8]) -> io::Result<OwnedFd> {
+    let fd = seqpacket()?;
+    let (a, len) = unix_addr(name);
+    // SAFETY: `a` is a valid sockaddr_un of `len` bytes.
+    cvt(unsafe { libc::connect(fd.as_raw_fd(), (&raw const a).cast(), len) })?;
+    Ok(fd)
+}
+
+/// Receives the keeper's answer: one byte (the slot, 0 = refused) and a descriptor.
+fn recv_slot(conn: &OwnedFd) -> io::Result<(u8, OwnedFd)> {
+    let mut byte = [0u8; 1];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    let mut cbuf = [0u64; 8];
+    // SAFETY: msghdr is plain data; all zeroes is valid.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = size_of::<[u64; 8]>();
+    // A keeper that does not answer within the timeout is treated as absent.
+    set_timeout(conn.as_raw_fd(), Duration::from_secs(2));
+    // SAFETY: `msg` points at live buffers of the sizes it states.
+    let n = unsafe { libc::recvmsg(conn.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    if n != 1 {
+        return Err(if n < 0 {
+            io::Error::last_os_error()
+        } else {
+            io::Error::new(io::ErrorKind::UnexpectedEof, "the port keeper closed")
+        });
+    }
+    // SAFETY: the kernel filled `msg_controllen` bytes of `cbuf` with well-formed cmsgs.
+    unsafe {
+        let cm = libc::CMSG_FIRSTHDR(&msg);
+        if !cm.is_null()
+            && (*cm).cmsg_level == libc::SOL_SOCKET
+            && (*cm).cmsg_type == libc::SCM_RIGHTS
+        {
+            let fd: RawFd = std::ptr::read_unaligned(libc::CMSG_DATA(cm).cast());
+            return Ok((byte[0], OwnedFd::from_raw_fd(fd)));
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("the port keeper sent no socket (answer {})", byte[0]),
+    ))
+}
+
+fn set_timeout(fd: RawFd, d: Duration) {
+    let tv = libc::timeval {
+        tv_sec: d.as_secs() as libc::time_t,
+        tv_usec: d.subsec_micros() as libc::suseconds_t,
+    };
+    // SAFETY: a valid timeval of the size given.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&raw const tv).cast(),
+            size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+}
+
+/// Joins the processes sharing `addr`, starting the keeper if there is none.
+pub(crate) fn acquire(addr: SocketAddr) -> io::Result<Share> {
+    let name = name_of(addr);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let mut spawned = false;
+    loop {
+        match connect_keeper(&name) {
+            Ok(conn) => {
+                let (slot, fd) = match recv_slot(&conn) {
+                    Ok(v) => v,
+                    // The keeper was exiting (idle) as we connected: start another.
+                    Err(e)
+                        if e.kind() == io::ErrorKind::UnexpectedEof
+                            && Instant::now() < deadline =>
+                    {
+                        spawned = false;
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
+                if slot == 0 {
+                    return Err(io::Error::new(
+                        io::ErrorKind::AddrInUse,
+                        format!("all {MAX_SLOT} processes slots of {addr} are taken"),
+                    ));
+                }
+                // SAFETY: the keeper sent a UDP socket; we own this duplicate.
+                let socket = unsafe { std::net::UdpSocket::from_raw_fd(fd.into_raw_fd_owned()) };
+                return Ok(Share {
+                    socket,
+                    slot,
+                    keeper: conn,
+                });
+            }
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ECONNREFUSED | libc::ENOENT | libc::EAGAIN)
+                ) && Instant::now() < deadline =>
+            {
+                if !spawned {
+                    spawn_keeper(addr, &name)?;
+                    spawned = true;
+                } else {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+trait IntoRawOwned {
+    fn into_raw_fd_owned(self) -> RawFd;
+}
+
+impl IntoRawOwned for OwnedFd {
+    fn into_raw_fd_owned(self) -> RawFd {
+        std::os::fd::IntoRawFd::into_raw_fd(self)
+    }
+}
+
+/// A UDP socket bound to `addr` as a member of its `SO_REUSEPORT` group.
+fn reuseport_socket(addr: SocketAddr) -> io::Result<OwnedFd> {
+    let domain = if addr.is_ipv6() {
+        libc::AF_INET6
+    } else {
+        libc::AF_INET
+    };
+    // SAFETY: socket() has no memory arguments; the descriptor is owned below.
+    let fd = cvt(unsafe { libc::socket(domain, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: a fresh descriptor we own.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let one: libc::c_int = 1;
+    // SAFETY: a valid int option.
+    cvt(unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_REUSEPORT,
+            (&raw const one).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    })?;
+    // SAFETY: sockaddr_storage is plain data; all zeroes is valid.
+    let mut sa: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = crate::sys::to_sockaddr(addr, &mut sa);
+    // SAFETY: `sa` is a sockaddr_storage holding `len` valid bytes.
+    cvt(unsafe { libc::bind(fd.as_raw_fd(), (&raw const sa).cast(), len) })?;
+    Ok(fd)
+}
+
+/// `ld [4]; and #0xffffff; rsh #16; ret a`: the slot of the BTH's destination QPN.
+fn attach_steering(fd: RawFd) -> io::Result<()> {
+    let mut prog = [
+        libc::sock_filter {
+            code: 0x20, // BPF_LD | BPF_W | BPF_ABS
+            jt: 0,
+            jf: 0,
+            k: 4,
+        },
+        libc::sock_filter {
+            code: 0x54, // BPF_ALU | BPF_AND | BPF_K
+            jt: 0,
+            jf: 0,
+            k: 0x00FF_FFFF,
+        },
+        libc::sock_filter {
+            code: 0x74, // BPF_ALU | BPF_RSH | BPF_K
+            jt: 0,
+            jf: 0,
+            k: 16,
+        },
+        libc::sock_filter {
+            code: 0x16, // BPF_RET | BPF_A
+            jt: 0,
+            jf: 0,
+            k: 0,
+        },
+    ];
+    let fprog = libc::sock_fprog {
+        len: prog.len() as u16,
+        filter: prog.as_mut_ptr(),
+    };
+    // SAFETY: a valid sock_fprog pointing at `prog`, which outlives the call.
+    cvt(unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_REUSEPORT_CBPF,
+            (&raw const fprog).cast(),
+            size_of::<libc::sock_fprog>() as libc::socklen_t,
+        )
+    })?;
+    Ok(())
+}
+
+/// Forks the keeper for `addr` (detached: a grandchild in its own session) and waits until it
+/// listens or says why it cannot.
+fn spawn_keeper(addr: SocketAddr, name: &[u8]) -> io::Result<()> {
+    let mut p = [0 as libc::c_int; 2];
+    // SAFETY: `p` has room for two descriptors.
+    cvt(unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) })?;
+    // SAFETY: fresh descriptors we own.
+    let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) };
+    // SAFETY: fork has no memory arguments. The child only calls async-signal-safe functions
+    // and the keeper below, which allocates (glibc's malloc is usable after fork) and makes
+    // system calls; it never returns into the parent's code.
+    let pid = cvt(unsafe { libc::fork() })?;
+    if pid == 0 {
+        // SAFETY: in the child: a new session, then a grandchild so the keeper is not our
+        // caller's child (no zombie, no SIGCHLD for the application).
+        unsafe {
+            libc::setsid();
+            if libc::fork() != 0 {
+                libc::_exit(0);
+            }
+        }
+        let code = keeper(addr, name, wr.as_raw_fd());
+        // SAFETY: ends the keeper process without running the parent's atexit handlers.
+        unsafe { libc::_exit(code) }
+    }
+    drop(wr);
+    let mut st = 0;
+    // SAFETY: reaps the intermediate child, which exits at once.
+    unsafe { libc::waitpid(pid, &mut st, 0) };
+    let mut answer = [0u8; 4];
+    set_timeout(rd.as_raw_fd(), Duration::from_secs(3));
+    // SAFETY: reads at most 4 bytes into a live buffer.
+    let n = unsafe { libc::read(rd.as_raw_fd(), answer.as_mut_ptr().cast(), 4) };
+    match n {
+        // 0: listening; another keeper already listening is as good.
+        4 => match i32::from_ne_bytes(answer) {
+            0 => Ok(()),
+            e => Err(io::Error::from_raw_os_error(e)),
+        },
+        _ => Err(io::Error::other("the port keeper did not start")),
+    }
+}
+
+/// The keeper's life: returns its exit code.
+fn keeper(addr: SocketAddr, name: &[u8], ready: RawFd) -> i32 {
+    let say = |e: i32| {
+        let b = e.to_ne_bytes();
+        // SAFETY: writes 4 bytes from a live buffer to the pipe.
+        unsafe { libc::write(ready, b.as_ptr().cast(), 4) };
+    };
+    // Keep nothing of the application's: its sockets must close when it exits, and whoever
+    // reads its output must not wait for the keeper to end.
+    // SAFETY: replacing stdio with /dev/null and closing descriptors we abandon; `ready` is
+    // kept.
+    unsafe {
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+        if null >= 0 {
+            for fd in 0..3 {
+                libc::dup2(null, fd);
+            }
+        }
+        for fd in 3..ready {
+            libc::close(fd);
+        }
+        libc::close_range(ready as u32 + 1, u32::MAX, 0);
+    }
+    let listener = match seqpacket() {
+        Ok(l) => l,
+        Err(e) => {
+            say(e.raw_os_error().unwrap_or(libc::EIO));
+            return 1;
+        }
+    };
+    let (ua, len) = unix_addr(name);
+    // SAFETY: a valid sockaddr_un of `len` bytes.
+    if unsafe { libc::bind(listener.as_raw_fd(), (&raw const ua).cast(), len) } < 0 {
+        // Another keeper won the race: the caller connects to it.
+        say(0);
+        return 0;
+    }
+    let mut sockets = Vec::new();
+    match reuseport_socket(addr).and_then(|s| attach_steering(s.as_raw_fd()).map(|()| s)) {
+        Ok(s) => sockets.push(s),
+        Err(e) => {
+            say(e.raw_os_error().unwrap_or(libc::EIO));
+            return 1;
+        }
+    }
+    // SAFETY: listen on our own socket.
+    if unsafe { libc::listen(listener.as_raw_fd(), 64) } < 0 {
+        say(libc::EIO);
+        return 1;
+    }
+    say(0);
+    // SAFETY: the pipe's write end is ours; the parent saw the answer.
+    unsafe { libc::close(ready) };
+    // users[slot] = the connection of the process holding that slot.
+    let mut users: Vec<Option<OwnedFd>> = (0..=MAX_SLOT).map(|_| None).collect();
+    let mut idle_since = Some(Instant::now());
+    loop {
+        if idle_since.is_some_and(|t| t.elapsed() >= IDLE_EXIT) {
+            return 0;
+        }
+        let mut fds = vec![
+            libc::pollfd {
+                fd: listener.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: sockets[0].as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        let slots: Vec<usize> = (1..users.len()).filter(|&i| users[i].is_some()).collect();
+        for &i in &slots {
+            fds.push(libc::pollfd {
+                fd: users[i].as_ref().map_or(-1, |f| f.as_raw_fd()),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+        }
+        // SAFETY: `fds` is a live array of its stated length.
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 500) };
+        if r <= 0 {
+            continue;
+        }
+        if fds[1].revents != 0 {
+            drain(sockets[0].as_raw_fd());
+        }
+        for (k, &i) in slots.iter().enumerate() {
+            if fds[2 + k].revents != 0 {
+                // The process closed its connection (exited): the slot is free again.
+                users[i] = None;
+            }
+        }
+        if fds[0].revents & libc::POLLIN != 0 {
+            // SAFETY: accept on our listener; no address wanted.
+            let c = unsafe {
+                libc::accept4(
+                    listener.as_raw_fd(),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    libc::SOCK_CLOEXEC,
+                )
+            };
+            if c >= 0 {
+                // SAFETY: a fresh descriptor we own.
+                let conn = unsafe { OwnedFd::from_raw_fd(c) };
+                let slot = (1..users.len()).find(|&i| users[i].is_none());
+                let given = slot.and_then(|i| {
+                    // Sockets are created in slot order and never closed while users live,
+                    // so the kernel's array index of sockets[i] is i.
+                    while sockets.len() <= i {
+                        match reuseport_socket(addr) {
+                            Ok(s) => sockets.push(s),
+                            Err(_) => return None,
+                        }
+                    }
+                    drain(sockets[i].as_raw_fd());
+                    send_slot(&conn, i as u8, sockets[i].as_raw_fd()).ok()?;
+                    Some(i)
+                });
+                match given {
+                    Some(i) => users[i] = Some(conn),
+                    None => {
+                        let _ = send_slot(&conn, 0, sockets[0].as_raw_fd());
+                    }
+                }
+            }
+        }
+        idle_since = if users.iter().any(Option::is_some) {
+            None
+        } else {
+            idle_since.or_else(|| Some(Instant::now()))
+        };
+    }
+}
+
+/// Discards what a socket has queued (packets for a slot's previous owner).
+fn drain(fd: RawFd) {
+    let mut buf = [0u8; 64];
+    loop {
+        // SAFETY: receives into a live buffer; non-blocking.
+        let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+        if n < 0 {
+            return;
+        }
+    }
+}
+
+fn send_slot(conn: &OwnedFd, slot: u8, fd: RawFd) -> io::Result<()> {
+    let byte = [slot];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_ptr().cast_mut().cast(),
+        iov_len: 1,
+    };
+    let mut cbuf = [0u64; 8];
+    // SAFETY: msghdr is plain data; all zeroes is valid.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    // SAFETY: CMSG_SPACE is a pure computation.
+    msg.msg_controllen = unsafe { libc::CMSG_SPACE(size_of::<RawFd>() as u32) } as usize;
+    // SAFETY: the control buffer is large enough for one SCM_RIGHTS cmsg with one fd.
+    unsafe {
+        let cm = libc::CMSG_FIRSTHDR(&msg);
+        (*cm).cmsg_level = libc::SOL_SOCKET;
+        (*cm).cmsg_type = libc::SCM_RIGHTS;
+        (*cm).cmsg_len = libc::CMSG_LEN(size_of::<RawFd>() as u32) as usize;
+        std::ptr::write_unaligned(libc::CMSG_DATA(cm).cast::<RawFd>(), fd);
+    }
+    // SAFETY: `msg` points at live buffers.
+    let n = unsafe { libc::sendmsg(conn.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+    if n == 1 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
