@@ -7,6 +7,9 @@
 #   rc-client-SIZE  `srdma pingpong` server, guest `ibv_rc_pingpong -g 1 -s SIZE` client
 #   ud-server/ud-client  the same with ibv_ud_pingpong / `srdma pingpong --ud`
 #   verbs-target    srdma RDMA WRITEs into and READs from a libibverbs process on rxe
+#   dropin-*        Debian's own ibv_rc_pingpong, ibv_ud_pingpong and ib_write_bw/ib_send_lat
+#                   on the host through srdma's drop-in libibverbs (`srdma exec`), against
+#                   the same tools on rxe in the guest, both roles
 # for SIZE in 64, 4096, 65536 (multi-packet at the path MTU 1024). Every scenario must exit 0
 # on both sides, and the guest's rxe hw counters must show no sequence error and no retry.
 #
@@ -32,7 +35,9 @@ command -v gcc >/dev/null || apt-get install -y -qq gcc >/dev/null
 [ -f /usr/include/infiniband/verbs.h ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libibverbs-dev >/dev/null
 
 log "building srdma and verbs_target"
-(cd "$ROOT" && cargo build --release -q -p srdma-cli && cargo build --release -q -p srdma --example verbs_target_client)
+(cd "$ROOT" && cargo build --release -q -p srdma-cli -p srdma-verbs && cargo build --release -q -p srdma --example verbs_target_client)
+command -v ibv_rc_pingpong >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ibverbs-utils >/dev/null
+command -v ib_write_bw >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq perftest >/dev/null
 SRDMA="$ROOT/target/release/srdma"
 CLIENT="$ROOT/target/release/examples/verbs_target_client"
 for b in "$SRDMA" "$CLIENT"; do [ -x "$b" ] || { log "FAIL: $b was not built"; exit 1; }; done
@@ -84,6 +89,29 @@ selected ud-client && { scenario ud-client \
 selected verbs-target && { scenario verbs-target \
   "/lab/verbs_target" \
   "$RUNS/@/retry-host $CLIENT 10.77.0.2 10.77.0.1" || fail=1; }
+
+# The drop-in libibverbs: the host runs Debian's binaries, unmodified, on srdma.
+EXEC="$SRDMA exec --device 10.77.0.1"
+for size in 64 65536; do
+  selected "dropin-rc-server-$size" && { scenario "dropin-rc-server-$size" \
+    "ibv_rc_pingpong -d rxe0 -g 1 -n $ITERS -s $size -c" \
+    "$RUNS/@/retry-host $EXEC ibv_rc_pingpong -g 1 -n $ITERS -s $size -c 10.77.0.2" || fail=1; }
+  selected "dropin-rc-client-$size" && { scenario "dropin-rc-client-$size" \
+    "retry 80 0.5 ibv_rc_pingpong -d rxe0 -g 1 -n $ITERS -s $size -c 10.77.0.1" \
+    "$EXEC ibv_rc_pingpong -g 1 -n $ITERS -s $size -c" || fail=1; }
+done
+selected dropin-ud-client && { scenario dropin-ud-client \
+  "retry 80 0.5 ibv_ud_pingpong -d rxe0 -g 1 -n $ITERS -s 1024 10.77.0.1" \
+  "$EXEC ibv_ud_pingpong -g 1 -n $ITERS -s 1024" || fail=1; }
+selected dropin-write-bw-server && { scenario dropin-write-bw-server \
+  "ib_write_bw -d rxe0 -x 1 -s 65536 -n 100" \
+  "$RUNS/@/retry-host $EXEC ib_write_bw -x 1 -s 65536 -n 100 10.77.0.2" || fail=1; }
+selected dropin-write-bw-client && { scenario dropin-write-bw-client \
+  "retry 80 0.5 ib_write_bw -d rxe0 -x 1 -s 65536 -n 100 10.77.0.1" \
+  "$EXEC ib_write_bw -x 1 -s 65536 -n 100" || fail=1; }
+selected dropin-send-lat-client && { scenario dropin-send-lat-client \
+  "retry 80 0.5 ib_send_lat -d rxe0 -x 1 -s 8 -n 100 10.77.0.1" \
+  "$EXEC ib_send_lat -x 1 -s 8 -n 100" || fail=1; }
 
 [ $fail = 0 ] && log "all scenarios passed" || log "some scenarios FAILED"
 exit $fail

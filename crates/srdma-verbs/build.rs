@@ -38,13 +38,20 @@ fn main() {
     }
     println!("cargo:rerun-if-changed=src");
     let defined = |name: &str| {
-        [format!("fn {name}("), format!("static mut {name}:"), format!("static {name}:")]
-            .iter()
-            .any(|pat| sources.contains(pat.as_str()))
+        [
+            format!("fn {name}("),
+            format!("static mut {name}:"),
+            format!("static {name}:"),
+        ]
+        .iter()
+        .any(|pat| sources.contains(pat.as_str()))
     };
     let mut asm = String::new();
     let mut nodes: Vec<Vec<&str>> = vec![Vec::new(); order.len()];
-    for line in list.lines().filter(|l| !l.trim().is_empty() && !l.starts_with('#')) {
+    for line in list
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+    {
         let f: Vec<&str> = line.split_whitespace().collect();
         let (name, ver) = (f[0], f[1]);
         let hidden = f.get(2) == Some(&"hidden");
@@ -65,7 +72,16 @@ fn main() {
         if i == 0 {
             writeln!(map, "  local: *;").unwrap();
         }
-        writeln!(map, "}}{};", if i == 0 { String::new() } else { format!(" {}", order[i - 1]) }).unwrap();
+        writeln!(
+            map,
+            "}}{};",
+            if i == 0 {
+                String::new()
+            } else {
+                format!(" {}", order[i - 1])
+            }
+        )
+        .unwrap();
     }
     std::fs::write(out.join("libibverbs.map"), map).unwrap();
     std::fs::write(

@@ -3,6 +3,7 @@
 mod decode;
 mod demo;
 mod devinfo;
+mod exec;
 mod perf;
 mod pingpong;
 mod relay;
@@ -63,6 +64,9 @@ enum Command {
     Rping(rping::Args),
     /// srdma-relay: distribute data through chains and trees of hosts.
     Relay(relay::Args),
+    /// Run an unmodified verbs program (ibv_devinfo, ibv_rc_pingpong, perftest, your own)
+    /// on srdma's drop-in libibverbs.so.1.
+    Exec(exec::Args),
 }
 
 fn run(cli: Cli) -> anyhow::Result<bool> {
@@ -118,6 +122,7 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
         Command::Perf(args) => perf::run(&args, &mut out),
         Command::Rping(args) => rping::run(&args, &mut out),
         Command::Relay(args) => relay::run(&args, &mut out),
+        Command::Exec(args) => exec::run(&args),
     }
 }
 

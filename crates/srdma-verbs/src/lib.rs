@@ -15,7 +15,11 @@
 #![allow(non_camel_case_types, non_snake_case, non_upper_case_globals)]
 
 pub mod abi;
+pub mod abi_core;
+mod context;
 mod stubs;
+mod tmp_stubs;
+mod verbs;
 
 #[cfg(not(test))]
 include!(concat!(env!("OUT_DIR"), "/symver.rs"));
@@ -38,5 +42,16 @@ pub(crate) fn guard<T>(on_panic: T, f: impl FnOnce() -> T) -> T {
             set_errno(libc::EIO);
             on_panic
         }
+    }
+}
+
+/// The errno rdma-core (with the rxe provider) returns for what `e` describes.
+pub(crate) fn errno_of(e: &srdma::Error) -> i32 {
+    use srdma_proto::{MrError, PostError};
+    match e {
+        srdma::Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+        srdma::Error::Post(PostError::QueueFull { .. }) => libc::ENOMEM,
+        srdma::Error::Mr(MrError::TableFull { .. }) | srdma::Error::Exhausted(_) => libc::ENOMEM,
+        _ => libc::EINVAL,
     }
 }

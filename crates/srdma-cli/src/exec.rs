@@ -1,0 +1,110 @@
+//! `srdma exec PROGRAM [ARGS...]`: runs an unmodified verbs program on srdma.
+//!
+//! It puts srdma's drop-in `libibverbs.so.1` (crate `srdma-verbs`) first on the loader's
+//! path and replaces itself with the program. The library is found as `$SRDMA_LIB` (the file
+//! or its directory), else next to this executable (`libibverbs.so`, where cargo builds it),
+//! else in `../lib/srdma/` beside it (an installed layout). `--device` sets `SRDMA_DEVICES`,
+//! the devices the program sees (see the srdma-verbs crate).
+
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+
+use crate::UsageError;
+
+/// Options of `srdma exec`.
+#[derive(Debug, clap::Args)]
+#[command(trailing_var_arg = true)]
+pub struct Args {
+    /// The devices the program sees, as `[NAME=]ADDRESS[:PORT]`, comma-separated (sets
+    /// SRDMA_DEVICES; default: one per local interface address).
+    #[arg(long, value_name = "LIST")]
+    pub device: Option<String>,
+    /// The program and its arguments.
+    #[arg(
+        required = true,
+        allow_hyphen_values = true,
+        value_name = "PROGRAM [ARGS]..."
+    )]
+    pub command: Vec<OsString>,
+}
+
+/// The drop-in library file, if it can be found.
+pub(crate) fn find_library() -> Option<PathBuf> {
+    let mut candidates = Vec::new();
+    if let Some(v) = std::env::var_os("SRDMA_LIB").filter(|v| !v.is_empty()) {
+        let p = PathBuf::from(v);
+        if p.is_dir() {
+            candidates.push(p.join("libibverbs.so.1"));
+            candidates.push(p.join("libibverbs.so"));
+        } else {
+            candidates.push(p);
+        }
+    }
+    if let Some(dir) = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(Path::to_path_buf))
+    {
+        candidates.push(dir.join("libibverbs.so"));
+        // `cargo test` runs binaries from target/<profile>/deps' parent, so this is the same.
+        candidates.push(dir.join("../libibverbs.so"));
+        candidates.push(dir.join("../lib/srdma/libibverbs.so.1"));
+    }
+    candidates.into_iter().find(|p| p.is_file())
+}
+
+/// A directory holding `libibverbs.so.1` (the SONAME the loader looks for) that links to
+/// `lib`.
+pub(crate) fn library_dir(lib: &Path) -> anyhow::Result<PathBuf> {
+    if lib.file_name().is_some_and(|n| n == "libibverbs.so.1") {
+        if let Some(d) = lib.parent() {
+            return Ok(d.to_path_buf());
+        }
+    }
+    let lib = lib.canonicalize()?;
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    let dir = std::env::temp_dir()
+        .join(format!("srdma-{uid}"))
+        .join("lib");
+    std::fs::create_dir_all(&dir)?;
+    let link = dir.join("libibverbs.so.1");
+    if std::fs::read_link(&link).ok().as_deref() != Some(lib.as_path()) {
+        // Replace atomically: other processes may be starting through the same link.
+        let tmp = dir.join(format!(".libibverbs.so.1.{}", std::process::id()));
+        let _ = std::fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(&lib, &tmp)?;
+        std::fs::rename(&tmp, &link)?;
+    }
+    Ok(dir)
+}
+
+/// Runs `srdma exec`: only returns on failure.
+pub fn run(args: &Args) -> anyhow::Result<bool> {
+    let Some(lib) = find_library() else {
+        return Err(UsageError(
+            "srdma exec: the drop-in libibverbs.so.1 is not built: run \
+             `cargo build --release -p srdma-verbs` (it lands beside the srdma binary), or \
+             set SRDMA_LIB to its path"
+                .into(),
+        )
+        .into());
+    };
+    let dir = library_dir(&lib)?;
+    let mut path = OsString::from(dir.as_os_str());
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|v| !v.is_empty()) {
+        path.push(":");
+        path.push(old);
+    }
+    let mut cmd = std::process::Command::new(&args.command[0]);
+    cmd.args(&args.command[1..]).env("LD_LIBRARY_PATH", path);
+    if let Some(d) = &args.device {
+        cmd.env("SRDMA_DEVICES", d);
+    }
+    let err = cmd.exec();
+    Err(UsageError(format!(
+        "srdma exec: cannot run {}: {err}",
+        args.command[0].to_string_lossy()
+    ))
+    .into())
+}

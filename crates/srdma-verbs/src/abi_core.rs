@@ -1,0 +1,956 @@
+//! The types of `infiniband/verbs.h` (rdma-core 44, x86-64) this library hands out or reads,
+//! byte for byte; names are the C names. Checked against the installed header by the layout
+//! test in `abi.rs`.
+
+use std::ffi::{c_char, c_int, c_uint, c_void};
+
+use libc::{pthread_cond_t, pthread_mutex_t};
+
+/// `IBV_SYSFS_NAME_MAX`.
+pub const IBV_SYSFS_NAME_MAX: usize = 64;
+/// `IBV_SYSFS_PATH_MAX`.
+pub const IBV_SYSFS_PATH_MAX: usize = 256;
+
+/// `enum ibv_node_type`.
+pub type ibv_node_type = c_int;
+/// A channel adapter.
+pub const IBV_NODE_CA: ibv_node_type = 1;
+/// `enum ibv_transport_type`.
+pub type ibv_transport_type = c_int;
+/// InfiniBand transport (RoCE included).
+pub const IBV_TRANSPORT_IB: ibv_transport_type = 0;
+
+/// `enum ibv_qp_state`.
+pub type ibv_qp_state = c_uint;
+/// RESET.
+pub const IBV_QPS_RESET: ibv_qp_state = 0;
+/// `enum ibv_qp_type`.
+pub type ibv_qp_type = c_uint;
+/// Reliable connected.
+pub const IBV_QPT_RC: ibv_qp_type = 2;
+/// Unreliable connected.
+pub const IBV_QPT_UC: ibv_qp_type = 3;
+/// Unreliable datagram.
+pub const IBV_QPT_UD: ibv_qp_type = 4;
+/// Raw packet.
+pub const IBV_QPT_RAW_PACKET: ibv_qp_type = 8;
+/// XRC send.
+pub const IBV_QPT_XRC_SEND: ibv_qp_type = 9;
+/// XRC receive.
+pub const IBV_QPT_XRC_RECV: ibv_qp_type = 10;
+/// Driver-specific.
+pub const IBV_QPT_DRIVER: ibv_qp_type = 0xff;
+/// `enum ibv_mig_state`.
+pub type ibv_mig_state = c_uint;
+/// Migrated.
+pub const IBV_MIG_MIGRATED: ibv_mig_state = 0;
+/// `enum ibv_mtu`.
+pub type ibv_mtu = c_uint;
+/// `enum ibv_port_state`.
+pub type ibv_port_state = c_uint;
+/// `enum ibv_atomic_cap`.
+pub type ibv_atomic_cap = c_uint;
+/// `enum ibv_wc_status`.
+pub type ibv_wc_status = c_uint;
+/// `enum ibv_wc_opcode`.
+pub type ibv_wc_opcode = c_uint;
+/// `enum ibv_wr_opcode`.
+pub type ibv_wr_opcode = c_uint;
+/// RDMA WRITE.
+pub const IBV_WR_RDMA_WRITE: ibv_wr_opcode = 0;
+/// RDMA WRITE with immediate.
+pub const IBV_WR_RDMA_WRITE_WITH_IMM: ibv_wr_opcode = 1;
+/// SEND.
+pub const IBV_WR_SEND: ibv_wr_opcode = 2;
+/// SEND with immediate.
+pub const IBV_WR_SEND_WITH_IMM: ibv_wr_opcode = 3;
+/// RDMA READ.
+pub const IBV_WR_RDMA_READ: ibv_wr_opcode = 4;
+/// Atomic compare-and-swap.
+pub const IBV_WR_ATOMIC_CMP_AND_SWP: ibv_wr_opcode = 5;
+/// Atomic fetch-and-add.
+pub const IBV_WR_ATOMIC_FETCH_AND_ADD: ibv_wr_opcode = 6;
+/// `enum ibv_event_type`.
+pub type ibv_event_type = c_uint;
+/// CQ overrun.
+pub const IBV_EVENT_CQ_ERR: ibv_event_type = 0;
+/// A QP entered ERR on its own.
+pub const IBV_EVENT_QP_FATAL: ibv_event_type = 1;
+/// The device failed.
+pub const IBV_EVENT_DEVICE_FATAL: ibv_event_type = 8;
+/// The port became active.
+pub const IBV_EVENT_PORT_ACTIVE: ibv_event_type = 9;
+/// An SRQ's QP reached its last WQE.
+pub const IBV_EVENT_QP_LAST_WQE_REACHED: ibv_event_type = 16;
+/// `enum ibv_fork_status`.
+pub type ibv_fork_status = c_uint;
+/// Fork needs no preparation.
+pub const IBV_FORK_UNNEEDED: ibv_fork_status = 2;
+/// `enum ibv_gid_type` values as `ibv_query_gid_type` and `ibv_gid_entry` report them.
+pub const IBV_GID_TYPE_ROCE_V2: u32 = 2;
+/// `IBV_LINK_LAYER_ETHERNET`.
+pub const IBV_LINK_LAYER_ETHERNET: u32 = 2;
+/// `IBV_ACCESS_ON_DEMAND`.
+pub const IBV_ACCESS_ON_DEMAND: c_int = 1 << 6;
+/// `IBV_ACCESS_RELAXED_ORDERING` (`IBV_ACCESS_OPTIONAL_FIRST`).
+pub const IBV_ACCESS_RELAXED_ORDERING: c_int = 1 << 20;
+/// `IBV_WC_GRH`.
+pub const IBV_WC_GRH: c_uint = 1;
+/// `IBV_SRQ_MAX_WR`.
+pub const IBV_SRQ_MAX_WR: u32 = 1;
+/// `IBV_SRQ_LIMIT`.
+pub const IBV_SRQ_LIMIT: u32 = 2;
+/// `IBV_QUERY_QP_DATA_IN_ORDER_WHOLE_MSG`.
+pub const IBV_QUERY_QP_DATA_IN_ORDER_WHOLE_MSG: u32 = 1;
+
+/// `union ibv_gid`: 16 bytes, 8-aligned (its other member is two `__be64`).
+#[repr(C, align(8))]
+#[derive(Clone, Copy)]
+pub struct ibv_gid {
+    /// The bytes, network order.
+    pub raw: [u8; 16],
+}
+
+/// `struct _ibv_device_ops`: unused placeholders.
+#[repr(C)]
+pub struct _ibv_device_ops {
+    /// Unused.
+    pub _dummy1: Option<unsafe extern "C" fn()>,
+    /// Unused.
+    pub _dummy2: Option<unsafe extern "C" fn()>,
+}
+
+/// `struct ibv_device`.
+#[repr(C)]
+pub struct ibv_device {
+    /// Placeholders.
+    pub _ops: _ibv_device_ops,
+    /// Node type.
+    pub node_type: ibv_node_type,
+    /// Transport.
+    pub transport_type: ibv_transport_type,
+    /// Kernel device name (`rxe0`).
+    pub name: [c_char; IBV_SYSFS_NAME_MAX],
+    /// uverbs device name.
+    pub dev_name: [c_char; IBV_SYSFS_NAME_MAX],
+    /// uverbs sysfs path.
+    pub dev_path: [c_char; IBV_SYSFS_PATH_MAX],
+    /// Device sysfs path.
+    pub ibdev_path: [c_char; IBV_SYSFS_PATH_MAX],
+}
+
+/// A function pointer slot this library leaves NULL or never calls through.
+pub type opaque_fn = Option<unsafe extern "C" fn()>;
+
+/// `struct ibv_context_ops`: the entries the inline functions of verbs.h call.
+#[repr(C)]
+pub struct ibv_context_ops {
+    /// Compat.
+    pub _compat_query_device: opaque_fn,
+    /// Compat.
+    pub _compat_query_port: opaque_fn,
+    /// Compat.
+    pub _compat_alloc_pd: opaque_fn,
+    /// Compat.
+    pub _compat_dealloc_pd: opaque_fn,
+    /// Compat.
+    pub _compat_reg_mr: opaque_fn,
+    /// Compat.
+    pub _compat_rereg_mr: opaque_fn,
+    /// Compat.
+    pub _compat_dereg_mr: opaque_fn,
+    /// `ibv_alloc_mw` (NULL: EOPNOTSUPP).
+    pub alloc_mw: opaque_fn,
+    /// `ibv_bind_mw`.
+    pub bind_mw: opaque_fn,
+    /// `ibv_dealloc_mw`.
+    pub dealloc_mw: opaque_fn,
+    /// Compat.
+    pub _compat_create_cq: opaque_fn,
+    /// `ibv_poll_cq`.
+    pub poll_cq: Option<unsafe extern "C" fn(*mut ibv_cq, c_int, *mut ibv_wc) -> c_int>,
+    /// `ibv_req_notify_cq`.
+    pub req_notify_cq: Option<unsafe extern "C" fn(*mut ibv_cq, c_int) -> c_int>,
+    /// Compat.
+    pub _compat_cq_event: opaque_fn,
+    /// Compat.
+    pub _compat_resize_cq: opaque_fn,
+    /// Compat.
+    pub _compat_destroy_cq: opaque_fn,
+    /// Compat.
+    pub _compat_create_srq: opaque_fn,
+    /// Compat.
+    pub _compat_modify_srq: opaque_fn,
+    /// Compat.
+    pub _compat_query_srq: opaque_fn,
+    /// Compat.
+    pub _compat_destroy_srq: opaque_fn,
+    /// `ibv_post_srq_recv`.
+    pub post_srq_recv: Option<
+        unsafe extern "C" fn(*mut ibv_srq, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int,
+    >,
+    /// Compat.
+    pub _compat_create_qp: opaque_fn,
+    /// Compat.
+    pub _compat_query_qp: opaque_fn,
+    /// Compat.
+    pub _compat_modify_qp: opaque_fn,
+    /// Compat.
+    pub _compat_destroy_qp: opaque_fn,
+    /// `ibv_post_send`.
+    pub post_send:
+        Option<unsafe extern "C" fn(*mut ibv_qp, *mut ibv_send_wr, *mut *mut ibv_send_wr) -> c_int>,
+    /// `ibv_post_recv`.
+    pub post_recv:
+        Option<unsafe extern "C" fn(*mut ibv_qp, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int>,
+    /// Compat.
+    pub _compat_create_ah: opaque_fn,
+    /// Compat.
+    pub _compat_destroy_ah: opaque_fn,
+    /// Compat.
+    pub _compat_attach_mcast: opaque_fn,
+    /// Compat.
+    pub _compat_detach_mcast: opaque_fn,
+    /// Compat.
+    pub _compat_async_event: opaque_fn,
+}
+
+/// `struct ibv_context`.
+#[repr(C)]
+pub struct ibv_context {
+    /// The device.
+    pub device: *mut ibv_device,
+    /// The data-path entries.
+    pub ops: ibv_context_ops,
+    /// The kernel command descriptor (-1 here).
+    pub cmd_fd: c_int,
+    /// Pollable async event descriptor.
+    pub async_fd: c_int,
+    /// Completion vectors.
+    pub num_comp_vectors: c_int,
+    /// Library lock.
+    pub mutex: pthread_mutex_t,
+    /// `UINTPTR_MAX` for a `verbs_context`.
+    pub abi_compat: *mut c_void,
+}
+
+/// `struct verbs_context` of rdma-core 44: extended ops, then `sz`, then the context last.
+#[repr(C)]
+pub struct verbs_context {
+    /// `query_port` with the caller's struct size.
+    pub query_port:
+        Option<unsafe extern "C" fn(*mut ibv_context, u8, *mut ibv_port_attr, usize) -> c_int>,
+    /// `advise_mr`.
+    pub advise_mr: opaque_fn,
+    /// `alloc_null_mr`.
+    pub alloc_null_mr: opaque_fn,
+    /// `read_counters`.
+    pub read_counters: opaque_fn,
+    /// `attach_counters_point_flow`.
+    pub attach_counters_point_flow: opaque_fn,
+    /// `create_counters`.
+    pub create_counters: opaque_fn,
+    /// `destroy_counters`.
+    pub destroy_counters: opaque_fn,
+    /// `reg_dm_mr`.
+    pub reg_dm_mr: opaque_fn,
+    /// `alloc_dm`.
+    pub alloc_dm: opaque_fn,
+    /// `free_dm`.
+    pub free_dm: opaque_fn,
+    /// `modify_flow_action_esp`.
+    pub modify_flow_action_esp: opaque_fn,
+    /// `destroy_flow_action`.
+    pub destroy_flow_action: opaque_fn,
+    /// `create_flow_action_esp`.
+    pub create_flow_action_esp: opaque_fn,
+    /// `modify_qp_rate_limit`.
+    pub modify_qp_rate_limit: opaque_fn,
+    /// `alloc_parent_domain`.
+    pub alloc_parent_domain: opaque_fn,
+    /// `dealloc_td`.
+    pub dealloc_td: opaque_fn,
+    /// `alloc_td`.
+    pub alloc_td: opaque_fn,
+    /// `modify_cq`.
+    pub modify_cq: opaque_fn,
+    /// `post_srq_ops`.
+    pub post_srq_ops: opaque_fn,
+    /// `destroy_rwq_ind_table`.
+    pub destroy_rwq_ind_table: opaque_fn,
+    /// `create_rwq_ind_table`.
+    pub create_rwq_ind_table: opaque_fn,
+    /// `destroy_wq`.
+    pub destroy_wq: opaque_fn,
+    /// `modify_wq`.
+    pub modify_wq: opaque_fn,
+    /// `create_wq`.
+    pub create_wq: opaque_fn,
+    /// `query_rt_values`.
+    pub query_rt_values: opaque_fn,
+    /// `create_cq_ex`.
+    pub create_cq_ex: opaque_fn,
+    /// Library private.
+    pub priv_: *mut c_void,
+    /// `query_device_ex` with the caller's struct size.
+    pub query_device_ex: Option<
+        unsafe extern "C" fn(
+            *mut ibv_context,
+            *const ibv_query_device_ex_input,
+            *mut ibv_device_attr_ex,
+            usize,
+        ) -> c_int,
+    >,
+    /// `ibv_destroy_flow`.
+    pub ibv_destroy_flow: opaque_fn,
+    /// Placeholder.
+    pub ABI_placeholder2: opaque_fn,
+    /// `ibv_create_flow`.
+    pub ibv_create_flow: opaque_fn,
+    /// Placeholder.
+    pub ABI_placeholder1: opaque_fn,
+    /// `open_qp`.
+    pub open_qp: opaque_fn,
+    /// `create_qp_ex`.
+    pub create_qp_ex: opaque_fn,
+    /// `get_srq_num`.
+    pub get_srq_num: opaque_fn,
+    /// `create_srq_ex`.
+    pub create_srq_ex: opaque_fn,
+    /// `open_xrcd`.
+    pub open_xrcd: opaque_fn,
+    /// `close_xrcd`.
+    pub close_xrcd: opaque_fn,
+    /// Placeholder.
+    pub _ABI_placeholder3: u64,
+    /// Size of this struct: ops whose distance to the end exceeds it are absent.
+    pub sz: usize,
+    /// The context (must be last).
+    pub context: ibv_context,
+}
+
+/// `struct ibv_pd`.
+#[repr(C)]
+pub struct ibv_pd {
+    /// Its context.
+    pub context: *mut ibv_context,
+    /// Handle.
+    pub handle: u32,
+}
+
+/// `struct ibv_mr`.
+#[repr(C)]
+pub struct ibv_mr {
+    /// Its context.
+    pub context: *mut ibv_context,
+    /// Its PD.
+    pub pd: *mut ibv_pd,
+    /// First byte.
+    pub addr: *mut c_void,
+    /// Length.
+    pub length: usize,
+    /// Handle.
+    pub handle: u32,
+    /// Local key.
+    pub lkey: u32,
+    /// Remote key.
+    pub rkey: u32,
+}
+
+/// `struct ibv_comp_channel`.
+#[repr(C)]
+pub struct ibv_comp_channel {
+    /// Its context.
+    pub context: *mut ibv_context,
+    /// Pollable descriptor.
+    pub fd: c_int,
+    /// CQs using it.
+    pub refcnt: c_int,
+}
+
+/// `struct ibv_cq`.
+#[repr(C)]
+pub struct ibv_cq {
+    /// Its context.
+    pub context: *mut ibv_context,
+    /// Its channel.
+    pub channel: *mut ibv_comp_channel,
+    /// The application's pointer.
+    pub cq_context: *mut c_void,
+    /// Handle.
+    pub handle: u32,
+    /// Entries.
+    pub cqe: c_int,
+    /// Event lock.
+    pub mutex: pthread_mutex_t,
+    /// Event condition.
+    pub cond: pthread_cond_t,
+    /// Completion events acknowledged.
+    pub comp_events_completed: u32,
+    /// Async events acknowledged.
+    pub async_events_completed: u32,
+}
+
+/// `struct ibv_srq`.
+#[repr(C)]
+pub struct ibv_srq {
+    /// Its context.
+    pub context: *mut ibv_context,
+    /// The application's pointer.
+    pub srq_context: *mut c_void,
+    /// Its PD.
+    pub pd: *mut ibv_pd,
+    /// Handle.
+    pub handle: u32,
+    /// Event lock.
+    pub mutex: pthread_mutex_t,
+    /// Event condition.
+    pub cond: pthread_cond_t,
+    /// Events acknowledged.
+    pub events_completed: u32,
+}
+
+/// `struct ibv_qp`.
+#[repr(C)]
+pub struct ibv_qp {
+    /// Its context.
+    pub context: *mut ibv_context,
+    /// The application's pointer.
+    pub qp_context: *mut c_void,
+    /// Its PD.
+    pub pd: *mut ibv_pd,
+    /// Send CQ.
+    pub send_cq: *mut ibv_cq,
+    /// Receive CQ.
+    pub recv_cq: *mut ibv_cq,
+    /// Its SRQ.
+    pub srq: *mut ibv_srq,
+    /// Handle.
+    pub handle: u32,
+    /// QP number.
+    pub qp_num: u32,
+    /// State as last seen.
+    pub state: ibv_qp_state,
+    /// Type.
+    pub qp_type: ibv_qp_type,
+    /// Event lock.
+    pub mutex: pthread_mutex_t,
+    /// Event condition.
+    pub cond: pthread_cond_t,
+    /// Events acknowledged.
+    pub events_completed: u32,
+}
+
+/// `struct ibv_qp_ex` (only pointed to: srdma has no `ibv_wr_*` API yet).
+#[repr(C)]
+pub struct ibv_qp_ex {
+    /// The QP.
+    pub qp_base: ibv_qp,
+}
+
+/// `struct ibv_ah`.
+#[repr(C)]
+pub struct ibv_ah {
+    /// Its context.
+    pub context: *mut ibv_context,
+    /// Its PD.
+    pub pd: *mut ibv_pd,
+    /// Handle.
+    pub handle: u32,
+}
+
+/// `struct ibv_global_route`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_global_route {
+    /// Destination GID.
+    pub dgid: ibv_gid,
+    /// Flow label.
+    pub flow_label: u32,
+    /// Source GID index.
+    pub sgid_index: u8,
+    /// Hop limit.
+    pub hop_limit: u8,
+    /// Traffic class.
+    pub traffic_class: u8,
+}
+
+/// `struct ibv_ah_attr`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_ah_attr {
+    /// Global route.
+    pub grh: ibv_global_route,
+    /// Destination LID.
+    pub dlid: u16,
+    /// Service level.
+    pub sl: u8,
+    /// Source path bits.
+    pub src_path_bits: u8,
+    /// Static rate.
+    pub static_rate: u8,
+    /// GRH present.
+    pub is_global: u8,
+    /// Port.
+    pub port_num: u8,
+}
+
+/// `struct ibv_qp_cap`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_qp_cap {
+    /// Send queue depth.
+    pub max_send_wr: u32,
+    /// Receive queue depth.
+    pub max_recv_wr: u32,
+    /// Gather entries.
+    pub max_send_sge: u32,
+    /// Scatter entries.
+    pub max_recv_sge: u32,
+    /// Inline bytes.
+    pub max_inline_data: u32,
+}
+
+/// `struct ibv_qp_init_attr`.
+#[repr(C)]
+pub struct ibv_qp_init_attr {
+    /// The application's pointer.
+    pub qp_context: *mut c_void,
+    /// Send CQ.
+    pub send_cq: *mut ibv_cq,
+    /// Receive CQ.
+    pub recv_cq: *mut ibv_cq,
+    /// SRQ.
+    pub srq: *mut ibv_srq,
+    /// Capacities.
+    pub cap: ibv_qp_cap,
+    /// Type.
+    pub qp_type: ibv_qp_type,
+    /// Signal every send.
+    pub sq_sig_all: c_int,
+}
+
+/// `struct ibv_qp_attr`.
+#[repr(C)]
+pub struct ibv_qp_attr {
+    /// State.
+    pub qp_state: ibv_qp_state,
+    /// Current state.
+    pub cur_qp_state: ibv_qp_state,
+    /// Path MTU.
+    pub path_mtu: ibv_mtu,
+    /// Migration state.
+    pub path_mig_state: ibv_mig_state,
+    /// Q_Key.
+    pub qkey: u32,
+    /// Receive PSN.
+    pub rq_psn: u32,
+    /// Send PSN.
+    pub sq_psn: u32,
+    /// Destination QP.
+    pub dest_qp_num: u32,
+    /// Remote access.
+    pub qp_access_flags: c_uint,
+    /// Capacities.
+    pub cap: ibv_qp_cap,
+    /// Address vector.
+    pub ah_attr: ibv_ah_attr,
+    /// Alternate path.
+    pub alt_ah_attr: ibv_ah_attr,
+    /// P_Key index.
+    pub pkey_index: u16,
+    /// Alternate P_Key index.
+    pub alt_pkey_index: u16,
+    /// SQD event.
+    pub en_sqd_async_notify: u8,
+    /// Draining.
+    pub sq_draining: u8,
+    /// Outstanding READ/atomic as requester.
+    pub max_rd_atomic: u8,
+    /// Outstanding READ/atomic as responder.
+    pub max_dest_rd_atomic: u8,
+    /// RNR timer.
+    pub min_rnr_timer: u8,
+    /// Port.
+    pub port_num: u8,
+    /// ACK timeout.
+    pub timeout: u8,
+    /// Retries.
+    pub retry_cnt: u8,
+    /// RNR retries.
+    pub rnr_retry: u8,
+    /// Alternate port.
+    pub alt_port_num: u8,
+    /// Alternate timeout.
+    pub alt_timeout: u8,
+    /// Rate limit.
+    pub rate_limit: u32,
+}
+
+/// `struct ibv_srq_attr`.
+#[repr(C)]
+pub struct ibv_srq_attr {
+    /// Depth.
+    pub max_wr: u32,
+    /// Scatter entries.
+    pub max_sge: u32,
+    /// Limit event threshold.
+    pub srq_limit: u32,
+}
+
+/// `struct ibv_srq_init_attr`.
+#[repr(C)]
+pub struct ibv_srq_init_attr {
+    /// The application's pointer.
+    pub srq_context: *mut c_void,
+    /// Attributes.
+    pub attr: ibv_srq_attr,
+}
+
+/// `struct ibv_sge`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_sge {
+    /// Address.
+    pub addr: u64,
+    /// Length.
+    pub length: u32,
+    /// Local key.
+    pub lkey: u32,
+}
+
+/// `struct ibv_recv_wr`.
+#[repr(C)]
+pub struct ibv_recv_wr {
+    /// The application's id.
+    pub wr_id: u64,
+    /// Next in the list.
+    pub next: *mut ibv_recv_wr,
+    /// Scatter list.
+    pub sg_list: *mut ibv_sge,
+    /// Entries.
+    pub num_sge: c_int,
+}
+
+/// `wr.rdma` of `struct ibv_send_wr`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_send_wr_rdma {
+    /// Remote address.
+    pub remote_addr: u64,
+    /// Remote key.
+    pub rkey: u32,
+}
+
+/// `wr.atomic` of `struct ibv_send_wr`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_send_wr_atomic {
+    /// Remote address.
+    pub remote_addr: u64,
+    /// Compare (CAS) or add (FAA) operand.
+    pub compare_add: u64,
+    /// Swap operand.
+    pub swap: u64,
+    /// Remote key.
+    pub rkey: u32,
+}
+
+/// `wr.ud` of `struct ibv_send_wr`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_send_wr_ud {
+    /// Address handle.
+    pub ah: *mut ibv_ah,
+    /// Remote QPN.
+    pub remote_qpn: u32,
+    /// Remote Q_Key.
+    pub remote_qkey: u32,
+}
+
+/// `union wr` of `struct ibv_send_wr`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union ibv_send_wr_wr {
+    /// RDMA.
+    pub rdma: ibv_send_wr_rdma,
+    /// Atomic.
+    pub atomic: ibv_send_wr_atomic,
+    /// UD.
+    pub ud: ibv_send_wr_ud,
+}
+
+/// `struct ibv_send_wr` (the XRC and bind/TSO unions as raw space).
+#[repr(C)]
+pub struct ibv_send_wr {
+    /// The application's id.
+    pub wr_id: u64,
+    /// Next in the list.
+    pub next: *mut ibv_send_wr,
+    /// Gather list.
+    pub sg_list: *mut ibv_sge,
+    /// Entries.
+    pub num_sge: c_int,
+    /// Operation.
+    pub opcode: ibv_wr_opcode,
+    /// Flags.
+    pub send_flags: c_uint,
+    /// Immediate data (network order) or rkey to invalidate.
+    pub imm_data: u32,
+    /// Operation-specific.
+    pub wr: ibv_send_wr_wr,
+    /// `qp_type.xrc.remote_srqn`.
+    pub qp_type_xrc_remote_srqn: u32,
+    /// `bind_mw` / `tso` union.
+    pub bind_mw_or_tso: [u64; 6],
+}
+
+/// `struct ibv_wc`.
+#[repr(C)]
+pub struct ibv_wc {
+    /// The application's id.
+    pub wr_id: u64,
+    /// Status.
+    pub status: ibv_wc_status,
+    /// Opcode.
+    pub opcode: ibv_wc_opcode,
+    /// Vendor error.
+    pub vendor_err: u32,
+    /// Bytes.
+    pub byte_len: u32,
+    /// Immediate data (network order) or invalidated rkey.
+    pub imm_data: u32,
+    /// Local QP.
+    pub qp_num: u32,
+    /// Source QP (UD).
+    pub src_qp: u32,
+    /// Flags.
+    pub wc_flags: c_uint,
+    /// P_Key index.
+    pub pkey_index: u16,
+    /// Source LID.
+    pub slid: u16,
+    /// Service level.
+    pub sl: u8,
+    /// Path bits.
+    pub dlid_path_bits: u8,
+}
+
+/// `struct ibv_grh`.
+#[repr(C)]
+pub struct ibv_grh {
+    /// Version, traffic class, flow label.
+    pub version_tclass_flow: u32,
+    /// Payload length.
+    pub paylen: u16,
+    /// Next header.
+    pub next_hdr: u8,
+    /// Hop limit.
+    pub hop_limit: u8,
+    /// Source GID.
+    pub sgid: ibv_gid,
+    /// Destination GID.
+    pub dgid: ibv_gid,
+}
+
+/// `element` of `struct ibv_async_event`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union ibv_async_event_element {
+    /// CQ.
+    pub cq: *mut ibv_cq,
+    /// QP.
+    pub qp: *mut ibv_qp,
+    /// SRQ.
+    pub srq: *mut ibv_srq,
+    /// WQ.
+    pub wq: *mut c_void,
+    /// Port.
+    pub port_num: c_int,
+}
+
+/// `struct ibv_async_event`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_async_event {
+    /// The object.
+    pub element: ibv_async_event_element,
+    /// What happened.
+    pub event_type: ibv_event_type,
+}
+
+/// `struct ibv_device_attr`.
+#[repr(C)]
+pub struct ibv_device_attr {
+    /// Firmware version.
+    pub fw_ver: [c_char; 64],
+    /// Node GUID (network order).
+    pub node_guid: u64,
+    /// System image GUID (network order).
+    pub sys_image_guid: u64,
+    /// Largest MR.
+    pub max_mr_size: u64,
+    /// Page sizes.
+    pub page_size_cap: u64,
+    /// Vendor.
+    pub vendor_id: u32,
+    /// Part.
+    pub vendor_part_id: u32,
+    /// Hardware version.
+    pub hw_ver: u32,
+    /// QPs.
+    pub max_qp: c_int,
+    /// WRs per queue.
+    pub max_qp_wr: c_int,
+    /// Capabilities.
+    pub device_cap_flags: c_uint,
+    /// SGEs.
+    pub max_sge: c_int,
+    /// SGEs for READ.
+    pub max_sge_rd: c_int,
+    /// CQs.
+    pub max_cq: c_int,
+    /// CQ entries.
+    pub max_cqe: c_int,
+    /// MRs.
+    pub max_mr: c_int,
+    /// PDs.
+    pub max_pd: c_int,
+    /// Responder READ/atomic.
+    pub max_qp_rd_atom: c_int,
+    /// EE.
+    pub max_ee_rd_atom: c_int,
+    /// Total responder resources.
+    pub max_res_rd_atom: c_int,
+    /// Requester READ/atomic.
+    pub max_qp_init_rd_atom: c_int,
+    /// EE.
+    pub max_ee_init_rd_atom: c_int,
+    /// Atomic guarantee.
+    pub atomic_cap: ibv_atomic_cap,
+    /// EE.
+    pub max_ee: c_int,
+    /// RDD.
+    pub max_rdd: c_int,
+    /// MWs.
+    pub max_mw: c_int,
+    /// Raw IPv6 QPs.
+    pub max_raw_ipv6_qp: c_int,
+    /// Raw Ethernet QPs.
+    pub max_raw_ethy_qp: c_int,
+    /// Multicast groups.
+    pub max_mcast_grp: c_int,
+    /// QPs per group.
+    pub max_mcast_qp_attach: c_int,
+    /// Attachments.
+    pub max_total_mcast_qp_attach: c_int,
+    /// AHs.
+    pub max_ah: c_int,
+    /// FMRs.
+    pub max_fmr: c_int,
+    /// Maps per FMR.
+    pub max_map_per_fmr: c_int,
+    /// SRQs.
+    pub max_srq: c_int,
+    /// SRQ WRs.
+    pub max_srq_wr: c_int,
+    /// SRQ SGEs.
+    pub max_srq_sge: c_int,
+    /// P_Keys.
+    pub max_pkeys: u16,
+    /// ACK delay.
+    pub local_ca_ack_delay: u8,
+    /// Ports.
+    pub phys_port_cnt: u8,
+}
+
+/// `struct ibv_query_device_ex_input`.
+#[repr(C)]
+pub struct ibv_query_device_ex_input {
+    /// Must be 0.
+    pub comp_mask: u32,
+}
+
+/// `struct ibv_device_attr_ex`: the legacy attributes then extensions srdma reports as absent
+/// (kept as zeroed space of the v44 size).
+#[repr(C)]
+pub struct ibv_device_attr_ex {
+    /// The legacy attributes.
+    pub orig_attr: ibv_device_attr,
+    /// Valid fields.
+    pub comp_mask: u32,
+    /// `odp_caps` (24 bytes, 8-aligned).
+    pub odp_caps: [u64; 3],
+    /// Timestamp mask.
+    pub completion_timestamp_mask: u64,
+    /// Core clock.
+    pub hca_core_clock: u64,
+    /// Extended capabilities.
+    pub device_cap_flags_ex: u64,
+    /// The rest, up to `phys_port_cnt_ex`.
+    pub rest: [u64; 14],
+}
+
+/// `struct ibv_port_attr` of rdma-core 44.
+#[repr(C)]
+pub struct ibv_port_attr {
+    /// State.
+    pub state: ibv_port_state,
+    /// Largest MTU.
+    pub max_mtu: ibv_mtu,
+    /// Active MTU.
+    pub active_mtu: ibv_mtu,
+    /// GID table length.
+    pub gid_tbl_len: c_int,
+    /// Capabilities.
+    pub port_cap_flags: u32,
+    /// Largest message.
+    pub max_msg_sz: u32,
+    /// P_Key violations.
+    pub bad_pkey_cntr: u32,
+    /// Q_Key violations.
+    pub qkey_viol_cntr: u32,
+    /// P_Key table length.
+    pub pkey_tbl_len: u16,
+    /// LID.
+    pub lid: u16,
+    /// SM LID.
+    pub sm_lid: u16,
+    /// LMC.
+    pub lmc: u8,
+    /// VLs.
+    pub max_vl_num: u8,
+    /// SM SL.
+    pub sm_sl: u8,
+    /// Subnet timeout.
+    pub subnet_timeout: u8,
+    /// Init type reply.
+    pub init_type_reply: u8,
+    /// Width.
+    pub active_width: u8,
+    /// Speed.
+    pub active_speed: u8,
+    /// Physical state.
+    pub phys_state: u8,
+    /// Link layer.
+    pub link_layer: u8,
+    /// Flags.
+    pub flags: u8,
+    /// More capabilities.
+    pub port_cap_flags2: u16,
+}
+
+/// `struct ibv_gid_entry`.
+#[repr(C)]
+pub struct ibv_gid_entry {
+    /// The GID.
+    pub gid: ibv_gid,
+    /// Its index.
+    pub gid_index: u32,
+    /// Its port.
+    pub port_num: u32,
+    /// `enum ibv_gid_type`.
+    pub gid_type: u32,
+    /// Interface index.
+    pub ndev_ifindex: u32,
+}

@@ -1,0 +1,233 @@
+//! Debian's unmodified rdma-core and perftest binaries on the drop-in libibverbs.so.1.
+//!
+//! Each test puts the library built from this crate first on the loader's path and runs the
+//! tools from `/usr/bin` (packages ibverbs-utils and perftest; `scripts/test.sh` installs
+//! them), both ends on this host: the server on one loopback address, the client on another
+//! (`SRDMA_DEVICES`), every test on its own addresses and TCP port so they run in parallel.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// The directory holding `libibverbs.so.1`, built once per test run.
+fn lib_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let st = Command::new(env!("CARGO"))
+            .args(["build", "-q", "-p", "srdma-verbs"])
+            .current_dir(&root)
+            .status()
+            .expect("running cargo build -p srdma-verbs");
+        assert!(st.success(), "cargo build -p srdma-verbs failed");
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| root.join("target"));
+        let lib = target.join("debug/libibverbs.so").canonicalize().unwrap();
+        let dir = std::env::temp_dir().join(format!("srdma-verbs-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let link = dir.join("libibverbs.so.1");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(lib, &link).unwrap();
+        dir
+    })
+}
+
+/// The Debian binary `name`, or a panic that says which package to install.
+fn tool(name: &str) -> PathBuf {
+    let p = Path::new("/usr/bin").join(name);
+    assert!(
+        p.exists(),
+        "{} is missing: install ibverbs-utils and perftest (apt-get install ibverbs-utils \
+         perftest), or run scripts/test.sh as root",
+        p.display()
+    );
+    p
+}
+
+fn cmd(name: &str, devices: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(tool(name));
+    c.args(args)
+        .env("LD_LIBRARY_PATH", lib_dir())
+        .env("SRDMA_DEVICES", devices)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+/// Waits for `child` at most `limit`, killing it past that.
+fn wait(mut child: Child, limit: Duration, what: &str) -> Output {
+    let start = Instant::now();
+    loop {
+        if let Some(_st) = child.try_wait().unwrap() {
+            return child.wait_with_output().unwrap();
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "{what} did not finish within {limit:?}\nstdout:\n{}\nstderr:\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Runs a server and, once it listens, a client; both must exit 0. Returns both outputs.
+fn pair(name: &str, net: u8, server: &[&str], client: &[&str]) -> (Output, Output) {
+    let (sa, ca) = (format!("127.0.{net}.1"), format!("127.0.{net}.2"));
+    let srv = cmd(name, &sa, server).spawn().unwrap();
+    // The client retries its TCP connect for a while (perftest) or once (pingpong): give the
+    // server time to listen.
+    std::thread::sleep(Duration::from_millis(400));
+    let mut cargs: Vec<&str> = client.to_vec();
+    cargs.push(&sa);
+    let cli = cmd(name, &ca, &cargs).spawn().unwrap();
+    let c = wait(cli, Duration::from_secs(60), &format!("{name} client"));
+    let s = wait(srv, Duration::from_secs(60), &format!("{name} server"));
+    assert!(s.status.success(), "{name} server failed: {}", text(&s));
+    assert!(c.status.success(), "{name} client failed: {}", text(&c));
+    (s, c)
+}
+
+#[test]
+fn ibv_devices_lists_the_configured_devices() {
+    let o = cmd("ibv_devices", "first=127.0.9.1,127.0.9.2", &[])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(out.contains("first"), "{out}");
+    // 127.0.9.2 is not an interface address of its own: named by position.
+    assert!(out.contains("srdma1"), "{out}");
+    // The node GUID is made from the address, as srdma devinfo makes it.
+    assert!(out.contains("027f00fffe0901b7"), "{out}");
+}
+
+#[test]
+fn ibv_devinfo_shows_an_rxe_like_device() {
+    let o = cmd("ibv_devinfo", "127.0.9.3", &["-v"]).output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", text(&o));
+    for want in [
+        "transport:\t\t\tInfiniBand (0)",
+        "vendor_id:\t\t\t0xffffff",
+        "state:\t\t\tPORT_ACTIVE (4)",
+        "link_layer:\t\tEthernet",
+        "::ffff:127.0.9.3, RoCE v2",
+        "phys_port_cnt:\t\t\t1",
+    ] {
+        assert!(out.contains(want), "missing {want:?} in\n{out}");
+    }
+}
+
+#[test]
+fn ibv_devinfo_without_devices_says_so() {
+    let o = cmd("ibv_devinfo", "", &[])
+        .env("SRDMA_DEVICES", "#none")
+        .output()
+        .unwrap();
+    let all = text(&o);
+    assert!(!o.status.success(), "{all}");
+    assert!(all.contains("No IB devices found"), "{all}");
+}
+
+#[test]
+fn ibv_rc_pingpong_sizes_and_events() {
+    for (i, (size, events)) in [(64, false), (4096, true), (65536, false), (200_000, true)]
+        .into_iter()
+        .enumerate()
+    {
+        let port = (18520 + i).to_string();
+        let size = size.to_string();
+        let mut args = vec!["-g", "1", "-n", "50", "-s", &size, "-p", &port];
+        if events {
+            args.push("-e");
+        }
+        let (s, c) = pair("ibv_rc_pingpong", 10 + i as u8, &args, &args);
+        let out = String::from_utf8_lossy(&c.stdout);
+        assert!(out.contains("50 iters"), "{}", text(&c));
+        assert!(String::from_utf8_lossy(&s.stdout).contains("50 iters"));
+    }
+}
+
+#[test]
+fn ibv_ud_pingpong() {
+    let args = ["-g", "1", "-n", "50", "-s", "1024", "-p", "18530"];
+    let (_, c) = pair("ibv_ud_pingpong", 20, &args, &args);
+    assert!(
+        String::from_utf8_lossy(&c.stdout).contains("50 iters"),
+        "{}",
+        text(&c)
+    );
+}
+
+#[test]
+fn ibv_srq_pingpong() {
+    for (i, events) in [false, true].into_iter().enumerate() {
+        let port = (18540 + i).to_string();
+        let mut args = vec!["-g", "1", "-n", "50", "-s", "4096", "-q", "4", "-p", &port];
+        if events {
+            args.push("-e");
+        }
+        let (_, c) = pair("ibv_srq_pingpong", 30 + i as u8, &args, &args);
+        assert!(
+            String::from_utf8_lossy(&c.stdout).contains("iters"),
+            "{}",
+            text(&c)
+        );
+    }
+}
+
+fn perftest(name: &str, net: u8, port: u16, extra: &[&str]) -> String {
+    let port = port.to_string();
+    let mut args = vec!["-x", "1", "-p", &port];
+    args.extend_from_slice(extra);
+    let (_, c) = pair(name, net, &args, &args);
+    let mut s = String::new();
+    s.push_str(&String::from_utf8_lossy(&c.stdout));
+    s
+}
+
+#[test]
+fn perftest_bandwidth() {
+    for (i, (name, extra)) in [
+        ("ib_write_bw", &["-s", "65536", "-n", "200"][..]),
+        ("ib_read_bw", &["-s", "65536", "-n", "200"][..]),
+        ("ib_send_bw", &["-s", "4096", "-n", "200"][..]),
+        ("ib_atomic_bw", &["-n", "200"][..]),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let out = perftest(name, 40 + i as u8, 18550 + i as u16, extra);
+        assert!(out.contains("BW average"), "{name}: {out}");
+    }
+}
+
+#[test]
+fn perftest_latency() {
+    for (i, (name, extra)) in [
+        ("ib_write_lat", &["-s", "8", "-n", "200"][..]),
+        ("ib_send_lat", &["-s", "8", "-n", "200"][..]),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let out = perftest(name, 50 + i as u8, 18560 + i as u16, extra);
+        assert!(out.contains("t_avg"), "{name}: {out}");
+    }
+}

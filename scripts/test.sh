@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The README's test command: installs what the test suite needs on a Debian machine that has
+# only a Rust toolchain, then runs every test of the workspace.
+#
+# Needs: tshark (decode comparisons), iproute2 and nftables (network namespaces, loss), gcc
+# and libibverbs-dev (C programs against the real verbs.h), ibverbs-utils and perftest (the
+# Debian-built tools the drop-in libibverbs runs). Installing needs root; without root, what
+# is missing is named and the tests that need it skip or fail with that name
+# (SRDMA_SKIP_NETNS=1 and SRDMA_SKIP_TSHARK=1 skip those on purpose).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v tshark >/dev/null || need+=(tshark)
+command -v ip >/dev/null || need+=(iproute2)
+command -v nft >/dev/null || need+=(nftables)
+command -v gcc >/dev/null || need+=(gcc libc6-dev)
+[ -f /usr/include/infiniband/verbs.h ] || need+=(libibverbs-dev)
+command -v ibv_rc_pingpong >/dev/null || need+=(ibverbs-utils)
+command -v ib_write_bw >/dev/null || need+=(perftest)
+if [ ${#need[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "installing: ${need[*]}"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        # tshark asks whether non-root users may capture; answer no without a prompt.
+        echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections
+        apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+    else
+        echo "warning: missing ${need[*]} (install them as root with apt-get)" >&2
+    fi
+fi
+
+# The drop-in libibverbs.so.1 the verbs tests load into Debian's tools.
+cargo build --locked -q -p srdma-verbs
+cargo test --workspace --locked "$@"
