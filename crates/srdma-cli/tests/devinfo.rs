@@ -460,3 +460,42 @@ fn stats_show_the_devices_of_running_processes() {
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("no srdma device named 'srdma_lo' is open"));
 }
+
+/// The drop-in libibverbs, built for this test run (beside the srdma binary, where
+/// `srdma exec` looks for it).
+fn build_verbs_lib() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let st = Command::new(env!("CARGO"))
+        .args(["build", "-q", "-p", "srdma-verbs"])
+        .current_dir(root)
+        .status()
+        .expect("cargo build -p srdma-verbs");
+    assert!(st.success());
+}
+
+/// Debian's own ibv_devinfo, run on srdma through `srdma exec`, prints what `srdma devinfo`
+/// prints for the same device (GUIDs aside: srdma devinfo opens on a free port, the drop-in
+/// describes the device on 4791).
+#[test]
+fn ibv_devinfo_on_the_drop_in_matches_srdma_devinfo() {
+    assert!(
+        Path::new("/usr/bin/ibv_devinfo").exists(),
+        "install ibverbs-utils (scripts/test.sh does)"
+    );
+    build_verbs_lib();
+    let theirs = Command::new(env!("CARGO_BIN_EXE_srdma"))
+        .args(["exec", "ibv_devinfo", "-v", "-d", "srdma_lo"])
+        .output()
+        .unwrap();
+    assert!(theirs.status.success(), "{}", text(&theirs.stderr));
+    let ours = devinfo(&["-v", "-d", "srdma_lo"]);
+    assert!(ours.status.success());
+    let strip = |o: &Output| {
+        let (n, _) = normalise(&text(&o.stdout), &["node_guid", "sys_image_guid"]);
+        n.lines()
+            .filter(|l| !l.contains("GID[  0]"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert_eq!(strip(&theirs), strip(&ours));
+}

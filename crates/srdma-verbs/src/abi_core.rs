@@ -88,6 +88,8 @@ pub type ibv_fork_status = c_uint;
 pub const IBV_FORK_UNNEEDED: ibv_fork_status = 2;
 /// `enum ibv_gid_type` values as `ibv_query_gid_type` and `ibv_gid_entry` report them.
 pub const IBV_GID_TYPE_ROCE_V2: u32 = 2;
+/// `enum ibv_gid_type_sysfs` (driver.h): RoCE v2, as `ibv_query_gid_type` reports it.
+pub const IBV_GID_TYPE_SYSFS_ROCE_V2: u32 = 1;
 /// `IBV_LINK_LAYER_ETHERNET`.
 pub const IBV_LINK_LAYER_ETHERNET: u32 = 2;
 /// `IBV_ACCESS_ON_DEMAND`.

@@ -215,7 +215,7 @@ impl Context {
     /// # Safety
     /// `ctx` is NULL or came from [`ibv_open_device`] and is not closed.
     pub(crate) unsafe fn from_c<'a>(ctx: *mut ibv_context) -> Option<&'a Context> {
-        if ctx.is_null() {
+        if !crate::is_live(ctx) {
             return None;
         }
         let off = std::mem::offset_of!(verbs_context, context);
@@ -460,6 +460,7 @@ pub extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
             }),
         });
         let ctx = Box::leak(ctx);
+        crate::register(ctx.c());
         ctx.c()
     })
 }
@@ -479,6 +480,7 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
         ctx.sink
             .closed
             .store(true, std::sync::atomic::Ordering::Release);
+        crate::unregister(context);
         // SAFETY: the Context was leaked from a Box in ibv_open_device; closed once.
         drop(unsafe { Box::from_raw(std::ptr::from_ref(ctx).cast_mut()) });
         0
@@ -691,7 +693,8 @@ pub unsafe extern "C" fn ibv_query_gid(
 }
 
 /// `ibv_query_gid_type` (IBVERBS_PRIVATE_34, used by ibv_devinfo): every srdma GID is
-/// RoCE v2.
+/// RoCE v2, which this private call numbers `IBV_GID_TYPE_SYSFS_ROCE_V2` (1), not
+/// `IBV_GID_TYPE_ROCE_V2` (2) as `ibv_query_gid_ex` does.
 ///
 /// # Safety
 /// `type_` is NULL or valid for a write.
@@ -713,7 +716,7 @@ pub unsafe extern "C" fn ibv_query_gid_type(
             return -1;
         }
         // SAFETY: non-null and valid per the contract.
-        unsafe { *type_ = IBV_GID_TYPE_ROCE_V2 };
+        unsafe { *type_ = IBV_GID_TYPE_SYSFS_ROCE_V2 };
         0
     })
 }

@@ -18,7 +18,7 @@ pub mod abi;
 pub mod abi_core;
 mod context;
 mod stubs;
-mod tmp_stubs;
+mod unsupported;
 mod verbs;
 
 #[cfg(not(test))]
@@ -54,4 +54,31 @@ pub(crate) fn errno_of(e: &srdma::Error) -> i32 {
         srdma::Error::Mr(MrError::TableFull { .. }) | srdma::Error::Exhausted(_) => libc::ENOMEM,
         _ => libc::EINVAL,
     }
+}
+
+/// The objects this library handed out and that are still alive, by address: calls that
+/// take an object check it here, so NULL, stale (destroyed) and foreign pointers get EINVAL
+/// instead of a crash. The data path (`ibv_post_*`, `ibv_poll_cq`, `ibv_req_notify_cq`),
+/// inline in the application, skips the check, as rdma-core's does.
+static LIVE: std::sync::Mutex<std::collections::BTreeSet<usize>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+fn live() -> std::sync::MutexGuard<'static, std::collections::BTreeSet<usize>> {
+    LIVE.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Records a new object.
+pub(crate) fn register<T>(p: *const T) {
+    live().insert(p as usize);
+}
+
+/// Forgets an object being destroyed; false if it was not alive (NULL, stale, foreign).
+pub(crate) fn unregister<T>(p: *const T) -> bool {
+    live().remove(&(p as usize))
+}
+
+/// Whether `p` is an object this library handed out and has not destroyed.
+pub(crate) fn is_live<T>(p: *const T) -> bool {
+    !p.is_null() && live().contains(&(p as usize))
 }

@@ -32,7 +32,37 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// `p` is NULL or points at the first field of a live `T` created by this library.
 unsafe fn back<'a, T, C>(p: *mut C) -> Option<&'a T> {
     // SAFETY: per the contract; T is repr(C) with the C struct first.
+    crate::is_live(p).then(|| unsafe { &*p.cast::<T>() })
+}
+
+/// As [`back`], without the liveness check: for the data path, which rdma-core does not
+/// check either (a stale pointer there is the application's bug, as with any provider).
+///
+/// # Safety
+/// `p` is NULL or points at the first field of a live `T` created by this library.
+unsafe fn back_fast<'a, T, C>(p: *mut C) -> Option<&'a T> {
+    // SAFETY: per the contract; T is repr(C) with the C struct first.
     (!p.is_null()).then(|| unsafe { &*p.cast::<T>() })
+}
+
+/// Hands out a new object: boxed, registered as live.
+fn hand_out<T, C>(v: T) -> *mut C {
+    let p = Box::into_raw(Box::new(v));
+    crate::register(p);
+    p.cast()
+}
+
+/// Takes an object back for destruction: None (EINVAL for the caller) if `p` is not a live
+/// object of ours.
+///
+/// # Safety
+/// If `p` is live, it was handed out by [`hand_out`] as a `T`.
+unsafe fn take_back<T, C>(p: *mut C) -> Option<Box<T>> {
+    if p.is_null() || !crate::unregister(p) {
+        return None;
+    }
+    // SAFETY: live objects came from hand_out::<T>; unregistered now, so freed once.
+    Some(unsafe { Box::from_raw(p.cast::<T>()) })
 }
 
 /// Fills the data-path entries of `ibv_context_ops`.
@@ -52,6 +82,20 @@ pub(crate) fn fill_ops(ops: &mut ibv_context_ops) {
 pub(crate) struct Pd {
     c: ibv_pd,
     pd: srdma::Pd,
+    /// MRs, QPs, SRQs and AHs created in it: ibv_dealloc_pd refuses (EBUSY) while any lives.
+    users: std::sync::atomic::AtomicUsize,
+}
+
+/// Counts one more (`+1`) or one fewer (`-1`) object in the PD `pd` (if it is live).
+fn pd_users(pd: *mut ibv_pd, delta: isize) {
+    // SAFETY: liveness checked by `back`.
+    if let Some(p) = unsafe { back::<Pd, _>(pd) } {
+        if delta > 0 {
+            p.users.fetch_add(1, Ordering::Relaxed);
+        } else {
+            p.users.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
 }
 
 /// `ibv_alloc_pd`: a protection domain (opens the srdma device on first use).
@@ -73,27 +117,31 @@ pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd 
                 return std::ptr::null_mut();
             }
         };
-        let pd = Box::new(Pd {
+        hand_out(Pd {
             c: ibv_pd { context, handle: 0 },
             pd: dev.alloc_pd(),
-        });
-        Box::into_raw(pd).cast()
+            users: std::sync::atomic::AtomicUsize::new(0),
+        })
     })
 }
 
-/// `ibv_dealloc_pd`: 0, or EINVAL for NULL. (srdma objects keep their PD alive, so a PD
-/// still in use is released when its last object goes, instead of EBUSY.)
+/// `ibv_dealloc_pd`: 0; EBUSY while MRs, QPs, SRQs or AHs use it; EINVAL for NULL or a
+/// PD already deallocated.
 ///
 /// # Safety
 /// `pd` is NULL or a live PD, deallocated once.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     guard(libc::EIO, || {
-        if pd.is_null() {
+        // SAFETY: liveness checked by `back`.
+        let Some(p) = (unsafe { back::<Pd, _>(pd) }) else {
             return libc::EINVAL;
+        };
+        if p.users.load(Ordering::Relaxed) > 0 {
+            return libc::EBUSY;
         }
-        // SAFETY: allocated by ibv_alloc_pd as a Box<Pd>, freed once per the contract.
-        drop(unsafe { Box::from_raw(pd.cast::<Pd>()) });
+        // SAFETY: a live Pd handed out by ibv_alloc_pd.
+        drop(unsafe { take_back::<Pd, _>(pd) });
         0
     })
 }
@@ -153,7 +201,8 @@ fn reg_mr(
                 lkey: mr.lkey().0,
                 rkey: mr.rkey().map_or(mr.lkey().0, |r| r.0),
             };
-            Box::into_raw(Box::new(Mr { c, _mr: mr })).cast()
+            pd_users(pd, 1);
+            hand_out(Mr { c, _mr: mr })
         }
         Err(e) => {
             set_errno(errno_of(&e));
@@ -220,11 +269,11 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     guard(libc::EIO, || {
-        if mr.is_null() {
+        // SAFETY: live objects came from hand_out::<Mr>.
+        let Some(m) = (unsafe { take_back::<Mr, _>(mr) }) else {
             return libc::EINVAL;
-        }
-        // SAFETY: created by reg_mr as a Box<Mr>; freed once per the contract.
-        drop(unsafe { Box::from_raw(mr.cast::<Mr>()) });
+        };
+        pd_users(m.c.pd, -1);
         0
     })
 }
@@ -268,12 +317,11 @@ pub unsafe extern "C" fn ibv_create_comp_channel(
             fd: ch.as_fd().as_raw_fd(),
             refcnt: 0,
         };
-        Box::into_raw(Box::new(Channel {
+        hand_out(Channel {
             c,
             ch,
             cqs: Mutex::new(HashMap::new()),
-        }))
-        .cast()
+        })
     })
 }
 
@@ -291,8 +339,8 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel
         if !lock(&ch.cqs).is_empty() {
             return libc::EBUSY;
         }
-        // SAFETY: created as a Box<Channel>; freed once per the contract.
-        drop(unsafe { Box::from_raw(channel.cast::<Channel>()) });
+        // SAFETY: live objects came from hand_out::<Channel>.
+        drop(unsafe { take_back::<Channel, _>(channel) });
         0
     })
 }
@@ -356,13 +404,13 @@ pub unsafe extern "C" fn ibv_create_cq(
         c.handle = cq.id();
         c.cqe = cqe;
         let id = cq.id();
-        let boxed = Box::into_raw(Box::new(Cq {
+        let boxed: *mut Cq = hand_out(Cq {
             c,
             cq,
             channel: channel.cast(),
             scratch: Mutex::new(Vec::with_capacity(16)),
             acked: AtomicU32::new(0),
-        }));
+        });
         lock(&ctx.sink.cqs).insert(id, boxed as usize);
         if let Some(ch) = ch {
             lock(&ch.cqs).insert(id, boxed as usize);
@@ -400,8 +448,8 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
             // SAFETY: as above.
             unsafe { (*c.channel).c.refcnt -= 1 };
         }
-        // SAFETY: created as a Box<Cq>; freed once per the contract.
-        drop(unsafe { Box::from_raw(cq.cast::<Cq>()) });
+        // SAFETY: live objects came from hand_out::<Cq>.
+        drop(unsafe { take_back::<Cq, _>(cq) });
         0
     })
 }
@@ -512,7 +560,7 @@ fn wc_to_c(wc: &Wc, out: &mut ibv_wc) {
 unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut ibv_wc) -> c_int {
     guard(-1, || {
         // SAFETY: the inline ibv_poll_cq passes a CQ of this context.
-        let Some(c) = (unsafe { back::<Cq, _>(cq) }) else {
+        let Some(c) = (unsafe { back_fast::<Cq, _>(cq) }) else {
             return -1;
         };
         if num_entries < 0 || (num_entries > 0 && wc.is_null()) {
@@ -533,7 +581,7 @@ unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut ibv_w
 unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: the inline caller passes a CQ of this context.
-        let Some(c) = (unsafe { back::<Cq, _>(cq) }) else {
+        let Some(c) = (unsafe { back_fast::<Cq, _>(cq) }) else {
             return libc::EINVAL;
         };
         c.cq.req_notify(solicited_only != 0);
@@ -589,14 +637,14 @@ pub unsafe extern "C" fn ibv_create_srq(
         c.srq_context = a.srq_context;
         c.pd = pd;
         a.attr.max_sge = max_sge;
-        Box::into_raw(Box::new(Srq {
+        pd_users(pd, 1);
+        hand_out(Srq {
             c,
             srq,
             max_wr,
             max_sge,
             limit: AtomicU32::new(a.attr.srq_limit),
-        }))
-        .cast()
+        })
     })
 }
 
@@ -678,8 +726,9 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
         if s.srq.users() > 1 {
             return libc::EBUSY;
         }
-        // SAFETY: created as a Box<Srq>; freed once.
-        drop(unsafe { Box::from_raw(srq.cast::<Srq>()) });
+        pd_users(s.c.pd, -1);
+        // SAFETY: live objects came from hand_out::<Srq>.
+        drop(unsafe { take_back::<Srq, _>(srq) });
         0
     })
 }
@@ -744,7 +793,7 @@ unsafe extern "C" fn post_srq_recv(
 ) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: the inline caller passes an SRQ of this context.
-        let Some(s) = (unsafe { back::<Srq, _>(srq) }) else {
+        let Some(s) = (unsafe { back_fast::<Srq, _>(srq) }) else {
             return libc::EINVAL;
         };
         post_recv_list(wr, bad, s.max_sge, |r| {
@@ -816,11 +865,11 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
             pd,
             handle: 0,
         };
-        Box::into_raw(Box::new(Ah {
+        pd_users(pd, 1);
+        hand_out(Ah {
             c,
             attr: ah_attr(a),
-        }))
-        .cast()
+        })
     })
 }
 
@@ -831,11 +880,11 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
     guard(libc::EIO, || {
-        if ah.is_null() {
+        // SAFETY: live objects came from hand_out::<Ah>.
+        let Some(a) = (unsafe { take_back::<Ah, _>(ah) }) else {
             return libc::EINVAL;
-        }
-        // SAFETY: created as a Box<Ah>; freed once.
-        drop(unsafe { Box::from_raw(ah.cast::<Ah>()) });
+        };
+        pd_users(a.c.pd, -1);
         0
     })
 }
@@ -1040,12 +1089,13 @@ fn create_qp(p: &Pd, pd: *mut ibv_pd, a: &mut ibv_qp_init_attr) -> Result<*mut i
     c.state = IBV_QPS_RESET;
     c.qp_type = a.qp_type;
     let qpn = c.qp_num;
-    let boxed = Box::into_raw(Box::new(Qp {
+    let boxed: *mut Qp = hand_out(Qp {
         c,
         qp,
         caps: got,
         sq_sig_all: a.sq_sig_all != 0,
-    }));
+    });
+    pd_users(pd, 1);
     // SAFETY: the PD's context is open.
     if let Some(ctx) = unsafe { Context::from_c(p.c.context) } {
         lock(&ctx.sink.qps).insert(qpn, boxed as usize);
@@ -1219,8 +1269,9 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         if let Some(ctx) = unsafe { Context::from_c(q.c.context) } {
             lock(&ctx.sink.qps).remove(&q.c.qp_num);
         }
-        // SAFETY: created as a Box<Qp>; freed once.
-        drop(unsafe { Box::from_raw(qp.cast::<Qp>()) });
+        pd_users(q.c.pd, -1);
+        // SAFETY: live objects came from hand_out::<Qp>.
+        drop(unsafe { take_back::<Qp, _>(qp) });
         0
     })
 }
@@ -1328,7 +1379,7 @@ unsafe extern "C" fn post_send(
 ) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: the inline caller passes a QP of this context.
-        let Some(q) = (unsafe { back::<Qp, _>(qp) }) else {
+        let Some(q) = (unsafe { back_fast::<Qp, _>(qp) }) else {
             return libc::EINVAL;
         };
         let set_bad = |p: *mut ibv_send_wr| {
@@ -1379,7 +1430,7 @@ unsafe extern "C" fn post_recv(
 ) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: the inline caller passes a QP of this context.
-        let Some(q) = (unsafe { back::<Qp, _>(qp) }) else {
+        let Some(q) = (unsafe { back_fast::<Qp, _>(qp) }) else {
             return libc::EINVAL;
         };
         if !q.c.srq.is_null() {

@@ -231,3 +231,98 @@ fn perftest_latency() {
         assert!(out.contains("t_avg"), "{name}: {out}");
     }
 }
+
+/// Compiles `tests/c/NAME.c` against the installed verbs.h and the system's -libverbs (what a
+/// user does), into a file of its own per call (tests run in parallel).
+fn c_program(name: &str) -> PathBuf {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let k = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+    let out = lib_dir().join(format!("{name}-{k}"));
+    let o = Command::new("cc")
+        .args(["-O1", "-Wall", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .arg("-libverbs")
+        .output()
+        .expect("running cc: install gcc");
+    assert!(
+        o.status.success(),
+        "compiling {name}.c failed (libibverbs-dev installed?): {}",
+        text(&o)
+    );
+    out
+}
+
+fn c_cmd(prog: &Path, devices: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(prog);
+    c.args(args)
+        .env("LD_LIBRARY_PATH", lib_dir())
+        .env("SRDMA_DEVICES", devices)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+#[test]
+fn bad_input_gets_rdma_core_errors() {
+    let prog = c_program("bad_input");
+    let o = wait(
+        c_cmd(&prog, "127.0.60.1", &[]).spawn().unwrap(),
+        Duration::from_secs(60),
+        "bad_input",
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(out.contains("0 failures"), "{out}");
+    // Every check ran (a crash would stop the list early).
+    assert!(
+        out.lines().filter(|l| l.starts_with("ok ")).count() >= 45,
+        "{out}"
+    );
+}
+
+#[test]
+fn device_failure_is_reported_not_hung() {
+    let prog = c_program("bad_input");
+    let o = wait(
+        c_cmd(&prog, "127.0.61.1", &["fatal"])
+            .env("SRDMA_INJECT_DEVICE_FAILURE_MS", "300")
+            .env("RUST_BACKTRACE", "0")
+            .spawn()
+            .unwrap(),
+        Duration::from_secs(60),
+        "bad_input fatal",
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("ok fatal-flush"));
+}
+
+/// The seed scenario as a C program: A writes into B, B forwards by SEND to C; all three
+/// processes on one address (sharing UDP 4791), then on three.
+#[test]
+fn seed_scenario_chain_of_three_c_processes() {
+    let prog = c_program("chain");
+    for (k, devs) in [
+        ["127.0.62.1"; 3],
+        ["127.0.63.1", "127.0.63.2", "127.0.63.3"],
+    ]
+    .iter()
+    .enumerate()
+    {
+        let size = "3000000";
+        let (pb, pc) = ((19100 + 2 * k).to_string(), (19101 + 2 * k).to_string());
+        let c = c_cmd(&prog, devs[2], &["c", size, &pc]).spawn().unwrap();
+        let b = c_cmd(&prog, devs[1], &["b", size, &pb, "127.0.0.1", &pc])
+            .spawn()
+            .unwrap();
+        let a = c_cmd(&prog, devs[0], &["a", size, "127.0.0.1", &pb])
+            .spawn()
+            .unwrap();
+        for (name, p) in [("a", a), ("b", b), ("c", c)] {
+            let o = wait(p, Duration::from_secs(60), name);
+            assert!(o.status.success(), "chain {name} on {devs:?}: {}", text(&o));
+        }
+    }
+}
