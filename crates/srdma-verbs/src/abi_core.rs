@@ -956,3 +956,159 @@ pub struct ibv_gid_entry {
     /// Interface index.
     pub ndev_ifindex: u32,
 }
+
+#[cfg(test)]
+mod tests {
+    //! Every struct above against the installed `infiniband/verbs.h`: size, alignment and the
+    //! offset of every field, computed by the C compiler and by rustc from one list.
+
+    use super::*;
+    use std::mem::{align_of, offset_of, size_of};
+
+    macro_rules! layout {
+        ($( $kind:ident $s:ident { $( $f:ident $(. $g:ident)* $(= $c:literal)? ),* $(,)? } )*) => {{
+            let mut rust: Vec<String> = Vec::new();
+            let mut c = String::new();
+            $(
+                rust.push(format!("{} size {} align {}", stringify!($s), size_of::<$s>(), align_of::<$s>()));
+                c += &format!(
+                    "printf(\"{s} size %zu align %zu\\n\", sizeof({k} {s}), _Alignof({k} {s}));\n",
+                    s = stringify!($s), k = stringify!($kind)
+                );
+                $(
+                    let cf = layout!(@c $f $(. $g)* $(, $c)?);
+                    rust.push(format!("{}.{} {}", stringify!($s), cf, offset_of!($s, $f $(. $g)*)));
+                    c += &format!(
+                        "printf(\"{s}.{f} %zu\\n\", offsetof({k} {s}, {f}));\n",
+                        s = stringify!($s), f = cf, k = stringify!($kind)
+                    );
+                )*
+            )*
+            (rust, c)
+        }};
+        (@c $f:ident $(. $g:ident)*) => { concat!(stringify!($f) $(, ".", stringify!($g))*) };
+        (@c $f:ident $(. $g:ident)*, $c:literal) => { $c };
+    }
+
+    #[test]
+    fn layouts_match_the_installed_verbs_h() {
+        let (rust, c) = layout! {
+            union ibv_gid { raw }
+            struct _ibv_device_ops { _dummy1, _dummy2 }
+            struct ibv_device { _ops, node_type, transport_type, name, dev_name, dev_path, ibdev_path }
+            struct ibv_context_ops {
+                _compat_query_device, alloc_mw, bind_mw, dealloc_mw, poll_cq, req_notify_cq,
+                post_srq_recv, post_send, post_recv, _compat_async_event
+            }
+            struct ibv_context { device, ops, cmd_fd, async_fd, num_comp_vectors, mutex, abi_compat }
+            struct verbs_context {
+                query_port, advise_mr, create_cq_ex, priv_ = "priv", query_device_ex,
+                ibv_destroy_flow, ABI_placeholder2, ibv_create_flow, ABI_placeholder1, open_qp,
+                create_qp_ex, get_srq_num, create_srq_ex, open_xrcd, close_xrcd,
+                _ABI_placeholder3, sz, context
+            }
+            struct ibv_pd { context, handle }
+            struct ibv_mr { context, pd, addr, length, handle, lkey, rkey }
+            struct ibv_comp_channel { context, fd, refcnt }
+            struct ibv_cq {
+                context, channel, cq_context, handle, cqe, mutex, cond, comp_events_completed,
+                async_events_completed
+            }
+            struct ibv_srq { context, srq_context, pd, handle, mutex, cond, events_completed }
+            struct ibv_qp {
+                context, qp_context, pd, send_cq, recv_cq, srq, handle, qp_num, state, qp_type,
+                mutex, cond, events_completed
+            }
+            struct ibv_ah { context, pd, handle }
+            struct ibv_global_route { dgid, flow_label, sgid_index, hop_limit, traffic_class }
+            struct ibv_ah_attr { grh, dlid, sl, src_path_bits, static_rate, is_global, port_num }
+            struct ibv_qp_cap { max_send_wr, max_recv_wr, max_send_sge, max_recv_sge, max_inline_data }
+            struct ibv_qp_init_attr { qp_context, send_cq, recv_cq, srq, cap, qp_type, sq_sig_all }
+            struct ibv_qp_attr {
+                qp_state, cur_qp_state, path_mtu, path_mig_state, qkey, rq_psn, sq_psn,
+                dest_qp_num, qp_access_flags, cap, ah_attr, alt_ah_attr, pkey_index,
+                alt_pkey_index, en_sqd_async_notify, sq_draining, max_rd_atomic,
+                max_dest_rd_atomic, min_rnr_timer, port_num, timeout, retry_cnt, rnr_retry,
+                alt_port_num, alt_timeout, rate_limit
+            }
+            struct ibv_srq_attr { max_wr, max_sge, srq_limit }
+            struct ibv_srq_init_attr { srq_context, attr }
+            struct ibv_sge { addr, length, lkey }
+            struct ibv_recv_wr { wr_id, next, sg_list, num_sge }
+            struct ibv_send_wr {
+                wr_id, next, sg_list, num_sge, opcode, send_flags, imm_data,
+                wr.rdma.remote_addr, wr.rdma.rkey, wr.atomic.remote_addr, wr.atomic.compare_add,
+                wr.atomic.swap, wr.atomic.rkey, wr.ud.ah, wr.ud.remote_qpn, wr.ud.remote_qkey,
+                qp_type_xrc_remote_srqn = "qp_type.xrc.remote_srqn", bind_mw_or_tso = "bind_mw"
+            }
+            struct ibv_wc {
+                wr_id, status, opcode, vendor_err, byte_len, imm_data, qp_num, src_qp, wc_flags,
+                pkey_index, slid, sl, dlid_path_bits
+            }
+            struct ibv_grh { version_tclass_flow, paylen, next_hdr, hop_limit, sgid, dgid }
+            struct ibv_async_event { element, event_type }
+            struct ibv_device_attr {
+                fw_ver, node_guid, sys_image_guid, max_mr_size, page_size_cap, vendor_id,
+                vendor_part_id, hw_ver, max_qp, max_qp_wr, device_cap_flags, max_sge, max_sge_rd,
+                max_cq, max_cqe, max_mr, max_pd, max_qp_rd_atom, max_ee_rd_atom, max_res_rd_atom,
+                max_qp_init_rd_atom, max_ee_init_rd_atom, atomic_cap, max_ee, max_rdd, max_mw,
+                max_raw_ipv6_qp, max_raw_ethy_qp, max_mcast_grp, max_mcast_qp_attach,
+                max_total_mcast_qp_attach, max_ah, max_fmr, max_map_per_fmr, max_srq, max_srq_wr,
+                max_srq_sge, max_pkeys, local_ca_ack_delay, phys_port_cnt
+            }
+            struct ibv_query_device_ex_input { comp_mask }
+            struct ibv_device_attr_ex {
+                orig_attr, comp_mask, odp_caps, completion_timestamp_mask, hca_core_clock,
+                device_cap_flags_ex
+            }
+            struct ibv_port_attr {
+                state, max_mtu, active_mtu, gid_tbl_len, port_cap_flags, max_msg_sz,
+                bad_pkey_cntr, qkey_viol_cntr, pkey_tbl_len, lid, sm_lid, lmc, max_vl_num, sm_sl,
+                subnet_timeout, init_type_reply, active_width, active_speed, phys_state,
+                link_layer, flags, port_cap_flags2
+            }
+            struct ibv_gid_entry { gid, gid_index, port_num, gid_type, ndev_ifindex }
+        };
+        if !std::path::Path::new("/usr/include/infiniband/verbs.h").exists() {
+            if std::env::var_os("SRDMA_SKIP_VERBS_HEADERS").is_some() {
+                eprintln!("skipped: /usr/include/infiniband/verbs.h is missing");
+                return;
+            }
+            panic!(
+                "install libibverbs-dev (apt-get install libibverbs-dev), or set \
+                 SRDMA_SKIP_VERBS_HEADERS=1 to skip"
+            );
+        }
+        let dir = std::env::temp_dir().join(format!("srdma-layout-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let src = dir.join("layout.c");
+        std::fs::write(
+            &src,
+            format!(
+                "#include <infiniband/verbs.h>\n#include <stddef.h>\n#include <stdio.h>\n\
+                 int main(void) {{\n{c}return 0;\n}}\n"
+            ),
+        )
+        .unwrap();
+        let exe = dir.join("layout");
+        let st = std::process::Command::new("cc")
+            .arg("-o")
+            .arg(&exe)
+            .arg(&src)
+            .status()
+            .expect("running cc");
+        assert!(st.success(), "compiling {}", src.display());
+        let out = std::process::Command::new(&exe).output().unwrap();
+        let c_lines: Vec<String> = String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(str::to_string)
+            .collect();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(c_lines.len(), rust.len());
+        for (r, c) in rust.iter().zip(&c_lines) {
+            assert_eq!(r, c, "rustc says {r:?}, the C compiler {c:?}");
+        }
+        assert!(rust.len() > 250, "{} lines checked", rust.len());
+    }
+}

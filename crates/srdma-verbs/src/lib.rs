@@ -3,21 +3,58 @@
 //! srdma without an RDMA NIC, the rxe module or any kernel RDMA support.
 //!
 //! Layers, top to bottom:
-//! - the exported `ibv_*` functions (this crate's modules other than [`abi`]): the only
-//!   place with raw pointers and `unsafe`, each behind [`guard`], the one panic boundary;
-//! - [`abi`]: the structs, enums and function-pointer tables of `infiniband/verbs.h`, byte
-//!   for byte (checked against the installed header by a unit test);
+//! - the exported `ibv_*` functions (`context`, `verbs`, `unsupported`): the only place
+//!   with raw pointers and `unsafe`, each behind `guard`, the one panic boundary;
+//! - [`abi_core`]: the structs, enums and function-pointer tables of `infiniband/verbs.h`,
+//!   byte for byte (checked against the installed header by a unit test);
 //! - the safe `srdma` API, which does the work.
 //!
 //! Every function is bound to the symbol version Debian's library gives it (`symbols.txt`,
 //! turned into `.symver` directives and a version script by `build.rs`).
+//!
+//! # What is implemented
+//!
+//! - Implemented: `ibv_get_device_list`, `ibv_free_device_list`, `ibv_get_device_name`,
+//!   `ibv_get_device_guid`, `ibv_get_device_index`, `ibv_open_device`, `ibv_close_device`,
+//!   `ibv_query_device` (and `ibv_query_device_ex` through `verbs_context`),
+//!   `ibv_query_port` (both forms), `ibv_query_gid`, `ibv_query_gid_ex`,
+//!   `ibv_query_gid_table`, `ibv_query_gid_type`, `ibv_query_pkey`, `ibv_get_pkey_index`,
+//!   `ibv_alloc_pd`, `ibv_dealloc_pd`, `ibv_reg_mr`, `ibv_reg_mr_iova`, `ibv_reg_mr_iova2`
+//!   (the application's own memory, at its address or the iova given), `ibv_dereg_mr`,
+//!   `ibv_create_comp_channel`, `ibv_destroy_comp_channel`, `ibv_create_cq`,
+//!   `ibv_destroy_cq`, `ibv_get_cq_event`, `ibv_ack_cq_events`, `ibv_poll_cq`,
+//!   `ibv_req_notify_cq`, `ibv_create_qp` (RC, UC, UD), `ibv_modify_qp`, `ibv_query_qp`,
+//!   `ibv_destroy_qp`, `ibv_post_send` (SEND, SEND with immediate, WRITE, WRITE with
+//!   immediate, READ, compare-and-swap, fetch-and-add; inline), `ibv_post_recv`,
+//!   `ibv_create_srq`, `ibv_modify_srq` (the limit), `ibv_query_srq`, `ibv_destroy_srq`,
+//!   `ibv_post_srq_recv`, `ibv_create_ah`, `ibv_destroy_ah`, `ibv_init_ah_from_wc`,
+//!   `ibv_create_ah_from_wc`, `ibv_get_async_event`, `ibv_ack_async_event` (CQ error, QP
+//!   fatal, last WQE reached, device fatal, port active), `ibv_fork_init`,
+//!   `ibv_is_fork_initialized`, `ibv_dontfork_range`, `ibv_dofork_range`,
+//!   `ibv_query_qp_data_in_order`, the `*_str` functions and the rate conversions.
+//! - Stubbed, with rdma-core's answer for a provider without the feature: `ibv_resize_cq`
+//!   (EOPNOTSUPP unless the size is unchanged), `ibv_qp_to_qp_ex` (NULL, EOPNOTSUPP: no
+//!   `ibv_wr_*` API yet), `ibv_attach_mcast`/`ibv_detach_mcast`, `ibv_rereg_mr`,
+//!   `ibv_reg_dmabuf_mr`, `ibv_query_ece`/`ibv_set_ece`, `ibv_import_*`,
+//!   `ibv_resolve_eth_l2_from_gid` (EOPNOTSUPP); `ibv_read_sysfs_file` (-1, ENOENT); the
+//!   `ibv_copy_*_kern` conversions (no-ops: only librdmacm's kernel path calls them); every
+//!   `IBVERBS_PRIVATE_34` provider helper (`ibv_cmd_*` EOPNOTSUPP, registration no-ops) so
+//!   that libmlx5.so.1 and libefa.so.1, which perftest links, load.
+//! - Missing (their `verbs_context` slots are NULL, so the inline wrappers of verbs.h fail
+//!   with EOPNOTSUPP): `ibv_create_cq_ex`, `ibv_create_qp_ex` beyond a bare PD mask,
+//!   `ibv_create_srq_ex`, XRC domains, memory windows, work queues and RSS, flow steering,
+//!   device memory, counters, thread domains and parent domains, `ibv_modify_cq`,
+//!   `ibv_advise_mr`; on-demand paging (`IBV_ACCESS_ON_DEMAND`: EOPNOTSUPP).
+//!
+//! Pointers: every call except the data path (`ibv_post_*`, `ibv_poll_cq`,
+//! `ibv_req_notify_cq`, inline in the application, unchecked as in rdma-core) checks that
+//! the object it is given is one this library handed out and has not destroyed: NULL, a
+//! double destroy or a stale pointer gets EINVAL, not a crash.
 
 #![allow(non_camel_case_types, non_snake_case, non_upper_case_globals)]
 
-pub mod abi;
 pub mod abi_core;
 mod context;
-mod stubs;
 mod unsupported;
 mod verbs;
 

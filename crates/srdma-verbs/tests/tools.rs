@@ -326,3 +326,125 @@ fn seed_scenario_chain_of_three_c_processes() {
         }
     }
 }
+
+/// Two hosts (network namespaces joined by veth, MTU 1500): ibv_rc_pingpong picks its
+/// device by name (`-d srdma_eth0`, the interface rule), ib_write_bw and ib_read_bw by
+/// `SRDMA_DEVICES`.
+#[test]
+fn tools_between_two_namespaces() {
+    if let Some(why) = srdma_netlab::skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let lab = srdma_netlab::Lab::star("verbs", 2, 91, 1500).expect("creating namespaces");
+    let (h0, h1) = (&lab.hosts[0], &lab.hosts[1]);
+    let server_addr = h0.addr.to_string();
+    let in_ns = |h: &srdma_netlab::Host, prog: &str, args: &[&str], devices: Option<&str>| {
+        let mut c = h.command(tool(prog));
+        c.args(args)
+            .env("LD_LIBRARY_PATH", lib_dir())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        match devices {
+            Some(d) => c.env("SRDMA_DEVICES", d),
+            None => c.env_remove("SRDMA_DEVICES"),
+        };
+        c
+    };
+    let runs: [(&str, Vec<&str>, bool); 3] = [
+        (
+            "ibv_rc_pingpong",
+            vec![
+                "-d",
+                "srdma_eth0",
+                "-g",
+                "1",
+                "-n",
+                "100",
+                "-s",
+                "65536",
+                "-c",
+            ],
+            false,
+        ),
+        (
+            "ib_write_bw",
+            vec!["-x", "1", "-s", "65536", "-n", "500"],
+            true,
+        ),
+        (
+            "ib_read_bw",
+            vec!["-x", "1", "-s", "65536", "-n", "500"],
+            true,
+        ),
+    ];
+    for (prog, args, by_env) in runs {
+        let d0 = by_env.then_some(server_addr.as_str());
+        let d1s = h1.addr.to_string();
+        let d1 = by_env.then_some(d1s.as_str());
+        let srv = in_ns(h0, prog, &args, d0).spawn().unwrap();
+        std::thread::sleep(Duration::from_millis(400));
+        let mut cargs = args.clone();
+        cargs.push(&server_addr);
+        let cli = in_ns(h1, prog, &cargs, d1).spawn().unwrap();
+        let c = wait(cli, Duration::from_secs(60), prog);
+        let s = wait(srv, Duration::from_secs(60), prog);
+        assert!(s.status.success(), "{prog} server: {}", text(&s));
+        assert!(c.status.success(), "{prog} client: {}", text(&c));
+    }
+}
+
+/// `name version` of every symbol `objdump -T` shows `lib` defining under an IBVERBS node
+/// (a hidden, non-default version in parentheses, as objdump prints it).
+fn exports(lib: &Path) -> std::collections::BTreeSet<String> {
+    let o = Command::new("objdump")
+        .arg("-T")
+        .arg(lib)
+        .output()
+        .expect("objdump (binutils)");
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter(|l| l.contains("IBVERBS") && !l.contains("*UND*") && !l.contains("*ABS*"))
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() >= 2).then(|| format!("{} {}", f[f.len() - 1], f[f.len() - 2]))
+        })
+        .collect()
+}
+
+/// Every symbol Debian's libibverbs.so.1 exports, under the same version, except the
+/// IBVERBS_1.0 compatibility variants of 1.1 functions (old layouts no bookworm binary
+/// binds); and the provider libraries perftest links, and librdmacm, resolve against it.
+#[test]
+fn exports_match_debians_libibverbs() {
+    let debian = Path::new("/usr/lib/x86_64-linux-gnu/libibverbs.so.1");
+    assert!(
+        debian.exists(),
+        "install libibverbs1 (a dependency of ibverbs-utils)"
+    );
+    let ours = exports(&lib_dir().join("libibverbs.so.1"));
+    let theirs: std::collections::BTreeSet<String> = exports(debian)
+        .into_iter()
+        .filter(|s| !s.ends_with(" (IBVERBS_1.0)"))
+        .collect();
+    let missing: Vec<_> = theirs.difference(&ours).collect();
+    let extra: Vec<_> = ours.difference(&theirs).collect();
+    assert!(missing.is_empty(), "not exported: {missing:?}");
+    assert!(extra.is_empty(), "exported beyond Debian's: {extra:?}");
+    assert!(ours.len() >= 140, "{}", ours.len());
+    for lib in ["libmlx5.so.1", "libefa.so.1", "librdmacm.so.1"] {
+        let o = Command::new("ldd")
+            .arg("-r")
+            .arg(Path::new("/usr/lib/x86_64-linux-gnu").join(lib))
+            .env("LD_LIBRARY_PATH", lib_dir())
+            .output()
+            .unwrap();
+        let out = text(&o);
+        assert!(
+            out.contains(&lib_dir().display().to_string()),
+            "{lib} did not load ours: {out}"
+        );
+        assert!(!out.contains("undefined symbol"), "{lib}: {out}");
+    }
+}
