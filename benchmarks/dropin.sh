@@ -9,13 +9,13 @@
 #
 # Loopback only: server 127.204.0.1, client 127.204.0.2 (or 127.204.0.1 for the shared
 # case). Each pair of figures is measured back to back in this run; RUNS repetitions each
-# (default 3), the median kept. Writes benchmarks/results/dropin.md and prints it.
+# (default 3), the median kept; bandwidth runs last DURATION seconds (default 3). Writes benchmarks/results/dropin.md and prints it.
 # Needs: root or not; perftest (apt-get install perftest), python3; builds srdma --release.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 RES=$ROOT/benchmarks/results
 RUNS=${RUNS:-3}
-ITERS_BW=${ITERS_BW:-5000}
+DUR=${DURATION:-3}
 ITERS_LAT=${ITERS_LAT:-20000}
 mkdir -p "$RES"
 command -v ib_write_bw >/dev/null || { echo "dropin.sh: install perftest" >&2; exit 1; }
@@ -28,11 +28,11 @@ PORT=18900
 next_port() { PORT=$((PORT + 1)); }
 
 # perftest BW average (MB/s = 2^20 B/s) of the client's table.
-perftest_bw() { # size iters
+perftest_bw() { # size
     next_port
-    $S exec --device $A ib_write_bw -x 1 -s "$1" -n "$2" -p $PORT >/dev/null 2>&1 &
+    $S exec --device $A ib_write_bw -x 1 -s "$1" -D "$DUR" -p $PORT >/dev/null 2>&1 &
     sleep 0.4
-    $S exec --device $B ib_write_bw -x 1 -s "$1" -n "$2" -p $PORT $A 2>/dev/null |
+    $S exec --device $B ib_write_bw -x 1 -s "$1" -D "$DUR" -p $PORT $A 2>/dev/null |
         awk -v s="$1" '$1 == s && NF >= 5 { print $4 }'
     wait
 }
@@ -47,14 +47,14 @@ perftest_lat() { # size iters
     wait
 }
 
-json_field() { python3 -c "import json,sys; print(json.load(sys.stdin)['results'][0]['$1'])"; }
+json_field() { python3 -c "import json,sys; print(round(json.load(sys.stdin)['results'][0]['$1'], 2))"; }
 
 # srdma perf write-bw (the Rust API), MiB/s; server and client addresses as given.
-srdma_bw() { # size iters server client
+srdma_bw() { # size server client
     next_port
-    $S perf write-bw -s "$1" -n "$2" -p $PORT --bind "$3" >/dev/null 2>&1 &
+    $S perf write-bw -s "$1" -D "$DUR" -p $PORT --bind "$2" >/dev/null 2>&1 &
     sleep 0.4
-    $S perf write-bw -s "$1" -n "$2" -p $PORT --bind "$4" "$3" --json 2>/dev/null |
+    $S perf write-bw -s "$1" -D "$DUR" -p $PORT --bind "$3" "$2" --json 2>/dev/null |
         json_field bw_avg_mib_s
     wait
 }
@@ -73,12 +73,10 @@ ratio() { python3 -c "print(f'{float($1) / float($2):.2f}')"; }
 
 rows=()
 for size in 65536 1048576; do
-    iters=$ITERS_BW
-    [ "$size" = 1048576 ] && iters=$((ITERS_BW / 8))
     d=(); r=()
     for _ in $(seq "$RUNS"); do
-        d+=("$(perftest_bw $size $iters)")
-        r+=("$(srdma_bw $size $iters $A $B)")
+        d+=("$(perftest_bw $size)")
+        r+=("$(srdma_bw $size $A $B)")
     done
     dm=$(printf '%s\n' "${d[@]}" | median)
     rm_=$(printf '%s\n' "${r[@]}" | median)
@@ -94,8 +92,8 @@ rm_=$(printf '%s\n' "${r[@]}" | median)
 rows+=("| ib_send_lat 8 B, typical (µs) | $dm | srdma perf send-lat: $rm_ | $(ratio "$dm" "$rm_")× | ≤ 1.1× |")
 s=(); t=()
 for _ in $(seq "$RUNS"); do
-    s+=("$(srdma_bw 65536 $ITERS_BW $A $A)")
-    t+=("$(srdma_bw 65536 $ITERS_BW $A $B)")
+    s+=("$(srdma_bw 65536 $A $A)")
+    t+=("$(srdma_bw 65536 $A $B)")
 done
 sm=$(printf '%s\n' "${s[@]}" | median)
 tm=$(printf '%s\n' "${t[@]}" | median)
