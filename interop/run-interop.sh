@@ -43,6 +43,7 @@ CLIENT="$ROOT/target/release/examples/verbs_target_client"
 for b in "$SRDMA" "$CLIENT"; do [ -x "$b" ] || { log "FAIL: $b was not built"; exit 1; }; done
 mkdir -p "$RUNS"
 gcc -O2 -Wall -o "$RUNS/verbs_target" "$HERE/verbs_target.c" -libverbs
+gcc -O2 -Wall -o "$RUNS/chain" "$ROOT/crates/srdma-verbs/tests/c/chain.c" -libverbs
 
 # The host side runs in the lab namespace as 10.77.0.1; the guest is 10.77.0.2.
 HOST_RETRY='for i in $(seq 80); do "$@" && exit 0; sleep 0.5; done; exit 1'
@@ -51,7 +52,7 @@ COUNTERS_BAD='rcvd_seq_err|out_of_seq_request|completer_retry_err|retry_exceeded
 scenario() { # name guest-command host-command
   local name=$1 guest=$2 host=$3 out="$RUNS/$1"
   rm -rf "$out"; mkdir -p "$out"
-  cp "$RUNS/verbs_target" "$out/"
+  cp "$RUNS/verbs_target" "$RUNS/chain" "$out/"
   printf '#!/bin/sh\n%s\n' "$HOST_RETRY" > "$out/retry-host"; chmod +x "$out/retry-host"
   host=${host//@/$name}
   local gcmd="rxe-counters > /lab/cnt-before; $guest; rc=\$?; rxe-counters-diff /lab/cnt-before > /lab/cnt-diff; exit \$rc"
@@ -112,6 +113,14 @@ selected dropin-write-bw-client && { scenario dropin-write-bw-client \
 selected dropin-send-lat-client && { scenario dropin-send-lat-client \
   "retry 80 0.5 ib_send_lat -d rxe0 -x 1 -s 8 -n 100 10.77.0.1" \
   "$EXEC ib_send_lat -x 1 -s 8 -n 100" || fail=1; }
+# The seed scenario as one C program (tests/c/chain.c): A and B on srdma sharing the host's
+# address, C on rxe in the guest; then A on rxe, B and C on srdma.
+selected dropin-chain-sink-on-rxe && { scenario dropin-chain-sink-on-rxe \
+  "/lab/chain c 1000000 19001" \
+  "$EXEC $RUNS/@/chain b 1000000 19000 10.77.0.2 19001 & sleep 0.3; $EXEC $RUNS/@/chain a 1000000 10.77.0.1 19000 && wait \$!" || fail=1; }
+selected dropin-chain-source-on-rxe && { scenario dropin-chain-source-on-rxe \
+  "retry 80 0.5 /lab/chain a 1000000 10.77.0.1 19000" \
+  "$EXEC $RUNS/@/chain c 1000000 19001 & $EXEC $RUNS/@/chain b 1000000 19000 10.77.0.1 19001 && wait \$!" || fail=1; }
 
 [ $fail = 0 ] && log "all scenarios passed" || log "some scenarios FAILED"
 exit $fail
