@@ -101,6 +101,18 @@ for size in 64 65536; do
     "retry 80 0.5 ibv_rc_pingpong -d rxe0 -g 1 -n $ITERS -s $size -c 10.77.0.1" \
     "$EXEC ibv_rc_pingpong -g 1 -n $ITERS -s $size -c" || fail=1; }
 done
+selected dropin-ud-server && { scenario dropin-ud-server \
+  "ibv_ud_pingpong -d rxe0 -g 1 -n $ITERS -s 1024" \
+  "$RUNS/@/retry-host $EXEC ibv_ud_pingpong -g 1 -n $ITERS -s 1024 10.77.0.2" || fail=1; }
+selected dropin-srq-client && { scenario dropin-srq-client \
+  "retry 80 0.5 ibv_srq_pingpong -d rxe0 -g 1 -n $ITERS -s 4096 10.77.0.1" \
+  "$EXEC ibv_srq_pingpong -g 1 -n $ITERS -s 4096" || fail=1; }
+selected dropin-read-bw-client && { scenario dropin-read-bw-client \
+  "retry 80 0.5 ib_read_bw -d rxe0 -x 1 -s 65536 -n 100 10.77.0.1" \
+  "$EXEC ib_read_bw -x 1 -s 65536 -n 100" || fail=1; }
+selected dropin-send-lat-server && { scenario dropin-send-lat-server \
+  "ib_send_lat -d rxe0 -x 1 -s 8 -n 100" \
+  "$RUNS/@/retry-host $EXEC ib_send_lat -x 1 -s 8 -n 100 10.77.0.2" || fail=1; }
 selected dropin-ud-client && { scenario dropin-ud-client \
   "retry 80 0.5 ibv_ud_pingpong -d rxe0 -g 1 -n $ITERS -s 1024 10.77.0.1" \
   "$EXEC ibv_ud_pingpong -g 1 -n $ITERS -s 1024" || fail=1; }

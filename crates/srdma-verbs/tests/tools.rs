@@ -153,7 +153,8 @@ fn ibv_rc_pingpong_sizes_and_events() {
     {
         let port = (18520 + i).to_string();
         let size = size.to_string();
-        let mut args = vec!["-g", "1", "-n", "50", "-s", &size, "-p", &port];
+        // -c: both ends check every received byte.
+        let mut args = vec!["-g", "1", "-n", "50", "-s", &size, "-p", &port, "-c"];
         if events {
             args.push("-e");
         }
@@ -177,9 +178,12 @@ fn ibv_ud_pingpong() {
 
 #[test]
 fn ibv_srq_pingpong() {
-    for (i, events) in [false, true].into_iter().enumerate() {
+    for (i, (size, events)) in [("4096", false), ("65536", true), ("1", false)]
+        .into_iter()
+        .enumerate()
+    {
         let port = (18540 + i).to_string();
-        let mut args = vec!["-g", "1", "-n", "50", "-s", "4096", "-q", "4", "-p", &port];
+        let mut args = vec!["-g", "1", "-n", "50", "-s", size, "-q", "4", "-p", &port];
         if events {
             args.push("-e");
         }
