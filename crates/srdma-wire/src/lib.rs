@@ -42,6 +42,7 @@ mod view;
 pub mod aeth;
 pub mod atomic;
 pub mod bth;
+pub mod cm;
 pub mod deth;
 pub mod error;
 pub mod frame;

@@ -217,3 +217,88 @@ fn probes_in_host_rc_pingpong_are_caught() {
     assert_eq!(bad_version, [20]);
     assert_eq!(good, 18);
 }
+
+/// Kernel rdma_cm's REQ, REP, RTU, DREQ and DREP (rping over rxe): every field where the
+/// rest of the capture says it must be, and each MAD emitted again byte for byte.
+#[test]
+fn cm_mads_of_kernel_rdma_cm_parse_and_emit_byte_exact() {
+    use srdma_wire::cm::{self, CmMsg, CmaHdr};
+    let data = capture("rdma_cm_rping.pcap");
+    let reader = pcap::Reader::new(&data).unwrap();
+    let lt = reader.linktype();
+    let mut msgs = vec![];
+    let mut first_rc_psn = std::collections::BTreeMap::new();
+    for rec in reader {
+        let rec = rec.unwrap();
+        let Some(f) = frame::roce_in_frame(lt, rec.data).unwrap() else {
+            continue;
+        };
+        let r = PacketRepr::parse_bytes(f.roce).unwrap();
+        if r.bth.dest_qpn == srdma_wire::Qpn::GSI {
+            let (h, m) = CmMsg::parse_mad(r.payload).unwrap();
+            let mut out = [0u8; cm::MAD_LEN];
+            m.emit_mad(&h, &mut out).unwrap();
+            assert_eq!(
+                &out[..],
+                r.payload,
+                "{m:?} does not emit the bytes it came from"
+            );
+            msgs.push((h, m));
+        } else if !matches!(
+            r.bth.opcode,
+            srdma_wire::Opcode::RcAcknowledge
+                | srdma_wire::Opcode::RcAtomicAcknowledge
+                | srdma_wire::Opcode::RcRdmaReadResponseFirst
+                | srdma_wire::Opcode::RcRdmaReadResponseMiddle
+                | srdma_wire::Opcode::RcRdmaReadResponseLast
+                | srdma_wire::Opcode::RcRdmaReadResponseOnly
+        ) {
+            // Each side's first RC request carries the PSN its send queue started from.
+            first_rc_psn
+                .entry(f.encap.ip.src())
+                .or_insert(r.bth.psn.value());
+        }
+    }
+    let ids: Vec<u16> = msgs.iter().map(|(h, _)| h.attr_id).collect();
+    assert_eq!(
+        &ids[..3],
+        &[cm::attr::REQ, cm::attr::REP, cm::attr::RTU],
+        "{ids:x?}"
+    );
+    assert!(
+        ids.contains(&cm::attr::DREQ) && ids.contains(&cm::attr::DREP),
+        "{ids:x?}"
+    );
+    let (CmMsg::Req(req), CmMsg::Rep(rep), CmMsg::Rtu(rtu)) = (msgs[0].1, msgs[1].1, msgs[2].1)
+    else {
+        panic!("{msgs:?}")
+    };
+    // One transaction: the replies echo the REQ's TID.
+    assert!(msgs[..3].iter().all(|(h, _)| h.tid == msgs[0].0.tid));
+    assert_eq!(req.service_id, cm::service_id(cm::port_space::TCP, 7174));
+    assert_eq!(req.local_qpn, 0x11);
+    assert_eq!(rep.local_qpn, 0x11);
+    assert_eq!(
+        (req.primary_local_lid, req.primary_remote_lid),
+        (0xffff, 0xffff)
+    );
+    assert_eq!(req.path_mtu, 3, "IBV_MTU_1024");
+    assert_eq!((req.retry_count, req.rnr_retry_count), (7, 7));
+    assert_eq!(rep.remote_comm_id, req.local_comm_id);
+    assert_eq!(
+        (rtu.local_comm_id, rtu.remote_comm_id),
+        (req.local_comm_id, rep.local_comm_id)
+    );
+    let cma = CmaHdr::parse(&req.private_data).unwrap();
+    assert_eq!((cma.cma_version, cma.ip_version), (0, 4));
+    assert_eq!(&cma.src_addr[12..], &req.primary_local_gid[12..]);
+    assert_eq!(&cma.dst_addr[12..], &req.primary_remote_gid[12..]);
+    // Each side's RC traffic starts from the PSN the *other* side announced: the REQ's
+    // StartingPSN is what the active side expects to receive (the passive side's first send
+    // PSN), the REP's what the passive side expects.
+    let src = |gid: [u8; 16]| {
+        std::net::IpAddr::from(std::net::Ipv4Addr::new(gid[12], gid[13], gid[14], gid[15]))
+    };
+    assert_eq!(first_rc_psn[&src(req.primary_remote_gid)], req.starting_psn);
+    assert_eq!(first_rc_psn[&src(req.primary_local_gid)], rep.starting_psn);
+}
