@@ -87,7 +87,7 @@ pub(crate) struct CqInner {
     overflowed: AtomicBool,
     channel: Option<CompChannel>,
     /// The device whose QPs complete here: a poll that finds too little drives it.
-    dev: Weak<crate::device::Shared>,
+    dev: Weak<crate::engine::Shared>,
 }
 
 impl Cq {
@@ -95,7 +95,7 @@ impl Cq {
         id: u32,
         cap: usize,
         channel: Option<CompChannel>,
-        dev: Weak<crate::device::Shared>,
+        dev: Weak<crate::engine::Shared>,
     ) -> Cq {
         Cq {
             inner: Arc::new(CqInner {

@@ -47,6 +47,7 @@ pub mod cm;
 pub mod cookbook;
 mod cq;
 mod device;
+mod engine;
 mod error;
 mod event;
 pub mod lease;
@@ -58,6 +59,7 @@ mod random;
 pub mod stats;
 mod sys;
 pub mod typed;
+mod udp;
 
 pub use cq::{CompChannel, Cq};
 pub use device::{

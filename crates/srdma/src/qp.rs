@@ -8,7 +8,8 @@ use srdma_proto::{
 use srdma_wire::{Psn, Qpn};
 
 use crate::cq::Cq;
-use crate::device::{Device, Gid, Pd, QpSlot, deliver_completions};
+use crate::device::{Device, Gid, Pd};
+use crate::engine::{QpSlot, deliver_completions};
 use crate::error::{Error, Result};
 
 /// How to create a QP (`ibv_qp_init_attr` plus the INIT attributes).

@@ -1,0 +1,721 @@
+//! The engine of a device: its state (QPs, memory, batches), the progress thread, and
+//! receive, transmit, timers and completion delivery. The application's threads drive it too
+//! (posts send from the caller's thread, polls receive and complete); the progress thread makes
+//! sure one-sided operations finish without the application and sleeps when idle.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::BufWriter;
+use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use srdma_proto::transport::MAX_PACKET_LEN;
+use srdma_proto::{CqSide, Ctx, MrTable, Qp as ProtoQp, RecvMeta, Srq as ProtoSrq};
+use srdma_wire::{Encap, IpRepr, Packet, PacketRepr, pcap};
+
+use crate::cq::Cq;
+use crate::device::{DeviceConfig, DeviceCounters, Gid, Gso};
+use crate::error::{Result, io_err};
+use crate::memory::Store;
+use crate::sys;
+
+/// Datagrams queued per `sendmmsg` (runs of them to one peer go out as one UDP GSO message).
+const TX_BATCH: usize = 128;
+/// Buffers per `recvmmsg` (each may hold a GRO-coalesced run of datagrams).
+const RX_BATCH: usize = 32;
+/// Receive batches handled before timers and the stop flag are looked at again: a flood of
+/// datagrams must not starve retransmissions or block the device's drop.
+const RX_BUDGET: usize = 8;
+/// How long after an application's last poll the progress thread keeps out of the way:
+/// while an application polls, its polls drive the device (no thread hand-off on the hot
+/// path); when it stops, the thread takes over within this time.
+const APP_GRACE: Duration = Duration::from_millis(1);
+/// How often an application's polls refresh the device's published statistics at most.
+const STATS_EVERY: Duration = Duration::from_millis(250);
+
+pub(crate) struct QpSlot {
+    pub(crate) qp: ProtoQp,
+    /// The state the application last saw or set: a move to ERR the engine makes on its
+    /// own raises `QpFatal`.
+    pub(crate) state_seen: srdma_proto::QpState,
+    pub(crate) send_cq: Cq,
+    pub(crate) recv_cq: Cq,
+    pub(crate) srq: Option<u32>,
+}
+
+pub(crate) struct State {
+    pub(crate) mrs: MrTable,
+    pub(crate) mem: Store,
+    pub(crate) qps: BTreeMap<u32, QpSlot>,
+    pub(crate) srqs: BTreeMap<u32, ProtoSrq>,
+    /// The QPN range this device owns: `qpn_base | n` (0 unless the port is shared).
+    pub(crate) qpn_base: u32,
+    pub(crate) next_qpn: u32,
+    pub(crate) next_id: u32,
+    pub(crate) counters: DeviceCounters,
+    pub(crate) capture: Option<pcap::Writer<BufWriter<File>>>,
+    pub(crate) tx: crate::udp::TxBatch,
+    /// The receive batch; `None` only while a receive pass has it out.
+    pub(crate) rx: Option<crate::udp::RxBatch>,
+    pub(crate) touched: Vec<u32>,
+    /// QPs whose packets (ACKs, responses) an application-driven receive held back: they go
+    /// out with the application's next post to that QP (one send for the ACK and the reply
+    /// of a ping-pong) or at its next poll, whichever comes first.
+    pub(crate) deferred: Vec<u32>,
+    pub(crate) due: Vec<u32>,
+    /// Earliest QP timer, in ns since the epoch (u64::MAX: none).
+    pub(crate) next_timer: u64,
+    /// When (ns since the epoch) the published statistics may be refreshed next.
+    pub(crate) stats_next: u64,
+    pub(crate) stats: Option<crate::stats::Publisher>,
+}
+
+pub(crate) struct Shared {
+    pub(crate) state: Mutex<State>,
+    pub(crate) socket: UdpSocket,
+    /// The connection to the port keeper while this device holds a slot of a shared port.
+    pub(crate) _keeper: Option<OwnedFd>,
+    /// Where async events go.
+    pub(crate) events: Mutex<Option<crate::EventHandler>>,
+    /// Set when the progress thread failed: the device is dead.
+    pub(crate) fatal: AtomicBool,
+    /// Test hook: the progress thread panics at its next turn.
+    pub(crate) inject_failure: AtomicBool,
+    pub(crate) local: SocketAddr,
+    pub(crate) wake: OwnedFd,
+    /// The timer the progress thread sleeps towards, in ns since `epoch` (u64::MAX: none).
+    /// A post from an application thread that arms an earlier timer wakes it.
+    pub(crate) sleep_until: AtomicU64,
+    /// Until when (ns since `epoch`) an application's polls drive the device.
+    pub(crate) app_active_until: AtomicU64,
+    pub(crate) stop: AtomicBool,
+    pub(crate) epoch: Instant,
+    pub(crate) cfg: DeviceConfig,
+}
+
+/// Keeps the progress thread alive exactly as long as some handle needs the device.
+pub(crate) struct DeviceHandle {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for DeviceHandle {
+    fn drop(&mut self) {
+        // Held-back ACKs go out before the device goes away.
+        {
+            let mut st = self.shared.lock();
+            self.shared.flush_deferred(&mut st);
+        }
+        self.shared.stop.store(true, Ordering::Release);
+        sys::signal(&self.shared.wake);
+        if let Some(t) = self
+            .thread
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+        {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Shared {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub(crate) fn now(&self) -> Duration {
+        self.epoch.elapsed()
+    }
+
+    pub(crate) fn encap_to(&self, dst: SocketAddr, sport: u16) -> Option<Encap> {
+        let ip = IpRepr::between(self.local.ip(), dst.ip()).ok()?;
+        Some(Encap {
+            ip,
+            src_port: sport,
+            dst_port: dst.port(),
+        })
+    }
+
+    /// Sends everything QP `qpn` has to send, then hands its completions to its CQs.
+    pub(crate) fn flush(&self, st: &mut State, qpn: u32) {
+        let now = self.now();
+        let State {
+            mrs,
+            mem,
+            qps,
+            srqs,
+            counters,
+            capture,
+            tx,
+            ..
+        } = st;
+        let Some(slot) = qps.get_mut(&qpn) else {
+            return;
+        };
+        let fd = self.socket.as_raw_fd();
+        // Payload goes to the socket straight from registered memory, except when a capture
+        // wants each packet whole.
+        let zero_copy = capture.is_none();
+        loop {
+            if tx.is_full() {
+                counters.tx_errors += tx.send(fd) as u64;
+            }
+            let srq = slot.srq.and_then(|id| srqs.get_mut(&id));
+            mem.deferring = zero_copy;
+            mem.pieces.clear();
+            let mut ctx = Ctx { now, mrs, mem, srq };
+            let t = slot.qp.poll_transmit(&mut ctx, tx.slot());
+            mem.deferring = false;
+            let Some(t) = t else {
+                break;
+            };
+            let dst = SocketAddr::new(Gid(t.dest.dgid).ip(), t.dest.udp_dport);
+            // The QP names the rxe-style entropy source port, but the socket sends from its
+            // bound port, and the ICRC must cover what goes on the wire.
+            let Some(encap) = self.encap_to(dst, self.local.port()) else {
+                counters.tx_errors += 1;
+                continue;
+            };
+            let gso = self.gso_for(dst);
+            if !mem.pieces.is_empty() {
+                match commit_zero_copy(tx, mem, &encap, t.len, dst, gso) {
+                    ZeroCopy::Queued => {
+                        counters.tx_datagrams += 1;
+                        continue;
+                    }
+                    ZeroCopy::Copied => {}
+                    ZeroCopy::Failed => {
+                        // Never send a packet whose payload is not all there.
+                        counters.tx_errors += 1;
+                        continue;
+                    }
+                }
+            }
+            let pkt = &mut tx.slot()[..t.len];
+            if Packet::new_unchecked(&mut *pkt).fill_icrc(&encap).is_err() {
+                counters.tx_errors += 1;
+                continue;
+            }
+            if let Some(w) = capture.as_mut() {
+                let _ = w.write_roce(now.as_nanos() as u64 + capture_epoch(), &encap, pkt);
+            }
+            tx.commit(t.len, dst, gso);
+            counters.tx_datagrams += 1;
+        }
+        if tx.len() > 0 {
+            counters.tx_errors += tx.send(fd) as u64;
+        }
+        counters.tx_gso_messages = tx.gso_messages;
+        deliver_completions(slot);
+        note_timer(&mut st.next_timer, slot);
+    }
+
+    pub(crate) fn gso_for(&self, dst: SocketAddr) -> bool {
+        match self.cfg.gso {
+            Gso::Never => false,
+            Gso::Always => true,
+            Gso::Auto => dst.is_ipv6() || dst.ip().is_loopback() || dst.ip() == self.local.ip(),
+        }
+    }
+
+    /// Called from an application's CQ poll: drives the device from the caller's thread if no
+    /// one else is (the progress thread keeps out while polls keep coming).
+    /// `polling`: the caller keeps polling (the thread stands aside for a grace period).
+    /// Sends `ev` to the device's event handler, if it has one.
+    pub(crate) fn raise(&self, ev: crate::AsyncEvent) {
+        let h = self
+            .events
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        if let Some(h) = h {
+            h(ev);
+        }
+    }
+
+    /// The progress thread died: the device is dead. Every QP goes to ERR with its work
+    /// flushed (error completions, so no waiter hangs), then `DeviceFatal`; later calls fail.
+    pub(crate) fn fail(&self) {
+        self.fatal.store(true, Ordering::Release);
+        let mut st = self.lock();
+        for slot in st.qps.values_mut() {
+            slot.qp.set_error();
+            deliver_completions(slot);
+        }
+        drop(st);
+        self.raise(crate::AsyncEvent::DeviceFatal);
+    }
+
+    pub(crate) fn drive_from_app(&self, polling: bool) {
+        if self.fatal.load(Ordering::Acquire) {
+            return;
+        }
+        let now = self.now().as_nanos() as u64;
+        let until = now + APP_GRACE.as_nanos() as u64;
+        if polling && self.app_active_until.load(Ordering::Relaxed) < until {
+            self.app_active_until.store(until, Ordering::Relaxed);
+        }
+        let Ok(mut st) = self.state.try_lock() else {
+            return;
+        };
+        self.flush_deferred(&mut st);
+        self.receive(&mut st, RX_BUDGET, true);
+        if now >= st.next_timer {
+            self.run_timers(&mut st);
+        }
+        if now >= st.stats_next {
+            st.stats_next = now + STATS_EVERY.as_nanos() as u64;
+            publish_stats(&mut st);
+        }
+    }
+
+    /// The application stops polling (it armed a CQ to sleep on its channel): the progress
+    /// thread takes over at once.
+    pub(crate) fn app_sleeps(&self) {
+        if self.app_active_until.swap(0, Ordering::Relaxed) > self.now().as_nanos() as u64 {
+            sys::signal(&self.wake);
+        }
+    }
+
+    /// Sends what earlier application-driven receives held back.
+    pub(crate) fn flush_deferred(&self, st: &mut State) {
+        let mut deferred = std::mem::take(&mut st.deferred);
+        for qpn in deferred.drain(..) {
+            self.flush(st, qpn);
+        }
+        st.deferred = deferred;
+    }
+
+    /// Receives and handles up to `budget` batches of datagrams, flushing every QP they
+    /// touched (with `defer`, completing their work now but holding their packets back:
+    /// see `State::deferred`); returns true when the budget ran out with more waiting.
+    pub(crate) fn receive(&self, st: &mut State, budget: usize, defer: bool) -> bool {
+        let Some(mut rx) = st.rx.take() else {
+            return false;
+        };
+        let fd = self.socket.as_raw_fd();
+        let mut more = false;
+        for _ in 0..budget {
+            let n = rx.recv(fd).unwrap_or(0);
+            for i in 0..n {
+                match rx.get(i) {
+                    // An empty datagram is one (malformed) packet too.
+                    Some((data, from, _)) if data.is_empty() => {
+                        self.handle_datagram(st, from, data);
+                    }
+                    Some((data, from, seg)) => {
+                        if seg < data.len() {
+                            st.counters.rx_gro_buffers += 1;
+                        }
+                        for pkt in data.chunks(seg.max(1)) {
+                            self.handle_datagram(st, from, pkt);
+                        }
+                    }
+                    None => st.counters.rx_malformed += 1,
+                }
+            }
+            let mut touched = std::mem::take(&mut st.touched);
+            for qpn in touched.drain(..) {
+                // Requests (a window the ACKs just opened) go now; only ACKs and responses
+                // wait for the application's reply.
+                let ready = st.qps.get(&qpn).is_some_and(|s| s.qp.has_requests_ready());
+                if !defer || ready {
+                    self.flush(st, qpn);
+                } else if let Some(slot) = st.qps.get_mut(&qpn) {
+                    deliver_completions(slot);
+                    note_timer(&mut st.next_timer, slot);
+                    if !st.deferred.contains(&qpn) {
+                        st.deferred.push(qpn);
+                    }
+                }
+            }
+            st.touched = touched;
+            more = n == RX_BATCH;
+            if !more {
+                break;
+            }
+        }
+        st.rx = Some(rx);
+        more
+    }
+
+    pub(crate) fn handle_datagram(&self, st: &mut State, from: SocketAddr, data: &[u8]) {
+        let now = self.now();
+        st.counters.rx_datagrams += 1;
+        let Some(encap) = self.encap_from(from) else {
+            st.counters.rx_malformed += 1;
+            return;
+        };
+        if let Some(w) = st.capture.as_mut() {
+            let _ = w.write_roce(now.as_nanos() as u64 + capture_epoch(), &encap, data);
+        }
+        // rxe's order: the structure first (length, version, opcode, headers), the ICRC last.
+        // One parse serves both: the repr is used only once the ICRC has verified.
+        let Ok(repr) = PacketRepr::parse_bytes(data) else {
+            st.counters.rx_malformed += 1;
+            return;
+        };
+        // IPv6: every covered field is known. IPv4: the ID is not (a UDP socket cannot see
+        // it); one pass solves for it — srdma peers send 0, rxe and NICs others.
+        let verified = match encap.ip {
+            IpRepr::V4(_) => match srdma_wire::icrc::verify_ipv4_unknown_ident(&encap, data) {
+                Ok(0) => true,
+                Ok(_) => {
+                    st.counters.rx_icrc_ident_solved += 1;
+                    true
+                }
+                Err(_) => false,
+            },
+            IpRepr::V6(_) => srdma_wire::icrc::verify(&encap, data).is_ok(),
+        };
+        if !verified {
+            st.counters.rx_bad_icrc += 1;
+            return;
+        }
+        if repr.bth.opcode == srdma_wire::Opcode::Cnp {
+            st.counters.rx_cnp += 1;
+            return;
+        }
+        let qpn = repr.bth.dest_qpn.value();
+        let State {
+            mrs,
+            mem,
+            qps,
+            srqs,
+            counters,
+            touched,
+            ..
+        } = st;
+        let Some(slot) = qps.get_mut(&qpn) else {
+            counters.rx_unknown_qp += 1;
+            return;
+        };
+        // rxe check_addr: a connected QP only takes packets from its peer's address.
+        if slot.qp.qp_type() != srdma_proto::QpType::Ud
+            && Gid(slot.qp.attr().ah_attr.dgid).ip() != from.ip()
+        {
+            counters.rx_bad_source += 1;
+            return;
+        }
+        let srq = slot.srq.and_then(|id| srqs.get_mut(&id));
+        let mut ctx = Ctx { now, mrs, mem, srq };
+        slot.qp.handle_packet(&mut ctx, &repr, &RecvMeta { encap });
+        if !touched.contains(&qpn) {
+            touched.push(qpn);
+        }
+    }
+
+    pub(crate) fn encap_from(&self, from: SocketAddr) -> Option<Encap> {
+        let ip = IpRepr::between(from.ip(), self.local.ip()).ok()?;
+        Some(Encap {
+            ip,
+            src_port: from.port(),
+            dst_port: self.local.port(),
+        })
+    }
+
+    /// Runs due timers; returns the time until the next one (also kept in `next_timer`).
+    pub(crate) fn run_timers(&self, st: &mut State) -> Option<Duration> {
+        let now = self.now();
+        let mut due = std::mem::take(&mut st.due);
+        due.clear();
+        let mut next: Option<Duration> = None;
+        for (&qpn, slot) in &st.qps {
+            if let Some(t) = slot.qp.poll_timeout() {
+                if t <= now {
+                    due.push(qpn);
+                } else {
+                    next = Some(next.map_or(t - now, |n| n.min(t - now)));
+                }
+            }
+        }
+        for &qpn in &due {
+            let State {
+                mrs,
+                mem,
+                qps,
+                srqs,
+                ..
+            } = &mut *st;
+            if let Some(slot) = qps.get_mut(&qpn) {
+                let srq = slot.srq.and_then(|id| srqs.get_mut(&id));
+                let mut ctx = Ctx { now, mrs, mem, srq };
+                slot.qp.handle_timeout(&mut ctx);
+            }
+            self.flush(st, qpn);
+            if let Some(t) = st.qps.get(&qpn).and_then(|s| s.qp.poll_timeout()) {
+                let d = t.saturating_sub(now);
+                next = Some(next.map_or(d, |n| n.min(d)));
+            }
+        }
+        st.due = due;
+        st.next_timer = next.map_or(u64::MAX, |d| (now + d).as_nanos() as u64);
+        next
+    }
+}
+
+/// What became of a packet built with its payload left in registered memory.
+enum ZeroCopy {
+    /// Queued, sent from the pieces.
+    Queued,
+    /// The pieces were copied into the slot: send it as an ordinary packet.
+    Copied,
+    /// The payload could not be assembled: drop the packet (the transport retransmits).
+    Failed,
+}
+
+/// Queues the packet in the current slot of `tx` — headers and pad there, payload pieces in
+/// registered memory (noted by the store while the packet was built) — computing its ICRC
+/// across the pieces. When it cannot go out that way (too many pieces) the pieces are
+/// copied into the slot instead.
+fn commit_zero_copy(
+    tx: &mut crate::udp::TxBatch,
+    mem: &Store,
+    encap: &Encap,
+    len: usize,
+    dst: SocketAddr,
+    gso: bool,
+) -> ZeroCopy {
+    const ICRC: usize = srdma_wire::icrc::ICRC_LEN;
+    let slot = tx.slot();
+    let base = slot.as_ptr() as usize;
+    let mut parts = [(std::ptr::null::<u8>(), 0usize); crate::udp::MAX_PARTS];
+    let mut n = 0;
+    let fits =
+        2 * mem.pieces.len() < crate::udp::MAX_PARTS && len >= srdma_wire::bth::BTH_LEN + ICRC;
+    let hasher = fits
+        .then(|| srdma_wire::icrc::Hasher::new(encap, len - ICRC, &slot[..len]).ok())
+        .flatten();
+    let Some(mut h) = hasher else {
+        return materialize(slot, base, mem);
+    };
+    let mut at = srdma_wire::bth::BTH_LEN;
+    let mut gap = 0;
+    for p in &mem.pieces {
+        let off = p.dst.wrapping_sub(base);
+        let src = mem.piece(p);
+        let (Some(src), true) = (src, off >= at && off + p.len <= len - ICRC) else {
+            return materialize(slot, base, mem);
+        };
+        h.update(&slot[at..off]);
+        h.update(src);
+        if off > gap {
+            parts[n] = (slot[gap..].as_ptr(), off - gap);
+            n += 1;
+        }
+        parts[n] = (src.as_ptr(), src.len());
+        n += 1;
+        at = off + p.len;
+        gap = at;
+    }
+    h.update(&slot[at..len - ICRC]);
+    slot[len - ICRC..len].copy_from_slice(&h.finish().to_le_bytes());
+    parts[n] = (slot[gap..].as_ptr(), len - gap);
+    n += 1;
+    tx.commit_parts(len, dst, gso, parts[..n].iter().copied());
+    ZeroCopy::Queued
+}
+
+/// Copies noted payload pieces into the packet buffer they stand for.
+fn materialize(slot: &mut [u8], base: usize, mem: &Store) -> ZeroCopy {
+    for p in &mem.pieces {
+        let off = p.dst.wrapping_sub(base);
+        match (mem.piece(p), slot.get_mut(off..off.saturating_add(p.len))) {
+            (Some(src), Some(dst)) => dst.copy_from_slice(src),
+            _ => return ZeroCopy::Failed,
+        }
+    }
+    ZeroCopy::Copied
+}
+
+/// Unix time of the engine's epoch, so captures carry real timestamps.
+fn capture_epoch() -> u64 {
+    static EPOCH: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *EPOCH.get_or_init(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+    })
+}
+
+/// Refreshes the device's published statistics (at most once a second).
+fn publish_stats(st: &mut State) {
+    if st.stats.is_none() {
+        return;
+    }
+    let mut qp = srdma_proto::Counters::default();
+    for s in st.qps.values() {
+        qp += *s.qp.counters();
+    }
+    let dev = st.counters;
+    if let Some(p) = st.stats.as_mut() {
+        p.maybe_write(&dev, &qp, Instant::now());
+    }
+}
+
+/// Keeps `next_timer` (the earliest timer an application's poll must run) at or before the
+/// QP's timer, so a timer armed by a post or a packet fires while an application polls.
+fn note_timer(next_timer: &mut u64, slot: &QpSlot) {
+    if let Some(t) = slot.qp.poll_timeout() {
+        *next_timer = (*next_timer).min(t.as_nanos() as u64);
+    }
+}
+
+pub(crate) fn deliver_completions(slot: &mut QpSlot) {
+    let mut overrun = false;
+    while let Some((side, wc)) = slot.qp.poll_completion() {
+        let solicited = wc.solicited;
+        overrun |= !match side {
+            CqSide::Send => slot.send_cq.push(wc, false),
+            CqSide::Recv => slot.recv_cq.push(wc, solicited),
+        };
+    }
+    if overrun {
+        // As rxe: a QP whose completion found its CQ full goes to ERR; its flushed work
+        // requests go where they can (an overrun CQ takes no more).
+        slot.qp.set_error();
+        while let Some((side, wc)) = slot.qp.poll_completion() {
+            let _ = match side {
+                CqSide::Send => slot.send_cq.push(wc, false),
+                CqSide::Recv => slot.recv_cq.push(wc, false),
+            };
+        }
+    }
+    let state = slot.qp.state();
+    if state == srdma_proto::QpState::Err && slot.state_seen != state {
+        let qpn = slot.qp.qpn();
+        slot.send_cq.raise(crate::AsyncEvent::QpFatal { qpn });
+        if slot.srq.is_some() {
+            slot.send_cq
+                .raise(crate::AsyncEvent::QpLastWqeReached { qpn });
+        }
+    }
+    slot.state_seen = state;
+}
+
+/// The progress thread: receive, dispatch, acknowledge, retransmit, complete — so one-sided
+/// operations finish without the target application's help. Sleeps in `poll` when idle, and
+/// keeps out of the way while an application's CQ polls drive the device.
+fn progress(shared: &Shared) {
+    let mut timeout = None;
+    while !shared.stop.load(Ordering::Acquire) {
+        if shared.inject_failure.load(Ordering::Relaxed) {
+            panic!("srdma: injected failure of the progress thread (Device::inject_failure)");
+        }
+        let now = shared.now().as_nanos() as u64;
+        let active = shared.app_active_until.load(Ordering::Relaxed);
+        if now < active {
+            // Posts need not wake us meanwhile (0: "asleep until the past", so no timer is
+            // earlier): the application's polls run the timers, and we run them on return.
+            shared.sleep_until.store(0, Ordering::Release);
+            let _ = sys::poll_readable(
+                [shared.wake.as_raw_fd()],
+                Some(Duration::from_nanos(active - now)),
+            );
+            sys::drain(&shared.wake);
+            timeout = Some(Duration::ZERO);
+            continue;
+        }
+        let fds = [shared.socket.as_raw_fd(), shared.wake.as_raw_fd()];
+        if sys::poll_readable(fds, timeout).is_err() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        sys::drain(&shared.wake);
+        let mut st = shared.lock();
+        shared.flush_deferred(&mut st);
+        let more = shared.receive(&mut st, RX_BUDGET, false);
+        timeout = shared.run_timers(&mut st);
+        if more {
+            timeout = Some(Duration::ZERO);
+        }
+        // Published under the lock: a post that arms an earlier timer after this sees the
+        // value and wakes the thread.
+        let until = timeout.map_or(u64::MAX, |t| (shared.now() + t).as_nanos() as u64);
+        shared.sleep_until.store(until, Ordering::Release);
+        if let Some(w) = st.capture.as_mut() {
+            let _ = w.flush();
+        }
+        publish_stats(&mut st);
+        // A rate-limited refresh is pending: come back for it even if nothing else happens.
+        if let Some(d) = st.stats.as_ref().and_then(|p| p.due_in(Instant::now())) {
+            timeout = Some(timeout.map_or(d, |t| t.min(d)));
+        }
+    }
+}
+
+/// Starts the engine of a device on its socket: the state, and the progress thread.
+pub(crate) fn start(cfg: DeviceConfig, sock: crate::udp::Socket) -> Result<Arc<DeviceHandle>> {
+    let crate::udp::Socket {
+        socket,
+        local,
+        slot,
+        keeper,
+    } = sock;
+    let capture = match &cfg.pcap {
+        Some(p) => Some(
+            pcap::Writer::new(BufWriter::new(
+                File::create(p).map_err(io_err(format!("creating {}", p.display())))?,
+            ))
+            .map_err(io_err("writing the pcap header"))?,
+        ),
+        None => None,
+    };
+    let state = State {
+        mrs: MrTable::new(crate::random::random_u64()),
+        mem: Store::default(),
+        qps: BTreeMap::new(),
+        srqs: BTreeMap::new(),
+        // rxe numbers QPs from 17 (0x11); 0 and 1 are the special QPs. A shared port's
+        // slot k owns k << 16 | n.
+        qpn_base: u32::from(slot) << 16,
+        next_qpn: 0x11,
+        next_id: 1,
+        counters: DeviceCounters::default(),
+        capture,
+        tx: crate::udp::TxBatch::new(TX_BATCH, MAX_PACKET_LEN),
+        // Slots large enough for a GRO run; a longer datagram is cut and fails to parse.
+        rx: Some(crate::udp::RxBatch::new(RX_BATCH, crate::udp::RX_BUF)),
+        touched: Vec::with_capacity(64),
+        deferred: Vec::with_capacity(64),
+        due: Vec::with_capacity(64),
+        next_timer: u64::MAX,
+        stats_next: 0,
+        stats: crate::stats::Publisher::new(&cfg.name, local),
+    };
+    let shared = Arc::new(Shared {
+        state: Mutex::new(state),
+        socket,
+        _keeper: keeper,
+        events: Mutex::new(None),
+        fatal: AtomicBool::new(false),
+        inject_failure: AtomicBool::new(false),
+        local,
+        wake: sys::eventfd().map_err(io_err("eventfd"))?,
+        sleep_until: AtomicU64::new(u64::MAX),
+        app_active_until: AtomicU64::new(0),
+        stop: AtomicBool::new(false),
+        epoch: Instant::now(),
+        cfg,
+    });
+    let s2 = Arc::clone(&shared);
+    let thread = std::thread::Builder::new()
+        .name(format!("srdma-{}", local))
+        .spawn(move || {
+            let run = std::panic::AssertUnwindSafe(|| progress(&s2));
+            if std::panic::catch_unwind(run).is_err() {
+                s2.fail();
+            }
+        })
+        .map_err(io_err("starting the progress thread"))?;
+    Ok(Arc::new(DeviceHandle {
+        shared,
+        thread: Mutex::new(Some(thread)),
+    }))
+}

@@ -1,0 +1,509 @@
+//! The UDP driver: the socket a device sends and receives RoCEv2 on, shared with this host's
+//! other srdma processes on the RoCEv2 port (see `portshare`), with the options the engine
+//! relies on (DF, zero IPv6 checksums accepted, large buffers, GRO, non-blocking), and the
+//! batches the engine sends and receives with: `sendmmsg` with UDP GSO ([`TxBatch`]),
+//! `recvmmsg` with UDP GRO ([`RxBatch`]).
+
+use std::io;
+use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+
+use crate::device::{DeviceConfig, ROCEV2_PORT};
+use crate::error::{Result, io_err};
+use crate::sys::{from_sockaddr, setsockopt, to_sockaddr};
+
+/// A device's socket.
+pub(crate) struct Socket {
+    /// The socket, bound to the device's address and port.
+    pub(crate) socket: UdpSocket,
+    /// Where it is bound.
+    pub(crate) local: SocketAddr,
+    /// The slot of a shared port (the device owns the QPNs `slot << 16 | n`); 0 unshared.
+    pub(crate) slot: u8,
+    /// The connection to the port keeper while the slot is ours.
+    pub(crate) keeper: Option<OwnedFd>,
+}
+
+/// Opens the socket of a device configured by `cfg`.
+pub(crate) fn open(cfg: &DeviceConfig) -> Result<Socket> {
+    let bind = SocketAddr::new(cfg.addr, cfg.port);
+    // On the RoCEv2 port, share the address with this host's other srdma processes
+    // (see portshare); the slot numbers our QPs.
+    let share = if cfg.port == ROCEV2_PORT && crate::portshare::enabled() {
+        crate::portshare::acquire(bind).ok()
+    } else {
+        None
+    };
+    let (socket, slot, keeper) = match share {
+        Some(s) => (s.socket, s.slot, Some(s.keeper)),
+        None => (
+            UdpSocket::bind(bind).map_err(io_err(format!("binding UDP {bind}")))?,
+            0,
+            None,
+        ),
+    };
+    let fd = socket.as_raw_fd();
+    let v6 = cfg.addr.is_ipv6();
+    set_dont_fragment(fd, v6).map_err(io_err("setting IP_MTU_DISCOVER"))?;
+    if v6 {
+        set_no_check6_rx(fd).map_err(io_err("setting UDP_NO_CHECK6_RX"))?;
+    }
+    set_buffers(fd, 8 << 20);
+    // Best effort: without GRO every datagram is its own buffer, as before.
+    set_gro(fd);
+    socket
+        .set_nonblocking(true)
+        .map_err(io_err("making the socket non-blocking"))?;
+    let local = socket
+        .local_addr()
+        .map_err(io_err("reading the bound address"))?;
+    Ok(Socket {
+        socket,
+        local,
+        slot,
+        keeper,
+    })
+}
+
+/// Sets DF (IP_PMTUDISC_DO) so Linux sends IPv4 ID 0 from an unconnected socket.
+pub(crate) fn set_dont_fragment(fd: RawFd, ipv6: bool) -> io::Result<()> {
+    if ipv6 {
+        setsockopt(
+            fd,
+            libc::IPPROTO_IPV6,
+            libc::IPV6_MTU_DISCOVER,
+            libc::IPV6_PMTUDISC_DO,
+        )
+    } else {
+        setsockopt(
+            fd,
+            libc::IPPROTO_IP,
+            libc::IP_MTU_DISCOVER,
+            libc::IP_PMTUDISC_DO,
+        )
+    }
+}
+
+/// Accepts IPv6 UDP datagrams with checksum 0, which rxe and RoCE NICs send.
+pub(crate) fn set_no_check6_rx(fd: RawFd) -> io::Result<()> {
+    const UDP_NO_CHECK6_RX: libc::c_int = 102;
+    setsockopt(fd, libc::IPPROTO_UDP, UDP_NO_CHECK6_RX, 1)
+}
+
+/// Larger socket buffers: a burst of MTU-sized packets must not overflow the default.
+pub(crate) fn set_buffers(fd: RawFd, bytes: libc::c_int) {
+    // Best effort: a smaller buffer only costs retransmissions.
+    let _ = setsockopt(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, bytes);
+    let _ = setsockopt(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, bytes);
+}
+
+const SOL_UDP: libc::c_int = 17;
+const UDP_SEGMENT: libc::c_int = 103;
+const UDP_GRO: libc::c_int = 104;
+/// Most segments the kernel takes in one UDP_SEGMENT send (UDP_MAX_SEGMENTS).
+const GSO_MAX_SEGMENTS: usize = 64;
+/// Most payload bytes of one UDP datagram before segmentation (IPv4: 65535 - 20 - 8).
+const GSO_MAX_BYTES: usize = 65507;
+/// Receive buffer of one (possibly GRO-coalesced) datagram.
+pub(crate) const RX_BUF: usize = 65536;
+
+/// Asks the kernel to hand over coalesced runs of same-sized datagrams (UDP_GRO). Returns
+/// whether it agreed (older kernels do not know the option).
+pub(crate) fn set_gro(fd: RawFd) -> bool {
+    setsockopt(fd, SOL_UDP, UDP_GRO, 1).is_ok()
+}
+
+/// Control-message space of one message: a cmsghdr plus a u16/int, rounded up (CMSG_SPACE).
+#[derive(Clone, Copy)]
+#[repr(C, align(8))]
+struct Cmsg([u8; 32]);
+
+fn sockaddr_eq(
+    a: &libc::sockaddr_storage,
+    alen: libc::socklen_t,
+    b: &libc::sockaddr_storage,
+    blen: libc::socklen_t,
+) -> bool {
+    if alen != blen {
+        return false;
+    }
+    // SAFETY: both point to at least `alen` initialised bytes (written by `to_sockaddr`).
+    unsafe {
+        std::slice::from_raw_parts(
+            (a as *const libc::sockaddr_storage).cast::<u8>(),
+            alen as usize,
+        ) == std::slice::from_raw_parts(
+            (b as *const libc::sockaddr_storage).cast::<u8>(),
+            alen as usize,
+        )
+    }
+}
+
+/// Most pieces (iovecs) one datagram may be sent from.
+pub(crate) const MAX_PARTS: usize = 40;
+/// Most iovecs in one message (UIO_MAXIOV).
+const MAX_IOV: usize = 1024;
+
+/// Datagrams to send with `sendmmsg`: fixed buffers allocated once, so the data path allocates
+/// nothing per packet. A datagram is its slot's bytes, or pieces: headers in the slot and
+/// payload straight from registered memory (zero-copy). Runs of same-sized datagrams to one
+/// destination go out as one UDP GSO message (UDP_SEGMENT: the kernel cuts it into the
+/// datagrams, one skb through the stack on loopback and veth), when the caller allows it.
+pub(crate) struct TxBatch {
+    bufs: Vec<Vec<u8>>,
+    lens: Vec<usize>,
+    gso_ok: Vec<bool>,
+    addrs: Vec<libc::sockaddr_storage>,
+    addr_lens: Vec<libc::socklen_t>,
+    /// Every queued datagram's pieces, in order; slot `i` owns `parts[first[i]..first[i + 1]]`.
+    parts: Vec<libc::iovec>,
+    first: Vec<usize>,
+    np: usize,
+    hdrs: Vec<libc::mmsghdr>,
+    /// Datagrams in each prepared message.
+    segs: Vec<usize>,
+    ctrl: Vec<Cmsg>,
+    n: usize,
+    /// Cleared when the kernel refuses UDP_SEGMENT; every datagram then goes alone.
+    gso: bool,
+    /// GSO messages sent (for the counters).
+    pub(crate) gso_messages: u64,
+}
+
+// SAFETY: the raw pointers inside `parts`/`hdrs` point into this struct's own buffers or into
+// registered memory the device keeps alive and locked until the batch is sent (a batch is
+// always sent before the device lock is released); they are never dereferenced here.
+unsafe impl Send for TxBatch {}
+
+impl TxBatch {
+    /// `count` slots of `size` bytes.
+    pub(crate) fn new(count: usize, size: usize) -> TxBatch {
+        // SAFETY: all-zero is a valid value for these plain C structs.
+        let zero_addr: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let zero_hdr: libc::mmsghdr = unsafe { std::mem::zeroed() };
+        let iov = libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        };
+        TxBatch {
+            bufs: vec![vec![0u8; size]; count],
+            lens: vec![0; count],
+            gso_ok: vec![false; count],
+            addrs: vec![zero_addr; count],
+            addr_lens: vec![0; count],
+            parts: vec![iov; count * 3 + MAX_PARTS],
+            first: vec![0; count + 1],
+            np: 0,
+            hdrs: vec![zero_hdr; count],
+            segs: vec![0; count],
+            ctrl: vec![Cmsg([0; 32]); count],
+            n: 0,
+            gso: true,
+            gso_messages: 0,
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.n
+    }
+
+    /// True when the next datagram might not fit: send the batch before building another.
+    pub(crate) fn is_full(&self) -> bool {
+        self.n == self.bufs.len() || self.np + MAX_PARTS > self.parts.len()
+    }
+
+    /// The next free slot's buffer, to fill before [`TxBatch::commit`].
+    pub(crate) fn slot(&mut self) -> &mut [u8] {
+        &mut self.bufs[self.n]
+    }
+
+    /// Queues the first `len` bytes of the current slot for `dst`; `gso` allows sending it in
+    /// one segmented message with its same-sized neighbours to the same destination.
+    pub(crate) fn commit(&mut self, len: usize, dst: std::net::SocketAddr, gso: bool) {
+        let base = self.bufs[self.n].as_mut_ptr();
+        self.commit_parts(len, dst, gso, [(base.cast_const(), len)]);
+    }
+
+    /// Queues the current slot's datagram of `len` bytes for `dst`, sent from `parts` in
+    /// order (addresses in the slot or in registered memory; at most [`MAX_PARTS`], lengths
+    /// summing to `len`). The memory must stay valid and unchanged until the batch is sent.
+    pub(crate) fn commit_parts(
+        &mut self,
+        len: usize,
+        dst: std::net::SocketAddr,
+        gso: bool,
+        parts: impl IntoIterator<Item = (*const u8, usize)>,
+    ) {
+        self.first[self.n] = self.np;
+        for (ptr, l) in parts.into_iter().take(MAX_PARTS) {
+            self.parts[self.np] = libc::iovec {
+                iov_base: ptr.cast_mut().cast(),
+                iov_len: l,
+            };
+            self.np += 1;
+        }
+        self.lens[self.n] = len;
+        self.gso_ok[self.n] = gso;
+        self.addr_lens[self.n] = to_sockaddr(dst, &mut self.addrs[self.n]);
+        self.n += 1;
+        self.first[self.n] = self.np;
+    }
+
+    /// Groups the queued datagrams into messages; returns the message count.
+    fn prepare(&mut self) -> usize {
+        let mut m = 0;
+        let mut i = 0;
+        while i < self.n {
+            let seg = self.lens[i];
+            let mut k = 1;
+            let mut total = seg;
+            if self.gso && self.gso_ok[i] {
+                while i + k < self.n
+                    && k < GSO_MAX_SEGMENTS
+                    && self.gso_ok[i + k]
+                    && self.lens[i + k - 1] == seg
+                    && self.lens[i + k] <= seg
+                    && total + self.lens[i + k] <= GSO_MAX_BYTES
+                    && self.first[i + k + 1] - self.first[i] <= MAX_IOV
+                    && sockaddr_eq(
+                        &self.addrs[i],
+                        self.addr_lens[i],
+                        &self.addrs[i + k],
+                        self.addr_lens[i + k],
+                    )
+                {
+                    total += self.lens[i + k];
+                    k += 1;
+                }
+            }
+            let h = &mut self.hdrs[m].msg_hdr;
+            h.msg_name = (&raw mut self.addrs[i]).cast();
+            h.msg_namelen = self.addr_lens[i];
+            h.msg_iov = &raw mut self.parts[self.first[i]];
+            h.msg_iovlen = self.first[i + k] - self.first[i];
+            h.msg_flags = 0;
+            if k > 1 {
+                let c = &mut self.ctrl[m];
+                h.msg_control = c.0.as_mut_ptr().cast();
+                // SAFETY: CMSG_SPACE is pure arithmetic.
+                h.msg_controllen = unsafe { libc::CMSG_SPACE(2) } as usize;
+                // SAFETY: `msg_control` points to 32 writable, 8-aligned bytes, enough for
+                // CMSG_SPACE(2) = 24; CMSG_FIRSTHDR returns a pointer inside them.
+                unsafe {
+                    let cm = libc::CMSG_FIRSTHDR(h);
+                    (*cm).cmsg_level = SOL_UDP;
+                    (*cm).cmsg_type = UDP_SEGMENT;
+                    (*cm).cmsg_len = libc::CMSG_LEN(2) as usize;
+                    std::ptr::write_unaligned(libc::CMSG_DATA(cm).cast::<u16>(), seg as u16);
+                }
+            } else {
+                h.msg_control = std::ptr::null_mut();
+                h.msg_controllen = 0;
+            }
+            self.hdrs[m].msg_len = 0;
+            self.segs[m] = k;
+            m += 1;
+            i += k;
+        }
+        m
+    }
+
+    /// Sends every queued datagram; returns how many the kernel refused. The batch is empty
+    /// afterwards.
+    pub(crate) fn send(&mut self, fd: RawFd) -> usize {
+        let count = self.prepare();
+        let mut done = 0;
+        let mut refused = 0;
+        let mut slot = 0;
+        while done < count {
+            // SAFETY: `hdrs[done..count]` were initialised by `prepare` and point into this
+            // batch's live iovecs, control buffers and addresses, and the iovecs into live
+            // slots or locked registered memory.
+            let r = unsafe {
+                libc::sendmmsg(
+                    fd,
+                    self.hdrs[done..].as_mut_ptr(),
+                    (count - done) as libc::c_uint,
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if r > 0 {
+                for m in done..done + r as usize {
+                    if self.segs[m] > 1 {
+                        self.gso_messages += 1;
+                    }
+                    slot += self.segs[m];
+                }
+                done += r as usize;
+                continue;
+            }
+            let e = io::Error::last_os_error().raw_os_error();
+            let k = self.segs[done];
+            if k > 1
+                && matches!(
+                    e,
+                    Some(libc::EIO | libc::EINVAL | libc::EOPNOTSUPP | libc::ENOPROTOOPT)
+                )
+            {
+                // This path cannot segment: never ask again; resend these datagrams singly.
+                self.gso = false;
+                refused += self.resend_singly(fd, slot, k);
+            } else {
+                // Socket buffer full or an error for this message: drop it (the transport
+                // retransmits) and go on with the rest.
+                refused += k;
+            }
+            slot += k;
+            done += 1;
+        }
+        self.n = 0;
+        self.np = 0;
+        refused
+    }
+
+    fn resend_singly(&mut self, fd: RawFd, first: usize, k: usize) -> usize {
+        let mut refused = 0;
+        for j in first..first + k {
+            // SAFETY: a plain msghdr over slot `j`'s iovecs and address, all live (see `send`).
+            let r = unsafe {
+                let mut h: libc::msghdr = std::mem::zeroed();
+                h.msg_name = (&raw mut self.addrs[j]).cast();
+                h.msg_namelen = self.addr_lens[j];
+                h.msg_iov = &raw mut self.parts[self.first[j]];
+                h.msg_iovlen = self.first[j + 1] - self.first[j];
+                libc::sendmsg(fd, &h, libc::MSG_DONTWAIT)
+            };
+            if r < 0 {
+                refused += 1;
+            }
+        }
+        refused
+    }
+}
+
+/// Datagrams received with `recvmmsg`, buffers allocated once. With UDP_GRO on the socket a
+/// buffer may hold a run of same-sized datagrams; [`RxBatch::get`] says the segment size.
+pub(crate) struct RxBatch {
+    bufs: Vec<Vec<u8>>,
+    lens: Vec<usize>,
+    segs: Vec<usize>,
+    addrs: Vec<libc::sockaddr_storage>,
+    iovs: Vec<libc::iovec>,
+    hdrs: Vec<libc::mmsghdr>,
+    ctrl: Vec<Cmsg>,
+    n: usize,
+    /// Whether every message was armed once (later calls re-arm only the used ones).
+    armed: bool,
+}
+
+// SAFETY: as for TxBatch: pointers into own heap buffers only (they never move), re-armed
+// before each syscall that could use them.
+unsafe impl Send for RxBatch {}
+
+impl RxBatch {
+    /// `count` buffers of `size` bytes.
+    pub(crate) fn new(count: usize, size: usize) -> RxBatch {
+        // SAFETY: all-zero is a valid value for these plain C structs.
+        let zero_addr: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let zero_hdr: libc::mmsghdr = unsafe { std::mem::zeroed() };
+        RxBatch {
+            bufs: vec![vec![0u8; size]; count],
+            lens: vec![0; count],
+            segs: vec![0; count],
+            addrs: vec![zero_addr; count],
+            iovs: vec![
+                libc::iovec {
+                    iov_base: std::ptr::null_mut(),
+                    iov_len: 0
+                };
+                count
+            ],
+            hdrs: vec![zero_hdr; count],
+            ctrl: vec![Cmsg([0; 32]); count],
+            n: 0,
+            armed: false,
+        }
+    }
+
+    /// Buffer `i` of the last receive: its bytes, the sender, and the size of the datagrams
+    /// it holds back to back (the last may be shorter).
+    pub(crate) fn get(&self, i: usize) -> Option<(&[u8], std::net::SocketAddr, usize)> {
+        let addr = from_sockaddr(&self.addrs[i])?;
+        Some((&self.bufs[i][..self.lens[i]], addr, self.segs[i]))
+    }
+
+    /// Points message `i` at its buffer, address and control space (all heap storage that
+    /// never moves), with the lengths the kernel is allowed to fill.
+    fn arm(&mut self, i: usize) {
+        self.iovs[i] = libc::iovec {
+            iov_base: self.bufs[i].as_mut_ptr().cast(),
+            iov_len: self.bufs[i].len(),
+        };
+        let h = &mut self.hdrs[i].msg_hdr;
+        h.msg_name = (&raw mut self.addrs[i]).cast();
+        h.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        h.msg_iov = &raw mut self.iovs[i];
+        h.msg_iovlen = 1;
+        h.msg_control = self.ctrl[i].0.as_mut_ptr().cast();
+        h.msg_controllen = size_of::<Cmsg>();
+        h.msg_flags = 0;
+        self.hdrs[i].msg_len = 0;
+    }
+
+    /// Receives up to a batch without blocking; returns how many buffers were filled.
+    /// Only the messages the previous call filled are re-armed: a poll that finds nothing
+    /// costs the syscall alone.
+    pub(crate) fn recv(&mut self, fd: RawFd) -> io::Result<usize> {
+        let count = self.bufs.len();
+        let rearm = if self.armed { self.n } else { count };
+        for i in 0..rearm {
+            self.arm(i);
+        }
+        self.armed = true;
+        // SAFETY: `hdrs[..count]` were armed (now or after the call that last used them) and
+        // point into live heap buffers, addresses and control buffers of this batch; the
+        // kernel writes at most their lengths.
+        let r = unsafe {
+            libc::recvmmsg(
+                fd,
+                self.hdrs.as_mut_ptr(),
+                count as libc::c_uint,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
+        };
+        if r < 0 {
+            self.n = 0;
+            let e = io::Error::last_os_error();
+            return if e.kind() == io::ErrorKind::WouldBlock {
+                Ok(0)
+            } else {
+                Err(e)
+            };
+        }
+        self.n = r as usize;
+        for i in 0..self.n {
+            let len = self.hdrs[i].msg_len as usize;
+            self.lens[i] = len;
+            self.segs[i] = len;
+            let h = &self.hdrs[i].msg_hdr;
+            // SAFETY: the kernel filled `msg_controllen` bytes of our control buffer with
+            // well-formed cmsgs; CMSG_FIRSTHDR/NXTHDR stay inside it.
+            unsafe {
+                let mut cm = libc::CMSG_FIRSTHDR(h);
+                while !cm.is_null() {
+                    if (*cm).cmsg_level == SOL_UDP && (*cm).cmsg_type == UDP_GRO {
+                        let seg = std::ptr::read_unaligned(libc::CMSG_DATA(cm).cast::<u16>());
+                        if seg > 0 {
+                            self.segs[i] = seg as usize;
+                        }
+                    }
+                    cm = libc::CMSG_NXTHDR(h, cm);
+                }
+            }
+        }
+        Ok(self.n)
+    }
+}
