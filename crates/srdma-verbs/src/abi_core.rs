@@ -291,7 +291,8 @@ pub struct verbs_context {
     /// `query_rt_values`.
     pub query_rt_values: opaque_fn,
     /// `create_cq_ex`.
-    pub create_cq_ex: opaque_fn,
+    pub create_cq_ex:
+        Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_cq_init_attr_ex) -> *mut ibv_cq_ex>,
     /// Library private.
     pub priv_: *mut c_void,
     /// `query_device_ex` with the caller's struct size.
@@ -314,7 +315,8 @@ pub struct verbs_context {
     /// `open_qp`.
     pub open_qp: opaque_fn,
     /// `create_qp_ex`.
-    pub create_qp_ex: opaque_fn,
+    pub create_qp_ex:
+        Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_qp_init_attr_ex) -> *mut ibv_qp>,
     /// `get_srq_num`.
     pub get_srq_num: opaque_fn,
     /// `create_srq_ex`.
@@ -443,11 +445,200 @@ pub struct ibv_qp {
     pub events_completed: u32,
 }
 
-/// `struct ibv_qp_ex` (only pointed to: srdma has no `ibv_wr_*` API yet).
+/// `struct ibv_qp_ex`: a QP with the `ibv_wr_*` send API (`ibv_qp_to_qp_ex`).
 #[repr(C)]
 pub struct ibv_qp_ex {
     /// The QP.
     pub qp_base: ibv_qp,
+    /// Valid fields.
+    pub comp_mask: u64,
+    /// The next WR's id.
+    pub wr_id: u64,
+    /// The next WR's `IBV_SEND_*` flags.
+    pub wr_flags: c_uint,
+    /// `ibv_wr_atomic_cmp_swp`.
+    pub wr_atomic_cmp_swp: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, u64, u64)>,
+    /// `ibv_wr_atomic_fetch_add`.
+    pub wr_atomic_fetch_add: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, u64)>,
+    /// `ibv_wr_bind_mw`.
+    pub wr_bind_mw: opaque_fn,
+    /// `ibv_wr_local_inv`.
+    pub wr_local_inv: opaque_fn,
+    /// `ibv_wr_rdma_read`.
+    pub wr_rdma_read: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64)>,
+    /// `ibv_wr_rdma_write`.
+    pub wr_rdma_write: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64)>,
+    /// `ibv_wr_rdma_write_imm`.
+    pub wr_rdma_write_imm: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, u32)>,
+    /// `ibv_wr_send`.
+    pub wr_send: Option<unsafe extern "C" fn(*mut ibv_qp_ex)>,
+    /// `ibv_wr_send_imm`.
+    pub wr_send_imm: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32)>,
+    /// `ibv_wr_send_inv`.
+    pub wr_send_inv: opaque_fn,
+    /// `ibv_wr_send_tso`.
+    pub wr_send_tso: opaque_fn,
+    /// `ibv_wr_set_ud_addr`.
+    pub wr_set_ud_addr: Option<unsafe extern "C" fn(*mut ibv_qp_ex, *mut ibv_ah, u32, u32)>,
+    /// `ibv_wr_set_xrc_srqn`.
+    pub wr_set_xrc_srqn: opaque_fn,
+    /// `ibv_wr_set_inline_data`.
+    pub wr_set_inline_data: Option<unsafe extern "C" fn(*mut ibv_qp_ex, *mut c_void, usize)>,
+    /// `ibv_wr_set_inline_data_list`.
+    pub wr_set_inline_data_list:
+        Option<unsafe extern "C" fn(*mut ibv_qp_ex, usize, *const ibv_data_buf)>,
+    /// `ibv_wr_set_sge`.
+    pub wr_set_sge: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, u32)>,
+    /// `ibv_wr_set_sge_list`.
+    pub wr_set_sge_list: Option<unsafe extern "C" fn(*mut ibv_qp_ex, usize, *const ibv_sge)>,
+    /// `ibv_wr_start`.
+    pub wr_start: Option<unsafe extern "C" fn(*mut ibv_qp_ex)>,
+    /// `ibv_wr_complete`.
+    pub wr_complete: Option<unsafe extern "C" fn(*mut ibv_qp_ex) -> c_int>,
+    /// `ibv_wr_abort`.
+    pub wr_abort: Option<unsafe extern "C" fn(*mut ibv_qp_ex)>,
+    /// `ibv_wr_atomic_write`.
+    pub wr_atomic_write: opaque_fn,
+}
+
+/// `struct ibv_data_buf`.
+#[repr(C)]
+pub struct ibv_data_buf {
+    /// Address.
+    pub addr: *mut c_void,
+    /// Length.
+    pub length: usize,
+}
+
+/// `struct ibv_qp_init_attr_ex` (its `rx_hash_conf` as raw space).
+#[repr(C)]
+pub struct ibv_qp_init_attr_ex {
+    /// The application's pointer.
+    pub qp_context: *mut c_void,
+    /// Send CQ.
+    pub send_cq: *mut ibv_cq,
+    /// Receive CQ.
+    pub recv_cq: *mut ibv_cq,
+    /// SRQ.
+    pub srq: *mut ibv_srq,
+    /// Capacities.
+    pub cap: ibv_qp_cap,
+    /// Type.
+    pub qp_type: ibv_qp_type,
+    /// Signal every send.
+    pub sq_sig_all: c_int,
+    /// Valid fields (`IBV_QP_INIT_ATTR_*`).
+    pub comp_mask: u32,
+    /// PD.
+    pub pd: *mut ibv_pd,
+    /// XRC domain.
+    pub xrcd: *mut c_void,
+    /// Creation flags.
+    pub create_flags: u32,
+    /// TSO header size.
+    pub max_tso_header: u16,
+    /// RSS indirection table.
+    pub rwq_ind_tbl: *mut c_void,
+    /// `struct ibv_rx_hash_conf` (function u8, key len u8, key pointer, fields mask u64).
+    pub rx_hash_conf: [u64; 3],
+    /// Source QPN (raw packet QPs).
+    pub source_qpn: u32,
+    /// `IBV_QP_EX_WITH_*`: the operations of the `ibv_wr_*` API.
+    pub send_ops_flags: u64,
+}
+
+/// `IBV_QP_INIT_ATTR_PD`.
+pub const IBV_QP_INIT_ATTR_PD: u32 = 1;
+/// `IBV_QP_INIT_ATTR_CREATE_FLAGS`.
+pub const IBV_QP_INIT_ATTR_CREATE_FLAGS: u32 = 1 << 2;
+/// `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`.
+pub const IBV_QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 1 << 6;
+/// The `IBV_QP_EX_WITH_*` operations srdma does: RDMA WRITE (with immediate), SEND (with
+/// immediate), RDMA READ, compare-and-swap, fetch-and-add.
+pub const SRDMA_QP_EX_OPS: u64 = 0x7f;
+
+/// `struct ibv_cq_init_attr_ex`.
+#[repr(C)]
+pub struct ibv_cq_init_attr_ex {
+    /// Entries.
+    pub cqe: u32,
+    /// The application's pointer.
+    pub cq_context: *mut c_void,
+    /// Channel.
+    pub channel: *mut ibv_comp_channel,
+    /// Completion vector.
+    pub comp_vector: u32,
+    /// `IBV_WC_EX_WITH_*`: what the read functions must report.
+    pub wc_flags: u64,
+    /// Valid fields.
+    pub comp_mask: u32,
+    /// Creation flags.
+    pub flags: u32,
+    /// Parent domain.
+    pub parent_domain: *mut ibv_pd,
+}
+
+/// `IBV_WC_STANDARD_FLAGS`: byte_len, imm, qp_num, src_qp, slid, sl, dlid_path_bits.
+pub const IBV_WC_STANDARD_FLAGS: u64 = 0x7f;
+/// `IBV_CQ_INIT_ATTR_MASK_FLAGS`.
+pub const IBV_CQ_INIT_ATTR_MASK_FLAGS: u32 = 1;
+/// `IBV_CREATE_CQ_ATTR_SINGLE_THREADED | IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN`.
+pub const IBV_CREATE_CQ_ATTR_KNOWN: u32 = 3;
+
+/// `struct ibv_poll_cq_attr`.
+#[repr(C)]
+pub struct ibv_poll_cq_attr {
+    /// Must be 0.
+    pub comp_mask: u32,
+}
+
+/// `struct ibv_cq_ex`: an `ibv_cq` followed by the polling API of `ibv_start_poll`.
+#[repr(C)]
+pub struct ibv_cq_ex {
+    /// The `ibv_cq` fields, same layout (`ibv_cq_ex_to_cq` is a cast).
+    pub cq: ibv_cq,
+    /// Valid fields.
+    pub comp_mask: u32,
+    /// Status of the current completion.
+    pub status: ibv_wc_status,
+    /// wr_id of the current completion.
+    pub wr_id: u64,
+    /// `ibv_start_poll`.
+    pub start_poll: Option<unsafe extern "C" fn(*mut ibv_cq_ex, *mut ibv_poll_cq_attr) -> c_int>,
+    /// `ibv_next_poll`.
+    pub next_poll: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> c_int>,
+    /// `ibv_end_poll`.
+    pub end_poll: Option<unsafe extern "C" fn(*mut ibv_cq_ex)>,
+    /// `ibv_wc_read_opcode`.
+    pub read_opcode: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> ibv_wc_opcode>,
+    /// `ibv_wc_read_vendor_err`.
+    pub read_vendor_err: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u32>,
+    /// `ibv_wc_read_byte_len`.
+    pub read_byte_len: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u32>,
+    /// `ibv_wc_read_imm_data`.
+    pub read_imm_data: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u32>,
+    /// `ibv_wc_read_qp_num`.
+    pub read_qp_num: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u32>,
+    /// `ibv_wc_read_src_qp`.
+    pub read_src_qp: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u32>,
+    /// `ibv_wc_read_wc_flags`.
+    pub read_wc_flags: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> c_uint>,
+    /// `ibv_wc_read_slid`.
+    pub read_slid: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u32>,
+    /// `ibv_wc_read_sl`.
+    pub read_sl: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u8>,
+    /// `ibv_wc_read_dlid_path_bits`.
+    pub read_dlid_path_bits: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u8>,
+    /// `ibv_wc_read_completion_ts`.
+    pub read_completion_ts: opaque_fn,
+    /// `ibv_wc_read_cvlan`.
+    pub read_cvlan: opaque_fn,
+    /// `ibv_wc_read_flow_tag`.
+    pub read_flow_tag: opaque_fn,
+    /// `ibv_wc_read_tm_info`.
+    pub read_tm_info: opaque_fn,
+    /// `ibv_wc_read_completion_wallclock_ns`.
+    pub read_completion_wallclock_ns: opaque_fn,
 }
 
 /// `struct ibv_ah`.
@@ -1068,6 +1259,33 @@ mod tests {
                 link_layer, flags, port_cap_flags2
             }
             struct ibv_gid_entry { gid, gid_index, port_num, gid_type, ndev_ifindex }
+            struct ibv_qp_ex {
+                qp_base, comp_mask, wr_id, wr_flags, wr_atomic_cmp_swp, wr_atomic_fetch_add,
+                wr_bind_mw, wr_local_inv, wr_rdma_read, wr_rdma_write, wr_rdma_write_imm, wr_send,
+                wr_send_imm, wr_send_inv, wr_send_tso, wr_set_ud_addr, wr_set_xrc_srqn,
+                wr_set_inline_data, wr_set_inline_data_list, wr_set_sge, wr_set_sge_list,
+                wr_start, wr_complete, wr_abort, wr_atomic_write
+            }
+            struct ibv_data_buf { addr, length }
+            struct ibv_qp_init_attr_ex {
+                qp_context, send_cq, recv_cq, srq, cap, qp_type, sq_sig_all, comp_mask, pd, xrcd,
+                create_flags, max_tso_header, rwq_ind_tbl, rx_hash_conf, source_qpn,
+                send_ops_flags
+            }
+            struct ibv_cq_init_attr_ex {
+                cqe, cq_context, channel, comp_vector, wc_flags, comp_mask, flags, parent_domain
+            }
+            struct ibv_poll_cq_attr { comp_mask }
+            struct ibv_cq_ex {
+                cq.context = "context", cq.channel = "channel", cq.cq_context = "cq_context",
+                cq.handle = "handle", cq.cqe = "cqe", cq.mutex = "mutex", cq.cond = "cond",
+                cq.comp_events_completed = "comp_events_completed",
+                cq.async_events_completed = "async_events_completed", comp_mask, status, wr_id,
+                start_poll, next_poll, end_poll, read_opcode, read_vendor_err, read_byte_len,
+                read_imm_data, read_qp_num, read_src_qp, read_wc_flags, read_slid, read_sl,
+                read_dlid_path_bits, read_completion_ts, read_cvlan, read_flow_tag, read_tm_info,
+                read_completion_wallclock_ns
+            }
         };
         if !std::path::Path::new("/usr/include/infiniband/verbs.h").exists() {
             if std::env::var_os("SRDMA_SKIP_VERBS_HEADERS").is_some() {

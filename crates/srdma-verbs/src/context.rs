@@ -441,6 +441,8 @@ pub extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
         vctx.sz = std::mem::size_of::<verbs_context>();
         vctx.query_port = Some(vctx_query_port);
         vctx.query_device_ex = Some(vctx_query_device_ex);
+        vctx.create_cq_ex = Some(crate::verbs::vctx_create_cq_ex);
+        vctx.create_qp_ex = Some(crate::verbs::vctx_create_qp_ex);
         vctx.context.device = device;
         vctx.context.cmd_fd = -1;
         vctx.context.async_fd = fd;

@@ -348,13 +348,15 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel
 /// An `ibv_cq`.
 #[repr(C)]
 struct Cq {
-    c: ibv_cq,
+    c: ibv_cq_ex,
     cq: srdma::Cq,
     channel: *mut Channel,
     /// Completions taken from srdma, converted by the next poll.
     scratch: Mutex<Vec<Wc>>,
     /// Events acknowledged (`ibv_ack_cq_events`).
     acked: AtomicU32,
+    /// The completion `ibv_start_poll`/`ibv_next_poll` made current.
+    cur: Mutex<Option<Wc>>,
 }
 
 /// `ibv_create_cq`: a CQ of `cqe` entries, optionally on `channel`.
@@ -375,49 +377,119 @@ pub unsafe extern "C" fn ibv_create_cq(
             set_errno(libc::EINVAL);
             return std::ptr::null_mut();
         };
-        let max = ctx.entry.cfg.limits.max_cqe as c_int;
-        if !(1..=max).contains(&cqe) || comp_vector != 0 {
+        match make_cq(ctx, context, cqe, cq_context, channel, comp_vector) {
+            Ok(p) => p.cast(),
+            Err(e) => {
+                set_errno(e);
+                std::ptr::null_mut()
+            }
+        }
+    })
+}
+
+/// Creates a CQ (`ibv_cq_ex` inside, so it serves both APIs).
+fn make_cq(
+    ctx: &Context,
+    context: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    comp_vector: c_int,
+) -> Result<*mut Cq, c_int> {
+    let max = ctx.entry.cfg.limits.max_cqe as c_int;
+    if !(1..=max).contains(&cqe) || comp_vector != 0 {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: `channel` is NULL or checked live by `back`.
+    let ch = unsafe { back::<Channel, _>(channel) };
+    if !channel.is_null() && ch.is_none() {
+        return Err(libc::EINVAL);
+    }
+    let dev = ctx.device()?;
+    let cq = dev
+        .create_cq(cqe as usize, ch.map(|c| &c.ch))
+        .map_err(|e| errno_of(&e))?;
+    // SAFETY: plain C data; zeroed mutex/cond are the static initialisers on glibc, zeroed
+    // function pointers are None.
+    let mut c: ibv_cq_ex = unsafe { std::mem::zeroed() };
+    c.cq.context = context;
+    c.cq.channel = channel;
+    c.cq.cq_context = cq_context;
+    c.cq.handle = cq.id();
+    c.cq.cqe = cqe;
+    c.start_poll = Some(cq_start_poll);
+    c.next_poll = Some(cq_next_poll);
+    c.end_poll = Some(cq_end_poll);
+    c.read_opcode = Some(cq_read_opcode);
+    c.read_vendor_err = Some(cq_read_vendor_err);
+    c.read_byte_len = Some(cq_read_byte_len);
+    c.read_imm_data = Some(cq_read_imm_data);
+    c.read_qp_num = Some(cq_read_qp_num);
+    c.read_src_qp = Some(cq_read_src_qp);
+    c.read_wc_flags = Some(cq_read_wc_flags);
+    c.read_slid = Some(cq_read_slid);
+    c.read_sl = Some(cq_read_sl);
+    c.read_dlid_path_bits = Some(cq_read_dlid_path_bits);
+    let id = cq.id();
+    let boxed: *mut Cq = hand_out(Cq {
+        c,
+        cq,
+        channel: channel.cast(),
+        scratch: Mutex::new(Vec::with_capacity(16)),
+        acked: AtomicU32::new(0),
+        cur: Mutex::new(None),
+    });
+    lock(&ctx.sink.cqs).insert(id, boxed as usize);
+    if let Some(ch) = ch {
+        lock(&ch.cqs).insert(id, boxed as usize);
+        // SAFETY: `channel` is live; refcnt is informational for the application.
+        unsafe { (*channel).refcnt += 1 };
+    }
+    Ok(boxed)
+}
+
+/// `verbs_context.create_cq_ex` (behind the inline `ibv_create_cq_ex`): a CQ with the
+/// `ibv_start_poll` API, reporting the standard `IBV_WC_EX_WITH_*` fields; completion
+/// timestamps, CVLAN, flow tags and tag matching are EOPNOTSUPP.
+pub(crate) unsafe extern "C" fn vctx_create_cq_ex(
+    context: *mut ibv_context,
+    attr: *mut ibv_cq_init_attr_ex,
+) -> *mut ibv_cq_ex {
+    guard(std::ptr::null_mut(), || {
+        // SAFETY: the inline caller passes its context.
+        let Some(ctx) = (unsafe { Context::from_c(context) }) else {
+            set_errno(libc::EINVAL);
+            return std::ptr::null_mut();
+        };
+        if attr.is_null() {
             set_errno(libc::EINVAL);
             return std::ptr::null_mut();
         }
-        // SAFETY: per the contract.
-        let ch = unsafe { back::<Channel, _>(channel) };
-        let dev = match ctx.device() {
-            Ok(d) => d,
+        // SAFETY: readable per ibv_create_cq_ex's contract.
+        let a = unsafe { &*attr };
+        if a.wc_flags & !IBV_WC_STANDARD_FLAGS != 0
+            || a.comp_mask & !IBV_CQ_INIT_ATTR_MASK_FLAGS != 0
+            || (a.comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS != 0
+                && a.flags & !IBV_CREATE_CQ_ATTR_KNOWN != 0)
+        {
+            set_errno(libc::EOPNOTSUPP);
+            return std::ptr::null_mut();
+        }
+        let cqe = c_int::try_from(a.cqe).unwrap_or(c_int::MAX);
+        match make_cq(
+            ctx,
+            context,
+            cqe,
+            a.cq_context,
+            a.channel,
+            a.comp_vector as c_int,
+        ) {
+            Ok(p) => p.cast(),
             Err(e) => {
                 set_errno(e);
-                return std::ptr::null_mut();
+                std::ptr::null_mut()
             }
-        };
-        let cq = match dev.create_cq(cqe as usize, ch.map(|c| &c.ch)) {
-            Ok(c) => c,
-            Err(e) => {
-                set_errno(errno_of(&e));
-                return std::ptr::null_mut();
-            }
-        };
-        // SAFETY: plain C data; zeroed mutex/cond are the static initialisers on glibc.
-        let mut c: ibv_cq = unsafe { std::mem::zeroed() };
-        c.context = context;
-        c.channel = channel;
-        c.cq_context = cq_context;
-        c.handle = cq.id();
-        c.cqe = cqe;
-        let id = cq.id();
-        let boxed: *mut Cq = hand_out(Cq {
-            c,
-            cq,
-            channel: channel.cast(),
-            scratch: Mutex::new(Vec::with_capacity(16)),
-            acked: AtomicU32::new(0),
-        });
-        lock(&ctx.sink.cqs).insert(id, boxed as usize);
-        if let Some(ch) = ch {
-            lock(&ch.cqs).insert(id, boxed as usize);
-            // SAFETY: `channel` is live; refcnt is informational for the application.
-            unsafe { (*channel).refcnt += 1 };
         }
-        boxed.cast()
     })
 }
 
@@ -437,7 +509,7 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
             return libc::EBUSY;
         }
         // SAFETY: a CQ's context outlives it (verbs rule: objects are destroyed first).
-        if let Some(ctx) = unsafe { Context::from_c(c.c.context) } {
+        if let Some(ctx) = unsafe { Context::from_c(c.c.cq.context) } {
             lock(&ctx.sink.cqs).remove(&c.cq.id());
         }
         if !c.channel.is_null() {
@@ -465,7 +537,11 @@ pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
         let Some(c) = (unsafe { back::<Cq, _>(cq) }) else {
             return libc::EINVAL;
         };
-        if cqe == c.c.cqe { 0 } else { libc::EOPNOTSUPP }
+        if cqe == c.c.cq.cqe {
+            0
+        } else {
+            libc::EOPNOTSUPP
+        }
     })
 }
 
@@ -514,7 +590,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
             // are valid per the contract.
             unsafe {
                 *cq = p.cast();
-                *cq_context = (*p).c.cq_context;
+                *cq_context = (*p).c.cq.cq_context;
             }
             return 0;
         }
@@ -587,6 +663,117 @@ unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_
         c.cq.req_notify(solicited_only != 0);
         0
     })
+}
+
+/// The CQ behind an `ibv_cq_ex` of the inline polling API.
+///
+/// # Safety
+/// `cq` is a live CQ of this library (the inline wrappers pass the application's).
+unsafe fn cq_ex<'a>(cq: *mut ibv_cq_ex) -> Option<&'a Cq> {
+    // SAFETY: per the contract.
+    unsafe { back_fast::<Cq, _>(cq) }
+}
+
+/// Makes the next completion current: 0, or ENOENT when there is none.
+fn cq_advance(cq: *mut ibv_cq_ex) -> c_int {
+    // SAFETY: the inline caller passes its CQ.
+    let Some(c) = (unsafe { cq_ex(cq) }) else {
+        return libc::EINVAL;
+    };
+    match c.cq.poll_one() {
+        Some(wc) => {
+            // SAFETY: the CQ is live; `status` and `wr_id` are read by the inline API.
+            unsafe {
+                (*cq).status = wc.status as u32;
+                (*cq).wr_id = wc.wr_id;
+            }
+            *lock(&c.cur) = Some(wc);
+            0
+        }
+        None => libc::ENOENT,
+    }
+}
+
+/// `ibv_start_poll`.
+unsafe extern "C" fn cq_start_poll(cq: *mut ibv_cq_ex, attr: *mut ibv_poll_cq_attr) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: `attr` is NULL or readable (verbs contract).
+        if !attr.is_null() && unsafe { (*attr).comp_mask } != 0 {
+            return libc::EINVAL;
+        }
+        cq_advance(cq)
+    })
+}
+
+/// `ibv_next_poll`.
+unsafe extern "C" fn cq_next_poll(cq: *mut ibv_cq_ex) -> c_int {
+    guard(libc::EIO, || cq_advance(cq))
+}
+
+/// `ibv_end_poll`.
+unsafe extern "C" fn cq_end_poll(cq: *mut ibv_cq_ex) {
+    guard((), || {
+        // SAFETY: the inline caller passes its CQ.
+        if let Some(c) = unsafe { cq_ex(cq) } {
+            *lock(&c.cur) = None;
+        }
+    })
+}
+
+/// Reads a field of the current completion (0 without one).
+fn cq_read<T: Default>(cq: *mut ibv_cq_ex, f: impl FnOnce(&Wc) -> T) -> T {
+    guard(T::default(), || {
+        // SAFETY: the inline caller passes its CQ.
+        let Some(c) = (unsafe { cq_ex(cq) }) else {
+            return T::default();
+        };
+        lock(&c.cur).as_ref().map(f).unwrap_or_default()
+    })
+}
+
+/// `ibv_wc_read_opcode`.
+unsafe extern "C" fn cq_read_opcode(cq: *mut ibv_cq_ex) -> ibv_wc_opcode {
+    cq_read(cq, |w| w.opcode.as_u32())
+}
+/// `ibv_wc_read_vendor_err`.
+unsafe extern "C" fn cq_read_vendor_err(cq: *mut ibv_cq_ex) -> u32 {
+    cq_read(cq, |w| w.vendor_err)
+}
+/// `ibv_wc_read_byte_len`.
+unsafe extern "C" fn cq_read_byte_len(cq: *mut ibv_cq_ex) -> u32 {
+    cq_read(cq, |w| w.byte_len)
+}
+/// `ibv_wc_read_imm_data` (network order; the invalidated R_Key for SEND with invalidate).
+unsafe extern "C" fn cq_read_imm_data(cq: *mut ibv_cq_ex) -> u32 {
+    cq_read(cq, |w| match (w.imm_data, w.invalidated_rkey) {
+        (Some(imm), _) => imm.to_be(),
+        (None, Some(r)) => r.0,
+        _ => 0,
+    })
+}
+/// `ibv_wc_read_qp_num`.
+unsafe extern "C" fn cq_read_qp_num(cq: *mut ibv_cq_ex) -> u32 {
+    cq_read(cq, |w| w.qp_num.value())
+}
+/// `ibv_wc_read_src_qp`.
+unsafe extern "C" fn cq_read_src_qp(cq: *mut ibv_cq_ex) -> u32 {
+    cq_read(cq, |w| w.src_qp.value())
+}
+/// `ibv_wc_read_wc_flags`.
+unsafe extern "C" fn cq_read_wc_flags(cq: *mut ibv_cq_ex) -> std::ffi::c_uint {
+    cq_read(cq, |w| w.wc_flags.bits())
+}
+/// `ibv_wc_read_slid`.
+unsafe extern "C" fn cq_read_slid(cq: *mut ibv_cq_ex) -> u32 {
+    cq_read(cq, |w| u32::from(w.slid))
+}
+/// `ibv_wc_read_sl`.
+unsafe extern "C" fn cq_read_sl(cq: *mut ibv_cq_ex) -> u8 {
+    cq_read(cq, |w| w.sl)
+}
+/// `ibv_wc_read_dlid_path_bits`.
+unsafe extern "C" fn cq_read_dlid_path_bits(cq: *mut ibv_cq_ex) -> u8 {
+    cq_read(cq, |w| w.dlid_path_bits)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -986,10 +1173,15 @@ pub unsafe extern "C" fn ibv_create_ah_from_wc(
 /// An `ibv_qp`.
 #[repr(C)]
 struct Qp {
-    c: ibv_qp,
+    c: ibv_qp_ex,
     qp: srdma::Qp,
     caps: QpCaps,
     sq_sig_all: bool,
+    /// Created with `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`: `ibv_qp_to_qp_ex` gives the `ibv_wr_*`
+    /// API.
+    ex: bool,
+    /// The work requests between `ibv_wr_start` and `ibv_wr_complete`.
+    batch: Mutex<Vec<SendWr>>,
 }
 
 fn qp_type(t: ibv_qp_type) -> Result<QpType, c_int> {
@@ -1025,7 +1217,7 @@ pub unsafe extern "C" fn ibv_create_qp(
         }
         // SAFETY: valid per the contract.
         let a = unsafe { &mut *attr };
-        match create_qp(p, pd, a) {
+        match create_qp(p, pd, a, false) {
             Ok(q) => q,
             Err(e) => {
                 set_errno(e);
@@ -1035,7 +1227,12 @@ pub unsafe extern "C" fn ibv_create_qp(
     })
 }
 
-fn create_qp(p: &Pd, pd: *mut ibv_pd, a: &mut ibv_qp_init_attr) -> Result<*mut ibv_qp, c_int> {
+fn create_qp(
+    p: &Pd,
+    pd: *mut ibv_pd,
+    a: &mut ibv_qp_init_attr,
+    ex: bool,
+) -> Result<*mut ibv_qp, c_int> {
     let t = qp_type(a.qp_type)?;
     // SAFETY: CQ and SRQ pointers are NULL or live per the caller's contract.
     let (scq, rcq, srq) = unsafe {
@@ -1076,24 +1273,31 @@ fn create_qp(p: &Pd, pd: *mut ibv_pd, a: &mut ibv_qp_init_attr) -> Result<*mut i
         a.cap.max_recv_sge = got.max_recv_sge;
     }
     a.cap.max_inline_data = got.max_inline_data;
-    // SAFETY: plain C data; zeroed mutex/cond are the static initialisers on glibc.
-    let mut c: ibv_qp = unsafe { std::mem::zeroed() };
-    c.context = p.c.context;
-    c.qp_context = a.qp_context;
-    c.pd = pd;
-    c.send_cq = a.send_cq;
-    c.recv_cq = a.recv_cq;
-    c.srq = a.srq;
-    c.handle = qp.qpn().value();
-    c.qp_num = qp.qpn().value();
-    c.state = IBV_QPS_RESET;
-    c.qp_type = a.qp_type;
-    let qpn = c.qp_num;
+    // SAFETY: plain C data; zeroed mutex/cond are the static initialisers on glibc, zeroed
+    // function pointers are None.
+    let mut c: ibv_qp_ex = unsafe { std::mem::zeroed() };
+    let b = &mut c.qp_base;
+    b.context = p.c.context;
+    b.qp_context = a.qp_context;
+    b.pd = pd;
+    b.send_cq = a.send_cq;
+    b.recv_cq = a.recv_cq;
+    b.srq = a.srq;
+    b.handle = qp.qpn().value();
+    b.qp_num = qp.qpn().value();
+    b.state = IBV_QPS_RESET;
+    b.qp_type = a.qp_type;
+    let qpn = b.qp_num;
+    if ex {
+        fill_wr_ops(&mut c);
+    }
     let boxed: *mut Qp = hand_out(Qp {
         c,
         qp,
         caps: got,
         sq_sig_all: a.sq_sig_all != 0,
+        ex,
+        batch: Mutex::new(Vec::new()),
     });
     pd_users(pd, 1);
     // SAFETY: the PD's context is open.
@@ -1241,12 +1445,12 @@ pub unsafe extern "C" fn ibv_query_qp(
         a.rnr_retry = s.rnr_retry;
         // SAFETY: writable per the contract.
         let i = unsafe { &mut *init_attr };
-        i.qp_context = q.c.qp_context;
-        i.send_cq = q.c.send_cq;
-        i.recv_cq = q.c.recv_cq;
-        i.srq = q.c.srq;
+        i.qp_context = q.c.qp_base.qp_context;
+        i.send_cq = q.c.qp_base.send_cq;
+        i.recv_cq = q.c.qp_base.recv_cq;
+        i.srq = q.c.qp_base.srq;
         i.cap = cap;
-        i.qp_type = q.c.qp_type;
+        i.qp_type = q.c.qp_base.qp_type;
         i.sq_sig_all = c_int::from(q.sq_sig_all);
         // SAFETY: the QP is live.
         unsafe { (*qp).state = s.qp_state as u32 };
@@ -1266,22 +1470,288 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
             return libc::EINVAL;
         };
         // SAFETY: a QP's context outlives it.
-        if let Some(ctx) = unsafe { Context::from_c(q.c.context) } {
-            lock(&ctx.sink.qps).remove(&q.c.qp_num);
+        if let Some(ctx) = unsafe { Context::from_c(q.c.qp_base.context) } {
+            lock(&ctx.sink.qps).remove(&q.c.qp_base.qp_num);
         }
-        pd_users(q.c.pd, -1);
+        pd_users(q.c.qp_base.pd, -1);
         // SAFETY: live objects came from hand_out::<Qp>.
         drop(unsafe { take_back::<Qp, _>(qp) });
         0
     })
 }
 
-/// `ibv_qp_to_qp_ex`: srdma has no `ibv_wr_*` send API yet: NULL with EOPNOTSUPP (programs
-/// fall back to `ibv_post_send`, or fail with a clear message, e.g. `ibv_rc_pingpong -N`).
+/// `ibv_qp_to_qp_ex`: the `ibv_wr_*` API of a QP created by `ibv_create_qp_ex` with
+/// `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`; NULL for others, as rdma-core.
 #[unsafe(no_mangle)]
-pub extern "C" fn ibv_qp_to_qp_ex(_qp: *mut ibv_qp) -> *mut ibv_qp_ex {
-    set_errno(libc::EOPNOTSUPP);
-    std::ptr::null_mut()
+pub extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
+    guard(std::ptr::null_mut(), || {
+        // SAFETY: liveness checked by `back`.
+        match unsafe { back::<Qp, _>(qp) } {
+            Some(q) if q.ex => qp.cast(),
+            _ => std::ptr::null_mut(),
+        }
+    })
+}
+
+/// `verbs_context.create_qp_ex` (behind the inline `ibv_create_qp_ex` when the mask is more
+/// than a PD): RC, UC and UD QPs, with the `ibv_wr_*` API when asked for
+/// (`IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`, operations as `ibv_post_send`'s). XRC, RSS, TSO and
+/// creation flags are EOPNOTSUPP.
+pub(crate) unsafe extern "C" fn vctx_create_qp_ex(
+    context: *mut ibv_context,
+    attr: *mut ibv_qp_init_attr_ex,
+) -> *mut ibv_qp {
+    guard(std::ptr::null_mut(), || {
+        // SAFETY: the inline caller passes its context.
+        if unsafe { Context::from_c(context) }.is_none() || attr.is_null() {
+            set_errno(libc::EINVAL);
+            return std::ptr::null_mut();
+        }
+        // SAFETY: readable and writable per ibv_create_qp_ex's contract.
+        let a = unsafe { &mut *attr };
+        let known =
+            IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+        let with_ops = a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0;
+        if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 {
+            set_errno(libc::EINVAL);
+            return std::ptr::null_mut();
+        }
+        if a.comp_mask & !known != 0
+            || (a.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && a.create_flags != 0)
+            || (with_ops && a.send_ops_flags & !SRDMA_QP_EX_OPS != 0)
+        {
+            set_errno(libc::EOPNOTSUPP);
+            return std::ptr::null_mut();
+        }
+        let pd = a.pd;
+        // SAFETY: liveness checked by `back`.
+        let Some(p) = (unsafe { back::<Pd, _>(pd) }) else {
+            set_errno(libc::EINVAL);
+            return std::ptr::null_mut();
+        };
+        // The legacy attributes are the first fields of the extended ones, same layout.
+        // SAFETY: `ibv_qp_init_attr_ex` starts with the fields of `ibv_qp_init_attr`.
+        let legacy = unsafe { &mut *std::ptr::from_mut(a).cast::<ibv_qp_init_attr>() };
+        match create_qp(p, pd, legacy, with_ops) {
+            Ok(q) => q,
+            Err(e) => {
+                set_errno(e);
+                std::ptr::null_mut()
+            }
+        }
+    })
+}
+
+fn fill_wr_ops(c: &mut ibv_qp_ex) {
+    c.wr_atomic_cmp_swp = Some(wr_atomic_cmp_swp);
+    c.wr_atomic_fetch_add = Some(wr_atomic_fetch_add);
+    c.wr_rdma_read = Some(wr_rdma_read);
+    c.wr_rdma_write = Some(wr_rdma_write);
+    c.wr_rdma_write_imm = Some(wr_rdma_write_imm);
+    c.wr_send = Some(wr_send);
+    c.wr_send_imm = Some(wr_send_imm);
+    c.wr_set_ud_addr = Some(wr_set_ud_addr);
+    c.wr_set_inline_data = Some(wr_set_inline_data);
+    c.wr_set_inline_data_list = Some(wr_set_inline_data_list);
+    c.wr_set_sge = Some(wr_set_sge);
+    c.wr_set_sge_list = Some(wr_set_sge_list);
+    c.wr_start = Some(wr_start);
+    c.wr_complete = Some(wr_complete);
+    c.wr_abort = Some(wr_abort);
+}
+
+/// Runs `f` on the QP behind `qpx` (the `ibv_wr_*` functions return nothing: errors surface
+/// at `ibv_wr_complete`).
+fn with_qpx<T: Default>(qpx: *mut ibv_qp_ex, f: impl FnOnce(&Qp, &ibv_qp_ex) -> T) -> T {
+    guard(T::default(), || {
+        // SAFETY: the inline ibv_wr_* pass the application's qp_ex, a live QP of ours.
+        let Some(q) = (unsafe { back_fast::<Qp, _>(qpx) }) else {
+            return T::default();
+        };
+        // SAFETY: as above; the application sets wr_id/wr_flags before each operation.
+        f(q, unsafe { &*qpx })
+    })
+}
+
+/// Starts a new WR of the batch with `op`, the qp_ex's current wr_id and wr_flags.
+fn wr_push(qpx: *mut ibv_qp_ex, op: SendOp) {
+    with_qpx(qpx, |q, x| {
+        let flags = SendFlags::from_bits_truncate(x.wr_flags & 0x17);
+        let mut wr = SendWr::new(x.wr_id, op, SgeList::new()).with_flags(flags);
+        if q.sq_sig_all {
+            wr.flags |= SendFlags::SIGNALED;
+        }
+        lock(&q.batch).push(wr);
+    });
+}
+
+/// Applies `f` to the batch's last WR.
+fn wr_last(qpx: *mut ibv_qp_ex, f: impl FnOnce(&Qp, &mut SendWr)) {
+    with_qpx(qpx, |q, _| {
+        if let Some(w) = lock(&q.batch).last_mut() {
+            f(q, w);
+        }
+    });
+}
+
+unsafe extern "C" fn wr_atomic_cmp_swp(
+    qpx: *mut ibv_qp_ex,
+    rkey: u32,
+    addr: u64,
+    compare: u64,
+    swap: u64,
+) {
+    wr_push(
+        qpx,
+        SendOp::CompareSwap {
+            remote_addr: addr,
+            rkey: RKey(rkey),
+            compare,
+            swap,
+        },
+    );
+}
+unsafe extern "C" fn wr_atomic_fetch_add(qpx: *mut ibv_qp_ex, rkey: u32, addr: u64, add: u64) {
+    wr_push(
+        qpx,
+        SendOp::FetchAdd {
+            remote_addr: addr,
+            rkey: RKey(rkey),
+            add,
+        },
+    );
+}
+unsafe extern "C" fn wr_rdma_read(qpx: *mut ibv_qp_ex, rkey: u32, addr: u64) {
+    wr_push(
+        qpx,
+        SendOp::Read {
+            remote_addr: addr,
+            rkey: RKey(rkey),
+        },
+    );
+}
+unsafe extern "C" fn wr_rdma_write(qpx: *mut ibv_qp_ex, rkey: u32, addr: u64) {
+    wr_push(
+        qpx,
+        SendOp::Write {
+            remote_addr: addr,
+            rkey: RKey(rkey),
+        },
+    );
+}
+unsafe extern "C" fn wr_rdma_write_imm(qpx: *mut ibv_qp_ex, rkey: u32, addr: u64, imm: u32) {
+    wr_push(
+        qpx,
+        SendOp::WriteWithImm {
+            remote_addr: addr,
+            rkey: RKey(rkey),
+            imm: u32::from_be(imm),
+        },
+    );
+}
+unsafe extern "C" fn wr_send(qpx: *mut ibv_qp_ex) {
+    wr_push(qpx, SendOp::Send);
+}
+unsafe extern "C" fn wr_send_imm(qpx: *mut ibv_qp_ex, imm: u32) {
+    wr_push(
+        qpx,
+        SendOp::SendWithImm {
+            imm: u32::from_be(imm),
+        },
+    );
+}
+unsafe extern "C" fn wr_set_ud_addr(
+    qpx: *mut ibv_qp_ex,
+    ah: *mut ibv_ah,
+    remote_qpn: u32,
+    remote_qkey: u32,
+) {
+    // SAFETY: liveness checked by `back`.
+    let ah = unsafe { back::<Ah, _>(ah) }.map(|a| a.attr);
+    wr_last(qpx, |_, w| {
+        if let Some(ah) = ah {
+            w.ud = Some(UdDest {
+                ah,
+                remote_qpn: Qpn::new(remote_qpn & 0xFF_FFFF),
+                remote_qkey,
+            });
+        }
+    });
+}
+unsafe extern "C" fn wr_set_sge(qpx: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
+    wr_last(qpx, |_, w| {
+        w.sges = SgeList::one(Sge {
+            addr,
+            length,
+            lkey: srdma::LKey(lkey),
+        });
+    });
+}
+unsafe extern "C" fn wr_set_sge_list(qpx: *mut ibv_qp_ex, n: usize, list: *const ibv_sge) {
+    // SAFETY: the application's `n` entries.
+    let sges = unsafe { sge_slice(list, c_int::try_from(n).unwrap_or(0)) };
+    wr_last(qpx, |_, w| w.sges = sges.iter().map(sge).collect());
+}
+/// Copies inline data at once, as `ibv_wr_set_inline_data` requires.
+fn wr_inline(qpx: *mut ibv_qp_ex, bufs: &[(*const u8, usize)]) {
+    wr_last(qpx, |_, w| {
+        let mut data = Vec::new();
+        for &(p, len) in bufs {
+            if len > 0 && !p.is_null() {
+                // SAFETY: the application's buffer of `len` bytes, read now (the verbs contract
+                // of inline data).
+                data.extend_from_slice(unsafe { std::slice::from_raw_parts(p, len) });
+            }
+        }
+        w.sges = SgeList::new();
+        *w = std::mem::replace(w, SendWr::new(0, SendOp::Send, SgeList::new())).with_inline(data);
+    });
+}
+unsafe extern "C" fn wr_set_inline_data(qpx: *mut ibv_qp_ex, addr: *mut c_void, length: usize) {
+    wr_inline(qpx, &[(addr.cast_const().cast(), length)]);
+}
+unsafe extern "C" fn wr_set_inline_data_list(
+    qpx: *mut ibv_qp_ex,
+    n: usize,
+    list: *const ibv_data_buf,
+) {
+    if list.is_null() {
+        return;
+    }
+    // SAFETY: the application's `n` buffers.
+    let bufs = unsafe { std::slice::from_raw_parts(list, n) };
+    let v: Vec<(*const u8, usize)> = bufs
+        .iter()
+        .map(|b| (b.addr.cast_const().cast(), b.length))
+        .collect();
+    wr_inline(qpx, &v);
+}
+unsafe extern "C" fn wr_start(qpx: *mut ibv_qp_ex) {
+    with_qpx(qpx, |q, _| lock(&q.batch).clear());
+}
+unsafe extern "C" fn wr_abort(qpx: *mut ibv_qp_ex) {
+    with_qpx(qpx, |q, _| lock(&q.batch).clear());
+}
+/// `ibv_wr_complete`: posts the batch (0, or the errno of the first WR refused).
+unsafe extern "C" fn wr_complete(qpx: *mut ibv_qp_ex) -> c_int {
+    with_qpx(qpx, |q, _| {
+        let wrs = std::mem::take(&mut *lock(&q.batch));
+        for w in &wrs {
+            if w.inline_data
+                .as_ref()
+                .is_some_and(|d| d.len() > q.caps.max_inline_data as usize)
+            {
+                return libc::EINVAL;
+            }
+            if q.c.qp_base.qp_type == IBV_QPT_UD && w.ud.is_none() {
+                return libc::EINVAL;
+            }
+        }
+        match q.qp.post_send_batch(wrs) {
+            Ok(()) => 0,
+            Err(e) => errno_of(&e),
+        }
+    })
 }
 
 /// `ibv_query_qp_data_in_order`: srdma places data in order for every operation (it
@@ -1359,7 +1829,7 @@ fn send_wr(q: &Qp, w: &ibv_send_wr) -> Result<SendWr, c_int> {
         wr.flags = SendFlags::from_bits_truncate(wr.flags.bits() & !SendFlags::INLINE.bits());
         wr.sges = list.iter().map(sge).collect();
     }
-    if q.c.qp_type == IBV_QPT_UD {
+    if q.c.qp_base.qp_type == IBV_QPT_UD {
         // SAFETY: the AH pointer is NULL or a live AH (verbs contract).
         let ah = unsafe { back::<Ah, _>(ud.ah) }.ok_or(libc::EINVAL)?;
         wr = wr.to_ud(UdDest {
@@ -1433,7 +1903,7 @@ unsafe extern "C" fn post_recv(
         let Some(q) = (unsafe { back_fast::<Qp, _>(qp) }) else {
             return libc::EINVAL;
         };
-        if !q.c.srq.is_null() {
+        if !q.c.qp_base.srq.is_null() {
             if !bad_wr.is_null() {
                 // SAFETY: writable per the verbs contract.
                 unsafe { *bad_wr = wr };

@@ -452,3 +452,26 @@ fn exports_match_debians_libibverbs() {
         assert!(!out.contains("undefined symbol"), "{lib}: {out}");
     }
 }
+
+/// The extended API: `ibv_create_cq_ex` with `ibv_start_poll`, `ibv_create_qp_ex` with the
+/// `ibv_wr_*` send API (tests/c/ex_api.c), and `ibv_rc_pingpong -N`, which uses it.
+#[test]
+fn extended_cq_and_qp_api() {
+    let prog = c_program("ex_api");
+    let o = wait(
+        c_cmd(&prog, "127.0.64.1", &[]).spawn().unwrap(),
+        Duration::from_secs(60),
+        "ex_api",
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("0 failures"));
+    let args = [
+        "-g", "1", "-n", "50", "-s", "4096", "-N", "-c", "-p", "18570",
+    ];
+    let (_, c) = pair("ibv_rc_pingpong", 65, &args, &args);
+    assert!(
+        String::from_utf8_lossy(&c.stdout).contains("50 iters"),
+        "{}",
+        text(&c)
+    );
+}
