@@ -1,6 +1,8 @@
 //! `srdma relay`: distribute data through chains and trees of hosts (srdma-relay).
 //!
-//! - `srdma relay node --config FILE --name NAME [--json] [--quiet]` runs one node.
+//! - `srdma relay node --config FILE [--name NAME] [--json] [--quiet]` runs one node: the
+//!   one called NAME, or without `--name` the one whose address belongs to this host, so the
+//!   same command line runs on every host (see `docs/cluster.md`).
 //! - `srdma relay demo` runs source → relay → sink on this host (127.0.30.1-3) as three
 //!   processes, 1 GiB of generated data through the verify stage.
 //! - `srdma relay chain --hops N` / `srdma relay tree --fanout K --depth D` generate such a
@@ -46,9 +48,9 @@ struct NodeArgs {
     /// The configuration file (TOML).
     #[arg(long)]
     config: PathBuf,
-    /// This node's name in it.
+    /// This node's name in it (default: the node whose address is one of this host's).
     #[arg(long)]
-    name: String,
+    name: Option<String>,
     /// Progress and the final report as JSON lines on stdout.
     #[arg(long)]
     json: bool,
@@ -183,7 +185,30 @@ fn run_node(a: &NodeArgs) -> anyhow::Result<bool> {
         json: a.json,
         quiet: a.quiet,
     };
-    match node::run_file(&a.config, &a.name, &opts) {
+    let code = match &a.name {
+        Some(name) => node::run_file(&a.config, name, &opts),
+        None => match config::Config::load(&a.config) {
+            Ok(cfg) => {
+                let local: Vec<std::net::IpAddr> = srdma::netdev::local_devices()
+                    .context("listing this host's addresses")?
+                    .into_iter()
+                    .map(|d| d.addr)
+                    .collect();
+                match cfg.node_on_host(&local) {
+                    Ok(me) => {
+                        let name = me.name.clone();
+                        node::run(&cfg, &name, &opts).code
+                    }
+                    Err(e) => return Err(crate::UsageError(e).into()),
+                }
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                2
+            }
+        },
+    };
+    match code {
         0 => Ok(true),
         // The node printed what was wrong with the configuration.
         2 => Err(crate::UsageError(String::new()).into()),

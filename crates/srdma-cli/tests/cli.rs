@@ -161,3 +161,37 @@ fn decode_other_port() {
     assert_eq!(out.status.code(), Some(0));
     assert!(text(&out.stdout).contains(": 0 RoCEv2 packets"));
 }
+
+/// `srdma relay node` without `--name` needs exactly one node on this host's addresses:
+/// none (127.0.30.x are routed to lo, not addresses of it) or two (both on 127.0.0.1) is a
+/// usage error that names the nodes and says to pass --name.
+#[test]
+fn relay_node_without_name_needs_one_node_on_this_host() {
+    let base = srdma(&["relay", "chain", "--hops", "1", "--print-config"]);
+    assert!(base.status.success(), "{}", text(&base.stderr));
+    let none = text(&base.stdout);
+    let path = temp("relay-none.toml");
+    std::fs::write(&path, &none).unwrap();
+    let out = srdma(&["relay", "node", "--config", path.to_str().unwrap()]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("no node's address is one of this host's")
+            && err.contains("A (127.0.30.1)")
+            && err.contains("--name"),
+        "{err}"
+    );
+    let two = none.replace("127.0.30.1", "127.0.0.1").replace(
+        "addr = \"127.0.30.2\"",
+        "addr = \"127.0.0.1\"\ncm_port = 7481\nudp_port = 4792",
+    );
+    std::fs::write(&path, two).unwrap();
+    let out = srdma(&["relay", "node", "--config", path.to_str().unwrap()]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("several nodes") && err.contains("B (127.0.0.1)"),
+        "{err}"
+    );
+    let _ = std::fs::remove_file(&path);
+}

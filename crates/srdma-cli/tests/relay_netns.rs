@@ -180,6 +180,12 @@ impl Run {
     /// Writes the config and starts every node in its namespace, leaves first so that
     /// listeners are up before their parents look for them.
     fn start(lab: &Lab, dir: &Scratch, cfg: &str, nodes: &[Node]) -> Run {
+        Run::start_with(lab, dir, cfg, nodes, true)
+    }
+
+    /// As [`Run::start`]; without `by_name`, every node gets the same command line and picks
+    /// its node from its host's addresses (no `--name`).
+    fn start_with(lab: &Lab, dir: &Scratch, cfg: &str, nodes: &[Node], by_name: bool) -> Run {
         let cfg_path = dir.path("relay.toml");
         std::fs::write(&cfg_path, cfg).unwrap();
         let mut procs: Vec<Option<Proc>> = nodes.iter().map(|_| None).collect();
@@ -187,8 +193,11 @@ impl Run {
             let mut cmd = lab.hosts[n.host].command(env!("CARGO_BIN_EXE_srdma"));
             cmd.args(["relay", "node", "--config"])
                 .arg(&cfg_path)
-                .args(["--name", n.name, "--json"])
+                .arg("--json")
                 .env_remove("SRDMA_PCAP");
+            if by_name {
+                cmd.args(["--name", n.name]);
+            }
             procs[i] = Some(
                 Proc::spawn(n.name, cmd, Some(Duration::from_millis(20)))
                     .unwrap_or_else(|e| panic!("{e}")),
@@ -421,6 +430,22 @@ fn chain_of_three_relays_delivers_identical_bytes() {
     let cfg = config(&lab, &["chunk_size = \"1MiB\"", "slots = 8"], &nodes);
     let mut run = Run::start(&lab, &dir, &cfg, &nodes);
     check_success(&mut run, &nodes, &dir, &input, "chain");
+}
+
+/// The same command line on every host (no `--name`, as under `srun` or a Kubernetes Job):
+/// each node finds itself by its host's address, and the chain delivers.
+#[test]
+fn one_command_line_for_every_host() {
+    let Some(_lab_lock) = lab_guard(false) else {
+        return;
+    };
+    let dir = Scratch::new("samecmd");
+    let input = make_input(&dir.path("input.bin"), 8 * MIB, 0x5eed_0007);
+    let lab = Lab::star("rsame", 5, 67, 1500).unwrap();
+    let nodes = chain_of_three_relays(&dir, &dir.path("input.bin"));
+    let cfg = config(&lab, &["chunk_size = \"1MiB\"", "slots = 8"], &nodes);
+    let mut run = Run::start_with(&lab, &dir, &cfg, &nodes, false);
+    check_success(&mut run, &nodes, &dir, &input, "same command");
 }
 
 /// A fan-out-2 tree (six namespaces, four sinks, one of them a relay+sink) delivers a 16 MiB

@@ -348,6 +348,47 @@ impl Config {
         self.nodes.iter().find(|n| n.name == name)
     }
 
+    /// The one node whose address is among `local` (this host's addresses): what a host
+    /// runs when it is started without `--name`, so that one command line serves every host
+    /// (SLURM `srun`, pdsh, Ansible, a Kubernetes Job). No match, or several, is an error
+    /// that lists the nodes and this host's addresses and says to pass `--name`.
+    pub fn node_on_host(&self, local: &[IpAddr]) -> Result<&Node, String> {
+        let mine: Vec<&Node> = self
+            .nodes
+            .iter()
+            .filter(|n| local.contains(&n.addr))
+            .collect();
+        match mine.as_slice() {
+            [one] => Ok(one),
+            [] => {
+                let nodes: Vec<String> = self
+                    .nodes
+                    .iter()
+                    .map(|n| format!("{} ({})", n.name, n.addr))
+                    .collect();
+                let here: Vec<String> = local.iter().map(ToString::to_string).collect();
+                Err(format!(
+                    "{}: no node's address is one of this host's ({}); the nodes are {}; \
+                     pass --name to pick one",
+                    self.file,
+                    here.join(", "),
+                    nodes.join(", ")
+                ))
+            }
+            several => {
+                let names: Vec<String> = several
+                    .iter()
+                    .map(|n| format!("{} ({})", n.name, n.addr))
+                    .collect();
+                Err(format!(
+                    "{}: several nodes have an address of this host: {}; pass --name to pick one",
+                    self.file,
+                    names.join(", ")
+                ))
+            }
+        }
+    }
+
     /// The source node (validation guarantees exactly one).
     pub fn source(&self) -> &Node {
         self.nodes

@@ -480,5 +480,9 @@ fn extended_cq_and_qp_api() {
 fn ibv_uc_pingpong() {
     let args = ["-g", "1", "-n", "50", "-s", "4096", "-c", "-p", "18575"];
     let (_, c) = pair("ibv_uc_pingpong", 66, &args, &args);
-    assert!(String::from_utf8_lossy(&c.stdout).contains("50 iters"), "{}", text(&c));
+    assert!(
+        String::from_utf8_lossy(&c.stdout).contains("50 iters"),
+        "{}",
+        text(&c)
+    );
 }
