@@ -1881,7 +1881,7 @@ unsafe extern "C" fn post_send(
         let r =
             q.qp.post_send_batch(wrs.into_iter().inspect(|_| taken += 1));
         if let Err(e) = r {
-            set_bad(ptrs[taken.saturating_sub(1)]);
+            set_bad(ptrs.get(taken.saturating_sub(1)).copied().unwrap_or(wr));
             return errno_of(&e);
         }
         if let Some((p, e)) = conv_err {

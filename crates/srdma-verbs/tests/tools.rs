@@ -87,12 +87,26 @@ fn text(o: &Output) -> String {
 }
 
 /// Runs a server and, once it listens, a client; both must exit 0. Returns both outputs.
+/// An even `net` puts both on one address (sharing UDP 4791, as two processes share a
+/// kernel device), an odd one on two.
 fn pair(name: &str, net: u8, server: &[&str], client: &[&str]) -> (Output, Output) {
-    let (sa, ca) = (format!("127.0.{net}.1"), format!("127.0.{net}.2"));
+    let sa = format!("127.0.{net}.1");
+    let ca = if net % 2 == 0 {
+        sa.clone()
+    } else {
+        format!("127.0.{net}.2")
+    };
     let srv = cmd(name, &sa, server).spawn().unwrap();
-    // The client retries its TCP connect for a while (perftest) or once (pingpong): give the
-    // server time to listen.
-    std::thread::sleep(Duration::from_millis(400));
+    // ibv_*_pingpong clients try their TCP connect once: start them once the server listens.
+    let port = server
+        .iter()
+        .position(|a| *a == "-p")
+        .and_then(|i| server.get(i + 1))
+        .and_then(|p| p.parse().ok());
+    match port {
+        Some(p) => wait_listen(p),
+        None => std::thread::sleep(Duration::from_millis(400)),
+    }
     let mut cargs: Vec<&str> = client.to_vec();
     cargs.push(&sa);
     let cli = cmd(name, &ca, &cargs).spawn().unwrap();
@@ -101,6 +115,30 @@ fn pair(name: &str, net: u8, server: &[&str], client: &[&str]) -> (Output, Outpu
     assert!(s.status.success(), "{name} server failed: {}", text(&s));
     assert!(c.status.success(), "{name} client failed: {}", text(&c));
     (s, c)
+}
+
+/// Waits (10 s at most) until some process listens on TCP `port` (/proc/net/tcp{,6}).
+fn wait_listen(port: u16) {
+    wait_listen_with(port, |f| std::fs::read_to_string(f).unwrap_or_default());
+}
+
+/// As [`wait_listen`], reading the tables with `read` (e.g. inside a namespace).
+fn wait_listen_with(port: u16, read: impl Fn(&str) -> String) {
+    let needle = format!(":{port:04X} ");
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(10) {
+        for f in ["/proc/net/tcp", "/proc/net/tcp6"] {
+            let t = read(f);
+            // local_address is the second column; state 0A is LISTEN.
+            if t.lines().any(|l| {
+                let c: Vec<&str> = l.split_whitespace().collect();
+                c.len() > 3 && format!("{} ", c[1]).ends_with(&needle) && c[3] == "0A"
+            }) {
+                return;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]
@@ -388,7 +426,8 @@ fn tools_between_two_namespaces() {
         let d1s = h1.addr.to_string();
         let d1 = by_env.then_some(d1s.as_str());
         let srv = in_ns(h0, prog, &args, d0).spawn().unwrap();
-        std::thread::sleep(Duration::from_millis(400));
+        // Both tools listen on TCP 18515 by default.
+        wait_listen_with(18515, |f| h0.run("cat", &[f]).unwrap_or_default());
         let mut cargs = args.clone();
         cargs.push(&server_addr);
         let cli = in_ns(h1, prog, &cargs, d1).spawn().unwrap();
