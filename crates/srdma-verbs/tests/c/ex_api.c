@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 static int failures;
@@ -187,7 +188,63 @@ int main(void)
 	CHECK("faa-data", fetched == 40 && counter == 42, "fetched %llu counter %llu",
 	      (unsigned long long)fetched, (unsigned long long)counter);
 
-	/* ibv_wr_abort drops what was started. */
+	/* Memory from mmap and from the stack, registered where it is and written remotely. */
+	{
+		char stackbuf[512];
+		char *map = mmap(NULL, 1 << 16, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+				 -1, 0);
+		struct ibv_mr *smr2 = ibv_reg_mr(pd, stackbuf, sizeof(stackbuf),
+						 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+		struct ibv_mr *mmr = map == MAP_FAILED ? NULL :
+			ibv_reg_mr(pd, map, 1 << 16, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+
+		memset(stackbuf, 0, sizeof(stackbuf));
+		CHECK("reg-stack-and-mmap", smr2 && mmr && mmr->addr == map, "errno %d", errno);
+		ibv_wr_start(x);
+		x->wr_id = 20;
+		x->wr_flags = IBV_SEND_SIGNALED;
+		ibv_wr_rdma_write(x, smr2->rkey, (uintptr_t)stackbuf);
+		ibv_wr_set_sge(x, smr->lkey, (uintptr_t)src, sizeof(stackbuf));
+		x->wr_id = 21;
+		ibv_wr_rdma_write(x, mmr->rkey, (uintptr_t)map + 1000);
+		ibv_wr_set_sge(x, smr->lkey, (uintptr_t)src, sizeof(src));
+		CHECK("wr-complete-2", ibv_wr_complete(x) == 0, "failed");
+		n = poll_ex(cq, 2, ids, ops, lens, imms, flags);
+		CHECK("two-writes", n == 2, "got %d", n);
+		CHECK("stack-data", !memcmp(stackbuf, src, sizeof(stackbuf)), "differs");
+		CHECK("mmap-data", !memcmp(map + 1000, src, sizeof(src)) && map[999] == 0 &&
+		      map[1000 + sizeof(src)] == 0, "differs");
+		/* Writing past the region is refused by the responder: a remote access error. */
+		ibv_wr_start(x);
+		x->wr_id = 22;
+		ibv_wr_rdma_write(x, smr2->rkey, (uintptr_t)stackbuf + 500);
+		ibv_wr_set_sge(x, smr->lkey, (uintptr_t)src, 64);
+		ibv_wr_complete(x);
+		{
+			struct ibv_poll_cq_attr attr = {};
+			time_t end = time(NULL) + 10;
+			int rc;
+
+			while ((rc = ibv_start_poll(cq, &attr)) == ENOENT && time(NULL) < end)
+				;
+			CHECK("write-past-region", rc == 0 && cq->wr_id == 22 &&
+			      cq->status == IBV_WC_REM_ACCESS_ERR, "rc %d status %s", rc,
+			      ibv_wc_status_str(cq->status));
+			if (rc == 0)
+				ibv_end_poll(cq);
+		}
+		ibv_dereg_mr(smr2);
+		ibv_dereg_mr(mmr);
+		munmap(map, 1 << 16);
+	}
+
+	/* ibv_wr_abort drops what was started (a fresh pair: the first went to ERR above). */
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+	a = ibv_create_qp_ex(ctx, &qa);
+	b = ibv_create_qp_ex(ctx, &qa);
+	CHECK("reconnect", a && b && !connect_to(a, b) && !connect_to(b, a), "failed");
+	x = ibv_qp_to_qp_ex(a);
 	ibv_wr_start(x);
 	x->wr_id = 9;
 	ibv_wr_rdma_read(x, dmr->rkey, (uintptr_t)dst);
