@@ -7,6 +7,8 @@
 #   rc-client-SIZE  `srdma pingpong` server, guest `ibv_rc_pingpong -g 1 -s SIZE` client
 #   ud-server/ud-client  the same with ibv_ud_pingpong / `srdma pingpong --ud`
 #   verbs-target    srdma RDMA WRITEs into and READs from a libibverbs process on rxe
+#   ibcm-rping-*    srdma rping --ib-cm (IB CM MADs on QP1) against rdma-core's rping, both
+#                   roles
 #   dropin-*        Debian's own ibv_rc_pingpong, ibv_ud_pingpong and ib_write_bw/ib_send_lat
 #                   on the host through srdma's drop-in libibverbs (`srdma exec`), against
 #                   the same tools on rxe in the guest, both roles
@@ -125,6 +127,14 @@ selected dropin-write-bw-client && { scenario dropin-write-bw-client \
 selected dropin-send-lat-client && { scenario dropin-send-lat-client \
   "retry 80 0.5 ib_send_lat -d rxe0 -x 1 -s 8 -n 100 10.77.0.1" \
   "$EXEC ib_send_lat -x 1 -s 8 -n 100" || fail=1; }
+# rdma_cm's wire protocol: srdma rping --ib-cm (IB CM MADs on QP1) against rdma-core's rping.
+selected ibcm-rping-server-on-rxe && { scenario ibcm-rping-server-on-rxe \
+  "rping -s -a 10.77.0.2 -v -C 3" \
+  "$RUNS/@/retry-host $SRDMA rping -c -a 10.77.0.2 --bind 10.77.0.1 --ib-cm -v -V -C 3" || fail=1; }
+selected ibcm-rping-client-on-rxe && { scenario ibcm-rping-client-on-rxe \
+  "retry 80 0.5 rping -c -a 10.77.0.1 -v -V -C 3" \
+  "$SRDMA rping -s -a 10.77.0.1 --ib-cm -v" || fail=1; }
+
 # The seed scenario as one C program (tests/c/chain.c): A and B on srdma sharing the host's
 # address, C on rxe in the guest; then A on rxe, B and C on srdma.
 selected dropin-chain-sink-on-rxe && { scenario dropin-chain-sink-on-rxe \

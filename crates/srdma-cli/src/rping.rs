@@ -23,8 +23,11 @@
 //! and posts its receive before accepting (what rping does with `-q`; `-q` is accepted for
 //! compatibility and changes nothing).
 //!
-//! srdma specifics: the CM speaks TCP, not the IB CM MADs of `rdma_cm`, so the peer must be
-//! srdma rping too — the real rping cannot interoperate. The server's srdma device binds
+//! srdma specifics: by default the CM speaks srdma's TCP exchange, so the peer must be srdma
+//! rping too. With `--ib-cm` the connection is made as kernel `rdma_cm` makes it, with IB CM
+//! MADs on QP1 (`srdma::ibcm`; `-p` is then the rdma_cm port, 7174 by default as rping's),
+//! and the peer may be rdma-core's `rping` on kernel rxe, in either role; the device then
+//! binds UDP 4791 alone (no other srdma process may share that address). The server's srdma device binds
 //! `-a`'s address, so it must be a specific address; the client's binds `--bind` (`-I`), by
 //! default the source address the kernel uses towards the server. Both use a free UDP port
 //! unless `--udp-port` says otherwise (the CM tells the peer which), and the interface's MTU
@@ -40,6 +43,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use srdma::cm::{self, CmError, CmEvent, ConnectOptions, Connection, Listener};
+use srdma::ibcm::{self, Gsi, IbConnection, IbListener};
 use srdma::{
     AccessFlags, CompChannel, Cq, Device, DeviceConfig, Mr, Pd, Qp, QpCaps, QpInit, QpState,
     QpType, RKey, RecvWr, SendOp, SendWr, SgeList, Wc, WcOpcode, WcStatus,
@@ -67,13 +71,17 @@ const WAIT_SLICE: Duration = Duration::from_millis(200);
 
 /// Options of `srdma rping`: rping's, plus where the srdma devices live.
 ///
-/// The peer must be srdma rping: srdma's connection manager runs over TCP and cannot talk
-/// to rdma-core's rping, whose rdma_cm sends IB CM MADs.
+/// By default the peer must be srdma rping (srdma's connection manager runs over TCP);
+/// with `--ib-cm` it speaks IB CM MADs on QP1, as rdma_cm does, and the peer may be
+/// rdma-core's rping on kernel rxe.
 #[derive(Debug, clap::Args)]
 #[command(
     group(clap::ArgGroup::new("role").required(true).args(["server", "client"])),
-    after_help = "The peer must be srdma rping: srdma's connection manager runs over TCP and \
-                  cannot talk to rdma-core's rping, whose rdma_cm sends IB CM MADs.\n\
+    after_help = "Without --ib-cm the peer must be srdma rping: srdma's connection manager \
+                  runs over TCP. With --ib-cm, rping's connection is made with IB CM MADs \
+                  on QP1, as rdma_cm makes it, so the peer may be rdma-core's rping on \
+                  kernel rxe; the device then binds UDP 4791 alone (no other srdma process \
+                  on that address).\n\
                   The server serves one client and exits 0 when that client disconnects."
 )]
 pub struct Args {
@@ -116,6 +124,39 @@ pub struct Args {
     /// UDP port of the local srdma device (0: any free port; the CM tells the peer).
     #[arg(long, value_name = "PORT", default_value_t = 0)]
     pub udp_port: u16,
+    /// Connect with IB CM MADs on QP1 (kernel rdma_cm's wire protocol) instead of srdma's
+    /// TCP exchange: -p is then the rdma_cm port, and the device binds UDP 4791 alone.
+    #[arg(long)]
+    pub ib_cm: bool,
+}
+
+/// The connection, made by srdma's TCP CM or by IB CM.
+enum Conn {
+    Tcp(Connection),
+    Ib(IbConnection),
+}
+
+impl Conn {
+    fn qp(&self) -> &Qp {
+        match self {
+            Conn::Tcp(c) => c.qp(),
+            Conn::Ib(c) => c.qp(),
+        }
+    }
+
+    fn disconnect(&self) -> Result<(), CmError> {
+        match self {
+            Conn::Tcp(c) => c.disconnect(),
+            Conn::Ib(c) => c.disconnect(),
+        }
+    }
+
+    fn poll_event(&self, timeout: Option<Duration>) -> Option<CmEvent> {
+        match self {
+            Conn::Tcp(c) => c.poll_event(timeout),
+            Conn::Ib(c) => c.poll_event(timeout),
+        }
+    }
 }
 
 /// A ping size rping accepts.
@@ -176,7 +217,7 @@ impl Log {
 }
 
 /// Opens the srdma device on `ip`, named and sized after its interface.
-fn open_device(ip: IpAddr, udp_port: u16) -> anyhow::Result<Device> {
+fn open_device(ip: IpAddr, udp_port: u16, share_port: bool) -> anyhow::Result<Device> {
     let cfg = match srdma::netdev::local_device(ip) {
         Some(d) => d.config(udp_port),
         None => {
@@ -207,6 +248,7 @@ fn open_device(ip: IpAddr, udp_port: u16) -> anyhow::Result<Device> {
         }
     };
     let mut cfg = cfg;
+    cfg.share_port &= share_port;
     // As every srdma program: capture to $SRDMA_PCAP when set.
     cfg.pcap = std::env::var_os("SRDMA_PCAP")
         .filter(|v| !v.is_empty())
@@ -287,12 +329,7 @@ impl Side {
     /// Waits for the next completion that is not a SEND's (those are checked and passed
     /// over): a receive, an RDMA READ or an RDMA WRITE. `Ok(None)` once the connection is
     /// gone (the QP flushed its work, or is in ERR with nothing left to complete).
-    fn wait(
-        &self,
-        conn: &Connection,
-        log: &Log,
-        out: &mut impl Write,
-    ) -> anyhow::Result<Option<Wc>> {
+    fn wait(&self, conn: &Conn, log: &Log, out: &mut impl Write) -> anyhow::Result<Option<Wc>> {
         loop {
             let wc = match self.cq.poll_one() {
                 Some(wc) => wc,
@@ -416,7 +453,7 @@ fn conn_options() -> ConnectOptions {
 }
 
 /// Reports the connection's CM events until it ends, as rping's CM thread does.
-fn cm_thread(conn: &Connection, role: &str, debug: bool) {
+fn cm_thread(conn: &Conn, role: &str, debug: bool) {
     loop {
         match conn.poll_event(None) {
             Some(CmEvent::Established) => {
@@ -452,7 +489,7 @@ fn run_client(args: &Args, server: SocketAddr, out: &mut impl Write) -> anyhow::
             format!("finding the local address towards {server} (give one with --bind)")
         })?,
     };
-    let dev = open_device(local, args.udp_port)?;
+    let dev = open_device(local, udp_port(args), !args.ib_cm)?;
     log.debug(
         out,
         format_args!("srdma device {} on {}", dev.config().name, dev.local_addr()),
@@ -462,7 +499,15 @@ fn run_client(args: &Args, server: SocketAddr, out: &mut impl Write) -> anyhow::
         args.size as usize,
         AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE,
     )?;
-    let conn = match cm::connect(&dev, &side.pd, server, &side.qp_init(), &conn_options()) {
+    let made = if args.ib_cm {
+        Gsi::open(&dev)
+            .map_err(CmError::from)
+            .and_then(|gsi| ibcm::connect(&gsi, &side.pd, server, &side.qp_init(), &conn_options()))
+            .map(Conn::Ib)
+    } else {
+        cm::connect(&dev, &side.pd, server, &side.qp_init(), &conn_options()).map(Conn::Tcp)
+    };
+    let conn = match made {
         Ok(c) => c,
         Err(e) => {
             let event = match &e {
@@ -471,7 +516,8 @@ fn run_client(args: &Args, server: SocketAddr, out: &mut impl Write) -> anyhow::
                 _ => "RDMA_CM_EVENT_CONNECT_ERROR",
             };
             eprintln!(
-                "cma event {event}: cannot connect to an srdma rping server at {server}: {e}"
+                "cma event {event}: cannot connect to an {} rping server at {server}: {e}",
+                if args.ib_cm { "rdma_cm" } else { "srdma" }
             );
             eprintln!("connect error -1");
             return Ok(false);
@@ -503,7 +549,7 @@ fn client_loop(
     args: &Args,
     side: &Side,
     start_mr: &Mr,
-    conn: &Connection,
+    conn: &Conn,
     log: &Log,
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
@@ -580,14 +626,60 @@ fn client_loop(
 /// The server side (`rping_run_server`).
 fn run_server(args: &Args, listen: SocketAddr, out: &mut impl Write) -> anyhow::Result<bool> {
     let log = Log { debug: args.debug };
-    let dev = open_device(listen.ip(), args.udp_port)?;
+    let dev = open_device(listen.ip(), udp_port(args), !args.ib_cm)?;
     log.debug(
         out,
         format_args!("srdma device {} on {}", dev.config().name, dev.local_addr()),
     )?;
     // The largest ping fits, whatever this side's -S.
     let side = Side::new(&dev, RPING_BUFSIZE as usize, &log, out)?;
-    let listener = Listener::bind(&dev, &side.pd, listen)
+    let conn = if args.ib_cm {
+        match serve_ib(&dev, &side, listen, &log, out)? {
+            Some(c) => Conn::Ib(c),
+            None => return Ok(false),
+        }
+    } else {
+        match serve_tcp(&dev, &side, listen, &log, out)? {
+            Some(c) => Conn::Tcp(c),
+            None => return Ok(false),
+        }
+    };
+    std::thread::scope(|s| {
+        let cm = s.spawn(|| cm_thread(&conn, "server", args.debug));
+        let r = server_loop(&side, &conn, &log, args.verbose, out);
+        let _ = conn.disconnect();
+        let _ = cm.join();
+        match r {
+            Ok(n) => {
+                log.debug(out, format_args!("served {n} pings"))?;
+                Ok(true)
+            }
+            Err(e) => {
+                eprintln!("rping server failed: {e:#}");
+                Ok(false)
+            }
+        }
+    })
+}
+
+/// The UDP port of the device: with IB CM, rxe's 4791 unless given.
+fn udp_port(args: &Args) -> u16 {
+    if args.ib_cm && args.udp_port == 0 {
+        srdma::ROCEV2_PORT
+    } else {
+        args.udp_port
+    }
+}
+
+/// Waits for one client through srdma's TCP CM and accepts it (None: said why on stderr).
+fn serve_tcp(
+    dev: &Device,
+    side: &Side,
+    listen: SocketAddr,
+    log: &Log,
+    out: &mut impl Write,
+) -> anyhow::Result<Option<Connection>> {
+    let listener = Listener::bind(dev, &side.pd, listen)
         .with_context(|| format!("listening on TCP {listen}"))?;
     log.debug(out, format_args!("rdma_bind_addr successful"))?;
     log.debug(out, format_args!("rdma_listen"))?;
@@ -608,36 +700,59 @@ fn run_server(args: &Args, listen: SocketAddr, out: &mut impl Write) -> anyhow::
     log.debug(out, format_args!("created qp {:#x}", qp.qpn().value()))?;
     side.post_recv(&qp)?;
     log.debug(out, format_args!("accepting client connection request"))?;
-    let conn = match req.accept_with(&qp, &conn_options()) {
-        Ok(c) => c,
+    match req.accept_with(&qp, &conn_options()) {
+        Ok(c) => Ok(Some(c)),
         Err(e) => {
             eprintln!("connect error: accepting the client failed: {e}");
-            return Ok(false);
+            Ok(None)
+        }
+    }
+}
+
+/// Waits for one client's REQ on QP1 (IB CM, rdma_cm's port `listen.port()`) and accepts
+/// it (None: said why on stderr).
+fn serve_ib(
+    dev: &Device,
+    side: &Side,
+    listen: SocketAddr,
+    log: &Log,
+    out: &mut impl Write,
+) -> anyhow::Result<Option<IbConnection>> {
+    let gsi = Gsi::open(dev).context("creating the GSI QP (QP1)")?;
+    let listener = IbListener::bind(&gsi, listen.port());
+    log.debug(out, format_args!("rdma_bind_addr successful"))?;
+    log.debug(out, format_args!("rdma_listen"))?;
+    let req = loop {
+        match listener.accept_request(Duration::from_secs(3600)) {
+            Ok(r) => break r,
+            Err(CmError::Timeout) => continue,
+            Err(e) => return Err(e).context("waiting for a client"),
         }
     };
-    drop(listener);
-    std::thread::scope(|s| {
-        let cm = s.spawn(|| cm_thread(&conn, "server", args.debug));
-        let r = server_loop(&side, &conn, &log, args.verbose, out);
-        let _ = conn.disconnect();
-        let _ = cm.join();
-        match r {
-            Ok(n) => {
-                log.debug(out, format_args!("served {n} pings"))?;
-                Ok(true)
-            }
-            Err(e) => {
-                eprintln!("rping server failed: {e:#}");
-                Ok(false)
-            }
+    log.debug(
+        out,
+        format_args!("cma_event type RDMA_CM_EVENT_CONNECT_REQUEST"),
+    )?;
+    let qp = side
+        .pd
+        .create_qp(&side.qp_init())
+        .context("creating the QP")?;
+    log.debug(out, format_args!("created qp {:#x}", qp.qpn().value()))?;
+    side.post_recv(&qp)?;
+    log.debug(out, format_args!("accepting client connection request"))?;
+    match req.accept_with(&qp, &conn_options()) {
+        Ok(c) => Ok(Some(c)),
+        Err(e) => {
+            eprintln!("connect error: accepting the client failed: {e}");
+            Ok(None)
         }
-    })
+    }
 }
 
 /// `rping_test_server`: serves pings until the client disconnects; returns how many.
 fn server_loop(
     side: &Side,
-    conn: &Connection,
+    conn: &Conn,
     log: &Log,
     verbose: bool,
     out: &mut impl Write,

@@ -215,11 +215,15 @@ fn bad_arguments_exit_2() {
         );
         assert_eq!(out.stdout, "", "{args:?}");
     }
-    // --help says the real rping cannot be the peer.
+    // --help says when the real rping can be the peer.
     let help = run(&["--help"]);
     assert_eq!(help.code, Some(0));
     assert!(
-        help.stdout.contains("cannot talk to rdma-core's rping"),
+        help.stdout
+            .contains("Without --ib-cm the peer must be srdma rping")
+            && help
+                .stdout
+                .contains("the peer may be rdma-core's rping on kernel rxe"),
         "{help:#?}"
     );
 }
@@ -483,4 +487,26 @@ fn ipv6_pair() {
     }
     let (s, c) = pair("::1", "::1", 17470, &["-V", "-v", "-S", "3000", "-C", "4"]);
     check_pair(&s, &c, 3000, 4);
+}
+
+/// `--ib-cm`: the connection is made with IB CM MADs on QP1 (rdma_cm's wire protocol; the
+/// interop run checks it against rdma-core's rping on kernel rxe), pings as usual.
+#[test]
+fn ib_cm_pair() {
+    let server = start(&["-s", "-a", "127.0.82.1", "-v", "--ib-cm"]);
+    // No TCP listener to wait for: the client sends its REQ again until the server is up.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let client = run(&[
+        "-c",
+        "-a",
+        "127.0.82.1",
+        "--bind",
+        "127.0.82.2",
+        "-v",
+        "-V",
+        "-C",
+        "5",
+        "--ib-cm",
+    ]);
+    check_pair(&server.finish(), &client, 64, 5);
 }

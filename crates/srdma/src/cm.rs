@@ -333,7 +333,7 @@ impl Default for ConnectOptions {
 }
 
 impl ConnectOptions {
-    fn check(&self) -> Result<(), CmError> {
+    pub(crate) fn check(&self) -> Result<(), CmError> {
         check_private_data(&self.private_data)?;
         let bad = |what: &str| Err(CmError::Verbs(Error::InvalidArgument(what.into())));
         if self.timeout.is_zero() {
@@ -349,13 +349,13 @@ impl ConnectOptions {
     }
 
     /// The MTU this side offers on `dev`.
-    fn offered_mtu(&self, dev: &Device) -> Mtu {
+    pub(crate) fn offered_mtu(&self, dev: &Device) -> Mtu {
         let port = dev.config().mtu;
         self.mtu.map_or(port, |m| m.min(port))
     }
 
     /// `responder_resources` and `initiator_depth` capped by the device limits.
-    fn depths(&self, dev: &Device) -> (u8, u8) {
+    pub(crate) fn depths(&self, dev: &Device) -> (u8, u8) {
         let l = &dev.config().limits;
         let cap = |v: u8, max: u32| u32::from(v).min(max) as u8;
         (
@@ -364,7 +364,13 @@ impl ConnectOptions {
         )
     }
 
-    fn params(&self, mtu: Mtu, sq_psn: Psn, rd_atomic: u8, dest_rd_atomic: u8) -> ConnectParams {
+    pub(crate) fn params(
+        &self,
+        mtu: Mtu,
+        sq_psn: Psn,
+        rd_atomic: u8,
+        dest_rd_atomic: u8,
+    ) -> ConnectParams {
         ConnectParams {
             mtu,
             sq_psn,
@@ -748,7 +754,7 @@ fn setup(stream: TcpStream) -> Result<(Reader, TcpStream), CmError> {
 // Helpers.
 
 /// Moves `qp` to ERR: outstanding work completes with `WR_FLUSH_ERR`.
-fn to_error(qp: &Qp) -> Result<(), Error> {
+pub(crate) fn to_error(qp: &Qp) -> Result<(), Error> {
     let attr = QpAttr {
         qp_state: QpState::Err,
         ..QpAttr::default()

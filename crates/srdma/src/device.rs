@@ -37,6 +37,10 @@ pub struct DeviceConfig {
     /// When runs of packets to one peer go out as one UDP GSO message (default: `$SRDMA_GSO`,
     /// else [`Gso::Auto`]).
     pub gso: Gso,
+    /// On the RoCEv2 port, share the address with this host's other srdma processes (see
+    /// the port keeper); false binds the port alone, as a GSI QP (QP1) needs. Default: true
+    /// unless `SRDMA_SHARE_PORT=0`.
+    pub share_port: bool,
 }
 
 /// Use of UDP generic segmentation offload (`UDP_SEGMENT`) for runs of same-sized packets.
@@ -86,6 +90,7 @@ impl DeviceConfig {
                 .filter(|v| !v.is_empty())
                 .map(PathBuf::from),
             gso: Gso::from_env(),
+            share_port: crate::portshare::enabled(),
         }
     }
 }
@@ -378,6 +383,12 @@ impl Device {
     /// The bound socket address.
     pub fn local_addr(&self) -> SocketAddr {
         self.h.shared.local
+    }
+
+    /// Whether the device shares its address and port with other processes (its QPNs are
+    /// then those of its slot).
+    pub fn shares_port(&self) -> bool {
+        self.h.shared.shared_port
     }
 
     /// The configuration it was opened with.

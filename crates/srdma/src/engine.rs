@@ -79,6 +79,8 @@ pub(crate) struct Shared {
     pub(crate) socket: UdpSocket,
     /// The connection to the port keeper while this device holds a slot of a shared port.
     pub(crate) _keeper: Option<OwnedFd>,
+    /// The port is shared through the keeper (this device owns its slot's QPNs only).
+    pub(crate) shared_port: bool,
     /// Where async events go.
     pub(crate) events: Mutex<Option<crate::EventHandler>>,
     /// Set when the progress thread failed: the device is dead.
@@ -692,6 +694,7 @@ pub(crate) fn start(cfg: DeviceConfig, sock: crate::udp::Socket) -> Result<Arc<D
     let shared = Arc::new(Shared {
         state: Mutex::new(state),
         socket,
+        shared_port: keeper.is_some(),
         _keeper: keeper,
         events: Mutex::new(None),
         fatal: AtomicBool::new(false),

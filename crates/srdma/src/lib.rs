@@ -50,6 +50,7 @@ mod device;
 mod engine;
 mod error;
 mod event;
+pub mod ibcm;
 pub mod lease;
 mod memory;
 pub mod netdev;

@@ -162,7 +162,30 @@ impl Pd {
         self.create_qp_in(init, false)
     }
 
+    /// The GSI QP (QP1), on which IB CM MADs travel: a UD QP numbered 1 in INIT with the GSI
+    /// Q_Key. A device has one; it needs the device's UDP port to itself (not shared with
+    /// other processes: their packets to QP1 would reach the port keeper, not this device).
+    pub fn create_gsi_qp(&self, init: &QpInit) -> Result<Qp> {
+        if init.qp_type != QpType::Ud {
+            return Err(Error::InvalidArgument("the GSI QP is a UD QP".into()));
+        }
+        if self.device().shares_port() {
+            return Err(Error::InvalidArgument(
+                "the GSI QP (QP1) needs the UDP port to this device alone: open it with \
+                 DeviceConfig::share_port false (SRDMA_SHARE_PORT=0)"
+                    .into(),
+            ));
+        }
+        let mut init = init.clone();
+        init.qkey = srdma_wire::deth::GSI_QKEY;
+        self.create_qp_numbered(&init, true, Some(Qpn::GSI))
+    }
+
     fn create_qp_in(&self, init: &QpInit, to_init: bool) -> Result<Qp> {
+        self.create_qp_numbered(init, to_init, None)
+    }
+
+    fn create_qp_numbered(&self, init: &QpInit, to_init: bool, number: Option<Qpn>) -> Result<Qp> {
         let dev = self.device();
         dev.check_alive()?;
         if let Some(srq) = &init.srq {
@@ -172,7 +195,13 @@ impl Pd {
         }
         let limits = dev.config().limits.clone();
         let mut st = dev.lock();
-        let qpn = dev.alloc_qpn(&mut st)?;
+        let qpn = match number {
+            Some(n) if st.qps.contains_key(&n.value()) => {
+                return Err(Error::InvalidArgument(format!("QP {n} exists already")));
+            }
+            Some(n) => n,
+            None => dev.alloc_qpn(&mut st)?,
+        };
         let cfg = QpConfig {
             qpn,
             qp_type: init.qp_type,

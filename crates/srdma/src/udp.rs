@@ -29,7 +29,7 @@ pub(crate) fn open(cfg: &DeviceConfig) -> Result<Socket> {
     let bind = SocketAddr::new(cfg.addr, cfg.port);
     // On the RoCEv2 port, share the address with this host's other srdma processes
     // (see portshare); the slot numbers our QPs.
-    let share = if cfg.port == ROCEV2_PORT && crate::portshare::enabled() {
+    let share = if cfg.port == ROCEV2_PORT && cfg.share_port {
         crate::portshare::acquire(bind).ok()
     } else {
         None

@@ -1,0 +1,714 @@
+//! The IB Communication Manager over RoCEv2, as kernel rdma_cm speaks it: CM MADs
+//! ([`srdma_wire::cm`]) on the GSI QP (QP1), so that srdma connects to and accepts
+//! connections from kernel rxe's rdma_cm (rping, perftest `-R`) — where [`crate::cm`] speaks
+//! its own TCP exchange between srdma peers.
+//!
+//! ```text
+//!   active ([`connect`])                       passive ([`IbListener`])
+//!   REQ {comm id, service id, QPN, PSN, GIDs, cma_hdr} ─▶   matches service ID and address
+//!                          ◀─ REP {comm ids, QPN, PSN}       QP INIT→RTR→RTS
+//!   QP INIT→RTR→RTS; RTU  ─▶                                 established
+//!   DREQ ─▶ ◀─ DREP                                          (either side)
+//! ```
+//!
+//! The REQ's StartingPSN is the PSN the active side expects first (the passive side sends
+//! from it), the REP's the one the passive side expects: each side sends from the PSN the
+//! other announced, as in kernel rdma_cm's own captures. A REQ or REP without an answer is
+//! sent again every [`RESEND`], at most [`MAX_SENDS`] times; a duplicate REQ is answered with
+//! the same REP; MRAs are accepted (the wait goes on).
+//!
+//! One [`Gsi`] per device holds QP1; it needs the device's UDP port to itself
+//! (`DeviceConfig::share_port` false): with a shared port, packets to QP1 reach the port
+//! keeper, which does not forward them yet.
+
+use std::collections::VecDeque;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use srdma_proto::{AccessFlags, QpCaps, QpType, RecvWr, SendOp, SendWr, SgeList, UdDest};
+use srdma_wire::cm::{self as wire, CmMsg, CmaHdr, MadHdr};
+use srdma_wire::{Psn, Qpn};
+
+use crate::cm::{CmError, CmEvent, ConnectOptions, reason, to_error};
+use crate::device::{Device, Gid, Mr, Pd};
+use crate::qp::{Qp, QpInit, RemoteQp, ah};
+use crate::{Cq, Error};
+
+/// How long a REQ or REP waits for its answer before it is sent again.
+pub const RESEND: Duration = Duration::from_millis(500);
+/// How many times a REQ or REP is sent before the exchange times out.
+pub const MAX_SENDS: u32 = 15;
+/// Receive buffers of the GSI QP.
+const RECV_SLOTS: usize = 64;
+/// GRH + MAD.
+const RECV_LEN: usize = 40 + wire::MAD_LEN;
+/// Send buffers.
+const SEND_SLOTS: usize = 32;
+/// wr_id of sends (receives use their slot index).
+const SEND_WR: u64 = u64::MAX;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A CM message that arrived, with where from.
+#[derive(Debug, Clone)]
+pub struct Incoming {
+    /// The MAD header.
+    pub hdr: MadHdr,
+    /// The message.
+    pub msg: CmMsg,
+    /// The sender's GID (from the GRH).
+    pub from: Gid,
+}
+
+/// The GSI QP of a device: sends and receives CM MADs.
+#[derive(Clone)]
+pub struct Gsi {
+    inner: Arc<GsiInner>,
+}
+
+impl std::fmt::Debug for Gsi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gsi").finish_non_exhaustive()
+    }
+}
+
+struct GsiInner {
+    dev: Device,
+    qp: Qp,
+    cq: Cq,
+    mr: Mr,
+    state: Mutex<GsiState>,
+}
+
+struct GsiState {
+    /// Messages nobody has asked for yet, oldest first (bounded).
+    backlog: VecDeque<Incoming>,
+    next_send: usize,
+}
+
+impl Gsi {
+    /// Creates QP1 on `dev` (which must not share its port) and posts its receives.
+    pub fn open(dev: &Device) -> Result<Gsi, Error> {
+        let pd = dev.alloc_pd();
+        let cq = dev.create_cq(RECV_SLOTS + SEND_SLOTS + 8, None)?;
+        let mut init = QpInit::new(QpType::Ud, &cq, &cq);
+        init.caps = QpCaps {
+            max_send_wr: SEND_SLOTS as u32,
+            max_recv_wr: RECV_SLOTS as u32,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let qp = pd.create_gsi_qp(&init)?;
+        qp.activate(Psn::new(0))?;
+        let mr = pd.reg_mr(
+            RECV_SLOTS * RECV_LEN + SEND_SLOTS * wire::MAD_LEN,
+            AccessFlags::LOCAL_WRITE,
+        )?;
+        for i in 0..RECV_SLOTS {
+            qp.post_recv(RecvWr {
+                wr_id: i as u64,
+                sges: SgeList::one(mr.sge(i * RECV_LEN, RECV_LEN)),
+            })?;
+        }
+        Ok(Gsi {
+            inner: Arc::new(GsiInner {
+                dev: dev.clone(),
+                qp,
+                cq,
+                mr,
+                state: Mutex::new(GsiState {
+                    backlog: VecDeque::new(),
+                    next_send: 0,
+                }),
+            }),
+        })
+    }
+
+    /// The device.
+    pub fn device(&self) -> &Device {
+        &self.inner.dev
+    }
+
+    /// Sends one CM message to QP1 of the device with GID `to`.
+    pub fn send(&self, to: Gid, hdr: &MadHdr, msg: &CmMsg) -> Result<(), Error> {
+        let mut mad = [0u8; wire::MAD_LEN];
+        msg.emit_mad(hdr, &mut mad)
+            .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        let slot = {
+            let mut st = lock(&self.inner.state);
+            st.next_send = (st.next_send + 1) % SEND_SLOTS;
+            st.next_send
+        };
+        let off = RECV_SLOTS * RECV_LEN + slot * wire::MAD_LEN;
+        self.inner.mr.write(off, &mad)?;
+        let wr = SendWr::new(
+            SEND_WR,
+            SendOp::Send,
+            SgeList::one(self.inner.mr.sge(off, wire::MAD_LEN)),
+        )
+        .to_ud(UdDest {
+            ah: ah(to),
+            remote_qpn: Qpn::GSI,
+            remote_qkey: srdma_wire::deth::GSI_QKEY,
+        });
+        self.inner.qp.post_send(wr)
+    }
+
+    /// Takes what the QP received into the backlog.
+    fn pump(&self, st: &mut GsiState) {
+        for wc in self.inner.cq.poll(32) {
+            if wc.wr_id == SEND_WR {
+                continue;
+            }
+            let Ok(slot) = usize::try_from(wc.wr_id) else {
+                continue;
+            };
+            if slot >= RECV_SLOTS {
+                continue;
+            }
+            let mut buf = [0u8; RECV_LEN];
+            if wc.status.is_success() && self.inner.mr.read(slot * RECV_LEN, &mut buf).is_ok() {
+                if let Ok((hdr, msg)) = CmMsg::parse_mad(&buf[40..]) {
+                    if st.backlog.len() >= 256 {
+                        st.backlog.pop_front();
+                    }
+                    st.backlog.push_back(Incoming {
+                        hdr,
+                        msg,
+                        from: grh_source(&buf[..40]),
+                    });
+                }
+            }
+            let _ = self.inner.qp.post_recv(RecvWr {
+                wr_id: slot as u64,
+                sges: SgeList::one(self.inner.mr.sge(slot * RECV_LEN, RECV_LEN)),
+            });
+        }
+    }
+
+    /// The first message for which `want` holds, waiting until `deadline`.
+    pub fn recv(&self, deadline: Instant, want: impl Fn(&Incoming) -> bool) -> Option<Incoming> {
+        loop {
+            {
+                let mut st = lock(&self.inner.state);
+                self.pump(&mut st);
+                if let Some(i) = st.backlog.iter().position(&want) {
+                    return st.backlog.remove(i);
+                }
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+}
+
+/// The sender of a MAD, from the 40 bytes rxe (and srdma) put before a UD payload: an IPv4
+/// header in the last 20, else an IPv6 header.
+fn grh_source(grh: &[u8]) -> Gid {
+    if grh[20] == 0x45 {
+        Gid::from_ip(IpAddr::from([grh[32], grh[33], grh[34], grh[35]]))
+    } else {
+        let mut g = [0u8; 16];
+        g.copy_from_slice(&grh[8..24]);
+        Gid(g)
+    }
+}
+
+fn ip16(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(v4) => {
+            let mut a = [0u8; 16];
+            a[12..].copy_from_slice(&v4.octets());
+            a
+        }
+        IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
+fn random_u32() -> u32 {
+    (crate::random_u64() >> 16) as u32
+}
+
+/// The PMTU code (`enum ibv_mtu`) of `m`.
+fn mtu_code(m: crate::Mtu) -> u8 {
+    m.as_u32() as u8
+}
+
+/// An established IB CM connection.
+#[derive(Debug)]
+pub struct IbConnection {
+    qp: Qp,
+    gsi: Gsi,
+    peer: Gid,
+    remote: RemoteQp,
+    local_comm_id: u32,
+    remote_comm_id: u32,
+    private_data: Vec<u8>,
+    state: Mutex<IbState>,
+}
+
+#[derive(Debug)]
+struct IbState {
+    events: VecDeque<CmEvent>,
+    disconnected: bool,
+}
+
+impl IbConnection {
+    fn new(
+        qp: Qp,
+        gsi: &Gsi,
+        peer: Gid,
+        remote: RemoteQp,
+        ids: (u32, u32),
+        private_data: Vec<u8>,
+    ) -> IbConnection {
+        IbConnection {
+            qp,
+            gsi: gsi.clone(),
+            peer,
+            remote,
+            local_comm_id: ids.0,
+            remote_comm_id: ids.1,
+            private_data,
+            state: Mutex::new(IbState {
+                events: VecDeque::from([CmEvent::Established]),
+                disconnected: false,
+            }),
+        }
+    }
+
+    /// The connected QP.
+    pub fn qp(&self) -> &Qp {
+        &self.qp
+    }
+
+    /// The peer's QP.
+    pub fn remote(&self) -> RemoteQp {
+        self.remote
+    }
+
+    /// The private data of the peer's REQ (after the rdma_cm header) or REP.
+    pub fn remote_private_data(&self) -> &[u8] {
+        &self.private_data
+    }
+
+    fn is_ours(&self, i: &Incoming) -> bool {
+        match &i.msg {
+            CmMsg::Dreq(m) => m.remote_comm_id == self.local_comm_id,
+            CmMsg::Drep(m) => m.remote_comm_id == self.local_comm_id,
+            _ => false,
+        }
+    }
+
+    fn drep(&self, tid: u64) {
+        let msg = CmMsg::Drep(wire::Drep {
+            local_comm_id: self.local_comm_id,
+            remote_comm_id: self.remote_comm_id,
+            private_data: [0; 224],
+        });
+        let _ = self
+            .gsi
+            .send(self.peer, &MadHdr::cm(wire::attr::DREP, tid), &msg);
+    }
+
+    /// `rdma_disconnect`: the QP to ERR, a DREQ to the peer (sent again until its DREP comes
+    /// or [`MAX_SENDS`] tries pass); then [`CmEvent::Disconnected`].
+    pub fn disconnect(&self) -> Result<(), CmError> {
+        {
+            let st = lock(&self.state);
+            if st.disconnected {
+                return Ok(());
+            }
+        }
+        let r = to_error(&self.qp);
+        let tid = crate::random_u64();
+        let msg = CmMsg::Dreq(wire::Dreq {
+            local_comm_id: self.local_comm_id,
+            remote_comm_id: self.remote_comm_id,
+            remote_qpn: self.remote.qpn.value(),
+            private_data: [0; 220],
+        });
+        for _ in 0..MAX_SENDS.min(4) {
+            self.gsi
+                .send(self.peer, &MadHdr::cm(wire::attr::DREQ, tid), &msg)?;
+            let got = self.gsi.recv(Instant::now() + RESEND, |i| self.is_ours(i));
+            match got.map(|i| (i.msg, i.hdr.tid)) {
+                Some((CmMsg::Drep(_), _)) => break,
+                // Both sides disconnecting at once: answer theirs, ours is answered too.
+                Some((CmMsg::Dreq(_), t)) => {
+                    self.drep(t);
+                    break;
+                }
+                _ => {}
+            }
+        }
+        let mut st = lock(&self.state);
+        st.disconnected = true;
+        st.events.push_back(CmEvent::Disconnected);
+        r.map_err(CmError::from)
+    }
+
+    /// The next event: [`CmEvent::Established`] first, then [`CmEvent::Disconnected`] once
+    /// either side disconnects (a peer's DREQ is answered here).
+    pub fn poll_event(&self, timeout: Option<Duration>) -> Option<CmEvent> {
+        let deadline = Instant::now() + timeout.unwrap_or(Duration::from_secs(86400 * 365));
+        loop {
+            {
+                let mut st = lock(&self.state);
+                if let Some(ev) = st.events.pop_front() {
+                    return Some(ev);
+                }
+                if st.disconnected {
+                    return None;
+                }
+            }
+            let slice = (Instant::now() + Duration::from_millis(50)).min(deadline);
+            if let Some(i) = self.gsi.recv(slice, |i| self.is_ours(i)) {
+                if let CmMsg::Dreq(_) = i.msg {
+                    let _ = to_error(&self.qp);
+                    self.drep(i.hdr.tid);
+                    let mut st = lock(&self.state);
+                    st.disconnected = true;
+                    return Some(CmEvent::Disconnected);
+                }
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+        }
+    }
+}
+
+impl Drop for IbConnection {
+    fn drop(&mut self) {
+        let _ = self.disconnect();
+    }
+}
+
+/// The active side (`rdma_connect` to a kernel rdma_cm peer): a QP from `init` on `pd`, a
+/// REQ for `server` (its IP address and rdma_cm TCP-port-space port, e.g. rping's 7174),
+/// the QP connected to the REP's, an RTU. `opts.private_data` follows the rdma_cm header (at
+/// most 56 bytes).
+pub fn connect(
+    gsi: &Gsi,
+    pd: &Pd,
+    server: SocketAddr,
+    init: &QpInit,
+    opts: &ConnectOptions,
+) -> Result<IbConnection, CmError> {
+    opts.check()?;
+    let dev = gsi.device();
+    if opts.private_data.len() > 92 - wire::CMA_HDR_LEN {
+        return Err(CmError::PrivateDataTooLong(opts.private_data.len()));
+    }
+    if !pd.device().same(dev) {
+        return Err(Error::WrongDevice.into());
+    }
+    let qp = pd.create_qp(init)?;
+    let local = dev.local_gid();
+    let peer = Gid::from_ip(server.ip());
+    let mtu = opts.offered_mtu(dev);
+    let (responder, initiator) = opts.depths(dev);
+    let rq_psn = crate::random_psn();
+    let comm_id = random_u32();
+    let tid = u64::from(random_u32()) << 32 | u64::from(comm_id.swap_bytes());
+    let mut private = [0u8; 92];
+    CmaHdr {
+        cma_version: 0,
+        ip_version: if server.ip().is_ipv4() { 4 } else { 6 },
+        src_port: (random_u32() as u16) | 0x8000,
+        src_addr: ip16(dev.local_addr().ip()),
+        dst_addr: ip16(server.ip()),
+    }
+    .emit(&mut private);
+    private[wire::CMA_HDR_LEN..wire::CMA_HDR_LEN + opts.private_data.len()]
+        .copy_from_slice(&opts.private_data);
+    let req = CmMsg::Req(wire::Req {
+        local_comm_id: comm_id,
+        service_id: wire::service_id(wire::port_space::TCP, server.port()),
+        local_ca_guid: dev.query().node_guid,
+        local_qkey: 0,
+        local_qpn: qp.qpn().value(),
+        responder_resources: responder,
+        local_eecn: 0,
+        initiator_depth: initiator,
+        remote_eecn: 0,
+        remote_cm_response_timeout: 20,
+        transport_service_type: if init.qp_type == QpType::Uc { 1 } else { 0 },
+        end_to_end_flow_control: false,
+        starting_psn: rq_psn.value(),
+        local_cm_response_timeout: 20,
+        retry_count: opts.retry_cnt,
+        pkey: 0xffff,
+        path_mtu: mtu_code(mtu),
+        rdc_exists: false,
+        rnr_retry_count: opts.rnr_retry,
+        max_cm_retries: 15,
+        srq: init.srq.is_some(),
+        extended_transport_type: 0,
+        primary_local_lid: 0xffff,
+        primary_remote_lid: 0xffff,
+        primary_local_gid: local.0,
+        primary_remote_gid: peer.0,
+        primary_flow_label: 0,
+        primary_packet_rate: 0,
+        primary_traffic_class: 0,
+        primary_hop_limit: opts.hop_limit,
+        primary_sl: 0,
+        primary_subnet_local: false,
+        primary_local_ack_timeout: opts.ack_timeout,
+        alternate_path: [0; 44],
+        private_data: private,
+    });
+    let hdr = MadHdr::cm(wire::attr::REQ, tid);
+    let started = Instant::now();
+    let mut sends = 0;
+    let rep = loop {
+        if sends >= MAX_SENDS || started.elapsed() >= opts.timeout {
+            let _ = to_error(&qp);
+            return Err(CmError::Timeout);
+        }
+        gsi.send(peer, &hdr, &req)?;
+        sends += 1;
+        let until = (Instant::now() + RESEND).min(started + opts.timeout);
+        let answer = gsi.recv(until, |i| match &i.msg {
+            CmMsg::Rep(m) => m.remote_comm_id == comm_id,
+            CmMsg::Rej(m) => m.remote_comm_id == comm_id,
+            CmMsg::Mra(m) => m.remote_comm_id == comm_id,
+            _ => false,
+        });
+        match answer.map(|i| i.msg) {
+            Some(CmMsg::Rep(m)) => break m,
+            Some(CmMsg::Rej(m)) => {
+                let _ = to_error(&qp);
+                return Err(CmError::Rejected {
+                    reason: m.reason,
+                    private_data: m.private_data.to_vec(),
+                });
+            }
+            // MRA: the peer needs longer; keep waiting (sends are counted).
+            _ => {}
+        }
+    };
+    let remote = RemoteQp {
+        qpn: Qpn::new(rep.local_qpn),
+        psn: rq_psn,
+        gid: peer,
+        port: crate::ROCEV2_PORT,
+    };
+    let initiator = initiator.min(rep.responder_resources);
+    let params = opts.params(mtu, Psn::new(rep.starting_psn), initiator, responder);
+    qp.connect(&remote, &params)?;
+    let rtu = CmMsg::Rtu(wire::Rtu {
+        local_comm_id: comm_id,
+        remote_comm_id: rep.local_comm_id,
+        private_data: [0; 224],
+    });
+    gsi.send(peer, &MadHdr::cm(wire::attr::RTU, tid), &rtu)?;
+    Ok(IbConnection::new(
+        qp,
+        gsi,
+        peer,
+        remote,
+        (comm_id, rep.local_comm_id),
+        rep.private_data.to_vec(),
+    ))
+}
+
+/// The passive side: REQs for one rdma_cm port (TCP port space) on this device's address.
+#[derive(Debug)]
+pub struct IbListener {
+    gsi: Gsi,
+    service_id: u64,
+}
+
+/// A REQ waiting for [`IbRequest::accept`] or [`IbRequest::reject`].
+#[derive(Debug)]
+pub struct IbRequest {
+    gsi: Gsi,
+    hdr: MadHdr,
+    req: wire::Req,
+    from: Gid,
+}
+
+impl IbListener {
+    /// Listens for REQs to rdma_cm port `port` (`rdma_listen`).
+    pub fn bind(gsi: &Gsi, port: u16) -> IbListener {
+        IbListener {
+            gsi: gsi.clone(),
+            service_id: wire::service_id(wire::port_space::TCP, port),
+        }
+    }
+
+    /// The next REQ for this port whose rdma_cm header names this device's address.
+    pub fn accept_request(&self, timeout: Duration) -> Result<IbRequest, CmError> {
+        let me = ip16(self.gsi.device().local_addr().ip());
+        let sid = self.service_id;
+        let got = self
+            .gsi
+            .recv(Instant::now() + timeout, |i| match &i.msg {
+                CmMsg::Req(r) => {
+                    r.service_id == sid
+                        && CmaHdr::parse(&r.private_data).is_ok_and(|h| h.dst_addr == me)
+                }
+                _ => false,
+            })
+            .ok_or(CmError::Timeout)?;
+        match got.msg {
+            CmMsg::Req(req) => Ok(IbRequest {
+                gsi: self.gsi.clone(),
+                hdr: got.hdr,
+                req,
+                from: got.from,
+            }),
+            _ => Err(CmError::Protocol("not a REQ".into())),
+        }
+    }
+}
+
+impl IbRequest {
+    /// The application's private data (after the rdma_cm header).
+    pub fn private_data(&self) -> &[u8] {
+        &self.req.private_data[wire::CMA_HDR_LEN..]
+    }
+
+    /// `rdma_reject`: a REJ with `reason` and private data.
+    pub fn reject(self, reason: u16, private_data: &[u8]) -> Result<(), CmError> {
+        let mut pd = [0u8; 148];
+        let n = private_data.len().min(148);
+        pd[..n].copy_from_slice(&private_data[..n]);
+        let rej = CmMsg::Rej(wire::Rej {
+            local_comm_id: random_u32(),
+            remote_comm_id: self.req.local_comm_id,
+            message_rejected: 0,
+            rejected_info_length: 0,
+            reason,
+            additional_info: [0; 72],
+            private_data: pd,
+        });
+        self.gsi
+            .send(self.from, &MadHdr::cm(wire::attr::REJ, self.hdr.tid), &rej)?;
+        Ok(())
+    }
+
+    /// `rdma_accept`: a QP from `init` on `pd`, connected to the REQ's, a REP, and the wait
+    /// for the RTU (the REP is sent again while it does not come; a duplicate REQ gets it
+    /// again too).
+    pub fn accept(
+        self,
+        pd: &Pd,
+        init: &QpInit,
+        opts: &ConnectOptions,
+    ) -> Result<IbConnection, CmError> {
+        let qp = pd.create_qp(init)?;
+        self.accept_with(&qp, opts)
+    }
+
+    /// [`IbRequest::accept`] with a QP the caller created (in INIT, receives posted).
+    pub fn accept_with(self, qp: &Qp, opts: &ConnectOptions) -> Result<IbConnection, CmError> {
+        opts.check()?;
+        let dev = self.gsi.device().clone();
+        let req = self.req;
+        let mtu = crate::Mtu::from_u32(u32::from(req.path_mtu))
+            .map_or(opts.offered_mtu(&dev), |m| m.min(opts.offered_mtu(&dev)));
+        let (responder, initiator) = opts.depths(&dev);
+        let qp = qp.clone();
+        let rq_psn = crate::random_psn();
+        let comm_id = random_u32();
+        let remote = RemoteQp {
+            qpn: Qpn::new(req.local_qpn),
+            psn: rq_psn,
+            gid: self.from,
+            port: crate::ROCEV2_PORT,
+        };
+        let params = opts.params(
+            mtu,
+            Psn::new(req.starting_psn),
+            initiator.min(req.responder_resources),
+            responder,
+        );
+        if let Err(e) = qp.connect(&remote, &params) {
+            let _ = self.reject_with(reason::NO_RESOURCES);
+            return Err(e.into());
+        }
+        let mut private = [0u8; 196];
+        let n = opts.private_data.len().min(196);
+        private[..n].copy_from_slice(&opts.private_data[..n]);
+        let rep = CmMsg::Rep(wire::Rep {
+            local_comm_id: comm_id,
+            remote_comm_id: req.local_comm_id,
+            local_qkey: 0,
+            local_qpn: qp.qpn().value(),
+            local_eecn: 0,
+            starting_psn: rq_psn.value(),
+            responder_resources: responder,
+            initiator_depth: initiator.min(req.responder_resources),
+            target_ack_delay: 15,
+            failover_accepted: 0,
+            end_to_end_flow_control: false,
+            rnr_retry_count: opts.rnr_retry,
+            srq: false,
+            local_ca_guid: dev.query().node_guid,
+            private_data: private,
+        });
+        let hdr = MadHdr::cm(wire::attr::REP, self.hdr.tid);
+        let started = Instant::now();
+        for _ in 0..MAX_SENDS {
+            if started.elapsed() >= opts.timeout {
+                break;
+            }
+            self.gsi.send(self.from, &hdr, &rep)?;
+            let got = self.gsi.recv(Instant::now() + RESEND, |i| match &i.msg {
+                CmMsg::Rtu(m) => m.remote_comm_id == comm_id,
+                CmMsg::Req(r) => r.local_comm_id == req.local_comm_id,
+                CmMsg::Rej(m) => m.remote_comm_id == comm_id,
+                _ => false,
+            });
+            match got.map(|i| i.msg) {
+                Some(CmMsg::Rtu(_)) => {
+                    return Ok(IbConnection::new(
+                        qp,
+                        &self.gsi,
+                        self.from,
+                        remote,
+                        (comm_id, req.local_comm_id),
+                        req.private_data[wire::CMA_HDR_LEN..].to_vec(),
+                    ));
+                }
+                Some(CmMsg::Rej(m)) => {
+                    let _ = to_error(&qp);
+                    return Err(CmError::Rejected {
+                        reason: m.reason,
+                        private_data: m.private_data.to_vec(),
+                    });
+                }
+                // A duplicate REQ (our REP was lost): the loop sends the REP again.
+                _ => {}
+            }
+        }
+        let _ = to_error(&qp);
+        Err(CmError::Timeout)
+    }
+
+    fn reject_with(&self, reason: u16) -> Result<(), CmError> {
+        let req = &self.req;
+        let rej = CmMsg::Rej(wire::Rej {
+            local_comm_id: 0,
+            remote_comm_id: req.local_comm_id,
+            message_rejected: 0,
+            rejected_info_length: 0,
+            reason,
+            additional_info: [0; 72],
+            private_data: [0; 148],
+        });
+        self.gsi
+            .send(self.from, &MadHdr::cm(wire::attr::REJ, self.hdr.tid), &rej)?;
+        Ok(())
+    }
+}
