@@ -45,6 +45,8 @@ const RECV_SLOTS: usize = 64;
 const RECV_LEN: usize = 40 + wire::MAD_LEN;
 /// Send buffers.
 const SEND_SLOTS: usize = 32;
+/// Most messages kept for later askers; a flood pushes the oldest out.
+pub const BACKLOG: usize = 256;
 /// wr_id of sends (receives use their slot index).
 const SEND_WR: u64 = u64::MAX;
 
@@ -145,17 +147,53 @@ impl Gsi {
         };
         let off = RECV_SLOTS * RECV_LEN + slot * wire::MAD_LEN;
         self.inner.mr.write(off, &mad)?;
+        // Unsignaled: a burst of sends must not fill the CQ (an overrun would move QP1 to ERR).
         let wr = SendWr::new(
             SEND_WR,
             SendOp::Send,
             SgeList::one(self.inner.mr.sge(off, wire::MAD_LEN)),
         )
+        .with_flags(srdma_proto::SendFlags::empty())
         .to_ud(UdDest {
             ah: ah(to),
             remote_qpn: Qpn::GSI,
             remote_qkey: srdma_wire::deth::GSI_QKEY,
         });
         self.inner.qp.post_send(wr)
+    }
+
+    /// Sends `mad` (any bytes, up to a MAD) to QP1 of `to` as they are: for tests of hostile
+    /// or malformed CM traffic.
+    #[doc(hidden)]
+    pub fn send_raw(&self, to: Gid, mad: &[u8]) -> Result<(), Error> {
+        let len = mad.len().min(wire::MAD_LEN);
+        let slot = {
+            let mut st = lock(&self.inner.state);
+            st.next_send = (st.next_send + 1) % SEND_SLOTS;
+            st.next_send
+        };
+        let off = RECV_SLOTS * RECV_LEN + slot * wire::MAD_LEN;
+        self.inner.mr.write(off, &mad[..len])?;
+        let wr = SendWr::new(
+            SEND_WR,
+            SendOp::Send,
+            SgeList::one(self.inner.mr.sge(off, len)),
+        )
+        .with_flags(srdma_proto::SendFlags::empty())
+        .to_ud(UdDest {
+            ah: ah(to),
+            remote_qpn: Qpn::GSI,
+            remote_qkey: srdma_wire::deth::GSI_QKEY,
+        });
+        self.inner.qp.post_send(wr)
+    }
+
+    /// Messages waiting in the backlog (nobody asked for them yet).
+    #[doc(hidden)]
+    pub fn backlog_len(&self) -> usize {
+        let mut st = lock(&self.inner.state);
+        self.pump(&mut st);
+        st.backlog.len()
     }
 
     /// Takes what the QP received into the backlog.
@@ -173,7 +211,7 @@ impl Gsi {
             let mut buf = [0u8; RECV_LEN];
             if wc.status.is_success() && self.inner.mr.read(slot * RECV_LEN, &mut buf).is_ok() {
                 if let Ok((hdr, msg)) = CmMsg::parse_mad(&buf[40..]) {
-                    if st.backlog.len() >= 256 {
+                    if st.backlog.len() >= BACKLOG {
                         st.backlog.pop_front();
                     }
                     st.backlog.push_back(Incoming {

@@ -152,3 +152,151 @@ fn gsi_needs_the_port_alone() {
     let e = Gsi::open(&d).unwrap_err();
     assert!(e.to_string().contains("SRDMA_SHARE_PORT=0"), "{e}");
 }
+
+/// Hostile traffic on QP1: truncated MADs, MADs of other classes and versions, a flood of
+/// REQs for another service, a stray DREQ: nothing crashes, the backlog stays bounded, the
+/// flood does not hide the real request, the stray DREQ disconnects nothing. (It also
+/// caught signaled MAD sends overrunning the GSI CQ in a burst, which killed QP1.)
+#[test]
+fn hostile_mads_are_ignored_and_bounded() {
+    use srdma_wire::cm::{self as wire, CmMsg, MadHdr};
+    let (a, ga) = dev("127.0.83.1");
+    let (b, gb) = dev("127.0.83.2");
+    let to_b = b.local_gid();
+    // Truncated, wrong class, wrong class version, unknown attribute.
+    ga.send_raw(to_b, &[1, 7, 2, 3, 0, 0]).unwrap();
+    let mut mad = [0u8; wire::MAD_LEN];
+    MadHdr::cm(wire::attr::REQ, 1).emit(&mut mad);
+    let mut m = mad;
+    m[1] = 0x81;
+    ga.send_raw(to_b, &m).unwrap();
+    let mut m = mad;
+    m[2] = 9;
+    ga.send_raw(to_b, &m).unwrap();
+    let mut m = mad;
+    m[17] = 0x99;
+    ga.send_raw(to_b, &m).unwrap();
+    // A flood of REQs for a service nobody listens on.
+    for i in 0..600u32 {
+        let mut req = [0u8; wire::MAD_LEN];
+        MadHdr::cm(wire::attr::REQ, u64::from(i)).emit(&mut req);
+        req[24..28].copy_from_slice(&i.to_be_bytes());
+        req[24 + 8..24 + 16].copy_from_slice(&wire::service_id(0x0106, 9).to_be_bytes());
+        ga.send_raw(to_b, &req).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(gb.backlog_len() <= ibcm::BACKLOG, "{}", gb.backlog_len());
+    // The real connection still goes through.
+    let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
+    let listener = IbListener::bind(&gb, 7300);
+    let server = std::thread::spawn(move || {
+        let req = listener.accept_request(Duration::from_secs(10)).unwrap();
+        let cq = b.create_cq(16, None).unwrap();
+        let conn = req
+            .accept(&pb, &QpInit::new(QpType::Rc, &cq, &cq), &opts())
+            .unwrap();
+        (conn, cq)
+    });
+    let cq = a.create_cq(16, None).unwrap();
+    let conn = ibcm::connect(
+        &ga,
+        &pa,
+        "127.0.83.2:7300".parse().unwrap(),
+        &QpInit::new(QpType::Rc, &cq, &cq),
+        &opts(),
+    )
+    .unwrap();
+    let (sconn, _scq) = server.join().unwrap();
+    assert_eq!(conn.remote().qpn, sconn.qp().qpn());
+    assert_eq!(sconn.remote().qpn, conn.qp().qpn());
+    // A stray CM message of another connection changes nothing.
+    let stray = CmMsg::Dreq(wire::Dreq {
+        local_comm_id: 1,
+        remote_comm_id: 2,
+        remote_qpn: 3,
+        private_data: [0; 220],
+    });
+    ga.send(to_b, &MadHdr::cm(wire::attr::DREQ, 5), &stray)
+        .unwrap();
+    assert!(matches!(
+        sconn.poll_event(Some(Duration::ZERO)),
+        Some(CmEvent::Established)
+    ));
+    assert!(sconn.poll_event(Some(Duration::from_millis(200))).is_none());
+    assert_eq!(sconn.qp().state(), srdma::QpState::Rts);
+}
+
+/// A peer that sends a REQ and vanishes before the RTU: the passive side's accept times out
+/// (after sending its REP again a few times) and leaves its QP in ERR.
+#[test]
+fn peer_vanishing_before_the_rtu_times_out() {
+    use srdma_wire::cm::{self as wire, CmMsg, CmaHdr, MadHdr};
+    let (_a, ga) = dev("127.0.84.1");
+    let (b, gb) = dev("127.0.84.2");
+    let listener = IbListener::bind(&gb, 7400);
+    let mut private = [0u8; 92];
+    CmaHdr {
+        cma_version: 0,
+        ip_version: 4,
+        src_port: 40000,
+        src_addr: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 127, 0, 84, 1],
+        dst_addr: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 127, 0, 84, 2],
+    }
+    .emit(&mut private);
+    let req = wire::Req {
+        local_comm_id: 77,
+        service_id: wire::service_id(wire::port_space::TCP, 7400),
+        local_ca_guid: 1,
+        local_qkey: 0,
+        local_qpn: 0x123,
+        responder_resources: 1,
+        local_eecn: 0,
+        initiator_depth: 1,
+        remote_eecn: 0,
+        remote_cm_response_timeout: 20,
+        transport_service_type: 0,
+        end_to_end_flow_control: false,
+        starting_psn: 5,
+        local_cm_response_timeout: 20,
+        retry_count: 7,
+        pkey: 0xffff,
+        path_mtu: 3,
+        rdc_exists: false,
+        rnr_retry_count: 7,
+        max_cm_retries: 15,
+        srq: false,
+        extended_transport_type: 0,
+        primary_local_lid: 0xffff,
+        primary_remote_lid: 0xffff,
+        primary_local_gid: _a.local_gid().0,
+        primary_remote_gid: b.local_gid().0,
+        primary_flow_label: 0,
+        primary_packet_rate: 0,
+        primary_traffic_class: 0,
+        primary_hop_limit: 64,
+        primary_sl: 0,
+        primary_subnet_local: false,
+        primary_local_ack_timeout: 19,
+        alternate_path: [0; 44],
+        private_data: private,
+    };
+    ga.send(
+        b.local_gid(),
+        &MadHdr::cm(wire::attr::REQ, 9),
+        &CmMsg::Req(req),
+    )
+    .unwrap();
+    let r = listener.accept_request(Duration::from_secs(10)).unwrap();
+    let pb = b.alloc_pd();
+    let cq = b.create_cq(16, None).unwrap();
+    let qp = pb.create_qp(&QpInit::new(QpType::Rc, &cq, &cq)).unwrap();
+    let mut o = opts();
+    o.timeout = Duration::from_millis(1500);
+    let start = std::time::Instant::now();
+    let err = r.accept_with(&qp, &o).unwrap_err();
+    assert!(matches!(err, CmError::Timeout), "{err}");
+    assert!(start.elapsed() < Duration::from_secs(5));
+    assert_eq!(qp.state(), srdma::QpState::Err);
+    // It sent its REP more than once while waiting (they wait, unasked for, at A).
+    assert!(ga.backlog_len() >= 2, "{}", ga.backlog_len());
+}
