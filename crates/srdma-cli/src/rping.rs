@@ -26,8 +26,9 @@
 //! srdma specifics: by default the CM speaks srdma's TCP exchange, so the peer must be srdma
 //! rping too. With `--ib-cm` the connection is made as kernel `rdma_cm` makes it, with IB CM
 //! MADs on QP1 (`srdma::ibcm`; `-p` is then the rdma_cm port, 7174 by default as rping's),
-//! and the peer may be rdma-core's `rping` on kernel rxe, in either role; the device then
-//! binds UDP 4791 alone (no other srdma process may share that address). The server's srdma device binds
+//! and the peer may be rdma-core's `rping` on kernel rxe, in either role; the device is on
+//! UDP 4791 (shared with this host's other srdma processes: the port keeper forwards QP1's
+//! MADs). The server's srdma device binds
 //! `-a`'s address, so it must be a specific address; the client's binds `--bind` (`-I`), by
 //! default the source address the kernel uses towards the server. Both use a free UDP port
 //! unless `--udp-port` says otherwise (the CM tells the peer which), and the interface's MTU
@@ -80,8 +81,7 @@ const WAIT_SLICE: Duration = Duration::from_millis(200);
     after_help = "Without --ib-cm the peer must be srdma rping: srdma's connection manager \
                   runs over TCP. With --ib-cm, rping's connection is made with IB CM MADs \
                   on QP1, as rdma_cm makes it, so the peer may be rdma-core's rping on \
-                  kernel rxe; the device then binds UDP 4791 alone (no other srdma process \
-                  on that address).\n\
+                  kernel rxe; the device is then on UDP 4791.\n\
                   The server serves one client and exits 0 when that client disconnects."
 )]
 pub struct Args {
@@ -125,7 +125,7 @@ pub struct Args {
     #[arg(long, value_name = "PORT", default_value_t = 0)]
     pub udp_port: u16,
     /// Connect with IB CM MADs on QP1 (kernel rdma_cm's wire protocol) instead of srdma's
-    /// TCP exchange: -p is then the rdma_cm port, and the device binds UDP 4791 alone.
+    /// TCP exchange: -p is then the rdma_cm port, and the device is on UDP 4791.
     #[arg(long)]
     pub ib_cm: bool,
 }
@@ -217,7 +217,7 @@ impl Log {
 }
 
 /// Opens the srdma device on `ip`, named and sized after its interface.
-fn open_device(ip: IpAddr, udp_port: u16, share_port: bool) -> anyhow::Result<Device> {
+fn open_device(ip: IpAddr, udp_port: u16) -> anyhow::Result<Device> {
     let cfg = match srdma::netdev::local_device(ip) {
         Some(d) => d.config(udp_port),
         None => {
@@ -248,7 +248,6 @@ fn open_device(ip: IpAddr, udp_port: u16, share_port: bool) -> anyhow::Result<De
         }
     };
     let mut cfg = cfg;
-    cfg.share_port &= share_port;
     // As every srdma program: capture to $SRDMA_PCAP when set.
     cfg.pcap = std::env::var_os("SRDMA_PCAP")
         .filter(|v| !v.is_empty())
@@ -489,7 +488,7 @@ fn run_client(args: &Args, server: SocketAddr, out: &mut impl Write) -> anyhow::
             format!("finding the local address towards {server} (give one with --bind)")
         })?,
     };
-    let dev = open_device(local, udp_port(args), !args.ib_cm)?;
+    let dev = open_device(local, udp_port(args))?;
     log.debug(
         out,
         format_args!("srdma device {} on {}", dev.config().name, dev.local_addr()),
@@ -626,7 +625,7 @@ fn client_loop(
 /// The server side (`rping_run_server`).
 fn run_server(args: &Args, listen: SocketAddr, out: &mut impl Write) -> anyhow::Result<bool> {
     let log = Log { debug: args.debug };
-    let dev = open_device(listen.ip(), udp_port(args), !args.ib_cm)?;
+    let dev = open_device(listen.ip(), udp_port(args))?;
     log.debug(
         out,
         format_args!("srdma device {} on {}", dev.config().name, dev.local_addr()),
@@ -719,7 +718,7 @@ fn serve_ib(
     out: &mut impl Write,
 ) -> anyhow::Result<Option<IbConnection>> {
     let gsi = Gsi::open(dev).context("creating the GSI QP (QP1)")?;
-    let listener = IbListener::bind(&gsi, listen.port());
+    let listener = IbListener::bind(&gsi, listen.port()).context("listening on QP1")?;
     log.debug(out, format_args!("rdma_bind_addr successful"))?;
     log.debug(out, format_args!("rdma_listen"))?;
     let req = loop {

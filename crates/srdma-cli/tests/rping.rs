@@ -509,4 +509,20 @@ fn ib_cm_pair() {
         "--ib-cm",
     ]);
     check_pair(&server.finish(), &client, 64, 5);
+    // Both on one address: UDP 4791 and QP1 shared, the port keeper forwarding the MADs.
+    let server = start(&["-s", "-a", "127.0.82.3", "-v", "--ib-cm"]);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let client = run(&[
+        "-c",
+        "-a",
+        "127.0.82.3",
+        "--bind",
+        "127.0.82.3",
+        "-v",
+        "-V",
+        "-C",
+        "5",
+        "--ib-cm",
+    ]);
+    check_pair(&server.finish(), &client, 64, 5);
 }

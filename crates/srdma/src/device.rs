@@ -12,7 +12,7 @@ use srdma_wire::Qpn;
 
 use crate::cq::{CompChannel, Cq};
 use crate::engine::{DeviceHandle, State};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, io_err};
 use crate::memory::Region;
 use crate::sys;
 
@@ -38,7 +38,7 @@ pub struct DeviceConfig {
     /// else [`Gso::Auto`]).
     pub gso: Gso,
     /// On the RoCEv2 port, share the address with this host's other srdma processes (see
-    /// the port keeper); false binds the port alone, as a GSI QP (QP1) needs. Default: true
+    /// the port keeper); false binds the port alone. Default: true
     /// unless `SRDMA_SHARE_PORT=0`.
     pub share_port: bool,
 }
@@ -389,6 +389,32 @@ impl Device {
     /// then those of its slot).
     pub fn shares_port(&self) -> bool {
         self.h.shared.shared_port
+    }
+
+    /// The top byte of the CM communication IDs this device picks: its slot of a shared port
+    /// (the port keeper routes CM replies by it), 0 otherwise.
+    pub(crate) fn comm_id_prefix(&self) -> u32 {
+        let slot = (self.lock().qpn_base >> 16) as u8;
+        crate::portshare::comm_id_prefix(slot)
+    }
+
+    /// A GSI QP now lives here: on a shared port, have the keeper's forwarded MADs handled.
+    pub(crate) fn enable_cm_forwarding(&self) {
+        let sh = &self.h.shared;
+        if sh._keeper.is_some() {
+            sh.cm_forwarded.store(true, Ordering::Relaxed);
+            sys::signal(&sh.wake);
+        }
+    }
+
+    /// Asks the port keeper to forward REQs for `service_id` here (nothing to do when the
+    /// port is this device's alone).
+    pub(crate) fn cm_listen(&self, service_id: u64) -> Result<()> {
+        match &self.h.shared._keeper {
+            Some(k) => crate::portshare::register_listen(k, service_id)
+                .map_err(io_err("registering a CM listen with the port keeper")),
+            None => Ok(()),
+        }
     }
 
     /// The configuration it was opened with.

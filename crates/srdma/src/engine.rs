@@ -62,6 +62,8 @@ pub(crate) struct State {
     /// The receive batch; `None` only while a receive pass has it out.
     pub(crate) rx: Option<crate::udp::RxBatch>,
     pub(crate) touched: Vec<u32>,
+    /// Buffer for datagrams the port keeper forwards (allocated on first use).
+    pub(crate) fwd_buf: Vec<u8>,
     /// QPs whose packets (ACKs, responses) an application-driven receive held back: they go
     /// out with the application's next post to that QP (one send for the ACK and the reply
     /// of a ping-pong) or at its next poll, whichever comes first.
@@ -81,6 +83,9 @@ pub(crate) struct Shared {
     pub(crate) _keeper: Option<OwnedFd>,
     /// The port is shared through the keeper (this device owns its slot's QPNs only).
     pub(crate) shared_port: bool,
+    /// A GSI QP lives here on a shared port: the keeper forwards QP1's MADs, which receive
+    /// passes and the progress thread's poll must look at.
+    pub(crate) cm_forwarded: AtomicBool,
     /// Where async events go.
     pub(crate) events: Mutex<Option<crate::EventHandler>>,
     /// Set when the progress thread failed: the device is dead.
@@ -304,6 +309,9 @@ impl Shared {
         };
         let fd = self.socket.as_raw_fd();
         let mut more = false;
+        if self.cm_forwarded.load(Ordering::Relaxed) {
+            self.receive_forwarded(st);
+        }
         for _ in 0..budget {
             let n = rx.recv(fd).unwrap_or(0);
             for i in 0..n {
@@ -346,6 +354,25 @@ impl Shared {
         }
         st.rx = Some(rx);
         more
+    }
+
+    /// Handles the QP1 datagrams the port keeper forwarded (see `portshare`), as if the socket
+    /// had received them.
+    fn receive_forwarded(&self, st: &mut State) {
+        let Some(conn) = self._keeper.as_ref() else {
+            return;
+        };
+        let mut buf = std::mem::take(&mut st.fwd_buf);
+        buf.resize(crate::portshare::FWD_HDR + 65536, 0);
+        while let Some((from, n)) = crate::portshare::recv_forwarded(conn, &mut buf) {
+            self.handle_datagram(st, from, &buf[..n]);
+        }
+        let mut touched = std::mem::take(&mut st.touched);
+        for qpn in touched.drain(..) {
+            self.flush(st, qpn);
+        }
+        st.touched = touched;
+        st.fwd_buf = buf;
     }
 
     pub(crate) fn handle_datagram(&self, st: &mut State, from: SocketAddr, data: &[u8]) {
@@ -625,7 +652,11 @@ fn progress(shared: &Shared) {
             timeout = Some(Duration::ZERO);
             continue;
         }
-        let fds = [shared.socket.as_raw_fd(), shared.wake.as_raw_fd()];
+        let keeper = match (&shared._keeper, shared.cm_forwarded.load(Ordering::Relaxed)) {
+            (Some(k), true) => k.as_raw_fd(),
+            _ => -1,
+        };
+        let fds = [shared.socket.as_raw_fd(), shared.wake.as_raw_fd(), keeper];
         if sys::poll_readable(fds, timeout).is_err() {
             std::thread::sleep(Duration::from_millis(1));
         }
@@ -685,6 +716,7 @@ pub(crate) fn start(cfg: DeviceConfig, sock: crate::udp::Socket) -> Result<Arc<D
         // Slots large enough for a GRO run; a longer datagram is cut and fails to parse.
         rx: Some(crate::udp::RxBatch::new(RX_BATCH, crate::udp::RX_BUF)),
         touched: Vec::with_capacity(64),
+        fwd_buf: Vec::new(),
         deferred: Vec::with_capacity(64),
         due: Vec::with_capacity(64),
         next_timer: u64::MAX,
@@ -695,6 +727,7 @@ pub(crate) fn start(cfg: DeviceConfig, sock: crate::udp::Socket) -> Result<Arc<D
         state: Mutex::new(state),
         socket,
         shared_port: keeper.is_some(),
+        cm_forwarded: AtomicBool::new(false),
         _keeper: keeper,
         events: Mutex::new(None),
         fatal: AtomicBool::new(false),

@@ -17,9 +17,10 @@
 //! sent again every [`RESEND`], at most [`MAX_SENDS`] times; a duplicate REQ is answered with
 //! the same REP; MRAs are accepted (the wait goes on).
 //!
-//! One [`Gsi`] per device holds QP1; it needs the device's UDP port to itself
-//! (`DeviceConfig::share_port` false): with a shared port, packets to QP1 reach the port
-//! keeper, which does not forward them yet.
+//! One [`Gsi`] per device holds QP1. On a UDP port shared by several processes, QP1's
+//! packets reach the port keeper, which forwards each MAD to the process it concerns: REQs by
+//! the service IDs the processes listen on, the rest by communication ID, whose top byte is
+//! the slot of the process that picked it.
 
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
@@ -92,7 +93,7 @@ struct GsiState {
 }
 
 impl Gsi {
-    /// Creates QP1 on `dev` (which must not share its port) and posts its receives.
+    /// Creates QP1 on `dev` and posts its receives.
     pub fn open(dev: &Device) -> Result<Gsi, Error> {
         let pd = dev.alloc_pd();
         let cq = dev.create_cq(RECV_SLOTS + SEND_SLOTS + 8, None)?;
@@ -454,7 +455,7 @@ pub fn connect(
     let mtu = opts.offered_mtu(dev);
     let (responder, initiator) = opts.depths(dev);
     let rq_psn = crate::random_psn();
-    let comm_id = random_u32();
+    let comm_id = dev.comm_id_prefix() | (random_u32() >> 8);
     let tid = u64::from(random_u32()) << 32 | u64::from(comm_id.swap_bytes());
     let mut private = [0u8; 92];
     CmaHdr {
@@ -577,11 +578,13 @@ pub struct IbRequest {
 
 impl IbListener {
     /// Listens for REQs to rdma_cm port `port` (`rdma_listen`).
-    pub fn bind(gsi: &Gsi, port: u16) -> IbListener {
-        IbListener {
+    pub fn bind(gsi: &Gsi, port: u16) -> Result<IbListener, Error> {
+        let service_id = wire::service_id(wire::port_space::TCP, port);
+        gsi.device().cm_listen(service_id)?;
+        Ok(IbListener {
             gsi: gsi.clone(),
-            service_id: wire::service_id(wire::port_space::TCP, port),
-        }
+            service_id,
+        })
     }
 
     /// The next REQ for this port whose rdma_cm header names this device's address.
@@ -658,7 +661,7 @@ impl IbRequest {
         let (responder, initiator) = opts.depths(&dev);
         let qp = qp.clone();
         let rq_psn = crate::random_psn();
-        let comm_id = random_u32();
+        let comm_id = dev.comm_id_prefix() | (random_u32() >> 8);
         let remote = RemoteQp {
             qpn: Qpn::new(req.local_qpn),
             psn: rq_psn,

@@ -21,6 +21,13 @@
 //! Packets then go straight from the kernel to the owning process: the sharing costs nothing
 //! per packet. A QPN whose slot has no socket falls back to the kernel's hash and is dropped
 //! as an unknown QP by whichever process gets it, which is what a NIC does with it.
+//!
+//! QP1 is host-wide, so its packets (IB CM MADs) reach the keeper. It forwards each to the
+//! process it concerns, over that process's connection ([`FWD_HDR`] bytes of source address,
+//! then the UDP payload): a REQ or SIDR_REQ to the process that registered a listen for its
+//! service ID ([`register_listen`]), any other CM message by its remote communication ID,
+//! whose top byte is the slot of the process that chose it ([`comm_id_prefix`]). The process
+//! handles the packet as if its own socket had received it (same addresses, same ICRC).
 
 use std::io;
 use std::mem::size_of;
@@ -32,6 +39,65 @@ use std::time::{Duration, Instant};
 const MAX_SLOT: u8 = 255;
 /// How long the keeper stays without users before it exits.
 const IDLE_EXIT: Duration = Duration::from_secs(3);
+
+/// Bytes before a forwarded datagram: address family (4 or 6), port (big-endian), address
+/// (16 bytes; IPv4 in the last 4).
+pub(crate) const FWD_HDR: usize = 19;
+
+/// The top byte of communication IDs a process with `slot` picks (0 when unshared: any).
+pub(crate) fn comm_id_prefix(slot: u8) -> u32 {
+    u32::from(slot) << 24
+}
+
+/// Asks the keeper on `conn` to forward REQs for `service_id` to this process.
+pub(crate) fn register_listen(conn: &OwnedFd, service_id: u64) -> io::Result<()> {
+    let mut m = [0u8; 9];
+    m[0] = b'L';
+    m[1..].copy_from_slice(&service_id.to_be_bytes());
+    // SAFETY: sends 9 bytes from a live buffer on our own socket.
+    let n = unsafe {
+        libc::send(
+            conn.as_raw_fd(),
+            m.as_ptr().cast(),
+            m.len(),
+            libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+        )
+    };
+    if n == 9 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Receives one datagram the keeper forwarded on `conn`, if one is waiting: its source and
+/// its bytes (in `buf`).
+pub(crate) fn recv_forwarded(conn: &OwnedFd, buf: &mut [u8]) -> Option<(SocketAddr, usize)> {
+    // SAFETY: receives into a live buffer of its length; non-blocking.
+    let n = unsafe {
+        libc::recv(
+            conn.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            libc::MSG_DONTWAIT,
+        )
+    };
+    let n = usize::try_from(n).ok()?;
+    if n < FWD_HDR {
+        return None;
+    }
+    let port = u16::from_be_bytes([buf[1], buf[2]]);
+    let ip: std::net::IpAddr = match buf[0] {
+        4 => std::net::Ipv4Addr::new(buf[15], buf[16], buf[17], buf[18]).into(),
+        _ => {
+            let mut a = [0u8; 16];
+            a.copy_from_slice(&buf[3..19]);
+            std::net::Ipv6Addr::from(a).into()
+        }
+    };
+    buf.copy_within(FWD_HDR..n, 0);
+    Some((SocketAddr::new(ip, port), n - FWD_HDR))
+}
 
 /// A process's share of an address and port.
 #[derive(Debug)]
@@ -388,6 +454,8 @@ fn keeper(addr: SocketAddr, name: &[u8], ready: RawFd) -> i32 {
     unsafe { libc::close(ready) };
     // users[slot] = the connection of the process holding that slot.
     let mut users: Vec<Option<OwnedFd>> = (0..=MAX_SLOT).map(|_| None).collect();
+    // (service ID, slot) of the CM listens the processes registered.
+    let mut listens: Vec<(u64, usize)> = Vec::new();
     let mut idle_since = Some(Instant::now());
     loop {
         if idle_since.is_some_and(|t| t.elapsed() >= IDLE_EXIT) {
@@ -419,12 +487,27 @@ fn keeper(addr: SocketAddr, name: &[u8], ready: RawFd) -> i32 {
             continue;
         }
         if fds[1].revents != 0 {
-            drain(sockets[0].as_raw_fd());
+            forward_qp1(sockets[0].as_raw_fd(), &users, &listens);
         }
         for (k, &i) in slots.iter().enumerate() {
             if fds[2 + k].revents != 0 {
-                // The process closed its connection (exited): the slot is free again.
-                users[i] = None;
+                let mut m = [0u8; 16];
+                let fd = users[i].as_ref().map_or(-1, |f| f.as_raw_fd());
+                // SAFETY: receives into a live buffer; non-blocking.
+                let n =
+                    unsafe { libc::recv(fd, m.as_mut_ptr().cast(), m.len(), libc::MSG_DONTWAIT) };
+                if n == 9 && m[0] == b'L' {
+                    let sid = u64::from_be_bytes(m[1..9].try_into().unwrap_or([0; 8]));
+                    listens.retain(|&(s, _)| s != sid);
+                    listens.push((sid, i));
+                } else if n == 0
+                    || (n < 0 && io::Error::last_os_error().kind() != io::ErrorKind::WouldBlock)
+                {
+                    // The process closed its connection (exited): the slot is free again,
+                    // and its listens go.
+                    users[i] = None;
+                    listens.retain(|&(_, slot)| slot != i);
+                }
             }
         }
         if fds[0].revents & libc::POLLIN != 0 {
@@ -467,6 +550,90 @@ fn keeper(addr: SocketAddr, name: &[u8], ready: RawFd) -> i32 {
         } else {
             idle_since.or_else(|| Some(Instant::now()))
         };
+    }
+}
+
+/// Receives what slot 0's socket got (QPNs below 0x10000) and forwards the CM MADs on QP1 to
+/// the process they concern (see the module doc); drops the rest, as a NIC drops packets for
+/// QPs that do not exist.
+fn forward_qp1(fd: RawFd, users: &[Option<OwnedFd>], listens: &[(u64, usize)]) {
+    let mut buf = vec![0u8; FWD_HDR + 65536];
+    loop {
+        // SAFETY: sockaddr_storage is plain data; all zeroes is valid.
+        let mut sa: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        let mut salen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        // SAFETY: receives into the live buffer after the header room; `sa` is large enough
+        // for any address.
+        let n = unsafe {
+            libc::recvfrom(
+                fd,
+                buf[FWD_HDR..].as_mut_ptr().cast(),
+                buf.len() - FWD_HDR,
+                libc::MSG_DONTWAIT,
+                (&raw mut sa).cast(),
+                &mut salen,
+            )
+        };
+        let Ok(n) = usize::try_from(n) else {
+            return;
+        };
+        let Some(from) = crate::sys::from_sockaddr(&sa) else {
+            continue;
+        };
+        let pkt = &buf[FWD_HDR..FWD_HDR + n];
+        let Some(slot) = cm_destination(pkt, listens) else {
+            continue;
+        };
+        let Some(conn) = users.get(slot).and_then(Option::as_ref) else {
+            continue;
+        };
+        let (fam, ip) = match from.ip() {
+            std::net::IpAddr::V4(v4) => {
+                let mut a = [0u8; 16];
+                a[12..].copy_from_slice(&v4.octets());
+                (4u8, a)
+            }
+            std::net::IpAddr::V6(v6) => (6u8, v6.octets()),
+        };
+        buf[0] = fam;
+        buf[1..3].copy_from_slice(&from.port().to_be_bytes());
+        buf[3..19].copy_from_slice(&ip);
+        // SAFETY: sends the live header + datagram; a full connection drops it (MADs are
+        // retried by their sender).
+        unsafe {
+            libc::send(
+                conn.as_raw_fd(),
+                buf.as_ptr().cast(),
+                FWD_HDR + n,
+                libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+            )
+        };
+    }
+}
+
+/// The slot a datagram for QP1 goes to: a REQ's or SIDR_REQ's listener, else the slot in
+/// the top byte of the remote communication ID (the request ID of a SIDR_REP).
+fn cm_destination(pkt: &[u8], listens: &[(u64, usize)]) -> Option<usize> {
+    // BTH (12) + DETH (8) + MAD header (24) + the first 16 bytes of the message.
+    const MAD: usize = 20;
+    if pkt.len() < MAD + 24 + 16 || u32::from_be_bytes([0, pkt[5], pkt[6], pkt[7]]) != 1 {
+        return None;
+    }
+    let mad = &pkt[MAD..];
+    if mad[1] != srdma_wire::cm::MGMT_CLASS_CM {
+        return None;
+    }
+    let attr = u16::from_be_bytes([mad[16], mad[17]]);
+    let msg = &mad[24..];
+    let id_at = |at: usize| u32::from_be_bytes([msg[at], msg[at + 1], msg[at + 2], msg[at + 3]]);
+    use srdma_wire::cm::attr;
+    match attr {
+        attr::REQ | attr::SIDR_REQ => {
+            let sid = u64::from_be_bytes(msg[8..16].try_into().ok()?);
+            listens.iter().find(|l| l.0 == sid).map(|l| l.1)
+        }
+        attr::SIDR_REP => Some((id_at(0) >> 24) as usize),
+        _ => Some((id_at(4) >> 24) as usize).filter(|&s| s != 0),
     }
 }
 

@@ -163,22 +163,17 @@ impl Pd {
     }
 
     /// The GSI QP (QP1), on which IB CM MADs travel: a UD QP numbered 1 in INIT with the GSI
-    /// Q_Key. A device has one; it needs the device's UDP port to itself (not shared with
-    /// other processes: their packets to QP1 would reach the port keeper, not this device).
+    /// Q_Key, one per device. On a port shared with other processes, the port keeper
+    /// forwards it the MADs that concern this process (see `portshare`).
     pub fn create_gsi_qp(&self, init: &QpInit) -> Result<Qp> {
         if init.qp_type != QpType::Ud {
             return Err(Error::InvalidArgument("the GSI QP is a UD QP".into()));
         }
-        if self.device().shares_port() {
-            return Err(Error::InvalidArgument(
-                "the GSI QP (QP1) needs the UDP port to this device alone: open it with \
-                 DeviceConfig::share_port false (SRDMA_SHARE_PORT=0)"
-                    .into(),
-            ));
-        }
         let mut init = init.clone();
         init.qkey = srdma_wire::deth::GSI_QKEY;
-        self.create_qp_numbered(&init, true, Some(Qpn::GSI))
+        let qp = self.create_qp_numbered(&init, true, Some(Qpn::GSI))?;
+        self.device().enable_cm_forwarding();
+        Ok(qp)
     }
 
     fn create_qp_in(&self, init: &QpInit, to_init: bool) -> Result<Qp> {

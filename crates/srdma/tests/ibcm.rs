@@ -29,7 +29,7 @@ fn connect_write_disconnect() {
     let (a, ga) = dev("127.0.76.1");
     let (b, gb) = dev("127.0.76.2");
     let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
-    let listener = IbListener::bind(&gb, 7174);
+    let listener = IbListener::bind(&gb, 7174).unwrap();
     let server = std::thread::spawn(move || {
         let req = listener.accept_request(Duration::from_secs(10)).unwrap();
         assert_eq!(&req.private_data()[..5], b"hello");
@@ -98,7 +98,7 @@ fn reject_reaches_the_active_side() {
     let (a, ga) = dev("127.0.77.1");
     let (_b, gb) = dev("127.0.77.2");
     let pa = a.alloc_pd();
-    let listener = IbListener::bind(&gb, 7000);
+    let listener = IbListener::bind(&gb, 7000).unwrap();
     let server = std::thread::spawn(move || {
         let req = listener.accept_request(Duration::from_secs(10)).unwrap();
         req.reject(28, b"no thanks").unwrap();
@@ -144,13 +144,48 @@ fn nobody_listening_times_out() {
     assert!(matches!(err, CmError::Timeout), "{err}");
 }
 
+/// Two devices on one address sharing UDP 4791 (as two processes would): QP1's MADs reach
+/// the port keeper, which forwards the REQ to the listener's slot and the REP, RTU and the
+/// disconnect by communication ID.
 #[test]
-fn gsi_needs_the_port_alone() {
-    let mut c = DeviceConfig::new("127.0.79.1".parse().unwrap());
-    c.share_port = true;
-    let d = Device::open(c).unwrap();
-    let e = Gsi::open(&d).unwrap_err();
-    assert!(e.to_string().contains("SRDMA_SHARE_PORT=0"), "{e}");
+fn ib_cm_through_the_port_keeper() {
+    let open = || {
+        let mut c = DeviceConfig::new("127.0.85.1".parse().unwrap());
+        c.share_port = true;
+        let d = Device::open(c).unwrap();
+        let g = Gsi::open(&d).unwrap();
+        (d, g)
+    };
+    let ((a, ga), (b, gb)) = (open(), open());
+    assert!(a.shares_port() && b.shares_port());
+    let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
+    let listener = IbListener::bind(&gb, 7500).unwrap();
+    let server = std::thread::spawn(move || {
+        let req = listener.accept_request(Duration::from_secs(10)).unwrap();
+        let cq = b.create_cq(16, None).unwrap();
+        let conn = req
+            .accept(&pb, &QpInit::new(QpType::Rc, &cq, &cq), &opts())
+            .unwrap();
+        let ev = conn.poll_event(Some(Duration::ZERO));
+        assert!(matches!(ev, Some(CmEvent::Established)), "{ev:?}");
+        let ev = conn.poll_event(Some(Duration::from_secs(10)));
+        assert!(matches!(ev, Some(CmEvent::Disconnected)), "{ev:?}");
+    });
+    let cq = a.create_cq(16, None).unwrap();
+    let conn = ibcm::connect(
+        &ga,
+        &pa,
+        "127.0.85.1:7500".parse().unwrap(),
+        &QpInit::new(QpType::Rc, &cq, &cq),
+        &opts(),
+    )
+    .unwrap();
+    assert_ne!(
+        conn.qp().qpn().value() >> 16,
+        conn.remote().qpn.value() >> 16
+    );
+    conn.disconnect().unwrap();
+    server.join().unwrap();
 }
 
 /// Hostile traffic on QP1: truncated MADs, MADs of other classes and versions, a flood of
@@ -188,7 +223,7 @@ fn hostile_mads_are_ignored_and_bounded() {
     assert!(gb.backlog_len() <= ibcm::BACKLOG, "{}", gb.backlog_len());
     // The real connection still goes through.
     let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
-    let listener = IbListener::bind(&gb, 7300);
+    let listener = IbListener::bind(&gb, 7300).unwrap();
     let server = std::thread::spawn(move || {
         let req = listener.accept_request(Duration::from_secs(10)).unwrap();
         let cq = b.create_cq(16, None).unwrap();
@@ -233,7 +268,7 @@ fn peer_vanishing_before_the_rtu_times_out() {
     use srdma_wire::cm::{self as wire, CmMsg, CmaHdr, MadHdr};
     let (_a, ga) = dev("127.0.84.1");
     let (b, gb) = dev("127.0.84.2");
-    let listener = IbListener::bind(&gb, 7400);
+    let listener = IbListener::bind(&gb, 7400).unwrap();
     let mut private = [0u8; 92];
     CmaHdr {
         cma_version: 0,
