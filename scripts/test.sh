@@ -2,9 +2,10 @@
 # The README's test command: installs what the test suite needs on a Debian machine that has
 # only a Rust toolchain, then runs every test of the workspace.
 #
-# Needs: tshark (decode comparisons), iproute2 and nftables (network namespaces, loss), gcc
-# and libibverbs-dev (C programs against the real verbs.h), ibverbs-utils and perftest (the
-# Debian-built tools the drop-in libibverbs runs). Installing needs root; without root, what
+# Needs: tshark (decode comparisons), iproute2 and nftables (network namespaces, loss), gcc,
+# libibverbs-dev and librdmacm-dev (C programs and layouts against the real headers),
+# ibverbs-utils and perftest (the Debian-built tools the drop-in libibverbs runs).
+# Installing needs root; without root, what
 # is missing is named and the tests that need it skip or fail with that name
 # (SRDMA_SKIP_NETNS=1 and SRDMA_SKIP_TSHARK=1 skip those on purpose).
 set -euo pipefail
@@ -16,6 +17,7 @@ command -v ip >/dev/null || need+=(iproute2)
 command -v nft >/dev/null || need+=(nftables)
 command -v gcc >/dev/null || need+=(gcc libc6-dev)
 [ -f /usr/include/infiniband/verbs.h ] || need+=(libibverbs-dev)
+[ -f /usr/include/rdma/rdma_cma.h ] || need+=(librdmacm-dev)
 command -v ibv_rc_pingpong >/dev/null || need+=(ibverbs-utils)
 command -v ib_write_bw >/dev/null || need+=(perftest)
 if [ ${#need[@]} -gt 0 ]; then

@@ -1154,32 +1154,7 @@ mod tests {
     //! offset of every field, computed by the C compiler and by rustc from one list.
 
     use super::*;
-    use std::mem::{align_of, offset_of, size_of};
-
-    macro_rules! layout {
-        ($( $kind:ident $s:ident { $( $f:ident $(. $g:ident)* $(= $c:literal)? ),* $(,)? } )*) => {{
-            let mut rust: Vec<String> = Vec::new();
-            let mut c = String::new();
-            $(
-                rust.push(format!("{} size {} align {}", stringify!($s), size_of::<$s>(), align_of::<$s>()));
-                c += &format!(
-                    "printf(\"{s} size %zu align %zu\\n\", sizeof({k} {s}), _Alignof({k} {s}));\n",
-                    s = stringify!($s), k = stringify!($kind)
-                );
-                $(
-                    let cf = layout!(@c $f $(. $g)* $(, $c)?);
-                    rust.push(format!("{}.{} {}", stringify!($s), cf, offset_of!($s, $f $(. $g)*)));
-                    c += &format!(
-                        "printf(\"{s}.{f} %zu\\n\", offsetof({k} {s}, {f}));\n",
-                        s = stringify!($s), f = cf, k = stringify!($kind)
-                    );
-                )*
-            )*
-            (rust, c)
-        }};
-        (@c $f:ident $(. $g:ident)*) => { concat!(stringify!($f) $(, ".", stringify!($g))*) };
-        (@c $f:ident $(. $g:ident)*, $c:literal) => { $c };
-    }
+    use crate::layout;
 
     #[test]
     fn layouts_match_the_installed_verbs_h() {
@@ -1287,46 +1262,6 @@ mod tests {
                 read_completion_wallclock_ns
             }
         };
-        if !std::path::Path::new("/usr/include/infiniband/verbs.h").exists() {
-            if std::env::var_os("SRDMA_SKIP_VERBS_HEADERS").is_some() {
-                eprintln!("skipped: /usr/include/infiniband/verbs.h is missing");
-                return;
-            }
-            panic!(
-                "install libibverbs-dev (apt-get install libibverbs-dev), or set \
-                 SRDMA_SKIP_VERBS_HEADERS=1 to skip"
-            );
-        }
-        let dir = std::env::temp_dir().join(format!("srdma-layout-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let src = dir.join("layout.c");
-        std::fs::write(
-            &src,
-            format!(
-                "#include <infiniband/verbs.h>\n#include <stddef.h>\n#include <stdio.h>\n\
-                 int main(void) {{\n{c}return 0;\n}}\n"
-            ),
-        )
-        .unwrap();
-        let exe = dir.join("layout");
-        let st = std::process::Command::new("cc")
-            .arg("-o")
-            .arg(&exe)
-            .arg(&src)
-            .status()
-            .expect("running cc");
-        assert!(st.success(), "compiling {}", src.display());
-        let out = std::process::Command::new(&exe).output().unwrap();
-        let c_lines: Vec<String> = String::from_utf8(out.stdout)
-            .unwrap()
-            .lines()
-            .map(str::to_string)
-            .collect();
-        let _ = std::fs::remove_dir_all(&dir);
-        assert_eq!(c_lines.len(), rust.len());
-        for (r, c) in rust.iter().zip(&c_lines) {
-            assert_eq!(r, c, "rustc says {r:?}, the C compiler {c:?}");
-        }
-        assert!(rust.len() > 250, "{} lines checked", rust.len());
+        crate::layout_check::compare(&["infiniband/verbs.h"], &rust, &c, 250);
     }
 }

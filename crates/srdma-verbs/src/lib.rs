@@ -59,7 +59,10 @@
 #![allow(non_camel_case_types, non_snake_case, non_upper_case_globals)]
 
 pub mod abi_core;
+pub mod cma_abi;
 mod context;
+#[cfg(test)]
+mod layout_check;
 mod unsupported;
 mod verbs;
 
