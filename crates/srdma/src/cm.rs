@@ -198,6 +198,8 @@ pub mod reason {
     pub const INVALID_GID: u16 = 12;
     /// The path MTU is unusable.
     pub const INVALID_MTU: u16 = 26;
+    /// Nobody listens on the requested service (IB CM; what a REQ for a closed port gets).
+    pub const INVALID_SERVICE_ID: u16 = 8;
     /// Rejected by the application (what `rdma_reject` sends, and what a dropped request
     /// sends).
     pub const CONSUMER_DEFINED: u16 = 28;

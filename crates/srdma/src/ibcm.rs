@@ -46,6 +46,8 @@ const RECV_SLOTS: usize = 64;
 const RECV_LEN: usize = 40 + wire::MAD_LEN;
 /// Send buffers.
 const SEND_SLOTS: usize = 32;
+/// How often the GSI thread takes in MADs nobody is waiting for.
+const PUMP_EVERY: Duration = Duration::from_millis(20);
 /// Most messages kept for later askers; a flood pushes the oldest out.
 pub const BACKLOG: usize = 256;
 /// wr_id of sends (receives use their slot index).
@@ -90,6 +92,8 @@ struct GsiState {
     /// Messages nobody has asked for yet, oldest first (bounded).
     backlog: VecDeque<Incoming>,
     next_send: usize,
+    /// The service IDs listened on here: a REQ for another one is rejected (reason 8).
+    listens: Vec<u64>,
 }
 
 impl Gsi {
@@ -117,18 +121,39 @@ impl Gsi {
                 sges: SgeList::one(mr.sge(i * RECV_LEN, RECV_LEN)),
             })?;
         }
-        Ok(Gsi {
-            inner: Arc::new(GsiInner {
-                dev: dev.clone(),
-                qp,
-                cq,
-                mr,
-                state: Mutex::new(GsiState {
-                    backlog: VecDeque::new(),
-                    next_send: 0,
-                }),
+        let inner = Arc::new(GsiInner {
+            dev: dev.clone(),
+            qp,
+            cq,
+            mr,
+            state: Mutex::new(GsiState {
+                backlog: VecDeque::new(),
+                next_send: 0,
+                listens: Vec::new(),
             }),
-        })
+        });
+        // Someone must take the MADs in even while nobody waits for one: REQs for services
+        // nobody listens on are answered, and the receive ring stays posted. Gone with the
+        // last handle.
+        let weak = Arc::downgrade(&inner);
+        std::thread::Builder::new()
+            .name("srdma-gsi".into())
+            .spawn(move || {
+                while let Some(inner) = weak.upgrade() {
+                    let g = Gsi { inner };
+                    {
+                        let mut st = lock(&g.inner.state);
+                        g.pump(&mut st);
+                    }
+                    drop(g);
+                    std::thread::sleep(PUMP_EVERY);
+                }
+            })
+            .map_err(|e| Error::Io {
+                context: "starting the GSI thread".into(),
+                source: e,
+            })?;
+        Ok(Gsi { inner })
     }
 
     /// The device.
@@ -138,14 +163,16 @@ impl Gsi {
 
     /// Sends one CM message to QP1 of the device with GID `to`.
     pub fn send(&self, to: Gid, hdr: &MadHdr, msg: &CmMsg) -> Result<(), Error> {
+        let mut st = lock(&self.inner.state);
+        self.send_in(&mut st, to, hdr, msg)
+    }
+
+    fn send_in(&self, st: &mut GsiState, to: Gid, hdr: &MadHdr, msg: &CmMsg) -> Result<(), Error> {
         let mut mad = [0u8; wire::MAD_LEN];
         msg.emit_mad(hdr, &mut mad)
             .map_err(|e| Error::InvalidArgument(e.to_string()))?;
-        let slot = {
-            let mut st = lock(&self.inner.state);
-            st.next_send = (st.next_send + 1) % SEND_SLOTS;
-            st.next_send
-        };
+        st.next_send = (st.next_send + 1) % SEND_SLOTS;
+        let slot = st.next_send;
         let off = RECV_SLOTS * RECV_LEN + slot * wire::MAD_LEN;
         self.inner.mr.write(off, &mad)?;
         // Unsignaled: a burst of sends must not fill the CQ (an overrun would move QP1 to ERR).
@@ -212,6 +239,17 @@ impl Gsi {
             let mut buf = [0u8; RECV_LEN];
             if wc.status.is_success() && self.inner.mr.read(slot * RECV_LEN, &mut buf).is_ok() {
                 if let Ok((hdr, msg)) = CmMsg::parse_mad(&buf[40..]) {
+                    let from = grh_source(&buf[..40]);
+                    if let CmMsg::Req(r) = &msg {
+                        if !st.listens.contains(&r.service_id) {
+                            self.reject_unknown(st, from, hdr.tid, r.local_comm_id);
+                            let _ = self.inner.qp.post_recv(RecvWr {
+                                wr_id: slot as u64,
+                                sges: SgeList::one(self.inner.mr.sge(slot * RECV_LEN, RECV_LEN)),
+                            });
+                            continue;
+                        }
+                    }
                     if st.backlog.len() >= BACKLOG {
                         st.backlog.pop_front();
                     }
@@ -227,6 +265,21 @@ impl Gsi {
                 sges: SgeList::one(self.inner.mr.sge(slot * RECV_LEN, RECV_LEN)),
             });
         }
+    }
+
+    /// Answers a REQ for a service nobody listens on: REJ, reason 8 (invalid service ID), as
+    /// a kernel's CM does.
+    fn reject_unknown(&self, st: &mut GsiState, to: Gid, tid: u64, remote_comm_id: u32) {
+        let rej = CmMsg::Rej(wire::Rej {
+            local_comm_id: 0,
+            remote_comm_id,
+            message_rejected: 0,
+            rejected_info_length: 0,
+            reason: reason::INVALID_SERVICE_ID,
+            additional_info: [0; 72],
+            private_data: [0; 148],
+        });
+        let _ = self.send_in(st, to, &MadHdr::cm(wire::attr::REJ, tid), &rej);
     }
 
     /// The first message for which `want` holds, waiting until `deadline`.
@@ -581,6 +634,7 @@ impl IbListener {
     pub fn bind(gsi: &Gsi, port: u16) -> Result<IbListener, Error> {
         let service_id = wire::service_id(wire::port_space::TCP, port);
         gsi.device().cm_listen(service_id)?;
+        lock(&gsi.inner.state).listens.push(service_id);
         Ok(IbListener {
             gsi: gsi.clone(),
             service_id,

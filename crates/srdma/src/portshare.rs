@@ -582,6 +582,7 @@ fn forward_qp1(fd: RawFd, users: &[Option<OwnedFd>], listens: &[(u64, usize)]) {
         };
         let pkt = &buf[FWD_HDR..FWD_HDR + n];
         let Some(slot) = cm_destination(pkt, listens) else {
+            reject_unknown_service(fd, pkt, from);
             continue;
         };
         let Some(conn) = users.get(slot).and_then(Option::as_ref) else {
@@ -609,6 +610,77 @@ fn forward_qp1(fd: RawFd, users: &[Option<OwnedFd>], listens: &[(u64, usize)]) {
             )
         };
     }
+}
+
+/// Answers a REQ for a service nobody on this address listens on with a REJ, reason 8
+/// (invalid service ID), from QP1, as a kernel's CM does; anything else is dropped.
+fn reject_unknown_service(fd: RawFd, pkt: &[u8], from: SocketAddr) {
+    use srdma_wire::cm::{self as wire, CmMsg, MadHdr};
+    use srdma_wire::{BthRepr, DethRepr, Encap, IpRepr, Opcode, PacketRepr, Psn, Qpn};
+    let Ok(p) = PacketRepr::parse_bytes(pkt) else {
+        return;
+    };
+    if p.bth.dest_qpn != Qpn::GSI || p.payload.len() < wire::MAD_LEN {
+        return;
+    }
+    let Ok((hdr, CmMsg::Req(req))) = CmMsg::parse_mad(p.payload) else {
+        return;
+    };
+    let rej = CmMsg::Rej(wire::Rej {
+        local_comm_id: 0,
+        remote_comm_id: req.local_comm_id,
+        message_rejected: 0,
+        rejected_info_length: 0,
+        reason: 8,
+        additional_info: [0; 72],
+        private_data: [0; 148],
+    });
+    let mut mad = [0u8; wire::MAD_LEN];
+    if rej
+        .emit_mad(&MadHdr::cm(wire::attr::REJ, hdr.tid), &mut mad)
+        .is_err()
+    {
+        return;
+    }
+    // Our address is the REQ's destination: the GID it names as the remote one.
+    let local = std::net::Ipv6Addr::from(req.primary_remote_gid);
+    let local: std::net::IpAddr = local.to_ipv4_mapped().map_or(local.into(), Into::into);
+    let Ok(ip) = IpRepr::between(local, from.ip()) else {
+        return;
+    };
+    let encap = Encap {
+        ip,
+        src_port: srdma_wire::ROCEV2_PORT,
+        dst_port: srdma_wire::ROCEV2_PORT,
+    };
+    let mut out = PacketRepr::new(
+        BthRepr {
+            opcode: Opcode::UdSendOnly,
+            solicited: false,
+            mig_req: false,
+            pad_cnt: 0,
+            pkey: 0xffff,
+            fecn: false,
+            becn: false,
+            dest_qpn: Qpn::GSI,
+            ack_req: false,
+            psn: Psn::new(0),
+        },
+        &mad,
+    );
+    out.deth = Some(DethRepr {
+        qkey: srdma_wire::deth::GSI_QKEY,
+        src_qpn: Qpn::GSI,
+    });
+    let mut buf = [0u8; 400];
+    let Ok(n) = out.emit_with_icrc(&mut buf, &encap) else {
+        return;
+    };
+    // SAFETY: sockaddr_storage is plain data; all zeroes is valid.
+    let mut sa: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = crate::sys::to_sockaddr(SocketAddr::new(from.ip(), srdma_wire::ROCEV2_PORT), &mut sa);
+    // SAFETY: sends `n` live bytes to a valid address.
+    unsafe { libc::sendto(fd, buf.as_ptr().cast(), n, 0, (&raw const sa).cast(), len) };
 }
 
 /// The slot a datagram for QP1 goes to: a REQ's or SIDR_REQ's listener, else the slot in
