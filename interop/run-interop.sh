@@ -7,6 +7,7 @@
 #   rc-client-SIZE  `srdma pingpong` server, guest `ibv_rc_pingpong -g 1 -s SIZE` client
 #   ud-server/ud-client  the same with ibv_ud_pingpong / `srdma pingpong --ud`
 #   verbs-target    srdma RDMA WRITEs into and READs from a libibverbs process on rxe
+#   gso-*           the same with UDP GSO toward rxe (SRDMA_GSO=always)
 #   ibcm-rping-*    srdma rping --ib-cm (IB CM MADs on QP1) against rdma-core's rping, both
 #                   roles
 #   dropin-*        Debian's own ibv_rc_pingpong, ibv_ud_pingpong and ib_write_bw/ib_send_lat
@@ -134,6 +135,16 @@ selected ibcm-rping-server-on-rxe && { scenario ibcm-rping-server-on-rxe \
 selected ibcm-rping-client-on-rxe && { scenario ibcm-rping-client-on-rxe \
   "retry 80 0.5 rping -c -a 10.77.0.1 -v -V -C 3" \
   "$SRDMA rping -s -a 10.77.0.1 --ib-cm -v" || fail=1; }
+
+# UDP GSO toward rxe (SRDMA_GSO=always): a 64 KiB message leaves as one GSO buffer, the
+# kernel cuts it into datagrams numbered 0, 1, 2, … and srdma computed each one's ICRC for
+# its number; rxe must take every datagram (no retries, no sequence errors).
+selected gso-rc-server-65536 && { scenario gso-rc-server-65536 \
+  "ibv_rc_pingpong -d rxe0 -g 1 -n $ITERS -s 65536 -c" \
+  "$RUNS/@/retry-host env SRDMA_GSO=always $SRDMA pingpong --bind 10.77.0.1 -g 1 -n $ITERS -s 65536 -c 10.77.0.2" || fail=1; }
+selected gso-write-bw-server && { scenario gso-write-bw-server \
+  "ib_write_bw -d rxe0 -x 1 -s 1048576 -n 20" \
+  "$RUNS/@/retry-host env SRDMA_GSO=always $EXEC ib_write_bw -x 1 -s 1048576 -n 20 10.77.0.2" || fail=1; }
 
 # The seed scenario as one C program (tests/c/chain.c): A and B on srdma sharing the host's
 # address, C on rxe in the guest; then A on rxe, B and C on srdma.

@@ -47,16 +47,20 @@ pub struct DeviceConfig {
 ///
 /// One GSO message crosses the stack as one buffer and is cut into datagrams where the path
 /// needs it. IPv6 has no ID field, so the ICRC of every datagram is the same wherever it is
-/// cut. An IPv4 datagram's ICRC covers the IP ID: the socket's DF setting makes it 0, which
-/// stays true when the receiving host cuts the buffer (loopback, veth), but a sending host that
-/// cuts it in software numbers the datagrams 0, 1, 2, ... — which an srdma receiver verifies
-/// (it solves for the ID) and kernel rxe or a NIC would reject.
+/// cut. An IPv4 datagram's ICRC covers the IP ID, and the kernel numbers the datagrams of a
+/// buffer sent with ID 0 as 0, 1, 2, … (seen on the rxe lab's bridge, where the sending host
+/// cuts it): the engine computes each datagram's ICRC for the ID it will carry
+/// (`icrc::ipv4_icrc_with_ident`), so the datagrams are valid for kernel rxe (checked in the
+/// lab: no rxe retries or sequence errors with `SRDMA_GSO=always`) and for srdma receivers,
+/// which solve for the ID. `Auto` still sends IPv4 GSO only on this host until paths are
+/// checked at connect time (a path that kept every ID at 0 would break).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Gso {
     /// IPv6 peers, and IPv4 peers on this host (loopback or a local address).
     #[default]
     Auto,
-    /// Every peer (for srdma-only networks, e.g. namespaces over veth).
+    /// Every peer: each IPv4 datagram's ICRC is computed for the ID it will carry, which
+    /// kernel rxe accepts on paths that number the datagrams (the lab's does).
     Always,
     /// Never: one datagram per send.
     Never,

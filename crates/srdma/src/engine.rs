@@ -382,8 +382,20 @@ impl Shared {
             st.counters.rx_malformed += 1;
             return;
         };
+        // IPv6: every covered field is known. IPv4: the ID is not (a UDP socket cannot see
+        // it); one pass solves for it — srdma peers send 0 (or 0, 1, 2, … across a GSO run),
+        // rxe and NICs others.
+        let ident = match encap.ip {
+            IpRepr::V4(_) => srdma_wire::icrc::verify_ipv4_unknown_ident(&encap, data).ok(),
+            IpRepr::V6(_) => srdma_wire::icrc::verify(&encap, data).ok().map(|()| 0),
+        };
         if let Some(w) = st.capture.as_mut() {
-            let _ = w.write_roce(now.as_nanos() as u64 + capture_epoch(), &encap, data);
+            // Captured with the Identification the datagram carried, so its ICRC checks.
+            let mut e = encap;
+            if let (IpRepr::V4(h), Some(id)) = (&mut e.ip, ident) {
+                h.ident = id;
+            }
+            let _ = w.write_roce(now.as_nanos() as u64 + capture_epoch(), &e, data);
         }
         // rxe's order: the structure first (length, version, opcode, headers), the ICRC last.
         // One parse serves both: the repr is used only once the ICRC has verified.
@@ -391,18 +403,13 @@ impl Shared {
             st.counters.rx_malformed += 1;
             return;
         };
-        // IPv6: every covered field is known. IPv4: the ID is not (a UDP socket cannot see
-        // it); one pass solves for it — srdma peers send 0, rxe and NICs others.
-        let verified = match encap.ip {
-            IpRepr::V4(_) => match srdma_wire::icrc::verify_ipv4_unknown_ident(&encap, data) {
-                Ok(0) => true,
-                Ok(_) => {
-                    st.counters.rx_icrc_ident_solved += 1;
-                    true
-                }
-                Err(_) => false,
-            },
-            IpRepr::V6(_) => srdma_wire::icrc::verify(&encap, data).is_ok(),
+        let verified = match ident {
+            Some(0) => true,
+            Some(_) => {
+                st.counters.rx_icrc_ident_solved += 1;
+                true
+            }
+            None => false,
         };
         if !verified {
             st.counters.rx_bad_icrc += 1;

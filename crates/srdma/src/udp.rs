@@ -277,6 +277,9 @@ impl TxBatch {
                     k += 1;
                 }
             }
+            if k > 1 {
+                self.number_run(i, k);
+            }
             let h = &mut self.hdrs[m].msg_hdr;
             h.msg_name = (&raw mut self.addrs[i]).cast();
             h.msg_namelen = self.addr_lens[i];
@@ -362,7 +365,37 @@ impl TxBatch {
         refused
     }
 
+    /// Makes the ICRCs of an IPv4 GSO run of `k` datagrams from `i` match the Identification
+    /// each will carry: the kernel cuts the buffer into datagrams numbered 0, 1, 2, … and
+    /// datagram `j`'s ICRC must cover ID `j` (it was built for ID 0). Applied twice, it
+    /// restores ID 0 (for datagrams resent one by one). IPv6 has no Identification.
+    fn number_run(&mut self, i: usize, k: usize) {
+        if i32::from(self.addrs[i].ss_family) != libc::AF_INET {
+            return;
+        }
+        for j in 1..k {
+            let d = i + j;
+            // The ICRC is the last four bytes of the datagram's last piece, which is in its
+            // slot (headers, pad and ICRC are built there; only payload stays in registered
+            // memory).
+            let last = self.parts[self.first[d + 1] - 1];
+            let base = self.bufs[d].as_ptr() as usize;
+            let start = last.iov_base as usize;
+            let end = start + last.iov_len;
+            if last.iov_len < 4 || start < base || end > base + self.bufs[d].len() {
+                continue;
+            }
+            let at = end - base - 4;
+            let b = &mut self.bufs[d][at..at + 4];
+            let icrc = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            let icrc = srdma_wire::icrc::ipv4_icrc_with_ident(icrc, self.lens[d], j as u16);
+            b.copy_from_slice(&icrc.to_le_bytes());
+        }
+    }
+
     fn resend_singly(&mut self, fd: RawFd, first: usize, k: usize) -> usize {
+        // Each goes alone with ID 0 again: undo the run's numbering.
+        self.number_run(first, k);
         let mut refused = 0;
         for j in first..first + k {
             // SAFETY: a plain msghdr over slot `j`'s iovecs and address, all live (see `send`).
