@@ -52,12 +52,11 @@ pub struct DeviceConfig {
 /// cuts it): the engine computes each datagram's ICRC for the ID it will carry
 /// (`icrc::ipv4_icrc_with_ident`), so the datagrams are valid for kernel rxe (checked in the
 /// lab: no rxe retries or sequence errors with `SRDMA_GSO=always`) and for srdma receivers,
-/// which solve for the ID. `Auto` uses GSO towards every peer, but stops towards an IPv4
-/// peer of another host once a connection to it retransmits (a path that kept every ID at 0
-/// would lose all but the first datagram of each buffer).
+/// which solve for the ID. `Auto` still sends IPv4 GSO only on this host until paths are
+/// checked at connect time (a path that kept every ID at 0 would break).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Gso {
-    /// Every peer, except IPv4 peers of other hosts once a connection to them retransmitted.
+    /// IPv6 peers, and IPv4 peers on this host (loopback or a local address).
     #[default]
     Auto,
     /// Every peer: each IPv4 datagram's ICRC is computed for the ID it will carry, which

@@ -39,8 +39,6 @@ const STATS_EVERY: Duration = Duration::from_millis(250);
 
 pub(crate) struct QpSlot {
     pub(crate) qp: ProtoQp,
-    /// Retransmissions counted when last looked at (see `Shared::note_retransmissions`).
-    pub(crate) retx_seen: u64,
     /// The state the application last saw or set: a move to ERR the engine makes on its
     /// own raises `QpFatal`.
     pub(crate) state_seen: srdma_proto::QpState,
@@ -66,8 +64,6 @@ pub(crate) struct State {
     pub(crate) touched: Vec<u32>,
     /// Buffer for datagrams the port keeper forwards (allocated on first use).
     pub(crate) fwd_buf: Vec<u8>,
-    /// IPv4 peers of other hosts that get no GSO (a connection to them retransmitted).
-    pub(crate) gso_off: Vec<std::net::IpAddr>,
     /// QPs whose packets (ACKs, responses) an application-driven receive held back: they go
     /// out with the application's next post to that QP (one send for the ACK and the reply
     /// of a ping-pong) or at its next poll, whichever comes first.
@@ -165,13 +161,11 @@ impl Shared {
             counters,
             capture,
             tx,
-            gso_off,
             ..
         } = st;
         let Some(slot) = qps.get_mut(&qpn) else {
             return;
         };
-        self.note_retransmissions(slot, gso_off);
         let fd = self.socket.as_raw_fd();
         // Payload goes to the socket straight from registered memory, except when a capture
         // wants each packet whole.
@@ -196,7 +190,7 @@ impl Shared {
                 counters.tx_errors += 1;
                 continue;
             };
-            let gso = self.gso_for(dst, gso_off);
+            let gso = self.gso_for(dst);
             if !mem.pieces.is_empty() {
                 match commit_zero_copy(tx, mem, &encap, t.len, dst, gso) {
                     ZeroCopy::Queued => {
@@ -230,43 +224,11 @@ impl Shared {
         note_timer(&mut st.next_timer, slot);
     }
 
-    /// Whether runs of datagrams to `dst` go out as one GSO buffer. `Auto`: IPv6 and this
-    /// host always (no IP ID, or srdma's own stack); other IPv4 peers too, each datagram's
-    /// ICRC computed for the ID it will carry, until a connection to the peer retransmits
-    /// while GSO is on (`gso_off`): a path that does not number the datagrams as the kernel
-    /// does would lose all but the first of each buffer, so the peer then gets single
-    /// datagrams for the life of the device.
-    pub(crate) fn gso_for(&self, dst: SocketAddr, gso_off: &[std::net::IpAddr]) -> bool {
+    pub(crate) fn gso_for(&self, dst: SocketAddr) -> bool {
         match self.cfg.gso {
             Gso::Never => false,
             Gso::Always => true,
-            Gso::Auto => dst.is_ipv6() || self.is_local(dst.ip()) || !gso_off.contains(&dst.ip()),
-        }
-    }
-
-    fn is_local(&self, ip: std::net::IpAddr) -> bool {
-        ip.is_loopback() || ip == self.local.ip()
-    }
-
-    /// Turns GSO off towards an IPv4 peer of another host once a connection to it
-    /// retransmits (see [`Shared::gso_for`]).
-    fn note_retransmissions(&self, slot: &mut QpSlot, gso_off: &mut Vec<std::net::IpAddr>) {
-        let c = slot.qp.counters();
-        let retx = c.completer_retry_err + c.rcvd_seq_err;
-        if retx <= slot.retx_seen {
-            return;
-        }
-        slot.retx_seen = retx;
-        if self.cfg.gso != Gso::Auto || slot.qp.qp_type() == srdma_proto::QpType::Ud {
-            return;
-        }
-        let peer = Gid(slot.qp.attr().ah_attr.dgid).ip();
-        if peer.is_ipv4()
-            && !self.is_local(peer)
-            && !gso_off.contains(&peer)
-            && gso_off.len() < 4096
-        {
-            gso_off.push(peer);
+            Gso::Auto => dst.is_ipv6() || dst.ip().is_loopback() || dst.ip() == self.local.ip(),
         }
     }
 
@@ -762,7 +724,6 @@ pub(crate) fn start(cfg: DeviceConfig, sock: crate::udp::Socket) -> Result<Arc<D
         rx: Some(crate::udp::RxBatch::new(RX_BATCH, crate::udp::RX_BUF)),
         touched: Vec::with_capacity(64),
         fwd_buf: Vec::new(),
-        gso_off: Vec::new(),
         deferred: Vec::with_capacity(64),
         due: Vec::with_capacity(64),
         next_timer: u64::MAX,

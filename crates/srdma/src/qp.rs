@@ -225,7 +225,6 @@ impl Pd {
         st.qps.insert(
             qpn.value(),
             QpSlot {
-                retx_seen: 0,
                 state_seen: qp.state(),
                 qp,
                 send_cq: init.send_cq.clone(),
