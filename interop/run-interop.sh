@@ -143,17 +143,17 @@ selected gso-rc-server-65536 && { scenario gso-rc-server-65536 \
   "ibv_rc_pingpong -d rxe0 -g 1 -n $ITERS -s 65536 -c" \
   "$RUNS/@/retry-host env SRDMA_GSO=always $SRDMA pingpong --bind 10.77.0.1 -g 1 -n $ITERS -s 65536 -c 10.77.0.2" || fail=1; }
 selected gso-write-bw-server && { scenario gso-write-bw-server \
-  "ib_write_bw -d rxe0 -x 1 -s 1048576 -n 20" \
-  "$RUNS/@/retry-host env SRDMA_GSO=always $EXEC ib_write_bw -x 1 -s 1048576 -n 20 10.77.0.2" || fail=1; }
+  "ib_write_bw -d rxe0 -x 1 -s 65536 -n 100" \
+  "$RUNS/@/retry-host env SRDMA_GSO=always $EXEC ib_write_bw -x 1 -s 65536 -n 100 10.77.0.2" || fail=1; }
 
 # The seed scenario as one C program (tests/c/chain.c): A and B on srdma sharing the host's
 # address, C on rxe in the guest; then A on rxe, B and C on srdma.
 selected dropin-chain-sink-on-rxe && { scenario dropin-chain-sink-on-rxe \
-  "/lab/chain c 1000000 19001" \
-  "$EXEC $RUNS/@/chain b 1000000 19000 10.77.0.2 19001 & sleep 0.3; $EXEC $RUNS/@/chain a 1000000 10.77.0.1 19000 && wait \$!" || fail=1; }
+  "/lab/chain c 60000 19001" \
+  "$EXEC $RUNS/@/chain b 60000 19000 10.77.0.2 19001 & sleep 0.3; $EXEC $RUNS/@/chain a 60000 10.77.0.1 19000 && wait \$!" || fail=1; }
 selected dropin-chain-source-on-rxe && { scenario dropin-chain-source-on-rxe \
-  "retry 80 0.5 /lab/chain a 1000000 10.77.0.1 19000" \
-  "$EXEC $RUNS/@/chain c 1000000 19001 & $EXEC $RUNS/@/chain b 1000000 19000 10.77.0.1 19001 && wait \$!" || fail=1; }
+  "retry 80 0.5 /lab/chain a 60000 10.77.0.1 19000" \
+  "$EXEC $RUNS/@/chain c 60000 19001 & $EXEC $RUNS/@/chain b 60000 19000 10.77.0.1 19001 && wait \$!" || fail=1; }
 
 [ $fail = 0 ] && log "all scenarios passed" || log "some scenarios FAILED"
 exit $fail
