@@ -706,6 +706,7 @@ pub struct ibv_qp_cap {
 
 /// `struct ibv_qp_init_attr`.
 #[repr(C)]
+#[derive(Clone, Copy)]
 pub struct ibv_qp_init_attr {
     /// The application's pointer.
     pub qp_context: *mut c_void,

@@ -142,6 +142,8 @@ pub(crate) struct Context {
     pub(crate) vctx: verbs_context,
     pub(crate) entry: &'static DevEntry,
     dev: Mutex<Option<Device>>,
+    /// QP1 of the device, for librdmacm's IB CM (opened on first use).
+    gsi: Mutex<Option<srdma::ibcm::Gsi>>,
     pub(crate) sink: Arc<Sink>,
 }
 
@@ -266,6 +268,23 @@ impl Context {
                 Err(errno)
             }
         }
+    }
+}
+
+impl Context {
+    /// The device's GSI QP (QP1), opened on first use: librdmacm's CM MADs go through it.
+    pub(crate) fn gsi(&self) -> Result<srdma::ibcm::Gsi, c_int> {
+        let dev = self.device()?;
+        let mut g = lock(&self.gsi);
+        if let Some(gsi) = &*g {
+            return Ok(gsi.clone());
+        }
+        let gsi = srdma::ibcm::Gsi::open(&dev).map_err(|e| {
+            eprintln!("srdma: cannot open QP1 on {}: {e}", self.entry.cfg.name);
+            crate::errno_of(&e)
+        })?;
+        *g = Some(gsi.clone());
+        Ok(gsi)
     }
 }
 
@@ -453,6 +472,7 @@ pub extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
             vctx,
             entry,
             dev: Mutex::new(None),
+            gsi: Mutex::new(None),
             sink: Arc::new(Sink {
                 async_fd,
                 events: Mutex::new(VecDeque::new()),

@@ -63,6 +63,7 @@ pub mod cma_abi;
 mod context;
 #[cfg(test)]
 mod layout_check;
+mod rdmacm;
 mod unsupported;
 mod verbs;
 

@@ -1919,3 +1919,30 @@ unsafe extern "C" fn post_recv(
 
 /// Handles `ibv_ack_async_event` for an event this library raised (nothing to release).
 pub(crate) fn ack_async(_ev: &ibv_async_event) {}
+
+// ---------------------------------------------------------------------------------------
+// For librdmacm (`crate::rdmacm`), which drives QPs it did not create through srdma.
+
+/// The srdma QP behind a live `ibv_qp`, and whether it receives from an SRQ.
+pub(crate) fn qp_of(qp: *mut ibv_qp) -> Option<(srdma::Qp, bool)> {
+    // SAFETY: liveness checked by `back`.
+    let q = unsafe { back::<Qp, _>(qp) }?;
+    // SAFETY: live, checked above.
+    let srq = unsafe { !(*qp).srq.is_null() };
+    Some((q.qp.clone(), srq))
+}
+
+/// `ibv_modify_qp` with srdma's attributes, on a live `ibv_qp` (EINVAL if it is not).
+pub(crate) fn modify_qp(qp: *mut ibv_qp, attr: &QpAttr, mask: AttrMask) -> c_int {
+    // SAFETY: liveness checked by `back`.
+    let Some(q) = (unsafe { back::<Qp, _>(qp) }) else {
+        return libc::EINVAL;
+    };
+    let r = q.qp.modify(attr, mask);
+    // SAFETY: the QP is live; `state` mirrors the srdma state for the application.
+    unsafe { (*qp).state = q.qp.state() as u32 };
+    match r {
+        Ok(()) => 0,
+        Err(e) => errno_of(&e),
+    }
+}

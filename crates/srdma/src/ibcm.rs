@@ -240,15 +240,18 @@ impl Gsi {
             if wc.status.is_success() && self.inner.mr.read(slot * RECV_LEN, &mut buf).is_ok() {
                 if let Ok((hdr, msg)) = CmMsg::parse_mad(&buf[40..]) {
                     let from = grh_source(&buf[..40]);
-                    if let CmMsg::Req(r) = &msg {
-                        if !st.listens.contains(&r.service_id) {
-                            self.reject_unknown(st, from, hdr.tid, r.local_comm_id);
-                            let _ = self.inner.qp.post_recv(RecvWr {
-                                wr_id: slot as u64,
-                                sges: SgeList::one(self.inner.mr.sge(slot * RECV_LEN, RECV_LEN)),
-                            });
-                            continue;
-                        }
+                    let unknown = match &msg {
+                        CmMsg::Req(r) => !st.listens.contains(&r.service_id),
+                        CmMsg::SidrReq(r) => !st.listens.contains(&r.service_id),
+                        _ => false,
+                    };
+                    if unknown {
+                        self.reject_unknown(st, from, hdr.tid, &msg);
+                        let _ = self.inner.qp.post_recv(RecvWr {
+                            wr_id: slot as u64,
+                            sges: SgeList::one(self.inner.mr.sge(slot * RECV_LEN, RECV_LEN)),
+                        });
+                        continue;
                     }
                     if st.backlog.len() >= BACKLOG {
                         st.backlog.pop_front();
@@ -269,17 +272,37 @@ impl Gsi {
 
     /// Answers a REQ for a service nobody listens on: REJ, reason 8 (invalid service ID), as
     /// a kernel's CM does.
-    fn reject_unknown(&self, st: &mut GsiState, to: Gid, tid: u64, remote_comm_id: u32) {
-        let rej = CmMsg::Rej(wire::Rej {
-            local_comm_id: 0,
-            remote_comm_id,
-            message_rejected: 0,
-            rejected_info_length: 0,
-            reason: reason::INVALID_SERVICE_ID,
-            additional_info: [0; 72],
-            private_data: [0; 148],
-        });
-        let _ = self.send_in(st, to, &MadHdr::cm(wire::attr::REJ, tid), &rej);
+    /// A SIDR_REQ for an unknown service gets a SIDR_REP with status 1 (unsupported).
+    fn reject_unknown(&self, st: &mut GsiState, to: Gid, tid: u64, msg: &CmMsg) {
+        let (attr, answer) = match msg {
+            CmMsg::Req(r) => (
+                wire::attr::REJ,
+                CmMsg::Rej(wire::Rej {
+                    local_comm_id: 0,
+                    remote_comm_id: r.local_comm_id,
+                    message_rejected: 0,
+                    rejected_info_length: 0,
+                    reason: reason::INVALID_SERVICE_ID,
+                    additional_info: [0; 72],
+                    private_data: [0; 148],
+                }),
+            ),
+            CmMsg::SidrReq(r) => (
+                wire::attr::SIDR_REP,
+                CmMsg::SidrRep(wire::SidrRep {
+                    request_id: r.request_id,
+                    status: SIDR_UNSUPPORTED,
+                    additional_info_length: 0,
+                    qpn: 0,
+                    service_id: r.service_id,
+                    qkey: 0,
+                    class_port_info: [0; 72],
+                    private_data: [0; 136],
+                }),
+            ),
+            _ => return,
+        };
+        let _ = self.send_in(st, to, &MadHdr::cm(attr, tid), &answer);
     }
 
     /// The first message for which `want` holds, waiting until `deadline`.
@@ -332,6 +355,52 @@ fn mtu_code(m: crate::Mtu) -> u8 {
     m.as_u32() as u8
 }
 
+/// What the peer's REQ (passive side) or REP (active side) asked for: the values of
+/// `rdma_conn_param` in rdma_cm's events.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PeerParams {
+    /// READ/atomic requests the peer accepts in flight.
+    pub responder_resources: u8,
+    /// READ/atomic requests the peer issues in flight.
+    pub initiator_depth: u8,
+    /// End-to-end flow control.
+    pub flow_control: bool,
+    /// Transport retries (REQ only; 0 in a REP).
+    pub retry_count: u8,
+    /// RNR retries.
+    pub rnr_retry_count: u8,
+    /// The peer's QP receives from an SRQ.
+    pub srq: bool,
+    /// The peer's QP.
+    pub qpn: u32,
+}
+
+impl PeerParams {
+    fn of_req(r: &wire::Req) -> PeerParams {
+        PeerParams {
+            responder_resources: r.responder_resources,
+            initiator_depth: r.initiator_depth,
+            flow_control: r.end_to_end_flow_control,
+            retry_count: r.retry_count,
+            rnr_retry_count: r.rnr_retry_count,
+            srq: r.srq,
+            qpn: r.local_qpn,
+        }
+    }
+
+    fn of_rep(r: &wire::Rep) -> PeerParams {
+        PeerParams {
+            responder_resources: r.responder_resources,
+            initiator_depth: r.initiator_depth,
+            flow_control: r.end_to_end_flow_control,
+            retry_count: 0,
+            rnr_retry_count: r.rnr_retry_count,
+            srq: r.srq,
+            qpn: r.local_qpn,
+        }
+    }
+}
+
 /// An established IB CM connection.
 #[derive(Debug)]
 pub struct IbConnection {
@@ -342,6 +411,7 @@ pub struct IbConnection {
     local_comm_id: u32,
     remote_comm_id: u32,
     private_data: Vec<u8>,
+    peer_params: PeerParams,
     state: Mutex<IbState>,
 }
 
@@ -349,6 +419,8 @@ pub struct IbConnection {
 struct IbState {
     events: VecDeque<CmEvent>,
     disconnected: bool,
+    /// The transaction ID of the DREQ this side sent.
+    dreq_tid: Option<u64>,
 }
 
 impl IbConnection {
@@ -359,6 +431,7 @@ impl IbConnection {
         remote: RemoteQp,
         ids: (u32, u32),
         private_data: Vec<u8>,
+        peer_params: PeerParams,
     ) -> IbConnection {
         IbConnection {
             qp,
@@ -368,9 +441,11 @@ impl IbConnection {
             local_comm_id: ids.0,
             remote_comm_id: ids.1,
             private_data,
+            peer_params,
             state: Mutex::new(IbState {
                 events: VecDeque::from([CmEvent::Established]),
                 disconnected: false,
+                dreq_tid: None,
             }),
         }
     }
@@ -388,6 +463,16 @@ impl IbConnection {
     /// The private data of the peer's REQ (after the rdma_cm header) or REP.
     pub fn remote_private_data(&self) -> &[u8] {
         &self.private_data
+    }
+
+    /// What the peer's REQ or REP asked for.
+    pub fn peer_params(&self) -> PeerParams {
+        self.peer_params
+    }
+
+    /// Whether either side has disconnected.
+    pub fn is_disconnected(&self) -> bool {
+        lock(&self.state).disconnected
     }
 
     fn is_ours(&self, i: &Incoming) -> bool {
@@ -409,26 +494,55 @@ impl IbConnection {
             .send(self.peer, &MadHdr::cm(wire::attr::DREP, tid), &msg);
     }
 
-    /// `rdma_disconnect`: the QP to ERR, a DREQ to the peer (sent again until its DREP comes
-    /// or [`MAX_SENDS`] tries pass); then [`CmEvent::Disconnected`].
-    pub fn disconnect(&self) -> Result<(), CmError> {
-        {
-            let st = lock(&self.state);
-            if st.disconnected {
+    /// The first half of `rdma_disconnect`, which returns at once: the QP to ERR and one
+    /// DREQ to the peer (a second call does nothing). [`IbConnection::disconnect`] then
+    /// waits for the DREP.
+    pub fn start_disconnect(&self) -> Result<(), CmError> {
+        let tid = {
+            let mut st = lock(&self.state);
+            if st.disconnected || st.dreq_tid.is_some() {
                 return Ok(());
             }
-        }
+            let tid = crate::random_u64();
+            st.dreq_tid = Some(tid);
+            tid
+        };
         let r = to_error(&self.qp);
-        let tid = crate::random_u64();
+        self.send_dreq(tid)?;
+        r.map_err(CmError::from)
+    }
+
+    fn send_dreq(&self, tid: u64) -> Result<(), CmError> {
         let msg = CmMsg::Dreq(wire::Dreq {
             local_comm_id: self.local_comm_id,
             remote_comm_id: self.remote_comm_id,
             remote_qpn: self.remote.qpn.value(),
             private_data: [0; 220],
         });
-        for _ in 0..MAX_SENDS.min(4) {
-            self.gsi
-                .send(self.peer, &MadHdr::cm(wire::attr::DREQ, tid), &msg)?;
+        self.gsi
+            .send(self.peer, &MadHdr::cm(wire::attr::DREQ, tid), &msg)?;
+        Ok(())
+    }
+
+    /// `rdma_disconnect`: the QP to ERR, a DREQ to the peer (sent again until its DREP comes
+    /// or [`MAX_SENDS`] tries pass); then [`CmEvent::Disconnected`].
+    pub fn disconnect(&self) -> Result<(), CmError> {
+        let sent = {
+            let st = lock(&self.state);
+            if st.disconnected {
+                return Ok(());
+            }
+            st.dreq_tid
+        };
+        let r = match sent {
+            Some(_) => Ok(()),
+            None => self.start_disconnect(),
+        };
+        let tid = lock(&self.state).dreq_tid.unwrap_or_default();
+        for i in 0..MAX_SENDS.min(4) {
+            if i > 0 {
+                self.send_dreq(tid)?;
+            }
             let got = self.gsi.recv(Instant::now() + RESEND, |i| self.is_ours(i));
             match got.map(|i| (i.msg, i.hdr.tid)) {
                 Some((CmMsg::Drep(_), _)) => break,
@@ -443,7 +557,7 @@ impl IbConnection {
         let mut st = lock(&self.state);
         st.disconnected = true;
         st.events.push_back(CmEvent::Disconnected);
-        r.map_err(CmError::from)
+        r
     }
 
     /// The next event: [`CmEvent::Established`] first, then [`CmEvent::Disconnected`] once
@@ -494,15 +608,34 @@ pub fn connect(
     init: &QpInit,
     opts: &ConnectOptions,
 ) -> Result<IbConnection, CmError> {
+    if !pd.device().same(gsi.device()) {
+        return Err(Error::WrongDevice.into());
+    }
+    let qp = pd.create_qp(init)?;
+    let src_port = (random_u32() as u16) | 0x8000;
+    connect_qp(gsi, &qp, server, src_port, init.srq.is_some(), opts)
+}
+
+/// [`connect`] with a QP the caller created (RC or UC, in INIT, receives posted), from rdma_cm
+/// port `src_port` (the rdma_cm header's source port); `srq`: the QP receives from an SRQ.
+/// The QP is moved to ERR if the exchange fails.
+pub fn connect_qp(
+    gsi: &Gsi,
+    qp: &Qp,
+    server: SocketAddr,
+    src_port: u16,
+    srq: bool,
+    opts: &ConnectOptions,
+) -> Result<IbConnection, CmError> {
     opts.check()?;
     let dev = gsi.device();
     if opts.private_data.len() > 92 - wire::CMA_HDR_LEN {
         return Err(CmError::PrivateDataTooLong(opts.private_data.len()));
     }
-    if !pd.device().same(dev) {
+    if !qp.device().same(dev) {
         return Err(Error::WrongDevice.into());
     }
-    let qp = pd.create_qp(init)?;
+    let qp = qp.clone();
     let local = dev.local_gid();
     let peer = Gid::from_ip(server.ip());
     let mtu = opts.offered_mtu(dev);
@@ -514,7 +647,7 @@ pub fn connect(
     CmaHdr {
         cma_version: 0,
         ip_version: if server.ip().is_ipv4() { 4 } else { 6 },
-        src_port: (random_u32() as u16) | 0x8000,
+        src_port,
         src_addr: ip16(dev.local_addr().ip()),
         dst_addr: ip16(server.ip()),
     }
@@ -532,7 +665,7 @@ pub fn connect(
         initiator_depth: initiator,
         remote_eecn: 0,
         remote_cm_response_timeout: 20,
-        transport_service_type: if init.qp_type == QpType::Uc { 1 } else { 0 },
+        transport_service_type: if qp.qp_type() == QpType::Uc { 1 } else { 0 },
         end_to_end_flow_control: false,
         starting_psn: rq_psn.value(),
         local_cm_response_timeout: 20,
@@ -542,7 +675,7 @@ pub fn connect(
         rdc_exists: false,
         rnr_retry_count: opts.rnr_retry,
         max_cm_retries: 15,
-        srq: init.srq.is_some(),
+        srq,
         extended_transport_type: 0,
         primary_local_lid: 0xffff,
         primary_remote_lid: 0xffff,
@@ -610,6 +743,7 @@ pub fn connect(
         remote,
         (comm_id, rep.local_comm_id),
         rep.private_data.to_vec(),
+        PeerParams::of_rep(&rep),
     ))
 }
 
@@ -632,7 +766,14 @@ pub struct IbRequest {
 impl IbListener {
     /// Listens for REQs to rdma_cm port `port` (`rdma_listen`).
     pub fn bind(gsi: &Gsi, port: u16) -> Result<IbListener, Error> {
-        let service_id = wire::service_id(wire::port_space::TCP, port);
+        IbListener::bind_ps(gsi, wire::port_space::TCP, port)
+    }
+
+    /// Listens on `port` of rdma_cm port space `ps`: REQs in the TCP space
+    /// ([`IbListener::accept_request`]), SIDR_REQs in the UDP space
+    /// ([`IbListener::accept_sidr`]).
+    pub fn bind_ps(gsi: &Gsi, ps: u16, port: u16) -> Result<IbListener, Error> {
+        let service_id = wire::service_id(ps, port);
         gsi.device().cm_listen(service_id)?;
         lock(&gsi.inner.state).listens.push(service_id);
         Ok(IbListener {
@@ -665,9 +806,213 @@ impl IbListener {
             _ => Err(CmError::Protocol("not a REQ".into())),
         }
     }
+
+    /// The next SIDR_REQ for this port whose rdma_cm header names this device's address.
+    pub fn accept_sidr(&self, timeout: Duration) -> Result<SidrRequest, CmError> {
+        let me = ip16(self.gsi.device().local_addr().ip());
+        let sid = self.service_id;
+        let got = self
+            .gsi
+            .recv(Instant::now() + timeout, |i| match &i.msg {
+                CmMsg::SidrReq(r) => {
+                    r.service_id == sid
+                        && CmaHdr::parse(&r.private_data).is_ok_and(|h| h.dst_addr == me)
+                }
+                _ => false,
+            })
+            .ok_or(CmError::Timeout)?;
+        match got.msg {
+            CmMsg::SidrReq(req) => Ok(SidrRequest {
+                gsi: self.gsi.clone(),
+                hdr: got.hdr,
+                req,
+                from: got.from,
+            }),
+            _ => Err(CmError::Protocol("not a SIDR_REQ".into())),
+        }
+    }
+}
+
+impl Drop for IbListener {
+    fn drop(&mut self) {
+        let mut st = lock(&self.gsi.inner.state);
+        if let Some(i) = st.listens.iter().position(|&s| s == self.service_id) {
+            st.listens.swap_remove(i);
+        }
+    }
+}
+
+/// A SIDR_REQ (`rdma_connect` on a UD id) waiting for [`SidrRequest::accept`] or
+/// [`SidrRequest::reject`].
+#[derive(Debug)]
+pub struct SidrRequest {
+    gsi: Gsi,
+    hdr: MadHdr,
+    req: wire::SidrReq,
+    from: Gid,
+}
+
+/// SIDR_REP status: the QP is valid.
+pub const SIDR_SUCCESS: u8 = 0;
+/// SIDR_REP status: nobody serves the service ID.
+pub const SIDR_UNSUPPORTED: u8 = 1;
+/// SIDR_REP status: the application rejected the request.
+pub const SIDR_REJECT: u8 = 2;
+
+impl SidrRequest {
+    /// The requester's ID for this resolution (a request sent again carries the same).
+    pub fn request_id(&self) -> u32 {
+        self.req.request_id
+    }
+
+    /// The requester's GID.
+    pub fn from(&self) -> Gid {
+        self.from
+    }
+
+    /// The rdma_cm header (addresses and the requester's port).
+    pub fn cma_hdr(&self) -> Option<CmaHdr> {
+        CmaHdr::parse(&self.req.private_data).ok()
+    }
+
+    /// The application's private data (after the rdma_cm header).
+    pub fn private_data(&self) -> &[u8] {
+        &self.req.private_data[wire::CMA_HDR_LEN..]
+    }
+
+    /// Answers with the UD QP `qpn` and its Q_Key, and private data (at most 136 bytes).
+    pub fn accept(&self, qpn: Qpn, qkey: u32, private_data: &[u8]) -> Result<(), CmError> {
+        self.reply(SIDR_SUCCESS, qpn.value(), qkey, private_data)
+    }
+
+    /// Refuses with `status` ([`SIDR_REJECT`] for the application's own refusal).
+    pub fn reject(&self, status: u8, private_data: &[u8]) -> Result<(), CmError> {
+        self.reply(status, 0, 0, private_data)
+    }
+
+    fn reply(&self, status: u8, qpn: u32, qkey: u32, data: &[u8]) -> Result<(), CmError> {
+        let mut private = [0u8; 136];
+        if data.len() > private.len() {
+            return Err(CmError::PrivateDataTooLong(data.len()));
+        }
+        private[..data.len()].copy_from_slice(data);
+        let rep = CmMsg::SidrRep(wire::SidrRep {
+            request_id: self.req.request_id,
+            status,
+            additional_info_length: 0,
+            qpn,
+            service_id: self.req.service_id,
+            qkey,
+            class_port_info: [0; 72],
+            private_data: private,
+        });
+        self.gsi.send(
+            self.from,
+            &MadHdr::cm(wire::attr::SIDR_REP, self.hdr.tid),
+            &rep,
+        )?;
+        Ok(())
+    }
+}
+
+/// What a SIDR_REP answered.
+#[derive(Debug, Clone)]
+pub struct SidrReply {
+    /// The server's UD QP.
+    pub qpn: Qpn,
+    /// Its Q_Key.
+    pub qkey: u32,
+    /// The server's GID.
+    pub gid: Gid,
+    /// The server's private data.
+    pub private_data: Vec<u8>,
+}
+
+/// `rdma_connect` on a UD id: a SIDR_REQ for rdma_cm port `server` (UDP port space) from
+/// port `src_port`, sent again every [`RESEND`] until the SIDR_REP comes or `timeout`
+/// passes. A SIDR_REP with a non-zero status is [`CmError::Rejected`] with that status.
+pub fn sidr_resolve(
+    gsi: &Gsi,
+    server: SocketAddr,
+    src_port: u16,
+    private_data: &[u8],
+    timeout: Duration,
+) -> Result<SidrReply, CmError> {
+    let dev = gsi.device();
+    let mut private = [0u8; 216];
+    if private_data.len() > private.len() - wire::CMA_HDR_LEN {
+        return Err(CmError::PrivateDataTooLong(private_data.len()));
+    }
+    CmaHdr {
+        cma_version: 0,
+        ip_version: if server.ip().is_ipv4() { 4 } else { 6 },
+        src_port,
+        src_addr: ip16(dev.local_addr().ip()),
+        dst_addr: ip16(server.ip()),
+    }
+    .emit(&mut private);
+    private[wire::CMA_HDR_LEN..wire::CMA_HDR_LEN + private_data.len()]
+        .copy_from_slice(private_data);
+    let request_id = dev.comm_id_prefix() | (random_u32() >> 8);
+    let req = CmMsg::SidrReq(wire::SidrReq {
+        request_id,
+        pkey: 0xffff,
+        service_id: wire::service_id(wire::port_space::UDP, server.port()),
+        private_data: private,
+    });
+    let peer = Gid::from_ip(server.ip());
+    let tid = u64::from(random_u32()) << 32 | u64::from(request_id.swap_bytes());
+    let hdr = MadHdr::cm(wire::attr::SIDR_REQ, tid);
+    let started = Instant::now();
+    for _ in 0..MAX_SENDS {
+        if started.elapsed() >= timeout {
+            break;
+        }
+        gsi.send(peer, &hdr, &req)?;
+        let until = (Instant::now() + RESEND).min(started + timeout);
+        let got = gsi.recv(until, |i| match &i.msg {
+            CmMsg::SidrRep(m) => m.request_id == request_id,
+            _ => false,
+        });
+        if let Some(CmMsg::SidrRep(rep)) = got.map(|i| i.msg) {
+            if rep.status != SIDR_SUCCESS {
+                return Err(CmError::Rejected {
+                    reason: u16::from(rep.status),
+                    private_data: rep.private_data.to_vec(),
+                });
+            }
+            return Ok(SidrReply {
+                qpn: Qpn::new(rep.qpn),
+                qkey: rep.qkey,
+                gid: peer,
+                private_data: rep.private_data.to_vec(),
+            });
+        }
+    }
+    Err(CmError::Timeout)
 }
 
 impl IbRequest {
+    /// The REQ.
+    pub fn req(&self) -> &wire::Req {
+        &self.req
+    }
+
+    /// The requester's GID.
+    pub fn from(&self) -> Gid {
+        self.from
+    }
+
+    /// The rdma_cm header (addresses and the requester's port).
+    pub fn cma_hdr(&self) -> Option<CmaHdr> {
+        CmaHdr::parse(&self.req.private_data).ok()
+    }
+
+    /// What the REQ asks for.
+    pub fn peer_params(&self) -> PeerParams {
+        PeerParams::of_req(&self.req)
+    }
+
     /// The application's private data (after the rdma_cm header).
     pub fn private_data(&self) -> &[u8] {
         &self.req.private_data[wire::CMA_HDR_LEN..]
@@ -774,6 +1119,7 @@ impl IbRequest {
                         remote,
                         (comm_id, req.local_comm_id),
                         req.private_data[wire::CMA_HDR_LEN..].to_vec(),
+                        PeerParams::of_req(&req),
                     ));
                 }
                 Some(CmMsg::Rej(m)) => {

@@ -305,6 +305,11 @@ impl Qp {
     pub fn modify(&self, attr: &QpAttr, mask: AttrMask) -> Result<()> {
         let limits = self.inner.dev.config().limits.clone();
         let mut st = self.inner.dev.lock();
+        // ACKs and responses held back for the application's next post or poll leave
+        // first: moving to ERR (a disconnect) must not swallow the ACK of what was received.
+        self.inner
+            .dev
+            .flush_if_deferred(&mut st, self.inner.qpn.value());
         let slot = st
             .qps
             .get_mut(&self.inner.qpn.value())
