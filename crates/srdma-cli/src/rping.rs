@@ -137,9 +137,9 @@ enum Conn {
 }
 
 impl Conn {
-    fn qp(&self) -> &Qp {
+    fn qp(&self) -> Qp {
         match self {
-            Conn::Tcp(c) => c.qp(),
+            Conn::Tcp(c) => c.qp().clone(),
             Conn::Ib(c) => c.qp(),
         }
     }
@@ -526,7 +526,7 @@ fn run_client(args: &Args, server: SocketAddr, out: &mut impl Write) -> anyhow::
         out,
         format_args!("created qp {:#x}", conn.qp().qpn().value()),
     )?;
-    side.post_recv(conn.qp())?;
+    side.post_recv(&conn.qp())?;
     log.debug(out, format_args!("rdma_connect successful"))?;
     std::thread::scope(|s| {
         let cm = s.spawn(|| cm_thread(&conn, "client", args.debug));
@@ -553,7 +553,7 @@ fn client_loop(
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
     let size = args.size as usize;
-    let qp = conn.qp();
+    let qp = &conn.qp();
     let mut start = b'A';
     let mut ping: u64 = 0;
     let mut data = vec![0u8; size];
@@ -756,7 +756,7 @@ fn server_loop(
     verbose: bool,
     out: &mut impl Write,
 ) -> anyhow::Result<u64> {
-    let qp = conn.qp();
+    let qp = &conn.qp();
     let mut served = 0;
     let mut info = [0u8; INFO_LEN];
     let mut buf = vec![0u8; RPING_BUFSIZE as usize];

@@ -690,6 +690,11 @@ fn failure(id: usize, e: &CmError, ud: bool) -> Box<Event> {
 /// application's `rdma_disconnect`, and reports DISCONNECTED once.
 fn run_connection(sh: Arc<Shared>, conn: IbConnection, established: Box<Event>) {
     let conn = Arc::new(conn);
+    {
+        let mut all = lock(&CONNS);
+        all.retain(|(_, w)| w.strong_count() > 0);
+        all.push((conn.qp().qpn().value(), Arc::downgrade(&conn)));
+    }
     lock(&sh.st).conn = Some(conn.clone());
     sh.push(established);
     loop {
@@ -706,6 +711,23 @@ fn run_connection(sh: Arc<Shared>, conn: IbConnection, established: Box<Event>) 
             return;
         }
     }
+}
+
+/// The connections, by the QPN of their QP: `ibv_destroy_qp` makes them let go of it.
+static CONNS: Mutex<Vec<(u32, std::sync::Weak<IbConnection>)>> = Mutex::new(Vec::new());
+
+/// The application destroyed QP `qpn`: connections over it release it (so its CQs and PD
+/// are free to go).
+pub(crate) fn qp_destroyed(qpn: u32) {
+    lock(&CONNS).retain(|(q, w)| {
+        if *q == qpn {
+            if let Some(c) = w.upgrade() {
+                c.release_qp();
+            }
+            return false;
+        }
+        w.strong_count() > 0
+    });
 }
 
 /// Recent requests a listener delivered, so that a REQ sent again is not a new one.
@@ -1207,7 +1229,10 @@ pub unsafe extern "C" fn rdma_connect(
         }
         lock(&me.sh.st).connecting = true;
         let r = spawn("srdma-cm-connect", move || {
-            match ibcm::connect_qp(&gsi, &qp, dst, src.port(), srq, &o) {
+            let r = ibcm::connect_qp(&gsi, &qp, dst, src.port(), srq, &o);
+            // The connection holds the QP until the application destroys it.
+            drop(qp);
+            match r {
                 Ok(conn) => {
                     let ev = with_conn(
                         event(idp, RDMA_CM_EVENT_ESTABLISHED, 0),
@@ -1285,12 +1310,17 @@ pub unsafe extern "C" fn rdma_accept(
                 lock(&me.sh.st).connecting = true;
                 let idp = me.ptr() as usize;
                 let sh = me.sh.clone();
-                let r = spawn("srdma-cm-accept", move || match r.accept_with(&qp, &o) {
-                    Ok(conn) => {
-                        let ev = event(idp, RDMA_CM_EVENT_ESTABLISHED, 0);
-                        run_connection(sh, conn, ev);
+                let r = spawn("srdma-cm-accept", move || {
+                    let r = r.accept_with(&qp, &o);
+                    // The connection holds the QP until the application destroys it.
+                    drop(qp);
+                    match r {
+                        Ok(conn) => {
+                            let ev = event(idp, RDMA_CM_EVENT_ESTABLISHED, 0);
+                            run_connection(sh, conn, ev);
+                        }
+                        Err(e) => sh.push(failure(idp, &e, false)),
                     }
-                    Err(e) => sh.push(failure(idp, &e, false)),
                 });
                 if let Err(e) = r {
                     return err(e);

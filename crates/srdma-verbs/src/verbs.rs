@@ -1474,6 +1474,8 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
             lock(&ctx.sink.qps).remove(&q.c.qp_base.qp_num);
         }
         pd_users(q.c.qp_base.pd, -1);
+        // An rdma_cm connection over this QP lets go of it too.
+        crate::rdmacm::qp_destroyed(q.c.qp_base.qp_num);
         // SAFETY: live objects came from hand_out::<Qp>.
         drop(unsafe { take_back::<Qp, _>(qp) });
         0

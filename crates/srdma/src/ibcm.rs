@@ -24,7 +24,7 @@
 
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use srdma_proto::{AccessFlags, QpCaps, QpType, RecvWr, SendOp, SendWr, SgeList, UdDest};
@@ -46,8 +46,8 @@ const RECV_SLOTS: usize = 64;
 const RECV_LEN: usize = 40 + wire::MAD_LEN;
 /// Send buffers.
 const SEND_SLOTS: usize = 32;
-/// How often the GSI thread takes in MADs nobody is waiting for.
-const PUMP_EVERY: Duration = Duration::from_millis(20);
+/// The GSI thread wakes on the CQ's events, and at least this often.
+const PUMP_EVERY: Duration = Duration::from_millis(100);
 /// Most messages kept for later askers; a flood pushes the oldest out.
 pub const BACKLOG: usize = 256;
 /// wr_id of sends (receives use their slot index).
@@ -86,6 +86,8 @@ struct GsiInner {
     cq: Cq,
     mr: Mr,
     state: Mutex<GsiState>,
+    /// Signalled when MADs were taken into the backlog.
+    arrived: Condvar,
 }
 
 struct GsiState {
@@ -100,7 +102,8 @@ impl Gsi {
     /// Creates QP1 on `dev` and posts its receives.
     pub fn open(dev: &Device) -> Result<Gsi, Error> {
         let pd = dev.alloc_pd();
-        let cq = dev.create_cq(RECV_SLOTS + SEND_SLOTS + 8, None)?;
+        let chan = crate::CompChannel::new()?;
+        let cq = dev.create_cq(RECV_SLOTS + SEND_SLOTS + 8, Some(&chan))?;
         let mut init = QpInit::new(QpType::Ud, &cq, &cq);
         init.caps = QpCaps {
             max_send_wr: SEND_SLOTS as u32,
@@ -131,22 +134,26 @@ impl Gsi {
                 next_send: 0,
                 listens: Vec::new(),
             }),
+            arrived: Condvar::new(),
         });
         // Someone must take the MADs in even while nobody waits for one: REQs for services
-        // nobody listens on are answered, and the receive ring stays posted. Gone with the
-        // last handle.
+        // nobody listens on are answered, and the receive ring stays posted. The thread
+        // sleeps on the CQ's completion channel; it is gone with the last handle.
         let weak = Arc::downgrade(&inner);
         std::thread::Builder::new()
             .name("srdma-gsi".into())
             .spawn(move || {
                 while let Some(inner) = weak.upgrade() {
                     let g = Gsi { inner };
+                    g.inner.cq.req_notify(false);
                     {
                         let mut st = lock(&g.inner.state);
                         g.pump(&mut st);
                     }
                     drop(g);
-                    std::thread::sleep(PUMP_EVERY);
+                    if chan.get_event(Some(PUMP_EVERY)).is_err() {
+                        std::thread::sleep(PUMP_EVERY);
+                    }
                 }
             })
             .map_err(|e| Error::Io {
@@ -224,9 +231,13 @@ impl Gsi {
         st.backlog.len()
     }
 
-    /// Takes what the QP received into the backlog.
+    /// Takes what the QP received into the backlog (waking [`Gsi::recv`]'s waiters).
     fn pump(&self, st: &mut GsiState) {
-        for wc in self.inner.cq.poll(32) {
+        let wcs = self.inner.cq.poll(64);
+        if wcs.iter().any(|wc| wc.wr_id != SEND_WR) {
+            self.inner.arrived.notify_all();
+        }
+        for wc in wcs {
             if wc.wr_id == SEND_WR {
                 continue;
             }
@@ -307,18 +318,22 @@ impl Gsi {
 
     /// The first message for which `want` holds, waiting until `deadline`.
     pub fn recv(&self, deadline: Instant, want: impl Fn(&Incoming) -> bool) -> Option<Incoming> {
+        let mut st = lock(&self.inner.state);
+        self.pump(&mut st);
         loop {
-            {
-                let mut st = lock(&self.inner.state);
-                self.pump(&mut st);
-                if let Some(i) = st.backlog.iter().position(&want) {
-                    return st.backlog.remove(i);
-                }
+            if let Some(i) = st.backlog.iter().position(&want) {
+                return st.backlog.remove(i);
             }
-            if Instant::now() >= deadline {
+            let now = Instant::now();
+            if now >= deadline {
                 return None;
             }
-            std::thread::sleep(Duration::from_micros(200));
+            st = self
+                .inner
+                .arrived
+                .wait_timeout(st, (deadline - now).min(PUMP_EVERY))
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
         }
     }
 }
@@ -404,7 +419,8 @@ impl PeerParams {
 /// An established IB CM connection.
 #[derive(Debug)]
 pub struct IbConnection {
-    qp: Qp,
+    /// The connected QP, until [`IbConnection::release_qp`].
+    qp: Mutex<Option<Qp>>,
     gsi: Gsi,
     peer: Gid,
     remote: RemoteQp,
@@ -434,7 +450,7 @@ impl IbConnection {
         peer_params: PeerParams,
     ) -> IbConnection {
         IbConnection {
-            qp,
+            qp: Mutex::new(Some(qp)),
             gsi: gsi.clone(),
             peer,
             remote,
@@ -451,8 +467,26 @@ impl IbConnection {
     }
 
     /// The connected QP.
-    pub fn qp(&self) -> &Qp {
-        &self.qp
+    ///
+    /// # Panics
+    /// After [`IbConnection::release_qp`].
+    pub fn qp(&self) -> Qp {
+        lock(&self.qp)
+            .clone()
+            .expect("the QP of this connection was released")
+    }
+
+    /// Lets go of the QP (its owner destroyed it); the connection can still be
+    /// disconnected.
+    pub fn release_qp(&self) {
+        lock(&self.qp).take();
+    }
+
+    fn qp_to_error(&self) -> Result<(), Error> {
+        match &*lock(&self.qp) {
+            Some(qp) => to_error(qp),
+            None => Ok(()),
+        }
     }
 
     /// The peer's QP.
@@ -507,7 +541,7 @@ impl IbConnection {
             st.dreq_tid = Some(tid);
             tid
         };
-        let r = to_error(&self.qp);
+        let r = self.qp_to_error();
         self.send_dreq(tid)?;
         r.map_err(CmError::from)
     }
@@ -577,7 +611,7 @@ impl IbConnection {
             let slice = (Instant::now() + Duration::from_millis(50)).min(deadline);
             if let Some(i) = self.gsi.recv(slice, |i| self.is_ours(i)) {
                 if let CmMsg::Dreq(_) = i.msg {
-                    let _ = to_error(&self.qp);
+                    let _ = self.qp_to_error();
                     self.drep(i.hdr.tid);
                     let mut st = lock(&self.state);
                     st.disconnected = true;
@@ -1055,8 +1089,9 @@ impl IbRequest {
         opts.check()?;
         let dev = self.gsi.device().clone();
         let req = self.req;
-        let mtu = crate::Mtu::from_u32(u32::from(req.path_mtu))
-            .map_or(opts.offered_mtu(&dev), |m| m.min(opts.offered_mtu(&dev)));
+        // The REQ's path MTU is the path's, and both ends use it (the REP cannot tell the
+        // active side of a smaller one), as kernel IB CM does.
+        let mtu = crate::Mtu::from_u32(u32::from(req.path_mtu)).unwrap_or(opts.offered_mtu(&dev));
         let (responder, initiator) = opts.depths(&dev);
         let qp = qp.clone();
         let rq_psn = crate::random_psn();
