@@ -4,7 +4,8 @@
 #
 # Needs: tshark (decode comparisons), iproute2 and nftables (network namespaces, loss), gcc,
 # libibverbs-dev and librdmacm-dev (C programs and layouts against the real headers),
-# ibverbs-utils and perftest (the Debian-built tools the drop-in libibverbs runs).
+# ibverbs-utils, rdmacm-utils and perftest (the Debian-built tools the drop-in libibverbs and
+# librdmacm run).
 # Installing needs root; without root, what
 # is missing is named and the tests that need it skip or fail with that name
 # (SRDMA_SKIP_NETNS=1 and SRDMA_SKIP_TSHARK=1 skip those on purpose).
@@ -20,6 +21,7 @@ command -v gcc >/dev/null || need+=(gcc libc6-dev)
 [ -f /usr/include/rdma/rdma_cma.h ] || need+=(librdmacm-dev)
 command -v ibv_rc_pingpong >/dev/null || need+=(ibverbs-utils)
 command -v ib_write_bw >/dev/null || need+=(perftest)
+command -v rping >/dev/null || need+=(rdmacm-utils)
 if [ ${#need[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         echo "installing: ${need[*]}"

@@ -1,6 +1,7 @@
 //! `srdma exec PROGRAM [ARGS...]`: runs an unmodified verbs program on srdma.
 //!
-//! It puts srdma's drop-in `libibverbs.so.1` (crate `srdma-verbs`) first on the loader's
+//! It puts srdma's drop-in `libibverbs.so.1` and `librdmacm.so.1` (one file, crate
+//! `srdma-verbs`) first on the loader's
 //! path and replaces itself with the program. The library is found as `$SRDMA_LIB` (the file
 //! or its directory), else next to this executable (`libibverbs.so`, where cargo builds it),
 //! else in `../lib/srdma/` beside it (an installed layout). `--device` sets `SRDMA_DEVICES`,
@@ -53,28 +54,36 @@ pub(crate) fn find_library() -> Option<PathBuf> {
     candidates.into_iter().find(|p| p.is_file())
 }
 
-/// A directory holding `libibverbs.so.1` (the SONAME the loader looks for) that links to
-/// `lib`.
+/// The names the drop-in library serves: libibverbs and librdmacm are one file, loaded once.
+const NAMES: [&str; 2] = ["libibverbs.so.1", "librdmacm.so.1"];
+
+/// A directory where `libibverbs.so.1` and `librdmacm.so.1` (the SONAMEs the loader looks
+/// for) link to `lib`.
 pub(crate) fn library_dir(lib: &Path) -> anyhow::Result<PathBuf> {
-    if lib.file_name().is_some_and(|n| n == "libibverbs.so.1") {
-        if let Some(d) = lib.parent() {
+    let lib = lib.canonicalize()?;
+    if let Some(d) = lib.parent() {
+        if NAMES
+            .iter()
+            .all(|n| d.join(n).canonicalize().ok().as_deref() == Some(lib.as_path()))
+        {
             return Ok(d.to_path_buf());
         }
     }
-    let lib = lib.canonicalize()?;
     // SAFETY: getuid has no preconditions.
     let uid = unsafe { libc::getuid() };
     let dir = std::env::temp_dir()
         .join(format!("srdma-{uid}"))
         .join("lib");
     std::fs::create_dir_all(&dir)?;
-    let link = dir.join("libibverbs.so.1");
-    if std::fs::read_link(&link).ok().as_deref() != Some(lib.as_path()) {
-        // Replace atomically: other processes may be starting through the same link.
-        let tmp = dir.join(format!(".libibverbs.so.1.{}", std::process::id()));
-        let _ = std::fs::remove_file(&tmp);
-        std::os::unix::fs::symlink(&lib, &tmp)?;
-        std::fs::rename(&tmp, &link)?;
+    for name in NAMES {
+        let link = dir.join(name);
+        if std::fs::read_link(&link).ok().as_deref() != Some(lib.as_path()) {
+            // Replace atomically: other processes may be starting through the same link.
+            let tmp = dir.join(format!(".{name}.{}", std::process::id()));
+            let _ = std::fs::remove_file(&tmp);
+            std::os::unix::fs::symlink(&lib, &tmp)?;
+            std::fs::rename(&tmp, &link)?;
+        }
     }
     Ok(dir)
 }

@@ -246,6 +246,31 @@ fn route_source(dst: IpAddr) -> Option<IpAddr> {
     s.local_addr().ok().map(|a| a.ip())
 }
 
+/// The device an unbound id resolving toward `dst` uses: the one with the address routing
+/// picks as the source; else, for a destination of this host, its own device; else, for a
+/// loopback destination, a loopback device; else the only device of the family (srdma
+/// devices are often a subset of the host's addresses, e.g. `SRDMA_DEVICES=127.0.0.2`).
+fn source_device(dst: IpAddr) -> Option<usize> {
+    if let Some(d) = route_source(dst).and_then(dev_for) {
+        return Some(d);
+    }
+    if let Some(d) = dev_for(dst) {
+        return Some(d);
+    }
+    let family: Vec<usize> = (0..cm_devs().len())
+        .filter(|&d| cm_devs()[d].addr.is_ipv4() == dst.is_ipv4())
+        .collect();
+    if dst.is_loopback() {
+        if let Some(&d) = family.iter().find(|&&d| cm_devs()[d].addr.is_loopback()) {
+            return Some(d);
+        }
+    }
+    match family[..] {
+        [d] => Some(d),
+        _ => None,
+    }
+}
+
 /// An rdma_cm port for an id bound to port 0, from the kernel's ephemeral range.
 fn any_port() -> u16 {
     32768 + (srdma::random_u64() % 28000) as u16
@@ -987,10 +1012,13 @@ pub unsafe extern "C" fn rdma_resolve_addr(
         let src_ip = src
             .or(bound)
             .map(|a| a.ip())
-            .filter(|ip| !ip.is_unspecified())
-            .or_else(|| route_source(dst.ip()));
+            .filter(|ip| !ip.is_unspecified());
         let port = src.or(bound).map_or(0, |a| a.port());
-        let ev = match src_ip.and_then(dev_for) {
+        let dev = match src_ip {
+            Some(ip) => dev_for(ip),
+            None => source_device(dst.ip()),
+        };
+        let ev = match dev {
             Some(d) => match me.attach(d) {
                 Ok(()) => {
                     let port = if port == 0 { any_port() } else { port };
@@ -2262,10 +2290,12 @@ pub unsafe extern "C" fn rdma_getaddrinfo(
             r.ai_family = a.ai_family;
             // SAFETY: ai_addr is ai_addrlen readable bytes.
             let copy = unsafe { dup_bytes(a.ai_addr.cast(), a.ai_addrlen as usize) };
-            // SAFETY: NULL or a C string from getaddrinfo.
-            let canon = (!a.ai_canonname.is_null())
-                .then(|| unsafe { libc::strdup(a.ai_canonname) })
-                .unwrap_or(std::ptr::null_mut());
+            let canon = if a.ai_canonname.is_null() {
+                std::ptr::null_mut()
+            } else {
+                // SAFETY: a C string from getaddrinfo.
+                unsafe { libc::strdup(a.ai_canonname) }
+            };
             if a.ai_flags & libc::AI_PASSIVE != 0 {
                 r.ai_flags = RAI_PASSIVE;
                 r.ai_src_addr = copy.cast();
@@ -2382,25 +2412,156 @@ pub unsafe extern "C" fn rselect(
     unsafe { libc::select(nfds, readfds, writefds, exceptfds, timeout) }
 }
 
-/// Defines rsockets entry points that fail with ENOSYS, returning `-1` of their type.
-macro_rules! not_implemented {
-    ($($name:ident -> $ty:ty),* $(,)?) => {$(
-        #[doc = concat!("`", stringify!($name), "`: rsockets are not implemented (-1, ENOSYS).")]
-        #[unsafe(no_mangle)]
-        pub extern "C" fn $name() -> $ty {
-            set_errno(libc::ENOSYS);
-            -1
-        }
-    )*};
+/// -1 with errno ENOSYS: what the entry points below return.
+fn nosys<T: From<i8>>() -> T {
+    set_errno(libc::ENOSYS);
+    T::from(-1)
 }
 
-not_implemented!(
-    rsocket -> c_int, rbind -> c_int, rlisten -> c_int, raccept -> c_int, rconnect -> c_int,
-    rshutdown -> c_int, rclose -> c_int, rrecv -> isize, rrecvfrom -> isize,
-    rrecvmsg -> isize, rsend -> isize, rsendto -> isize, rsendmsg -> isize, rread -> isize,
-    rreadv -> isize, rwrite -> isize, rwritev -> isize, rgetpeername -> c_int,
-    rgetsockname -> c_int, rsetsockopt -> c_int, rgetsockopt -> c_int, rfcntl -> c_int,
-    riomap -> i64, riounmap -> c_int, riowrite -> isize,
-    rdma_join_multicast -> c_int, rdma_join_multicast_ex -> c_int,
-    rdma_leave_multicast -> c_int, rdma_create_srq_ex -> c_int,
-);
+// rsockets, multicast and extended SRQs are not implemented: each fails with ENOSYS. (One
+// line each, so that build.rs sees them defined.)
+/// `rsocket`: rsockets are not implemented (-1, ENOSYS).
+#[unsafe(no_mangle)]
+pub extern "C" fn rsocket() -> c_int {
+    nosys()
+}
+/// `rbind`: rsockets are not implemented (-1, ENOSYS).
+#[unsafe(no_mangle)]
+pub extern "C" fn rbind() -> c_int {
+    nosys()
+}
+/// `rlisten`: rsockets are not implemented (-1, ENOSYS).
+#[unsafe(no_mangle)]
+pub extern "C" fn rlisten() -> c_int {
+    nosys()
+}
+/// `raccept`: rsockets are not implemented (-1, ENOSYS).
+#[unsafe(no_mangle)]
+pub extern "C" fn raccept() -> c_int {
+    nosys()
+}
+/// `rconnect`: rsockets are not implemented (-1, ENOSYS).
+#[unsafe(no_mangle)]
+pub extern "C" fn rconnect() -> c_int {
+    nosys()
+}
+/// `rshutdown`: rsockets are not implemented (-1, ENOSYS).
+#[unsafe(no_mangle)]
+pub extern "C" fn rshutdown() -> c_int {
+    nosys()
+}
+/// `rclose`: rsockets are not implemented (-1, ENOSYS).
+#[unsafe(no_mangle)]
+pub extern "C" fn rclose() -> c_int {
+    nosys()
+}
+/// `rrecv`: rsockets are not implemented (-1, ENOSYS).
+#[unsafe(no_mangle)]
+pub extern "C" fn rrecv() -> isize {
+    nosys()
+}
+/// `rrecvfrom`: rsockets are not implemented (-1, ENOSYS).
+#[unsafe(no_mangle)]
+pub extern "C" fn rrecvfrom() -> isize {
+    nosys()
+}
+/// `rrecvmsg`: rsockets are not implemented (-1, ENOSYS).
+#[unsafe(no_mangle)]
+pub extern "C" fn rrecvmsg() -> isize {
+    nosys()
+}
+/// `rsend`: rsockets are not implemented (-1, ENOSYS).
+#[unsafe(no_mangle)]
+pub extern "C" fn rsend() -> isize {
+    nosys()
+}
+/// `rsendto`: rsockets are not implemented (-1, ENOSYS).
+#[unsafe(no_mangle)]
+pub extern "C" fn rsendto() -> isize {
+    nosys()
+}
+/// `rsendmsg`: rsockets are not implemented (-1, ENOSYS).
+#[unsafe(no_mangle)]
+pub extern "C" fn rsendmsg() -> isize {
+    nosys()
+}
+/// `rread`: rsockets are not implemented (-1, ENOSYS).
+#[unsafe(no_mangle)]
+pub extern "C" fn rread() -> isize {
+    nosys()
+}
+/// `rreadv`: rsockets are not implemented (-1, ENOSYS).
+#[unsafe(no_mangle)]
+pub extern "C" fn rreadv() -> isize {
+    nosys()
+}
+/// `rwrite`: rsockets are not implemented (-1, ENOSYS).
+#[unsafe(no_mangle)]
+pub extern "C" fn rwrite() -> isize {
+    nosys()
+}
+/// `rwritev`: rsockets are not implemented (-1, ENOSYS).
+#[unsafe(no_mangle)]
+pub extern "C" fn rwritev() -> isize {
+    nosys()
+}
+/// `rgetpeername`: rsockets are not implemented (-1, ENOSYS).
+#[unsafe(no_mangle)]
+pub extern "C" fn rgetpeername() -> c_int {
+    nosys()
+}
+/// `rgetsockname`: rsockets are not implemented (-1, ENOSYS).
+#[unsafe(no_mangle)]
+pub extern "C" fn rgetsockname() -> c_int {
+    nosys()
+}
+/// `rsetsockopt`: rsockets are not implemented (-1, ENOSYS).
+#[unsafe(no_mangle)]
+pub extern "C" fn rsetsockopt() -> c_int {
+    nosys()
+}
+/// `rgetsockopt`: rsockets are not implemented (-1, ENOSYS).
+#[unsafe(no_mangle)]
+pub extern "C" fn rgetsockopt() -> c_int {
+    nosys()
+}
+/// `rfcntl`: rsockets are not implemented (-1, ENOSYS).
+#[unsafe(no_mangle)]
+pub extern "C" fn rfcntl() -> c_int {
+    nosys()
+}
+/// `riomap`: rsockets are not implemented (-1, ENOSYS).
+#[unsafe(no_mangle)]
+pub extern "C" fn riomap() -> i64 {
+    nosys()
+}
+/// `riounmap`: rsockets are not implemented (-1, ENOSYS).
+#[unsafe(no_mangle)]
+pub extern "C" fn riounmap() -> c_int {
+    nosys()
+}
+/// `riowrite`: rsockets are not implemented (-1, ENOSYS).
+#[unsafe(no_mangle)]
+pub extern "C" fn riowrite() -> isize {
+    nosys()
+}
+/// `rdma_join_multicast`: multicast is not implemented (-1, ENOSYS).
+#[unsafe(no_mangle)]
+pub extern "C" fn rdma_join_multicast() -> c_int {
+    nosys()
+}
+/// `rdma_join_multicast_ex`: multicast is not implemented (-1, ENOSYS).
+#[unsafe(no_mangle)]
+pub extern "C" fn rdma_join_multicast_ex() -> c_int {
+    nosys()
+}
+/// `rdma_leave_multicast`: multicast is not implemented (-1, ENOSYS).
+#[unsafe(no_mangle)]
+pub extern "C" fn rdma_leave_multicast() -> c_int {
+    nosys()
+}
+/// `rdma_create_srq_ex`: extended SRQs are not implemented (-1, ENOSYS).
+#[unsafe(no_mangle)]
+pub extern "C" fn rdma_create_srq_ex() -> c_int {
+    nosys()
+}

@@ -1,0 +1,179 @@
+/* Bad input through librdmacm's API: every call must fail with rdma-core's convention (-1 and
+ * errno, or NULL) and never crash. Prints one line per failed check and "N failures" last.
+ * Usage: cm_bad_input ADDRESS (an address with an srdma device). */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <arpa/inet.h>
+#include <rdma/rdma_cma.h>
+
+static int failures;
+
+#define CHECK(cond, what)                                                   \
+	do {                                                                \
+		if (!(cond)) {                                              \
+			printf("FAIL %s (errno %d %s)\n", what, errno,      \
+			       strerror(errno));                            \
+			failures++;                                         \
+		}                                                           \
+	} while (0)
+
+/* A call that must return -1 with errno `e`. */
+#define EXPECT_ERR(call, e)                                                 \
+	do {                                                                \
+		errno = 0;                                                  \
+		int r_ = (call);                                            \
+		if (r_ != -1 || errno != (e)) {                             \
+			printf("FAIL %s: got %d errno %d, want -1 errno %d\n", \
+			       #call, r_, errno, (e));                      \
+			failures++;                                         \
+		}                                                           \
+	} while (0)
+
+int main(int argc, char **argv)
+{
+	struct rdma_event_channel *ch;
+	struct rdma_cm_id *id, *id2;
+	struct rdma_cm_event *ev;
+	struct sockaddr_in sin;
+	struct rdma_addrinfo hints, *res;
+	char junk[256];
+
+	if (argc < 2) {
+		fprintf(stderr, "usage: %s ADDRESS\n", argv[0]);
+		return 2;
+	}
+
+	/* NULL and foreign pointers. */
+	EXPECT_ERR(rdma_create_id(NULL, NULL, NULL, RDMA_PS_TCP), EINVAL);
+	EXPECT_ERR(rdma_destroy_id(NULL), EINVAL);
+	memset(junk, 0, sizeof junk);
+	EXPECT_ERR(rdma_destroy_id((struct rdma_cm_id *)junk), EINVAL);
+	EXPECT_ERR(rdma_bind_addr(NULL, NULL), EINVAL);
+	EXPECT_ERR(rdma_listen(NULL, 1), EINVAL);
+	EXPECT_ERR(rdma_connect(NULL, NULL), EINVAL);
+	EXPECT_ERR(rdma_accept(NULL, NULL), EINVAL);
+	EXPECT_ERR(rdma_reject(NULL, NULL, 0), EINVAL);
+	EXPECT_ERR(rdma_disconnect(NULL), EINVAL);
+	EXPECT_ERR(rdma_ack_cm_event(NULL), EINVAL);
+	EXPECT_ERR(rdma_ack_cm_event((struct rdma_cm_event *)junk), EINVAL);
+	EXPECT_ERR(rdma_get_cm_event(NULL, &ev), EINVAL);
+	EXPECT_ERR(rdma_resolve_route(NULL, 100), EINVAL);
+	EXPECT_ERR(rdma_create_qp(NULL, NULL, NULL), EINVAL);
+	rdma_destroy_qp(NULL);
+	rdma_destroy_event_channel(NULL);
+	rdma_freeaddrinfo(NULL);
+
+	ch = rdma_create_event_channel();
+	CHECK(ch != NULL, "rdma_create_event_channel");
+	if (!ch)
+		return 1;
+	EXPECT_ERR(rdma_create_id(ch, &id, NULL, 0x4242), EINVAL);
+	CHECK(rdma_create_id(ch, &id, NULL, RDMA_PS_TCP) == 0, "rdma_create_id");
+
+	/* An empty non-blocking channel: EAGAIN, not a hang. */
+	fcntl(ch->fd, F_SETFL, fcntl(ch->fd, F_GETFL) | O_NONBLOCK);
+	EXPECT_ERR(rdma_get_cm_event(ch, &ev), EAGAIN);
+
+	/* Wrong order: connect, accept, reject, disconnect, route before an address. */
+	EXPECT_ERR(rdma_connect(id, NULL), EINVAL);
+	EXPECT_ERR(rdma_accept(id, NULL), EINVAL);
+	EXPECT_ERR(rdma_reject(id, NULL, 0), EINVAL);
+	EXPECT_ERR(rdma_disconnect(id), EINVAL);
+	EXPECT_ERR(rdma_resolve_route(id, 100), EINVAL);
+	EXPECT_ERR(rdma_create_qp(id, NULL, NULL), EINVAL);
+
+	/* An address no srdma device has. */
+	memset(&sin, 0, sizeof sin);
+	sin.sin_family = AF_INET;
+	inet_pton(AF_INET, "192.0.2.77", &sin.sin_addr);
+	EXPECT_ERR(rdma_bind_addr(id, (struct sockaddr *)&sin), EADDRNOTAVAIL);
+	/* A family that is not IP. */
+	sin.sin_family = AF_UNIX;
+	EXPECT_ERR(rdma_bind_addr(id, (struct sockaddr *)&sin), EINVAL);
+
+	/* A good bind, then bad connection parameters: private data over the REQ's 56 bytes. */
+	sin.sin_family = AF_INET;
+	inet_pton(AF_INET, argv[1], &sin.sin_addr);
+	sin.sin_port = htons(7999);
+	CHECK(rdma_bind_addr(id, (struct sockaddr *)&sin) == 0, "rdma_bind_addr");
+	CHECK(id->verbs != NULL, "bound id has a device");
+	CHECK(rdma_get_src_port(id) == htons(7999), "rdma_get_src_port");
+
+	/* Resolving toward our own address works and reports ADDR_RESOLVED. */
+	CHECK(rdma_create_id(ch, &id2, NULL, RDMA_PS_TCP) == 0, "second id");
+	CHECK(rdma_resolve_addr(id2, NULL, (struct sockaddr *)&sin, 1000) == 0,
+	      "rdma_resolve_addr");
+	fcntl(ch->fd, F_SETFL, fcntl(ch->fd, F_GETFL) & ~O_NONBLOCK);
+	CHECK(rdma_get_cm_event(ch, &ev) == 0 && ev->event == RDMA_CM_EVENT_ADDR_RESOLVED &&
+		      ev->id == id2,
+	      "ADDR_RESOLVED");
+	CHECK(rdma_ack_cm_event(ev) == 0, "ack");
+	EXPECT_ERR(rdma_ack_cm_event(ev), EINVAL); /* twice */
+	{
+		struct rdma_conn_param p;
+		char big[200];
+		struct ibv_qp_init_attr qa;
+
+		memset(&qa, 0, sizeof qa);
+		qa.cap.max_send_wr = qa.cap.max_recv_wr = 4;
+		qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+		qa.qp_type = IBV_QPT_RC;
+		CHECK(rdma_create_qp(id2, NULL, &qa) == 0, "rdma_create_qp");
+		CHECK(id2->qp && id2->send_cq && id2->recv_cq && id2->pd, "QP, CQs and PD");
+		EXPECT_ERR(rdma_create_qp(id2, NULL, &qa), EINVAL); /* a second QP */
+		memset(&p, 0, sizeof p);
+		memset(big, 1, sizeof big);
+		p.private_data = big;
+		p.private_data_len = 57;
+		EXPECT_ERR(rdma_connect(id2, &p), EINVAL);
+		rdma_destroy_qp(id2);
+	}
+	CHECK(rdma_destroy_id(id2) == 0, "destroy second id");
+	EXPECT_ERR(rdma_destroy_id(id2), EINVAL); /* twice */
+
+	/* A connect to a port nobody listens on: REJECTED (invalid service ID, 8), not a hang. */
+	CHECK(rdma_create_id(ch, &id2, NULL, RDMA_PS_TCP) == 0, "third id");
+	sin.sin_port = htons(7998);
+	CHECK(rdma_resolve_addr(id2, NULL, (struct sockaddr *)&sin, 1000) == 0, "resolve");
+	CHECK(rdma_get_cm_event(ch, &ev) == 0 && ev->event == RDMA_CM_EVENT_ADDR_RESOLVED,
+	      "ADDR_RESOLVED 2");
+	rdma_ack_cm_event(ev);
+	CHECK(rdma_resolve_route(id2, 1000) == 0, "resolve route");
+	CHECK(rdma_get_cm_event(ch, &ev) == 0 && ev->event == RDMA_CM_EVENT_ROUTE_RESOLVED,
+	      "ROUTE_RESOLVED");
+	rdma_ack_cm_event(ev);
+	{
+		struct ibv_qp_init_attr qa;
+
+		memset(&qa, 0, sizeof qa);
+		qa.cap.max_send_wr = qa.cap.max_recv_wr = 4;
+		qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+		qa.qp_type = IBV_QPT_RC;
+		CHECK(rdma_create_qp(id2, NULL, &qa) == 0, "rdma_create_qp 2");
+	}
+	CHECK(rdma_connect(id2, NULL) == 0, "rdma_connect");
+	CHECK(rdma_get_cm_event(ch, &ev) == 0 && ev->event == RDMA_CM_EVENT_REJECTED &&
+		      ev->status == 8,
+	      "REJECTED with reason 8");
+	rdma_ack_cm_event(ev);
+	rdma_destroy_qp(id2);
+	rdma_destroy_id(id2);
+
+	/* rdma_getaddrinfo of a name that does not resolve: an error, no result. */
+	memset(&hints, 0, sizeof hints);
+	hints.ai_flags = RAI_NUMERICHOST;
+	res = NULL;
+	CHECK(rdma_getaddrinfo("not-an-address", "7471", &hints, &res) != 0 && res == NULL,
+	      "rdma_getaddrinfo of a bad name");
+	CHECK(rdma_getaddrinfo(argv[1], "7471", &hints, &res) == 0 && res->ai_dst_addr,
+	      "rdma_getaddrinfo");
+	rdma_freeaddrinfo(res);
+
+	CHECK(rdma_destroy_id(id) == 0, "destroy id");
+	rdma_destroy_event_channel(ch);
+	printf("%d failures\n", failures);
+	return failures ? 1 : 0;
+}

@@ -1,0 +1,425 @@
+//! Debian's unmodified rdmacm-utils and perftest binaries on the drop-in librdmacm.so.1
+//! (the same file as the drop-in libibverbs.so.1): rping, rdma_server/rdma_client,
+//! ucmatose, udaddy (UD through SIDR), ib_write_bw -R and ib_send_lat -R, on one address,
+//! on two, and between network namespaces; and bad input through the C API.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// A directory where both `libibverbs.so.1` and `librdmacm.so.1` are the drop-in library,
+/// built once per test run.
+fn lib_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let st = Command::new(env!("CARGO"))
+            .args(["build", "-q", "-p", "srdma-verbs"])
+            .current_dir(&root)
+            .status()
+            .expect("running cargo build -p srdma-verbs");
+        assert!(st.success(), "cargo build -p srdma-verbs failed");
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| root.join("target"));
+        let lib = target.join("debug/libibverbs.so").canonicalize().unwrap();
+        let dir = std::env::temp_dir().join(format!("srdma-rdmacm-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for name in ["libibverbs.so.1", "librdmacm.so.1"] {
+            let link = dir.join(name);
+            let _ = std::fs::remove_file(&link);
+            std::os::unix::fs::symlink(&lib, &link).unwrap();
+        }
+        dir
+    })
+}
+
+fn tool(name: &str) -> PathBuf {
+    let p = Path::new("/usr/bin").join(name);
+    assert!(
+        p.exists(),
+        "{} is missing: install rdmacm-utils and perftest (apt-get install rdmacm-utils \
+         perftest), or run scripts/test.sh as root",
+        p.display()
+    );
+    p
+}
+
+fn cmd(prog: &Path, devices: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(prog);
+    c.args(args)
+        .env("LD_LIBRARY_PATH", lib_dir())
+        .env("SRDMA_DEVICES", devices)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+/// The status and the last 3000 bytes of each stream.
+fn text(o: &Output) -> String {
+    let tail = |b: &[u8]| String::from_utf8_lossy(&b[b.len().saturating_sub(3000)..]).into_owned();
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status,
+        tail(&o.stdout),
+        tail(&o.stderr)
+    )
+}
+
+/// Waits for `child` at most `limit`, killing it past that. Its output is read meanwhile
+/// (rping -V prints more than a pipe holds).
+fn wait(mut child: Child, limit: Duration, what: &str) -> Output {
+    use std::io::Read;
+    let drain = |r: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut v);
+            }
+            v
+        })
+    };
+    let out = drain(
+        child
+            .stdout
+            .take()
+            .map(|r| Box::new(r) as Box<dyn Read + Send>),
+    );
+    let err = drain(
+        child
+            .stderr
+            .take()
+            .map(|r| Box::new(r) as Box<dyn Read + Send>),
+    );
+    let start = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break Some(st);
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let o = Output {
+        status: status.unwrap_or_else(|| child.wait().unwrap()),
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
+    };
+    assert!(
+        status.is_some(),
+        "{what} did not finish within {limit:?}\n{}",
+        text(&o)
+    );
+    o
+}
+
+/// Waits (15 s at most) until process `pid` has a thread named `name` (the drop-in names
+/// its rdma_listen threads `srdma-cm-listen`).
+fn wait_thread(pid: u32, name: &str) {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(15) {
+        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+            for t in tasks.flatten() {
+                let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+                if comm.trim() == name {
+                    return;
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("process {pid} never started a {name} thread");
+}
+
+/// Runs a server until it listens, then a client; both must exit 0. An even `net` puts
+/// both on one address (sharing UDP 4791 as processes share a kernel device), an odd one on
+/// two. `{server}` in the client's arguments is the server's address.
+fn pair(prog: &str, net: u8, server: &[&str], client: &[&str]) -> (Output, Output) {
+    let sa = format!("127.0.{net}.1");
+    let ca = if net % 2 == 0 {
+        sa.clone()
+    } else {
+        format!("127.0.{net}.2")
+    };
+    let sargs: Vec<String> = server.iter().map(|a| a.replace("{server}", &sa)).collect();
+    let sargs: Vec<&str> = sargs.iter().map(String::as_str).collect();
+    let srv = cmd(&tool(prog), &sa, &sargs).spawn().unwrap();
+    wait_thread(srv.id(), "srdma-cm-listen");
+    let cargs: Vec<String> = client.iter().map(|a| a.replace("{server}", &sa)).collect();
+    let cargs: Vec<&str> = cargs.iter().map(String::as_str).collect();
+    // The server's output is read while the client runs: rping -V fills a pipe.
+    let what = format!("{prog} server");
+    let s = std::thread::spawn(move || wait(srv, Duration::from_secs(60), &what));
+    let cli = cmd(&tool(prog), &ca, &cargs).spawn().unwrap();
+    let c = wait(cli, Duration::from_secs(60), &format!("{prog} client"));
+    let s = s.join().expect("server wait");
+    assert!(c.status.success(), "{prog} client failed: {}", text(&c));
+    assert!(s.status.success(), "{prog} server failed: {}", text(&s));
+    (s, c)
+}
+
+/// `name version` of what `objdump -T` shows `lib` defining under an RDMACM node.
+fn rdmacm_exports(lib: &Path) -> std::collections::BTreeSet<String> {
+    let o = Command::new("objdump")
+        .arg("-T")
+        .arg(lib)
+        .output()
+        .expect("objdump (binutils)");
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter(|l| l.contains("RDMACM") && !l.contains("*UND*") && !l.contains("*ABS*"))
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() >= 2).then(|| format!("{} {}", f[f.len() - 1], f[f.len() - 2]))
+        })
+        .collect()
+}
+
+/// Every symbol of Debian's librdmacm.so.1, under the same version; and the loader maps the
+/// drop-in once for both names, so rping's rdma_* and ibv_* calls reach one library.
+#[test]
+fn exports_match_debians_librdmacm() {
+    let debian = Path::new("/usr/lib/x86_64-linux-gnu/librdmacm.so.1");
+    assert!(debian.exists(), "install librdmacm1 (rdmacm-utils)");
+    let ours = rdmacm_exports(&lib_dir().join("librdmacm.so.1"));
+    let theirs = rdmacm_exports(debian);
+    let missing: Vec<_> = theirs.difference(&ours).collect();
+    let extra: Vec<_> = ours.difference(&theirs).collect();
+    assert!(missing.is_empty(), "not exported: {missing:?}");
+    assert!(extra.is_empty(), "exported beyond Debian's: {extra:?}");
+    assert!(ours.len() >= 60, "{}", ours.len());
+    let o = Command::new("ldd")
+        .args(["-r", "/usr/bin/rping"])
+        .env("LD_LIBRARY_PATH", lib_dir())
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains(&lib_dir().join("librdmacm.so.1").display().to_string()),
+        "{out}"
+    );
+    assert!(!out.contains("undefined symbol"), "{out}");
+}
+
+#[test]
+fn rping_sizes_and_verify() {
+    for (i, size) in ["64", "4000", "65535"].into_iter().enumerate() {
+        let net = 100 + i as u8;
+        let common = ["-v", "-V", "-C", "10", "-S", size, "-p", "7300"];
+        let mut s = vec!["-s", "-a", "{server}"];
+        s.extend_from_slice(&common);
+        let mut c = vec!["-c", "-a", "{server}"];
+        c.extend_from_slice(&common);
+        let (_, cli) = pair("rping", net, &s, &c);
+        let out = String::from_utf8_lossy(&cli.stdout);
+        let lines = out.lines().filter(|l| l.starts_with("ping data: ")).count();
+        assert_eq!(lines, 10, "{}", text(&cli));
+        // rping's pattern, rotated by the iteration number, as real rping prints it.
+        assert!(
+            out.contains("ping data: rdma-ping-9: JKLMNOPQRSTUVWXYZ"),
+            "{}",
+            text(&cli)
+        );
+    }
+}
+
+/// rdma_server and rdma_client (rdma_create_ep, rdma_get_request and the inline helpers of
+/// rdma_verbs.h), on one address and on two.
+#[test]
+fn rdma_server_and_client() {
+    for net in [112u8, 113] {
+        let sa = format!("127.0.{net}.1");
+        let ca = if net % 2 == 0 {
+            sa.clone()
+        } else {
+            format!("127.0.{net}.2")
+        };
+        let srv = cmd(&tool("rdma_server"), &sa, &["-s", &sa, "-p", "7472"])
+            .spawn()
+            .unwrap();
+        wait_thread(srv.id(), "srdma-cm-listen");
+        let cli = cmd(&tool("rdma_client"), &ca, &["-s", &sa, "-p", "7472"])
+            .spawn()
+            .unwrap();
+        let c = wait(cli, Duration::from_secs(30), "rdma_client");
+        let s = wait(srv, Duration::from_secs(30), "rdma_server");
+        assert!(c.status.success(), "{}", text(&c));
+        assert!(s.status.success(), "{}", text(&s));
+        assert!(String::from_utf8_lossy(&c.stdout).contains("rdma_client: end 0"));
+        assert!(String::from_utf8_lossy(&s.stdout).contains("rdma_server: end 0"));
+    }
+}
+
+#[test]
+fn ucmatose_many_connections() {
+    for net in [114, 115] {
+        let (s, c) = pair(
+            "ucmatose",
+            net,
+            &["-c", "4", "-C", "20", "-S", "1000", "-p", "7474"],
+            &[
+                "-s", "{server}", "-c", "4", "-C", "20", "-S", "1000", "-p", "7474",
+            ],
+        );
+        for o in [&s, &c] {
+            let out = String::from_utf8_lossy(&o.stdout);
+            assert!(out.contains("return status 0"), "{}", text(o));
+        }
+    }
+}
+
+#[test]
+fn udaddy_through_sidr() {
+    for net in [116, 117] {
+        let (s, c) = pair(
+            "udaddy",
+            net,
+            &["-c", "2", "-C", "10"],
+            &["-s", "{server}", "-c", "2", "-C", "10"],
+        );
+        for o in [&s, &c] {
+            let out = String::from_utf8_lossy(&o.stdout);
+            assert!(out.contains("return status 0"), "{}", text(o));
+        }
+    }
+}
+
+#[test]
+fn perftest_over_rdma_cm() {
+    let (_, c) = pair(
+        "ib_write_bw",
+        118,
+        &["-R", "-s", "65536", "-n", "300", "-p", "18700"],
+        &["-R", "-s", "65536", "-n", "300", "-p", "18700", "{server}"],
+    );
+    let out = String::from_utf8_lossy(&c.stdout);
+    assert!(out.contains("65536      300"), "{}", text(&c));
+    let (_, c) = pair(
+        "ib_send_lat",
+        119,
+        &["-R", "-n", "300", "-p", "18701"],
+        &["-R", "-n", "300", "-p", "18701", "{server}"],
+    );
+    let out = String::from_utf8_lossy(&c.stdout);
+    assert!(out.contains(" 2       300"), "{}", text(&c));
+    let (_, c) = pair(
+        "ib_read_bw",
+        120,
+        &["-R", "-s", "4096", "-n", "300", "-p", "18702"],
+        &["-R", "-s", "4096", "-n", "300", "-p", "18702", "{server}"],
+    );
+    assert!(
+        String::from_utf8_lossy(&c.stdout).contains("4096       300"),
+        "{}",
+        text(&c)
+    );
+}
+
+/// Two hosts (network namespaces joined by veth, MTU 1500), each with its own device.
+#[test]
+fn rdma_cm_between_two_namespaces() {
+    if let Some(why) = srdma_netlab::skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let lab = srdma_netlab::Lab::star("rdmacm", 2, 93, 1500).expect("creating namespaces");
+    let (h0, h1) = (&lab.hosts[0], &lab.hosts[1]);
+    let sa = h0.addr.to_string();
+    let in_ns = |h: &srdma_netlab::Host, prog: &str, args: &[String]| {
+        let mut c = h.command(tool(prog));
+        c.args(args)
+            .env("LD_LIBRARY_PATH", lib_dir())
+            .env_remove("SRDMA_DEVICES")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c
+    };
+    let runs: [(&str, &str, &str); 4] = [
+        (
+            "rping",
+            "-s -a {server} -p 7301 -V -C 20 -S 20000",
+            "-c -a {server} -p 7301 -V -C 20 -S 20000",
+        ),
+        (
+            "ucmatose",
+            "-c 2 -C 10 -p 7478",
+            "-s {server} -c 2 -C 10 -p 7478",
+        ),
+        ("udaddy", "-C 10", "-s {server} -C 10"),
+        (
+            "ib_write_bw",
+            "-R -s 65536 -n 300 -p 18703",
+            "-R -s 65536 -n 300 -p 18703 {server}",
+        ),
+    ];
+    for (prog, s, c) in runs {
+        let split = |a: &str| -> Vec<String> {
+            a.split_whitespace()
+                .map(|w| w.replace("{server}", &sa))
+                .collect()
+        };
+        let srv = in_ns(h0, prog, &split(s)).spawn().unwrap();
+        wait_thread(srv.id(), "srdma-cm-listen");
+        let s = std::thread::spawn(move || wait(srv, Duration::from_secs(60), prog));
+        let cli = in_ns(h1, prog, &split(c)).spawn().unwrap();
+        let c = wait(cli, Duration::from_secs(60), prog);
+        let s = s.join().expect("server wait");
+        assert!(c.status.success(), "{prog} client: {}", text(&c));
+        assert!(s.status.success(), "{prog} server: {}", text(&s));
+    }
+}
+
+/// A client with nobody listening is rejected (reason 8, invalid service ID) at once.
+#[test]
+fn rping_without_a_server_is_rejected_quickly() {
+    let start = Instant::now();
+    let o = wait(
+        cmd(
+            &tool("rping"),
+            "127.0.121.1",
+            &["-c", "-a", "127.0.121.1", "-p", "7399", "-C", "1"],
+        )
+        .spawn()
+        .unwrap(),
+        Duration::from_secs(30),
+        "rping",
+    );
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("RDMA_CM_EVENT_REJECTED"), "{}", text(&o));
+}
+
+#[test]
+fn bad_input_through_the_cm_api() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/cm_bad_input.c");
+    let out = lib_dir().join("cm_bad_input");
+    let o = Command::new("cc")
+        .args(["-O1", "-Wall", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .args(["-lrdmacm", "-libverbs"])
+        .output()
+        .expect("running cc: install gcc");
+    assert!(
+        o.status.success(),
+        "compiling (librdmacm-dev?): {}",
+        text(&o)
+    );
+    let o = wait(
+        cmd(&out, "127.0.122.1", &["127.0.122.1"]).spawn().unwrap(),
+        Duration::from_secs(60),
+        "cm_bad_input",
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("0 failures"));
+}
