@@ -35,7 +35,13 @@
 //! stages = ["verify"]
 //! # throttle = "10MiB/s"     # test knob: consume chunks at most this fast
 //! # flip_bit_at_seq = 5      # test knob: flip a payload bit of chunk 5 after the stages
+//! # resume = true            # keep a resume state beside the partial file (`file:` sinks)
 //! ```
+//!
+//! `resume = true` on a `file:` sink makes it keep `<output>.srdma-part` (the partial object)
+//! and `<output>.srdma-partial` (a bitmap of the chunks durably written, see
+//! [`crate::resume`]) when the transfer fails, and pick up from them when the same
+//! configuration runs again: the source then starts at the first chunk that sink lacks.
 //!
 //! Per node, `cm_port` and `udp_port` may override the transfer-wide values (so that several
 //! nodes can share one address). [`Config::parse`] checks everything a node needs before it
@@ -194,6 +200,8 @@ pub struct Node {
     pub throttle: Option<u64>,
     /// Test knob: flip one payload bit of this chunk after the stages.
     pub flip_bit_at_seq: Option<u64>,
+    /// A `file:` sink: keep a resume state beside the partial file and resume from it.
+    pub resume: bool,
 }
 
 impl Node {
@@ -242,6 +250,8 @@ struct RawNode {
     udp_port: Option<i64>,
     throttle: Option<String>,
     flip_bit_at_seq: Option<i64>,
+    #[serde(default)]
+    resume: bool,
 }
 
 /// A size: "1MiB" or a plain integer of bytes.
@@ -403,6 +413,12 @@ impl Config {
             .iter()
             .filter(|n| n.parent.as_deref() == Some(name))
             .collect()
+    }
+
+    /// True when some sink keeps a resume state: the nodes then agree on the chunk the
+    /// transfer starts at before any data moves (see [`crate::resume`]).
+    pub fn resumable(&self) -> bool {
+        self.nodes.iter().any(|n| n.resume)
     }
 
     /// The nodes with a sink, in file order.
@@ -618,6 +634,9 @@ impl Config {
             if let Some(f) = n.flip_bit_at_seq {
                 let _ = writeln!(s, "flip_bit_at_seq = {f}");
             }
+            if n.resume {
+                let _ = writeln!(s, "resume = true");
+            }
         }
         s
     }
@@ -798,6 +817,11 @@ fn validate_nodes(raws: Vec<RawNode>, t: &Transfer) -> Result<Vec<Node>, String>
             ),
             None => None,
         };
+        if r.resume && !r.sink.as_deref().is_some_and(|s| s.starts_with("file:")) {
+            return Err(format!(
+                "{label}: field `resume`: only a `file:` sink can resume (sink = \"file:PATH\")"
+            ));
+        }
         let cm = SocketAddr::new(addr, cm_port);
         if let Some(other) = endpoints.insert(cm, r.name.clone()) {
             return Err(format!(
@@ -830,6 +854,7 @@ fn validate_nodes(raws: Vec<RawNode>, t: &Transfer) -> Result<Vec<Node>, String>
             udp_port,
             throttle,
             flip_bit_at_seq,
+            resume: r.resume,
         });
     }
     Ok(nodes)
@@ -937,6 +962,7 @@ impl GenOptions {
             udp_port: self.transfer.udp_port,
             throttle: None,
             flip_bit_at_seq: None,
+            resume: false,
             name,
         })
     }

@@ -7,6 +7,8 @@
 //! | direction | `t` | fields | when |
 //! |---|---|---|---|
 //! | node → source | `hello` | `node` | first, after connecting |
+//! | node → source | `resume` | `node`, `from`, `note` | a sink, right after `hello`, when some sink of the configuration resumes: the first chunk it lacks |
+//! | source → node | `start` | `from` | when every sink sent `resume`: the chunk the transfer starts at |
 //! | node → source | `progress` | `node`, `bytes`, `chunks` | about every 200 ms |
 //! | node → source | `final` | `node`, `ok`, `bytes`, `committed`, `error`, `failed_hop`, `primary` | once, when the node's part ended |
 //! | source → node | `abort` | `failed_hop`, `error` | at once, when anything failed |
@@ -17,6 +19,10 @@
 //! the node itself (a corrupt chunk caught by its checks, a full disk, a stage that failed); a
 //! `final` with `primary = false` reports the consequence of someone else's failure (the
 //! parent or a child went away), and only names the hop when nothing better is known.
+//!
+//! `resume` and `start` are only exchanged when a sink of the configuration has
+//! `resume = true` ([`crate::resume`]): then every node waits for `start` before it accepts
+//! its parent's connection, so that every ring begins at the same chunk.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
@@ -34,6 +40,12 @@ pub struct SinkStatus {
     pub bytes: u64,
     /// True when every object it received was committed with a matching digest.
     pub committed: bool,
+    /// The chunk the sink resumed from (`None`: it started from the beginning).
+    #[serde(default)]
+    pub resumed_from: Option<u64>,
+    /// Object bytes it received again that an earlier run had already written.
+    #[serde(default)]
+    pub bytes_sent_again: u64,
 }
 
 /// A control message (see the module documentation).
@@ -70,6 +82,26 @@ pub enum Msg {
         failed_hop: Option<String>,
         /// True when the failure happened at this node (not a consequence of another's).
         primary: bool,
+        /// A sink: the chunk it resumed from.
+        #[serde(default)]
+        resumed_from: Option<u64>,
+        /// A sink: object bytes received again that an earlier run had already written.
+        #[serde(default)]
+        bytes_sent_again: u64,
+    },
+    /// A sink tells where it can resume (see [`crate::resume`]).
+    Resume {
+        /// Its name.
+        node: String,
+        /// The first chunk it lacks (0: it needs everything).
+        from: u64,
+        /// Why an earlier state was discarded, if it was.
+        note: Option<String>,
+    },
+    /// The source tells where the transfer starts.
+    Start {
+        /// The first chunk sent.
+        from: u64,
     },
     /// The source stops the transfer.
     Abort {
@@ -119,6 +151,10 @@ pub struct FinalReport {
     pub bytes: u64,
     /// A sink: committed everything.
     pub committed: bool,
+    /// A sink: the chunk it resumed from.
+    pub resumed_from: Option<u64>,
+    /// A sink: object bytes received again that an earlier run had already written.
+    pub bytes_sent_again: u64,
 }
 
 #[derive(Debug, Default)]
@@ -128,6 +164,7 @@ struct NodeSlot {
     progress_bytes: u64,
     final_report: Option<FinalReport>,
     dead: bool,
+    resume: Option<u64>,
 }
 
 #[derive(Debug, Default)]
@@ -135,6 +172,7 @@ struct ServerState {
     nodes: BTreeMap<String, NodeSlot>,
     failures: Vec<Failure>,
     verdict_sent: bool,
+    start: Option<u64>,
 }
 
 /// The source's end: accepts every node's connection and collects their reports.
@@ -254,6 +292,37 @@ impl Server {
         }
     }
 
+    /// Waits until every node in `names` said where it resumes (or reported its end, or died),
+    /// or `deadline` passes; returns the resume points heard.
+    pub fn wait_resume(&self, names: &[String], deadline: Instant) -> BTreeMap<String, u64> {
+        let (m, cv) = &*self.shared;
+        let mut st = lock(m);
+        loop {
+            let all = names.iter().all(|n| {
+                st.nodes
+                    .get(n)
+                    .is_none_or(|s| s.resume.is_some() || s.final_report.is_some() || s.dead)
+            });
+            let now = Instant::now();
+            if all || now >= deadline || !st.failures.is_empty() {
+                return names
+                    .iter()
+                    .filter_map(|n| Some((n.clone(), st.nodes.get(n)?.resume?)))
+                    .collect();
+            }
+            st = cv
+                .wait_timeout(st, deadline - now)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
+
+    /// Tells every node, now and on connecting later, that the transfer starts at `from`.
+    pub fn set_start(&self, from: u64) {
+        lock(&self.shared.0).start = Some(from);
+        self.broadcast(&Msg::Start { from });
+    }
+
     /// Sends `msg` to every connected node.
     pub fn broadcast(&self, msg: &Msg) {
         let line = msg.line();
@@ -292,10 +361,19 @@ fn serve(stream: TcpStream, shared: &Arc<(Mutex<ServerState>, Condvar)>) {
         let mut st = lock(m);
         match msg {
             Msg::Hello { node } => {
+                let start = st.start;
                 if let Some(slot) = st.nodes.get_mut(&node) {
                     slot.writer = writer.try_clone().ok();
                     slot.hello = true;
                     me = Some(node);
+                    if let (Some(from), Some(w)) = (start, slot.writer.as_mut()) {
+                        let _ = w.write_all(&Msg::Start { from }.line());
+                    }
+                }
+            }
+            Msg::Resume { node, from, .. } => {
+                if let Some(slot) = st.nodes.get_mut(&node) {
+                    slot.resume = Some(from);
                 }
             }
             Msg::Progress { node, bytes, .. } => {
@@ -311,12 +389,16 @@ fn serve(stream: TcpStream, shared: &Arc<(Mutex<ServerState>, Condvar)>) {
                 error,
                 failed_hop,
                 primary,
+                resumed_from,
+                bytes_sent_again,
             } => {
                 if let Some(slot) = st.nodes.get_mut(&node) {
                     slot.final_report = Some(FinalReport {
                         ok,
                         bytes,
                         committed,
+                        resumed_from,
+                        bytes_sent_again,
                     });
                 }
                 if !ok {
@@ -327,7 +409,7 @@ fn serve(stream: TcpStream, shared: &Arc<(Mutex<ServerState>, Condvar)>) {
                     });
                 }
             }
-            Msg::Abort { .. } | Msg::Verdict { .. } => {}
+            Msg::Abort { .. } | Msg::Verdict { .. } | Msg::Start { .. } => {}
         }
         cv.notify_all();
     }
@@ -361,6 +443,8 @@ pub struct Heard {
     pub verdict: Option<Msg>,
     /// The control connection closed before a verdict came: the source is gone.
     pub lost: bool,
+    /// The chunk the transfer starts at (when a sink resumes).
+    pub start: Option<u64>,
 }
 
 /// A node's end of the control channel.
@@ -411,6 +495,24 @@ impl Client {
         lock(&self.heard.0).clone()
     }
 
+    /// Waits until the source says where the transfer starts, aborts, the connection is lost,
+    /// or `deadline` passes.
+    pub fn wait_start(&self, deadline: Instant) -> Heard {
+        let (m, cv) = &*self.heard;
+        let mut h = lock(m);
+        while h.start.is_none() && h.abort.is_none() && !h.lost {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            h = cv
+                .wait_timeout(h, deadline - now)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        h.clone()
+    }
+
     /// Waits until the verdict comes, the connection is lost, or `deadline` passes.
     pub fn wait_verdict(&self, deadline: Instant) -> Heard {
         let (m, cv) = &*self.heard;
@@ -454,6 +556,7 @@ fn listen(stream: TcpStream, heard: &Arc<(Mutex<Heard>, Condvar)>) {
                 h.abort = Some((failed_hop, error));
             }
             v @ Msg::Verdict { .. } => h.verdict = Some(v),
+            Msg::Start { from } => h.start = Some(from),
             _ => {}
         }
         cv.notify_all();
@@ -479,6 +582,8 @@ mod tests {
             error: Some("disk full".into()),
             failed_hop: Some("C".into()),
             primary: true,
+            resumed_from: Some(3),
+            bytes_sent_again: 5,
         };
         let line = m.line();
         assert_eq!(line.last(), Some(&b'\n'));
@@ -502,6 +607,8 @@ mod tests {
             error: None,
             failed_hop: None,
             primary: false,
+            resumed_from: None,
+            bytes_sent_again: 0,
         });
         drop(b);
         assert!(server.wait_all(Instant::now() + Duration::from_secs(5), false));

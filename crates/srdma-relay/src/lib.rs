@@ -95,6 +95,7 @@ pub mod digest;
 pub mod launch;
 pub mod node;
 pub mod report;
+pub mod resume;
 pub mod sink;
 pub mod source;
 pub mod stage;

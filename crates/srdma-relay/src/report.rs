@@ -55,6 +55,17 @@ pub struct Report {
     /// Per sink: bytes written and whether it committed (the source's report; others carry
     /// it when the source's verdict reached them).
     pub sinks: BTreeMap<String, SinkStatus>,
+    /// The chunk this run started at when a sink resumed (a sink: the first chunk it
+    /// lacked); `None` for a transfer from the beginning.
+    #[serde(default)]
+    pub resumed_from_chunk: Option<u64>,
+    /// Object bytes sent again: chunks an earlier run had already written at a sink (a sink:
+    /// its own; the source and relays: the most of any sink, from the verdict).
+    #[serde(default)]
+    pub bytes_sent_again: u64,
+    /// Why a sink's earlier resume state was discarded, if it was.
+    #[serde(default)]
+    pub resume_note: Option<String>,
 }
 
 impl Report {
@@ -290,6 +301,16 @@ pub fn human(r: &Report) -> String {
         human_bytes(r.copied_bytes),
         human_bytes(r.forwarded_bytes),
     );
+    if let Some(n) = r.resumed_from_chunk {
+        s.push_str(&format!(
+            "\n  resumed from chunk {n}; bytes sent again: {} ({} bytes)",
+            human_bytes(r.bytes_sent_again),
+            r.bytes_sent_again
+        ));
+    }
+    if let Some(n) = &r.resume_note {
+        s.push_str(&format!("\n  {n}"));
+    }
     if let Some(d) = &r.digest {
         s.push_str(&format!("\n  digest {d}"));
     }
@@ -310,6 +331,12 @@ pub fn human(r: &Report) -> String {
                 "NOT committed"
             }
         ));
+        if let Some(n) = st.resumed_from {
+            s.push_str(&format!(
+                ", resumed from chunk {n}, {} bytes sent again",
+                st.bytes_sent_again
+            ));
+        }
     }
     s
 }
