@@ -1,0 +1,433 @@
+//! Resuming transfers (`resume = true` on a `file:` sink), every node its own process on
+//! loopback addresses, as in `loopback.rs`: this binary re-executes itself as a node (the
+//! ignored test `relay_node_process`).
+//!
+//! Each test uses its own 127.0.5x.0/24 addresses, so the tests can run in parallel.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use srdma_relay::config::Config;
+use srdma_relay::launch::{self, LaunchOptions, NodeResult};
+use srdma_relay::node::{self, NodeOptions};
+use srdma_relay::report::Report;
+use srdma_relay::resume::{self, PartialState};
+use srdma_relay::source::gen_fill;
+
+const ENV_CONFIG: &str = "SRDMA_RELAY_TEST_CONFIG";
+const ENV_NODE: &str = "SRDMA_RELAY_TEST_NODE";
+
+/// The entry point of the node processes the other tests start; does nothing when run by hand.
+#[test]
+#[ignore = "entry point of the node processes the other tests start"]
+fn relay_node_process() {
+    let (Ok(cfg), Ok(name)) = (std::env::var(ENV_CONFIG), std::env::var(ENV_NODE)) else {
+        return;
+    };
+    let opts = NodeOptions {
+        json: true,
+        quiet: true,
+    };
+    std::process::exit(node::run_file(Path::new(&cfg), &name, &opts));
+}
+
+fn node_command(cfg: &Path, name: &str) -> Command {
+    let mut c = Command::new(std::env::current_exe().unwrap());
+    c.args([
+        "relay_node_process",
+        "--exact",
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(ENV_CONFIG, cfg)
+    .env(ENV_NODE, name);
+    c
+}
+
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(tag: &str) -> Scratch {
+        let d = std::env::temp_dir().join(format!("srdma-resume-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        Scratch(d)
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+
+    fn config(&self, text: &str) -> (PathBuf, Config) {
+        let p = self.path("relay.toml");
+        std::fs::write(&p, text).unwrap();
+        let c = Config::load(&p).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        (p, c)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn run(cfg_path: &Path, cfg: &Config) -> BTreeMap<String, NodeResult> {
+    let res = launch::run_all(
+        cfg,
+        |name| node_command(cfg_path, name),
+        &LaunchOptions {
+            show: false,
+            deadline: Duration::from_secs(50),
+        },
+    )
+    .unwrap();
+    res.into_iter().map(|r| (r.name.clone(), r)).collect()
+}
+
+fn report<'a>(r: &'a BTreeMap<String, NodeResult>, name: &str) -> &'a Report {
+    let n = &r[name];
+    n.report
+        .as_ref()
+        .unwrap_or_else(|| panic!("{name} printed no report (exit {:?}): {}", n.code, n.stderr))
+}
+
+fn assert_all_ok(r: &BTreeMap<String, NodeResult>) {
+    for (name, n) in r {
+        assert_eq!(n.code, Some(0), "{name} failed: {}", n.stderr);
+        assert!(report(r, name).ok, "{name}: {:?}", n.report);
+    }
+}
+
+fn node(name: &str, addr: &str, role: &str, parent: Option<&str>, extra: &str) -> String {
+    let mut s = format!("[[node]]\nname = \"{name}\"\naddr = \"{addr}\"\nrole = \"{role}\"\n");
+    if let Some(p) = parent {
+        s.push_str(&format!("parent = \"{p}\"\n"));
+    }
+    s.push_str(extra);
+    s.push('\n');
+    s
+}
+
+const CHUNK: u64 = 64 << 10;
+const SLOTS: u64 = 4;
+const RING: u64 = CHUNK * SLOTS;
+
+fn header(extra: &str) -> String {
+    format!("[transfer]\nchunk_size = {CHUNK}\nslots = {SLOTS}\ntimeout_ms = 3000\n{extra}\n")
+}
+
+fn gen_bytes(len: u64, seed: u64) -> Vec<u8> {
+    let mut v = vec![0u8; len as usize];
+    gen_fill(seed, 0, &mut v);
+    v
+}
+
+/// The sink's output, its part file and its state file do not exist / are as expected.
+fn assert_clean(out: &Path) {
+    assert!(!resume::part_path(out).exists(), "the part file remains");
+    assert!(!resume::state_path(out).exists(), "the state file remains");
+}
+
+/// Writes a resume state for sink `sink` of `cfg` (an object of `len` bytes) holding chunks
+/// 0..=`held` (the start and `held` data chunks), with `part` as the part file's bytes.
+fn craft_state(cfg: &Config, sink: &str, out: &Path, len: u64, held: u64, part: &[u8]) {
+    let fp = resume::fingerprint(cfg, cfg.node(sink).unwrap());
+    let mut st = PartialState::new(fp, CHUNK, len);
+    for k in 0..=held {
+        st.set(k);
+    }
+    st.save(&resume::state_path(out)).unwrap();
+    std::fs::write(resume::part_path(out), part).unwrap();
+}
+
+/// A transfer whose sink is killed (SIGKILL) half-way, then run again with the same
+/// configuration: the sink resumes from its bitmap, the source sends only what is missing
+/// (at most the ring in flight plus the chunks written since the last saved state: two rings),
+/// and the committed object is the source's.
+#[test]
+fn a_killed_sink_resumes_from_its_bitmap() {
+    let d = Scratch::new("kill");
+    let out = d.path("out.bin");
+    let total: u64 = 16 << 20;
+    let text = header("")
+        + &node(
+            "A",
+            "127.0.51.1",
+            "source",
+            None,
+            &format!("source = \"gen:{total}:9\""),
+        )
+        + &node(
+            "C",
+            "127.0.51.3",
+            "sink",
+            Some("A"),
+            &format!(
+                "sink = \"file:{}\"\nresume = true\nthrottle = \"16MiB/s\"\nstages = [\"verify\"]",
+                out.display()
+            ),
+        );
+    let (p, cfg) = d.config(&text);
+
+    // Run 1: kill C once it wrote a quarter of the object.
+    let spawn = |name: &str| -> Child {
+        node_command(&p, name)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (mut c, mut a) = (spawn("C"), spawn("A"));
+    let c_out = BufReader::new(c.stdout.take().unwrap());
+    let start = Instant::now();
+    for line in c_out.lines().map_while(Result::ok) {
+        let bytes = serde_json::from_str::<serde_json::Value>(&line)
+            .ok()
+            .filter(|v| v["event"] == "progress")
+            .and_then(|v| v["bytes"].as_u64());
+        if bytes.is_some_and(|b| b >= total / 4) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "C made no progress"
+        );
+    }
+    c.kill().unwrap(); // SIGKILL: nothing of C's own cleanup runs
+    let _ = c.wait();
+    let a_status = a.wait().unwrap();
+    let a_out = std::io::read_to_string(a.stdout.take().unwrap()).unwrap();
+    assert_eq!(a_status.code(), Some(1), "A should fail when C dies");
+    let a1: Report = a_out
+        .lines()
+        .filter(|l| l.contains("\"report\""))
+        .find_map(|l| serde_json::from_str(l).ok())
+        .expect("A printed no report");
+    assert!(!out.exists(), "nothing may be committed yet");
+    let st = PartialState::load(&resume::state_path(&out))
+        .unwrap()
+        .expect("C left no resume state");
+    let held = st.first_missing();
+    assert!(held > 1, "the state holds no data chunk: {held}");
+    assert!(
+        a1.bytes < total && a1.bytes >= total / 4,
+        "run 1 sent {} bytes",
+        a1.bytes
+    );
+
+    // Run 2: the same configuration.
+    let r = run(&p, &cfg);
+    assert_all_ok(&r);
+    let a2 = report(&r, "A");
+    let c2 = report(&r, "C");
+    assert_eq!(a2.resumed_from_chunk, Some(held), "{a2:?}");
+    assert_eq!(c2.resumed_from_chunk, Some(held), "{c2:?}");
+    assert_eq!(a2.sinks["C"].resumed_from, Some(held));
+    // Exactly the chunks from `held` on were sent.
+    assert_eq!(a2.bytes, total - (held - 1) * CHUNK, "{a2:?}");
+    let sent_again = a1.bytes + a2.bytes - total;
+    eprintln!(
+        "run 1 sent {} bytes, run 2 resumed at chunk {held} and sent {} bytes: {sent_again} \
+         bytes sent again ({} per the sink), ring {RING}",
+        a1.bytes, a2.bytes, c2.bytes_sent_again
+    );
+    assert!(
+        sent_again <= 2 * RING,
+        "{sent_again} bytes sent again, more than two rings ({RING} bytes each)"
+    );
+    assert!(c2.bytes_sent_again <= sent_again, "{c2:?}");
+    assert_eq!(a2.bytes_sent_again, c2.bytes_sent_again);
+    assert!(
+        std::fs::read(&out).unwrap() == gen_bytes(total, 9),
+        "the committed object differs from the source's"
+    );
+    assert_eq!(a2.digest, c2.digest);
+    assert_clean(&out);
+}
+
+/// A state saying chunks 0..=k are held, with the right bytes in the part file (and, past the
+/// bitmap, three more chunks an earlier run wrote but did not record): the transfer through a
+/// relay starts at chunk k+1, the source sends exactly the rest, the sink counts the three
+/// chunks as sent again and commits the source's object. The start is not a multiple of the
+/// ring size, so every ring begins mid-way.
+#[test]
+fn a_saved_state_resumes_through_a_relay() {
+    for (i, forward) in ["send", "write-imm"].into_iter().enumerate() {
+        let d = Scratch::new(&format!("relay{i}"));
+        let out = d.path("out.bin");
+        let total: u64 = 8 << 20;
+        let text = header(&format!("forward = \"{forward}\""))
+            + &node(
+                "A",
+                &format!("127.0.52.{}", 10 * i + 1),
+                "source",
+                None,
+                &format!("source = \"gen:{total}:4\""),
+            )
+            + &node(
+                "B",
+                &format!("127.0.52.{}", 10 * i + 2),
+                "relay",
+                Some("A"),
+                "stages = [\"verify\"]",
+            )
+            + &node(
+                "C",
+                &format!("127.0.52.{}", 10 * i + 3),
+                "sink",
+                Some("B"),
+                &format!("sink = \"file:{}\"\nresume = true", out.display()),
+            );
+        let (p, cfg) = d.config(&text);
+        let want = gen_bytes(total, 4);
+        let held = 37; // data chunks 1..=37
+        let mut part = want[..((held + 3) * CHUNK) as usize].to_vec();
+        part.resize(total as usize, 0);
+        craft_state(&cfg, "C", &out, total, held, &part);
+        let r = run(&p, &cfg);
+        assert_all_ok(&r);
+        for n in ["A", "B", "C"] {
+            assert_eq!(
+                report(&r, n).resumed_from_chunk,
+                Some(held + 1),
+                "{n} ({forward}): {:?}",
+                report(&r, n)
+            );
+        }
+        let a = report(&r, "A");
+        assert_eq!(a.bytes, total - held * CHUNK, "{forward}: {a:?}");
+        assert_eq!(report(&r, "C").bytes_sent_again, 3 * CHUNK, "{forward}");
+        assert_eq!(a.bytes_sent_again, 3 * CHUNK, "{forward}");
+        assert!(
+            std::fs::read(&out).unwrap() == want,
+            "{forward}: copies differ"
+        );
+        assert_eq!(a.digest, report(&r, "C").digest);
+        assert_clean(&out);
+    }
+}
+
+/// A damaged state file and a foreign one (another transfer's) are detected, discarded with a
+/// message, and the transfer from chunk 0 commits the source's object.
+#[test]
+fn a_damaged_or_foreign_state_is_discarded() {
+    let d = Scratch::new("bad");
+    let out = d.path("out.bin");
+    let total: u64 = 4 << 20;
+    let cfg_text = |size: u64| {
+        header("")
+            + &node(
+                "A",
+                "127.0.53.1",
+                "source",
+                None,
+                &format!("source = \"gen:{size}:2\""),
+            )
+            + &node(
+                "C",
+                "127.0.53.3",
+                "sink",
+                Some("A"),
+                &format!("sink = \"file:{}\"\nresume = true", out.display()),
+            )
+    };
+    let want = gen_bytes(total, 2);
+    // A foreign configuration: another object size.
+    let (_, foreign) = d.config(&cfg_text(total + CHUNK));
+    let (p, cfg) = d.config(&cfg_text(total));
+    for case in ["damaged", "foreign"] {
+        let _ = std::fs::remove_file(&out);
+        let mut part = want[..(10 * CHUNK) as usize].to_vec();
+        part.resize(total as usize, 0);
+        if case == "damaged" {
+            craft_state(&cfg, "C", &out, total, 10, &part);
+            let sp = resume::state_path(&out);
+            let mut b = std::fs::read(&sp).unwrap();
+            b[52] ^= 0x04; // a bit of the bitmap
+            std::fs::write(&sp, b).unwrap();
+        } else {
+            craft_state(&foreign, "C", &out, total, 10, &part);
+        }
+        let r = run(&p, &cfg);
+        assert_all_ok(&r);
+        let c = report(&r, "C");
+        let note = c.resume_note.as_deref().unwrap_or("");
+        let why = if case == "damaged" {
+            "checksum mismatch"
+        } else {
+            "another transfer"
+        };
+        assert!(
+            note.contains("discarded the resume state") && note.contains(why),
+            "{case}: {c:?}"
+        );
+        assert!(r["C"].stderr.contains(why), "{case}: {}", r["C"].stderr);
+        assert_eq!(c.resumed_from_chunk, None, "{case}");
+        assert_eq!(
+            report(&r, "A").bytes,
+            total,
+            "{case}: not sent from chunk 0"
+        );
+        assert!(
+            std::fs::read(&out).unwrap() == want,
+            "{case}: copies differ"
+        );
+        assert_clean(&out);
+    }
+}
+
+/// A state that checks out but whose part file holds other bytes: the sink resumes, digests
+/// the whole file at the end, finds the mismatch, commits nothing and discards the state; the
+/// next run starts from chunk 0 and commits.
+#[test]
+fn a_resumed_object_is_verified_whole() {
+    let d = Scratch::new("whole");
+    let out = d.path("out.bin");
+    let total: u64 = 4 << 20;
+    let text = header("")
+        + &node(
+            "A",
+            "127.0.54.1",
+            "source",
+            None,
+            &format!("source = \"gen:{total}:6\""),
+        )
+        + &node(
+            "C",
+            "127.0.54.3",
+            "sink",
+            Some("A"),
+            &format!("sink = \"file:{}\"\nresume = true", out.display()),
+        );
+    let (p, cfg) = d.config(&text);
+    let want = gen_bytes(total, 6);
+    let mut part = want[..(20 * CHUNK) as usize].to_vec();
+    part[12345] ^= 1; // one wrong bit in a chunk the state claims
+    part.resize(total as usize, 0);
+    craft_state(&cfg, "C", &out, total, 20, &part);
+    let r = run(&p, &cfg);
+    for n in ["A", "C"] {
+        assert_eq!(r[n].code, Some(1), "{n}: {}", r[n].stderr);
+    }
+    let a = report(&r, "A");
+    let err = a.error.as_deref().unwrap_or("");
+    assert!(
+        err.contains("digest mismatch at sink C") && err.contains("discarded"),
+        "{a:?}"
+    );
+    assert!(!a.sinks["C"].committed);
+    assert!(!out.exists(), "a wrong object was committed");
+    assert_clean(&out);
+    // Again: from chunk 0 this time.
+    let r = run(&p, &cfg);
+    assert_all_ok(&r);
+    assert_eq!(report(&r, "C").resumed_from_chunk, None);
+    assert_eq!(report(&r, "A").bytes, total);
+    assert!(std::fs::read(&out).unwrap() == want, "copies differ");
+    assert_clean(&out);
+}
