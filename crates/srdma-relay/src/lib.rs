@@ -77,6 +77,25 @@
 //! delivers no chunk or returns no credit for `timeout_ms` is declared dead, and a broken
 //! RDMA connection surfaces as an error completion or a CM disconnect.
 //!
+//! # Resume
+//!
+//! A `file:` sink with `resume = true` ([`resume`]) writes to `<output>.srdma-part` and keeps
+//! `<output>.srdma-partial` beside it: a checksummed bitmap of the chunks durably written
+//! (data fsynced first, then the bitmap saved atomically, every ring's worth of chunks and
+//! when the node fails). When the sink fails or is killed, both stay; run the same
+//! configuration again (every node) and the sink loads the bitmap, tells the source the first
+//! chunk it lacks (`resume` on the control channel), and the source starts the run at the
+//! smallest such chunk over all sinks (`start`), announced to every node before any ring is
+//! set up, so every ring, credit count and sequence check begins there. The source frames the
+//! chunks before the start only to digest them; a resumed sink digests its whole part file
+//! when `OBJECT_END` arrives and commits only on a match (otherwise it removes the part file
+//! and the state: the next run starts from chunk 0). A damaged or foreign state (checksum,
+//! version, fingerprint of source, chunk size and sink, object size, part file size) is
+//! discarded with a message and the sink starts from chunk 0. Reports carry
+//! `resumed_from_chunk` and `bytes_sent_again` (bytes a sink received again that an earlier
+//! run had already written). A sink restarted alone while the source keeps running is not
+//! resumed: the source still aborts the run when a node dies.
+//!
 //! # Reports
 //!
 //! With `--json` a node prints `{"event":"progress","node":..,"bytes":..,"chunks":..}` about
