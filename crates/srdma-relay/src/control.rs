@@ -165,6 +165,8 @@ struct NodeSlot {
     final_report: Option<FinalReport>,
     dead: bool,
     resume: Option<u64>,
+    /// Said hello again after dying: a restarted process.
+    rejoined: bool,
 }
 
 #[derive(Debug, Default)]
@@ -173,6 +175,8 @@ struct ServerState {
     failures: Vec<Failure>,
     verdict_sent: bool,
     start: Option<u64>,
+    /// Nodes whose death the source handles itself (it waits for them to come back).
+    rejoinable: Vec<String>,
 }
 
 /// The source's end: accepts every node's connection and collects their reports.
@@ -317,6 +321,63 @@ impl Server {
         }
     }
 
+    /// Nodes whose silent death (control connection closed without a `final`) is not recorded
+    /// as a failure: the source waits for them to come back ([`Server::wait_rejoin`]).
+    pub fn set_rejoinable(&self, names: &[String]) {
+        lock(&self.shared.0).rejoinable = names.to_vec();
+    }
+
+    /// True when node `name`'s control connection closed without a final report (and it has
+    /// not said hello again since).
+    pub fn is_dead(&self, name: &str) -> bool {
+        lock(&self.shared.0).nodes.get(name).is_some_and(|n| n.dead)
+    }
+
+    /// Rejoinable nodes that died and did not come back, without a final report.
+    pub fn dead_without_final(&self) -> Vec<String> {
+        let st = lock(&self.shared.0);
+        st.nodes
+            .iter()
+            .filter(|(k, v)| v.dead && v.final_report.is_none() && st.rejoinable.contains(k))
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
+    /// Waits until node `name`, restarted after dying, said hello again and where it resumes
+    /// (or `deadline` passes, or another failure is recorded); returns its resume point.
+    pub fn wait_rejoin(&self, name: &str, deadline: Instant) -> Option<u64> {
+        let (m, cv) = &*self.shared;
+        let mut st = lock(m);
+        loop {
+            if let Some(n) = st.nodes.get_mut(name) {
+                if n.rejoined && !n.dead {
+                    if let Some(from) = n.resume {
+                        n.rejoined = false;
+                        return Some(from);
+                    }
+                }
+            }
+            let now = Instant::now();
+            if now >= deadline || !st.failures.is_empty() {
+                return None;
+            }
+            st = cv
+                .wait_timeout(st, deadline - now)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
+
+    /// Sends `msg` to node `name` only.
+    pub fn send_to(&self, name: &str, msg: &Msg) {
+        let line = msg.line();
+        let mut st = lock(&self.shared.0);
+        if let Some(w) = st.nodes.get_mut(name).and_then(|n| n.writer.as_mut()) {
+            let _ = w.set_write_timeout(Some(Duration::from_secs(2)));
+            let _ = w.write_all(&line);
+        }
+    }
+
     /// Tells every node, now and on connecting later, that the transfer starts at `from`.
     pub fn set_start(&self, from: u64) {
         lock(&self.shared.0).start = Some(from);
@@ -366,7 +427,13 @@ fn serve(stream: TcpStream, shared: &Arc<(Mutex<ServerState>, Condvar)>) {
                     slot.writer = writer.try_clone().ok();
                     slot.hello = true;
                     me = Some(node);
-                    if let (Some(from), Some(w)) = (start, slot.writer.as_mut()) {
+                    if slot.dead {
+                        // A restarted process: the source tells it where to start itself.
+                        slot.dead = false;
+                        slot.rejoined = true;
+                        slot.resume = None;
+                        slot.final_report = None;
+                    } else if let (Some(from), Some(w)) = (start, slot.writer.as_mut()) {
                         let _ = w.write_all(&Msg::Start { from }.line());
                     }
                 }
@@ -417,9 +484,12 @@ fn serve(stream: TcpStream, shared: &Arc<(Mutex<ServerState>, Condvar)>) {
     let mut st = lock(m);
     if let Some(name) = me {
         let verdict_sent = st.verdict_sent;
+        let rejoinable = st.rejoinable.contains(&name);
         if let Some(slot) = st.nodes.get_mut(&name) {
             slot.writer = None;
-            if slot.final_report.is_none() && !verdict_sent {
+            if slot.final_report.is_none() && !verdict_sent && rejoinable {
+                slot.dead = true;
+            } else if slot.final_report.is_none() && !verdict_sent {
                 slot.dead = true;
                 st.failures.push(Failure {
                     failed_hop: Some(name.clone()),

@@ -299,6 +299,12 @@ struct NodeRun<'a> {
     resume_note: Option<String>,
     /// A resumable sink's valid state, kept for when the object starts again.
     pending_state: Option<PartialState>,
+    /// The source: chunks below this were sent before a child came back.
+    resend_until: u64,
+    /// The source: object bytes sent again to a child that came back.
+    resent: u64,
+    /// The source: how often its child came back.
+    rejoins: u32,
 }
 
 fn mtu_of(v: u32) -> Mtu {
@@ -360,6 +366,9 @@ impl<'a> NodeRun<'a> {
             start_seq: 0,
             resume_note: None,
             pending_state: None,
+            resend_until: 0,
+            resent: 0,
+            rejoins: 0,
         }
     }
 
@@ -531,20 +540,7 @@ impl<'a> NodeRun<'a> {
         }
         let mut source = None;
         if me.role == Role::Source {
-            let spec = me.source.as_deref().unwrap_or("");
-            let src = source::open(spec)
-                .map_err(|e| Fail::at(&me.name, format!("opening source {spec:?}: {e}")))?;
-            source = Some(SourceState {
-                src,
-                in_place: !matches!(spec, "stdin" | "-"),
-                scratch: Vec::new(),
-                current: None,
-                object: 0,
-                offset: 0,
-                digest: ObjectDigest::new(),
-                digests: Vec::new(),
-                done: false,
-            });
+            source = Some(self.open_source()?);
         }
         if let Some(src) = source.as_mut() {
             self.skip_to_start(src, &buf)?;
@@ -553,7 +549,7 @@ impl<'a> NodeRun<'a> {
             "connected ({} slots of {} bytes per ring)",
             self.slots, self.slot_size
         ));
-        self.data_loop(&cq, &chan, &buf, source)
+        self.data_loop(&cq, &chan, &buf, source, &pd, &init)
     }
 
     /// Prints (always: it is a warning, not progress) and remembers a note about resuming.
@@ -672,6 +668,71 @@ impl<'a> NodeRun<'a> {
             ));
         }
         Ok(None)
+    }
+
+    /// The source: opens its source from the beginning.
+    fn open_source(&self) -> R<SourceState> {
+        let me = self.me;
+        let spec = me.source.as_deref().unwrap_or("");
+        let src = source::open(spec)
+            .map_err(|e| Fail::at(&me.name, format!("opening source {spec:?}: {e}")))?;
+        Ok(SourceState {
+            src,
+            in_place: !matches!(spec, "stdin" | "-"),
+            scratch: Vec::new(),
+            current: None,
+            object: 0,
+            offset: 0,
+            digest: ObjectDigest::new(),
+            digests: Vec::new(),
+            done: false,
+        })
+    }
+
+    /// The source's only child, a resumable sink, died: waits (up to `timeout_ms`) for a
+    /// restarted process of it to say where it resumes, tells it where the transfer starts
+    /// again and connects to it. Returns that chunk.
+    fn rejoin(
+        &mut self,
+        pd: &Pd,
+        init: &QpInit,
+        retired: &mut Vec<srdma_wire::seq::Qpn>,
+    ) -> R<u64> {
+        let me = self.me.name.clone();
+        let child = self
+            .children
+            .pop()
+            .ok_or_else(|| Fail::at(&me, "no child to wait for"))?;
+        let name = child.name.clone();
+        retired.push(child.conn.qp().qpn());
+        let _ = child.conn.disconnect();
+        drop(child);
+        let ms = self.timeout.as_millis();
+        eprintln!("{me}: lost {name}; waiting up to {ms} ms for it to be restarted and resume");
+        let server = self
+            .server
+            .as_ref()
+            .ok_or_else(|| Fail::at(&me, "no control server"))?;
+        let Some(from) = server.wait_rejoin(&name, Instant::now() + self.timeout) else {
+            self.check_outside(false)?;
+            return Err(Fail::at(
+                &name,
+                format!(
+                    "node {name} died (its connections closed) and did not come back within {ms} ms"
+                ),
+            ));
+        };
+        server.send_to(&name, &Msg::Start { from });
+        self.start_seq = from;
+        self.rejoins += 1;
+        eprintln!("{me}: {name} is back; resending from chunk {from}");
+        let node = self
+            .cfg
+            .node(&name)
+            .ok_or_else(|| Fail::at(&me, format!("no node {name}")))?;
+        let dev = self.dev.clone().ok_or_else(|| Fail::at(&me, "no device"))?;
+        self.connect_child(node, &dev, pd, init, Instant::now() + self.timeout)?;
+        Ok(from)
     }
 
     /// A resumable sink continues the object of state `st` at chunk `self.start_seq` (>= 1).
@@ -1059,8 +1120,25 @@ impl<'a> NodeRun<'a> {
         chan: &CompChannel,
         buf: &Mr,
         mut source: Option<SourceState>,
+        pd: &Pd,
+        init: &QpInit,
     ) -> R<()> {
         let slots = self.slots;
+        // The source's only child, a resumable sink, may die and come back (restarted): the
+        // source then waits for it and resends from the first chunk it lacks.
+        let rejoin_child: Option<String> = if source.is_some() && self.children.len() == 1 {
+            self.cfg
+                .node(&self.children[0].name)
+                .filter(|n| n.resume && n.role == Role::Sink)
+                .map(|n| n.name.clone())
+        } else {
+            None
+        };
+        if let (Some(c), Some(server)) = (&rejoin_child, &self.server) {
+            server.set_rejoinable(std::slice::from_ref(c));
+        }
+        let mut retired = Vec::new();
+        let mut lost = false;
         let now = Instant::now();
         let mut ring: Vec<Slot> = vec![
             Slot {
@@ -1101,7 +1179,19 @@ impl<'a> NodeRun<'a> {
             for wc in batch.drain(..) {
                 progressed = true;
                 last_activity = Instant::now();
+                if retired.contains(&wc.qp_num) {
+                    continue; // the connection to a child that died and came back
+                }
                 if wc.status != WcStatus::Success {
+                    if rejoin_child.is_some()
+                        && self
+                            .children
+                            .first()
+                            .is_some_and(|c| c.conn.qp().qpn() == wc.qp_num)
+                    {
+                        lost = true;
+                        continue;
+                    }
                     let peer = self.peer_of(&wc);
                     return Err(Fail::blame(
                         &peer,
@@ -1227,6 +1317,9 @@ impl<'a> NodeRun<'a> {
                     if !ring[s].busy {
                         let seq = next_in;
                         let (len, data, is_eot) = self.fill(src, buf, s, seq, false)?;
+                        if seq < self.resend_until {
+                            self.resent += data;
+                        }
                         let t = Instant::now();
                         self.first_chunk.get_or_insert(t);
                         ring[s] = Slot {
@@ -1348,7 +1441,36 @@ impl<'a> NodeRun<'a> {
                 }
             }
 
-            // 6. Failures elsewhere, dead hops.
+            // 6. Failures elsewhere, dead hops. A child that may come back is waited for.
+            if let Some(name) = &rejoin_child {
+                let finished = eot.is_some_and(|e| self.children.iter().all(|c| c.credits > e));
+                let down = self.children.iter().any(|c| c.down.load(Ordering::Acquire))
+                    || self.server.as_ref().is_some_and(|s| s.is_dead(name));
+                if !finished && (lost || down) {
+                    let from = self.rejoin(pd, init, &mut retired)?;
+                    lost = false;
+                    self.resend_until = self.resend_until.max(next_in);
+                    for sl in ring.iter_mut() {
+                        sl.busy = false;
+                        sl.processed = false;
+                        sl.pending = 0;
+                    }
+                    next_in = from;
+                    next_release = from;
+                    eot = None;
+                    throttle_clock = Instant::now();
+                    last_activity = Instant::now();
+                    // Frame the transfer again up to `from`, from a fresh source.
+                    self.objects = 0;
+                    self.source_digests.clear();
+                    self.live.total.store(0, Ordering::Relaxed);
+                    let mut src = self.open_source()?;
+                    self.skip_to_start(&mut src, buf)?;
+                    source = Some(src);
+                    idle_since = Instant::now();
+                    continue;
+                }
+            }
             let done_with_parent = eot.is_some_and(|e| next_release > e && credits_out == 0);
             self.check_outside(done_with_parent)?;
             for c in &self.children {
@@ -1988,6 +2110,15 @@ impl<'a> NodeRun<'a> {
                 });
             }
             let all = server.wait_all(Instant::now() + grace, result.is_err());
+            for n in server.dead_without_final() {
+                server.record(control::Failure {
+                    failed_hop: Some(n.clone()),
+                    error: format!(
+                        "node {n} died (its control connection closed without a report)"
+                    ),
+                    primary: true,
+                });
+            }
             let failures = server.failures();
             if result.is_ok() && !failures.is_empty() {
                 server.broadcast(&Msg::Abort {
@@ -2013,7 +2144,8 @@ impl<'a> NodeRun<'a> {
                 .values()
                 .map(|s| s.bytes_sent_again)
                 .max()
-                .unwrap_or(0);
+                .unwrap_or(0)
+                .max(self.resent);
             let mut ok = result.is_ok() && failures.is_empty() && all;
             ok &= sinks.values().all(|s| s.committed);
             if ok {

@@ -431,3 +431,183 @@ fn a_resumed_object_is_verified_whole() {
     assert!(std::fs::read(&out).unwrap() == want, "copies differ");
     assert_clean(&out);
 }
+
+/// Reads a child's stdout lines on a thread.
+fn lines_of(c: &mut Child) -> std::sync::mpsc::Receiver<String> {
+    let out = BufReader::new(c.stdout.take().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in out.lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    rx
+}
+
+/// Waits until `rx` shows a progress line with at least `bytes`.
+fn wait_progress(rx: &std::sync::mpsc::Receiver<String>, bytes: u64) {
+    let start = Instant::now();
+    loop {
+        let line = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("no progress within 20 s");
+        let b = serde_json::from_str::<serde_json::Value>(&line)
+            .ok()
+            .filter(|v| v["event"] == "progress")
+            .and_then(|v| v["bytes"].as_u64());
+        if b.is_some_and(|b| b >= bytes) {
+            return;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "no progress");
+    }
+}
+
+fn final_report(rx: &std::sync::mpsc::Receiver<String>) -> Report {
+    rx.iter()
+        .filter(|l| l.contains("\"report\""))
+        .find_map(|l| serde_json::from_str(&l).ok())
+        .expect("no report")
+}
+
+fn wait_exit(c: &mut Child, who: &str, limit: Duration) -> Option<i32> {
+    let t = Instant::now();
+    loop {
+        if let Some(st) = c.try_wait().unwrap() {
+            return st.code();
+        }
+        if t.elapsed() > limit {
+            let _ = c.kill();
+            panic!("{who} still runs after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The sink is killed (SIGKILL) and started again while the source keeps running: the source
+/// waits for it, resends from the first chunk its bitmap lacks (at most two rings again), and
+/// the transfer commits the source's object.
+#[test]
+fn a_sink_restarted_while_the_source_runs_catches_up() {
+    let d = Scratch::new("rejoin");
+    let out = d.path("out.bin");
+    let total: u64 = 16 << 20;
+    let text = header("")
+        + &node(
+            "A",
+            "127.0.55.1",
+            "source",
+            None,
+            &format!("source = \"gen:{total}:8\""),
+        )
+        + &node(
+            "C",
+            "127.0.55.3",
+            "sink",
+            Some("A"),
+            &format!(
+                "sink = \"file:{}\"\nresume = true\nthrottle = \"16MiB/s\"",
+                out.display()
+            ),
+        );
+    let (p, _cfg) = d.config(&text);
+    let spawn = |name: &str| -> Child {
+        node_command(&p, name)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut c1 = spawn("C");
+    let mut a = spawn("A");
+    let c1_lines = lines_of(&mut c1);
+    let a_lines = lines_of(&mut a);
+    wait_progress(&c1_lines, total / 4);
+    c1.kill().unwrap();
+    let _ = c1.wait();
+    let held = PartialState::load(&resume::state_path(&out))
+        .unwrap()
+        .expect("C left no resume state")
+        .first_missing();
+    let mut c2 = spawn("C");
+    let c2_lines = lines_of(&mut c2);
+    assert_eq!(
+        wait_exit(&mut c2, "C", Duration::from_secs(30)),
+        Some(0),
+        "{}",
+        std::io::read_to_string(c2.stderr.take().unwrap()).unwrap()
+    );
+    let a_code = wait_exit(&mut a, "A", Duration::from_secs(30));
+    let a_err = std::io::read_to_string(a.stderr.take().unwrap()).unwrap();
+    assert_eq!(a_code, Some(0), "{a_err}");
+    let ar = final_report(&a_lines);
+    let cr = final_report(&c2_lines);
+    assert!(ar.ok && cr.ok, "{ar:?} {cr:?}");
+    assert!(a_err.contains("lost C"), "{a_err}");
+    assert_eq!(ar.resumed_from_chunk, Some(held), "{ar:?}");
+    assert_eq!(cr.resumed_from_chunk, Some(held), "{cr:?}");
+    assert!(held > 1);
+    eprintln!(
+        "C restarted: resumed at chunk {held}, the source sent {} bytes in all for {total}, \
+         {} bytes sent again (ring {RING})",
+        ar.bytes, ar.bytes_sent_again
+    );
+    // The source counts what it sent twice; it is all it sent beyond the object.
+    assert_eq!(ar.bytes - total, ar.bytes_sent_again, "{ar:?}");
+    assert!(ar.bytes_sent_again <= 2 * RING, "{ar:?}");
+    assert!(ar.sinks["C"].committed);
+    assert!(
+        std::fs::read(&out).unwrap() == gen_bytes(total, 8),
+        "the committed object differs from the source's"
+    );
+    assert_clean(&out);
+}
+
+/// The sink is killed and not started again: the source waits `timeout_ms` and then fails,
+/// naming the sink; the sink's partial object and state stay for a later run.
+#[test]
+fn a_sink_that_does_not_come_back_fails_the_transfer() {
+    let d = Scratch::new("gone");
+    let out = d.path("out.bin");
+    let text = "[transfer]\nchunk_size = 65536\nslots = 4\ntimeout_ms = 1000\n".to_string()
+        + &node("A", "127.0.56.1", "source", None, "source = \"gen:16MiB\"")
+        + &node(
+            "C",
+            "127.0.56.3",
+            "sink",
+            Some("A"),
+            &format!(
+                "sink = \"file:{}\"\nresume = true\nthrottle = \"16MiB/s\"",
+                out.display()
+            ),
+        );
+    let (p, _cfg) = d.config(&text);
+    let spawn = |name: &str| -> Child {
+        node_command(&p, name)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut c = spawn("C");
+    let mut a = spawn("A");
+    let c_lines = lines_of(&mut c);
+    let a_lines = lines_of(&mut a);
+    wait_progress(&c_lines, 2 << 20);
+    c.kill().unwrap();
+    let killed = Instant::now();
+    let _ = c.wait();
+    assert_eq!(wait_exit(&mut a, "A", Duration::from_secs(20)), Some(1));
+    assert!(killed.elapsed() >= Duration::from_millis(900));
+    let ar = final_report(&a_lines);
+    assert!(!ar.ok);
+    assert_eq!(ar.failed_hop.as_deref(), Some("C"), "{ar:?}");
+    assert!(
+        ar.error
+            .as_deref()
+            .unwrap_or("")
+            .contains("did not come back"),
+        "{ar:?}"
+    );
+    assert!(!out.exists());
+    assert!(resume::state_path(&out).exists() && resume::part_path(&out).exists());
+}
