@@ -611,3 +611,73 @@ fn a_sink_that_does_not_come_back_fails_the_transfer() {
     assert!(!out.exists());
     assert!(resume::state_path(&out).exists() && resume::part_path(&out).exists());
 }
+
+/// Two sinks under the source with different saved states: the run starts at the smaller
+/// first missing chunk, the sink that holds more counts the chunks it received again (and
+/// does not rewrite them), and both commit the source's object. Without any state at one
+/// sink, the run starts from chunk 0 and the other sink still continues its partial file.
+#[test]
+fn two_sinks_start_at_the_smaller_resume_point() {
+    let d = Scratch::new("two");
+    let total: u64 = 4 << 20;
+    let (oc, od) = (d.path("c.bin"), d.path("d.bin"));
+    let text = header("")
+        + &node(
+            "A",
+            "127.0.57.1",
+            "source",
+            None,
+            &format!("source = \"gen:{total}:3\""),
+        )
+        + &node(
+            "C",
+            "127.0.57.3",
+            "sink",
+            Some("A"),
+            &format!("sink = \"file:{}\"\nresume = true", oc.display()),
+        )
+        + &node(
+            "D",
+            "127.0.57.4",
+            "sink",
+            Some("A"),
+            &format!("sink = \"file:{}\"\nresume = true", od.display()),
+        );
+    let (p, cfg) = d.config(&text);
+    let want = gen_bytes(total, 3);
+    let part = |held: u64| {
+        let mut v = want[..(held * CHUNK) as usize].to_vec();
+        v.resize(total as usize, 0);
+        v
+    };
+    // C holds data chunks 1..=30, D 1..=10: the run starts at chunk 11.
+    craft_state(&cfg, "C", &oc, total, 30, &part(30));
+    craft_state(&cfg, "D", &od, total, 10, &part(10));
+    let r = run(&p, &cfg);
+    assert_all_ok(&r);
+    let a = report(&r, "A");
+    assert_eq!(a.resumed_from_chunk, Some(11), "{a:?}");
+    assert_eq!(a.bytes, total - 10 * CHUNK);
+    assert_eq!(report(&r, "C").bytes_sent_again, 20 * CHUNK);
+    assert_eq!(report(&r, "D").bytes_sent_again, 0);
+    assert_eq!(a.sinks["C"].bytes_sent_again, 20 * CHUNK);
+    assert_eq!(a.bytes_sent_again, 20 * CHUNK);
+    for o in [&oc, &od] {
+        assert!(std::fs::read(o).unwrap() == want, "{o:?} differs");
+        assert_clean(o);
+    }
+    // Only C holds something: everything is sent, C continues its file.
+    std::fs::remove_file(&oc).unwrap();
+    std::fs::remove_file(&od).unwrap();
+    craft_state(&cfg, "C", &oc, total, 30, &part(30));
+    let r = run(&p, &cfg);
+    assert_all_ok(&r);
+    let a = report(&r, "A");
+    assert_eq!(a.bytes, total);
+    assert_eq!(report(&r, "C").resumed_from_chunk, Some(0));
+    assert_eq!(report(&r, "C").bytes_sent_again, 30 * CHUNK);
+    for o in [&oc, &od] {
+        assert!(std::fs::read(o).unwrap() == want, "{o:?} differs");
+        assert_clean(o);
+    }
+}
