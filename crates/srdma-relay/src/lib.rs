@@ -91,10 +91,21 @@
 //! when `OBJECT_END` arrives and commits only on a match (otherwise it removes the part file
 //! and the state: the next run starts from chunk 0). A damaged or foreign state (checksum,
 //! version, fingerprint of source, chunk size and sink, object size, part file size) is
-//! discarded with a message and the sink starts from chunk 0. Reports carry
+//! discarded with a message and the sink starts from chunk 0; a source whose object changed
+//! under the same configuration (a `file:` source rewritten) is caught at the first chunk
+//! (its size) or at the end (the digest): the run fails saying so, and the state is
+//! discarded, so the next run starts from chunk 0. Reports carry
 //! `resumed_from_chunk` and `bytes_sent_again` (bytes a sink received again that an earlier
-//! run had already written). A sink restarted alone while the source keeps running is not
-//! resumed: the source still aborts the run when a node dies.
+//! run had already written; the source: the most of any sink, or what it resent itself).
+//!
+//! A resumable sink that is the source's only child may also be restarted alone while the
+//! source keeps running: when its process dies (control connection closed without a final
+//! report, RDMA connection lost), the source waits up to `timeout_ms` for a new process of it
+//! to say where it resumes, tells it where the run continues, connects to it again, re-opens
+//! its source (framing the chunks before that point only to digest them) and resends from the
+//! first chunk the sink's bitmap lacks (not with a `stdin` source, which cannot be read
+//! again). Any other node that dies (a relay, a sink below a
+//! relay, a sink with siblings, a `relay+sink`) still aborts the run as described above.
 //!
 //! # Reports
 //!

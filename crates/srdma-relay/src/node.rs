@@ -303,8 +303,6 @@ struct NodeRun<'a> {
     resend_until: u64,
     /// The source: object bytes sent again to a child that came back.
     resent: u64,
-    /// The source: how often its child came back.
-    rejoins: u32,
 }
 
 fn mtu_of(v: u32) -> Mtu {
@@ -368,7 +366,6 @@ impl<'a> NodeRun<'a> {
             pending_state: None,
             resend_until: 0,
             resent: 0,
-            rejoins: 0,
         }
     }
 
@@ -724,7 +721,6 @@ impl<'a> NodeRun<'a> {
         };
         server.send_to(&name, &Msg::Start { from });
         self.start_seq = from;
-        self.rejoins += 1;
         eprintln!("{me}: {name} is back; resending from chunk {from}");
         let node = self
             .cfg
@@ -1126,7 +1122,9 @@ impl<'a> NodeRun<'a> {
         let slots = self.slots;
         // The source's only child, a resumable sink, may die and come back (restarted): the
         // source then waits for it and resends from the first chunk it lacks.
-        let rejoin_child: Option<String> = if source.is_some() && self.children.len() == 1 {
+        // (A stream source cannot be read again: no waiting then.)
+        let rereadable = source.as_ref().is_some_and(|s| s.in_place);
+        let rejoin_child: Option<String> = if rereadable && self.children.len() == 1 {
             self.cfg
                 .node(&self.children[0].name)
                 .filter(|n| n.resume && n.role == Role::Sink)

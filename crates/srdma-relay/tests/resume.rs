@@ -681,3 +681,47 @@ fn two_sinks_start_at_the_smaller_resume_point() {
         assert_clean(o);
     }
 }
+
+/// Measures what keeping the resume state costs: the same transfer to a file sink without and
+/// with `resume = true`, twice each, alternating. Run it by hand on a release build:
+/// `cargo test --release -p srdma-relay --test resume resume_overhead -- --ignored --nocapture`
+/// (`SRDMA_RESUME_BENCH_SIZE` sets the size, default 256MiB).
+#[test]
+#[ignore = "a measurement, not a check"]
+fn resume_overhead() {
+    let size = std::env::var("SRDMA_RESUME_BENCH_SIZE").unwrap_or_else(|_| "256MiB".into());
+    let d = Scratch::new("bench");
+    let out = d.path("out.bin");
+    for round in 0..2 {
+        for resume in [false, true] {
+            let _ = std::fs::remove_file(&out);
+            let text = "[transfer]\ntimeout_ms = 10000\n".to_string()
+                + &node(
+                    "A",
+                    "127.0.58.1",
+                    "source",
+                    None,
+                    &format!("source = \"gen:{size}\""),
+                )
+                + &node(
+                    "C",
+                    "127.0.58.3",
+                    "sink",
+                    Some("A"),
+                    &format!("sink = \"file:{}\"\nresume = {resume}", out.display()),
+                );
+            let (p, cfg) = d.config(&text);
+            let t = Instant::now();
+            let r = run(&p, &cfg);
+            let wall = t.elapsed().as_secs_f64();
+            assert_all_ok(&r);
+            let c = report(&r, "C");
+            eprintln!(
+                "round {round} resume={resume}: {size} in {:.3} s at the sink, {:.0} MiB/s, \
+                 {wall:.2} s wall",
+                c.seconds,
+                c.throughput_mbps * 1e6 / 8.0 / 1_048_576.0
+            );
+        }
+    }
+}
