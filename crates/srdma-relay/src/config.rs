@@ -1083,6 +1083,24 @@ sink = "discard"
     }
 
     #[test]
+    fn resume_needs_a_file_sink_and_round_trips() {
+        let e = bad(&GOOD.replace("sink = \"discard\"", "sink = \"discard\"\nresume = true"));
+        assert!(e.contains("\"C\"") && e.contains("`resume`"), "{e}");
+        let e = bad(&GOOD.replace("stages = [\"verify\"]", "stages = []\nresume = true"));
+        assert!(e.contains("\"B\"") && e.contains("`resume`"), "{e}");
+        let c = Config::parse(GOOD, "t.toml").unwrap();
+        assert!(!c.resumable());
+        let text = GOOD.replace(
+            "sink = \"discard\"",
+            "sink = \"file:/tmp/x\"\nresume = true",
+        );
+        let c = Config::parse(&text, "t.toml").unwrap();
+        assert!(c.resumable() && c.node("C").unwrap().resume);
+        let again = Config::parse(&c.to_toml(), "t.toml").unwrap();
+        assert_eq!(again.nodes, c.nodes);
+    }
+
+    #[test]
     fn errors_name_file_node_and_field() {
         let e = bad(&GOOD.replace("parent = \"B\"", "parent = \"X\""));
         assert!(e.starts_with("bad.toml: "), "{e}");

@@ -662,6 +662,60 @@ mod tests {
     }
 
     #[test]
+    fn start_reaches_early_and_late_nodes_and_a_restarted_node_rejoins() {
+        let server =
+            Server::bind("127.0.0.1:0".parse().unwrap(), &["B".into(), "C".into()]).unwrap();
+        let addr = server.local_addr();
+        let soon = || Instant::now() + Duration::from_secs(5);
+        let c = Client::connect(addr, "C", soon()).unwrap();
+        c.send(&Msg::Resume {
+            node: "C".into(),
+            from: 7,
+            note: None,
+        });
+        let got = server.wait_resume(&["C".into()], soon());
+        assert_eq!(got.get("C"), Some(&7));
+        server.set_rejoinable(&["C".into()]);
+        server.set_start(7);
+        assert_eq!(c.wait_start(soon()).start, Some(7));
+        // A node connecting after the start was set hears it too.
+        let b = Client::connect(addr, "B", soon()).unwrap();
+        assert_eq!(b.wait_start(soon()).start, Some(7));
+        // C dies: no failure (it may come back), but it is dead.
+        drop(c);
+        let t = Instant::now();
+        while !server.is_dead("C") {
+            assert!(t.elapsed() < Duration::from_secs(5), "C's death not seen");
+            thread::sleep(Duration::from_millis(10));
+        }
+        assert!(server.failures().is_empty());
+        assert_eq!(server.dead_without_final(), ["C"]);
+        // A restarted C is not told the old start; it says where it resumes, is told anew.
+        let c2 = Client::connect(addr, "C", soon()).unwrap();
+        c2.send(&Msg::Resume {
+            node: "C".into(),
+            from: 9,
+            note: None,
+        });
+        assert_eq!(server.wait_rejoin("C", soon()), Some(9));
+        assert_eq!(c2.heard().start, None);
+        server.send_to("C", &Msg::Start { from: 9 });
+        assert_eq!(c2.wait_start(soon()).start, Some(9));
+        assert!(!server.is_dead("C"));
+        // B, not rejoinable, dying is a failure.
+        drop(b);
+        let t = Instant::now();
+        while server.failures().is_empty() {
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "B's death not recorded"
+            );
+            thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(server.failures()[0].failed_hop.as_deref(), Some("B"));
+    }
+
+    #[test]
     fn a_node_that_vanishes_is_reported_dead() {
         let server =
             Server::bind("127.0.0.1:0".parse().unwrap(), &["B".into(), "C".into()]).unwrap();

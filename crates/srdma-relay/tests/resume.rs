@@ -725,3 +725,66 @@ fn resume_overhead() {
         }
     }
 }
+
+/// The source is killed mid-transfer: the sink notices, saves its bitmap, keeps the partial
+/// object (saying so), and the rerun of the whole configuration resumes where it stopped.
+#[test]
+fn a_killed_source_leaves_a_resumable_sink() {
+    let d = Scratch::new("srckill");
+    let out = d.path("out.bin");
+    let total: u64 = 16 << 20;
+    let text = header("")
+        + &node(
+            "A",
+            "127.0.59.1",
+            "source",
+            None,
+            &format!("source = \"gen:{total}:12\""),
+        )
+        + &node(
+            "C",
+            "127.0.59.3",
+            "sink",
+            Some("A"),
+            &format!(
+                "sink = \"file:{}\"\nresume = true\nthrottle = \"16MiB/s\"",
+                out.display()
+            ),
+        );
+    let (p, cfg) = d.config(&text);
+    let spawn = |name: &str| -> Child {
+        node_command(&p, name)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut c = spawn("C");
+    let mut a = spawn("A");
+    let c_lines = lines_of(&mut c);
+    wait_progress(&c_lines, total / 4);
+    a.kill().unwrap();
+    let _ = a.wait();
+    assert_eq!(wait_exit(&mut c, "C", Duration::from_secs(20)), Some(1));
+    let c_err = std::io::read_to_string(c.stderr.take().unwrap()).unwrap();
+    assert!(c_err.contains("kept the partial object"), "{c_err}");
+    let cr = final_report(&c_lines);
+    assert!(!cr.ok);
+    let held = PartialState::load(&resume::state_path(&out))
+        .unwrap()
+        .expect("C left no resume state")
+        .first_missing();
+    // Saved at the end: every chunk C received is in the bitmap (chunk 0 is the start).
+    assert_eq!(held, cr.chunks, "{cr:?}");
+    let r = run(&p, &cfg);
+    assert_all_ok(&r);
+    let a2 = report(&r, "A");
+    assert_eq!(a2.resumed_from_chunk, Some(held));
+    assert_eq!(a2.bytes, total - (held - 1) * CHUNK);
+    assert_eq!(report(&r, "C").bytes_sent_again, 0);
+    assert!(
+        std::fs::read(&out).unwrap() == gen_bytes(total, 12),
+        "copies differ"
+    );
+    assert_clean(&out);
+}
