@@ -22,7 +22,10 @@
 //!
 //! `resume` and `start` are only exchanged when a sink of the configuration has
 //! `resume = true` ([`crate::resume`]): then every node waits for `start` before it accepts
-//! its parent's connection, so that every ring begins at the same chunk.
+//! its parent's connection, so that every ring begins at the same chunk. A node the source
+//! marked rejoinable ([`Server::set_rejoinable`]: a resumable sink right under it) that dies
+//! is not a failure at once: a restarted process of it says `hello` again (and is not told the
+//! old start), then `resume`, and the source answers it alone with a new `start`.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};

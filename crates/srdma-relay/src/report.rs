@@ -346,6 +346,49 @@ mod tests {
     use super::*;
 
     #[test]
+    fn human_report_says_where_it_resumed() {
+        let mut r = Report {
+            node: "A".into(),
+            ok: true,
+            ..Report::default()
+        };
+        assert!(!human(&r).contains("resumed"));
+        r.resumed_from_chunk = Some(42);
+        r.bytes_sent_again = 3 << 16;
+        r.sinks.insert(
+            "C".into(),
+            SinkStatus {
+                bytes: 1,
+                committed: true,
+                resumed_from: Some(42),
+                bytes_sent_again: 3 << 16,
+            },
+        );
+        let h = human(&r);
+        assert!(
+            h.contains("resumed from chunk 42; bytes sent again: 192.00 KiB (196608 bytes)"),
+            "{h}"
+        );
+        assert!(
+            h.contains(
+                "sink C: 1 B (1 bytes), committed, resumed from chunk 42, 196608 bytes sent again"
+            ),
+            "{h}"
+        );
+        let back: Report = serde_json::from_str(&r.json_line()).unwrap();
+        assert_eq!(back, r);
+        // Reports of older builds, without the resume fields, still parse.
+        let old: Report = serde_json::from_str(
+            r#"{"event":"report","node":"A","ok":true,"bytes":0,"objects":0,"seconds":0.0,
+               "throughput_mbps":0.0,"chunk_latency_p50_us":0.0,"chunk_latency_p99_us":0.0,
+               "retransmissions":0,"copied_bytes":0,"forwarded_bytes":0,"digest":null,
+               "error":null,"failed_hop":null,"sinks":{}}"#,
+        )
+        .unwrap();
+        assert_eq!(old.resumed_from_chunk, None);
+    }
+
+    #[test]
     fn percentiles() {
         let mut l = Latencies::default();
         assert_eq!(l.percentile(50.0), 0.0);

@@ -303,6 +303,7 @@ fn a_saved_state_resumes_through_a_relay() {
         assert_eq!(a.bytes, total - held * CHUNK, "{forward}: {a:?}");
         assert_eq!(report(&r, "C").bytes_sent_again, 3 * CHUNK, "{forward}");
         assert_eq!(a.bytes_sent_again, 3 * CHUNK, "{forward}");
+        assert_eq!(report(&r, "B").bytes_sent_again, 3 * CHUNK, "{forward}");
         assert!(
             std::fs::read(&out).unwrap() == want,
             "{forward}: copies differ"
