@@ -9,6 +9,7 @@
 //! | node → source | `hello` | `node` | first, after connecting |
 //! | node → source | `resume` | `node`, `from`, `note` | a sink, right after `hello`, when some sink of the configuration resumes: the first chunk it lacks |
 //! | source → node | `start` | `from` | when every sink sent `resume`: the chunk the transfer starts at |
+//! | source → relay | `rewind` | `from` | a restarted sink came back: set the rings up again from chunk `from` |
 //! | node → source | `progress` | `node`, `bytes`, `chunks` | about every 200 ms |
 //! | node → source | `final` | `node`, `ok`, `bytes`, `committed`, `error`, `failed_hop`, `primary` | once, when the node's part ended |
 //! | source → node | `abort` | `failed_hop`, `error` | at once, when anything failed |
@@ -23,7 +24,7 @@
 //! `resume` and `start` are only exchanged when a sink of the configuration has
 //! `resume = true` ([`crate::resume`]): then every node waits for `start` before it accepts
 //! its parent's connection, so that every ring begins at the same chunk. A node the source
-//! marked rejoinable ([`Server::set_rejoinable`]: a resumable sink right under it) that dies
+//! marked rejoinable ([`Server::set_rejoinable`]: the resumable sink at the end of a chain) that dies
 //! is not a failure at once: a restarted process of it says `hello` again (and is not told the
 //! old start), then `resume`, and the source answers it alone with a new `start`.
 
@@ -104,6 +105,12 @@ pub enum Msg {
     /// The source tells where the transfer starts.
     Start {
         /// The first chunk sent.
+        from: u64,
+    },
+    /// The source tells a relay on the way to a restarted sink to set its rings up again,
+    /// starting at chunk `from` (see [`crate::config::Config::rejoin_chain`]).
+    Rewind {
+        /// The chunk the transfer continues at.
         from: u64,
     },
     /// The source stops the transfer.
@@ -479,7 +486,7 @@ fn serve(stream: TcpStream, shared: &Arc<(Mutex<ServerState>, Condvar)>) {
                     });
                 }
             }
-            Msg::Abort { .. } | Msg::Verdict { .. } | Msg::Start { .. } => {}
+            Msg::Abort { .. } | Msg::Verdict { .. } | Msg::Start { .. } | Msg::Rewind { .. } => {}
         }
         cv.notify_all();
     }
@@ -518,6 +525,10 @@ pub struct Heard {
     pub lost: bool,
     /// The chunk the transfer starts at (when a sink resumes).
     pub start: Option<u64>,
+    /// The chunk the last `rewind` named, and how many came.
+    pub rewind: Option<u64>,
+    /// `rewind` messages heard.
+    pub rewinds: u64,
 }
 
 /// A node's end of the control channel.
@@ -586,6 +597,24 @@ impl Client {
         h.clone()
     }
 
+    /// Waits until more than `seen` `rewind` messages came, the source aborts, the
+    /// connection is lost, or `deadline` passes.
+    pub fn wait_rewind(&self, seen: u64, deadline: Instant) -> Heard {
+        let (m, cv) = &*self.heard;
+        let mut h = lock(m);
+        while h.rewinds <= seen && h.abort.is_none() && !h.lost {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            h = cv
+                .wait_timeout(h, deadline - now)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        h.clone()
+    }
+
     /// Waits until the verdict comes, the connection is lost, or `deadline` passes.
     pub fn wait_verdict(&self, deadline: Instant) -> Heard {
         let (m, cv) = &*self.heard;
@@ -630,6 +659,10 @@ fn listen(stream: TcpStream, heard: &Arc<(Mutex<Heard>, Condvar)>) {
             }
             v @ Msg::Verdict { .. } => h.verdict = Some(v),
             Msg::Start { from } => h.start = Some(from),
+            Msg::Rewind { from } => {
+                h.rewind = Some(from);
+                h.rewinds += 1;
+            }
             _ => {}
         }
         cv.notify_all();

@@ -98,14 +98,17 @@
 //! `resumed_from_chunk` and `bytes_sent_again` (bytes a sink received again that an earlier
 //! run had already written; the source: the most of any sink, or what it resent itself).
 //!
-//! A resumable sink that is the source's only child may also be restarted alone while the
-//! source keeps running: when its process dies (control connection closed without a final
-//! report, RDMA connection lost), the source waits up to `timeout_ms` for a new process of it
-//! to say where it resumes, tells it where the run continues, connects to it again, re-opens
-//! its source (framing the chunks before that point only to digest them) and resends from the
-//! first chunk the sink's bitmap lacks (not with a `stdin` source, which cannot be read
-//! again). Any other node that dies (a relay, a sink below a
-//! relay, a sink with siblings, a `relay+sink`) still aborts the run as described above.
+//! When the whole tree is one chain — the source, relays without sinks of their own, one
+//! resumable sink at the end ([`config::Config::rejoin_chain`]) — the sink may also be
+//! restarted alone while the rest keeps running: when its process dies (control connection
+//! closed without a final report, RDMA connections lost), the source waits up to
+//! `timeout_ms` for a new process of it to say where it resumes, tells it where the run
+//! continues (`start`), tells the relays on the way to set their rings up again from there
+//! (`rewind`: each drops its connections, accepts its parent and connects its child anew),
+//! re-opens its source (framing the chunks before that point only to digest them) and resends
+//! from the first chunk the sink's bitmap lacks (not with a `stdin` source, which cannot be
+//! read again). Any other node that dies (a relay, a sink with siblings, a `relay+sink`)
+//! still aborts the run as described above.
 //!
 //! # Reports
 //!

@@ -212,6 +212,14 @@ struct Live {
 /// next, bytes copied.
 type Processed = (usize, u64, (u16, u64), After, u64);
 
+/// What the data loop needs to connect again (a sink that came back, a rewind).
+struct Links<'l> {
+    pd: &'l Pd,
+    init: &'l QpInit,
+    /// The CM listener for the parent (not at the source).
+    listener: Option<&'l Listener>,
+}
+
 /// What a chunk's processing asks of the loop afterwards (outside the device lock).
 enum After {
     Nothing,
@@ -303,6 +311,8 @@ struct NodeRun<'a> {
     resend_until: u64,
     /// The source: object bytes sent again to a child that came back.
     resent: u64,
+    /// A relay: `rewind` messages acted on.
+    rewinds_seen: u64,
 }
 
 fn mtu_of(v: u32) -> Mtu {
@@ -366,6 +376,7 @@ impl<'a> NodeRun<'a> {
             pending_state: None,
             resend_until: 0,
             resent: 0,
+            rewinds_seen: 0,
         }
     }
 
@@ -546,7 +557,12 @@ impl<'a> NodeRun<'a> {
             "connected ({} slots of {} bytes per ring)",
             self.slots, self.slot_size
         ));
-        self.data_loop(&cq, &chan, &buf, source, &pd, &init)
+        let links = Links {
+            pd: &pd,
+            init: &init,
+            listener: listener.as_ref(),
+        };
+        self.data_loop(&cq, &chan, &buf, source, &links)
     }
 
     /// Prints (always: it is a warning, not progress) and remembers a note about resuming.
@@ -686,11 +702,15 @@ impl<'a> NodeRun<'a> {
         })
     }
 
-    /// The source's only child, a resumable sink, died: waits (up to `timeout_ms`) for a
-    /// restarted process of it to say where it resumes, tells it where the transfer starts
-    /// again and connects to it. Returns that chunk.
+    /// The resumable sink at the end of the chain below the source ([`Config::rejoin_chain`])
+    /// died, or the way to it broke: waits (up to `timeout_ms`) for a restarted process of the
+    /// sink to say where it resumes, tells it where the transfer continues, tells the relays
+    /// on the way to set their rings up again from there, and connects to the child again.
+    /// Returns that chunk.
     fn rejoin(
         &mut self,
+        name: &str,
+        relays: &[String],
         pd: &Pd,
         init: &QpInit,
         retired: &mut Vec<srdma_wire::seq::Qpn>,
@@ -700,7 +720,7 @@ impl<'a> NodeRun<'a> {
             .children
             .pop()
             .ok_or_else(|| Fail::at(&me, "no child to wait for"))?;
-        let name = child.name.clone();
+        let child_name = child.name.clone();
         retired.push(child.conn.qp().qpn());
         let _ = child.conn.disconnect();
         drop(child);
@@ -710,24 +730,88 @@ impl<'a> NodeRun<'a> {
             .server
             .as_ref()
             .ok_or_else(|| Fail::at(&me, "no control server"))?;
-        let Some(from) = server.wait_rejoin(&name, Instant::now() + self.timeout) else {
+        let Some(from) = server.wait_rejoin(name, Instant::now() + self.timeout) else {
             self.check_outside(false)?;
             return Err(Fail::at(
-                &name,
+                name,
                 format!(
                     "node {name} died (its connections closed) and did not come back within {ms} ms"
                 ),
             ));
         };
-        server.send_to(&name, &Msg::Start { from });
+        server.send_to(name, &Msg::Start { from });
+        for r in relays {
+            server.send_to(r, &Msg::Rewind { from });
+        }
         self.start_seq = from;
         eprintln!("{me}: {name} is back; resending from chunk {from}");
         let node = self
             .cfg
-            .node(&name)
-            .ok_or_else(|| Fail::at(&me, format!("no node {name}")))?;
+            .node(&child_name)
+            .ok_or_else(|| Fail::at(&me, format!("no node {child_name}")))?;
         let dev = self.dev.clone().ok_or_else(|| Fail::at(&me, "no device"))?;
         self.connect_child(node, &dev, pd, init, Instant::now() + self.timeout)?;
+        Ok(from)
+    }
+
+    /// A relay on the chain to a resumable sink that may be restarted lost its parent or its
+    /// child: drops both connections, waits (up to `timeout_ms`) for the source's `rewind`,
+    /// then accepts its parent and connects to its child again, from the chunk it names.
+    fn rewind(
+        &mut self,
+        sink: &str,
+        listener: &Listener,
+        pd: &Pd,
+        init: &QpInit,
+        buf: &Mr,
+        retired: &mut Vec<srdma_wire::seq::Qpn>,
+    ) -> R<u64> {
+        let me = self.me.name.clone();
+        if let Some((p, _)) = self.parent.take() {
+            retired.push(p.qp().qpn());
+            let _ = p.disconnect();
+        }
+        for c in self.children.drain(..) {
+            retired.push(c.conn.qp().qpn());
+            let _ = c.conn.disconnect();
+        }
+        let ms = self.timeout.as_millis();
+        eprintln!("{me}: lost the way to {sink}; waiting up to {ms} ms for the source to rewind");
+        let client = self
+            .client
+            .clone()
+            .ok_or_else(|| Fail::at(&me, "no control connection"))?;
+        let h = client.wait_rewind(self.rewinds_seen, Instant::now() + self.timeout);
+        if h.rewinds <= self.rewinds_seen {
+            if let Some((hop, err)) = h.abort {
+                return Err(Fail {
+                    msg: format!("the source stopped the transfer: {err}"),
+                    hop,
+                    primary: false,
+                });
+            }
+            let src = self.cfg.source().name.clone();
+            if h.lost {
+                return Err(Fail::blame(
+                    &src,
+                    format!("lost the control connection to the source {src}"),
+                ));
+            }
+            return Err(Fail::blame(
+                sink,
+                format!("{sink} did not come back within {ms} ms"),
+            ));
+        }
+        self.rewinds_seen = h.rewinds;
+        let from = h.rewind.unwrap_or(0);
+        self.start_seq = from;
+        let deadline = Instant::now() + self.timeout;
+        self.accept_parent(listener, pd, init, buf, deadline)?;
+        let dev = self.dev.clone().ok_or_else(|| Fail::at(&me, "no device"))?;
+        for child in self.cfg.children(&me) {
+            self.connect_child(child, &dev, pd, init, deadline)?;
+        }
+        eprintln!("{me}: forwarding again from chunk {from}");
         Ok(from)
     }
 
@@ -1116,23 +1200,25 @@ impl<'a> NodeRun<'a> {
         chan: &CompChannel,
         buf: &Mr,
         mut source: Option<SourceState>,
-        pd: &Pd,
-        init: &QpInit,
+        links: &Links<'_>,
     ) -> R<()> {
+        let (pd, init, listener) = (links.pd, links.init, links.listener);
         let slots = self.slots;
-        // The source's only child, a resumable sink, may die and come back (restarted): the
-        // source then waits for it and resends from the first chunk it lacks.
-        // (A stream source cannot be read again: no waiting then.)
-        let rereadable = source.as_ref().is_some_and(|s| s.in_place);
-        let rejoin_child: Option<String> = if rereadable && self.children.len() == 1 {
-            self.cfg
-                .node(&self.children[0].name)
-                .filter(|n| n.resume && n.role == Role::Sink)
-                .map(|n| n.name.clone())
-        } else {
-            None
+        // When the tree is a chain down to a resumable sink, that sink may die and come back
+        // (restarted): the source then waits for it and resends from the first chunk it
+        // lacks; the relays on the way set their rings up again.
+        let chain = self.cfg.rejoin_chain();
+        let rejoin_sink: Option<(String, Vec<String>)> = match &chain {
+            Some((relays, sink)) if source.is_some() => Some((sink.clone(), relays.clone())),
+            _ => None,
         };
-        if let (Some(c), Some(server)) = (&rejoin_child, &self.server) {
+        let rewind_for: Option<String> = match &chain {
+            Some((relays, sink)) if relays.contains(&self.me.name) && listener.is_some() => {
+                Some(sink.clone())
+            }
+            _ => None,
+        };
+        if let (Some((c, _)), Some(server)) = (&rejoin_sink, &self.server) {
             server.set_rejoinable(std::slice::from_ref(c));
         }
         let mut retired = Vec::new();
@@ -1181,11 +1267,16 @@ impl<'a> NodeRun<'a> {
                     continue; // the connection to a child that died and came back
                 }
                 if wc.status != WcStatus::Success {
-                    if rejoin_child.is_some()
-                        && self
-                            .children
-                            .first()
-                            .is_some_and(|c| c.conn.qp().qpn() == wc.qp_num)
+                    let on_child = self
+                        .children
+                        .first()
+                        .is_some_and(|c| c.conn.qp().qpn() == wc.qp_num);
+                    let on_parent = self
+                        .parent
+                        .as_ref()
+                        .is_some_and(|(p, _)| p.qp().qpn() == wc.qp_num);
+                    if (rejoin_sink.is_some() && on_child)
+                        || (rewind_for.is_some() && (on_child || on_parent))
                     {
                         lost = true;
                         continue;
@@ -1439,13 +1530,37 @@ impl<'a> NodeRun<'a> {
                 }
             }
 
-            // 6. Failures elsewhere, dead hops. A child that may come back is waited for.
-            if let Some(name) = &rejoin_child {
+            // 6. Failures elsewhere, dead hops. A sink that may come back is waited for.
+            if let (Some(sink), Some(l)) = (&rewind_for, listener) {
+                let down = self.children.iter().any(|c| c.down.load(Ordering::Acquire))
+                    || self
+                        .parent
+                        .as_ref()
+                        .is_some_and(|(_, d)| d.load(Ordering::Acquire));
+                if lost || down {
+                    let from = self.rewind(sink, l, pd, init, buf, &mut retired)?;
+                    lost = false;
+                    for sl in ring.iter_mut() {
+                        sl.busy = false;
+                        sl.processed = false;
+                        sl.pending = 0;
+                    }
+                    next_in = from;
+                    next_release = from;
+                    eot = None;
+                    credits_out = 0;
+                    throttle_clock = Instant::now();
+                    last_activity = Instant::now();
+                    idle_since = Instant::now();
+                    continue;
+                }
+            }
+            if let Some((name, relays)) = &rejoin_sink {
                 let finished = eot.is_some_and(|e| self.children.iter().all(|c| c.credits > e));
                 let down = self.children.iter().any(|c| c.down.load(Ordering::Acquire))
                     || self.server.as_ref().is_some_and(|s| s.is_dead(name));
                 if !finished && (lost || down) {
-                    let from = self.rejoin(pd, init, &mut retired)?;
+                    let from = self.rejoin(name, relays, pd, init, &mut retired)?;
                     lost = false;
                     self.resend_until = self.resend_until.max(next_in);
                     for sl in ring.iter_mut() {

@@ -789,3 +789,96 @@ fn a_killed_source_leaves_a_resumable_sink() {
     );
     assert_clean(&out);
 }
+
+/// As above, through a relay: the sink at the end of a chain is killed and started again
+/// while the source and the relay keep running; the relay sets its rings up again, the source
+/// resends from the first chunk the sink lacks (at most a ring per hop plus the chunks since
+/// the sink's last saved state: three rings), and the transfer commits the source's object.
+#[test]
+fn a_sink_below_a_relay_restarted_while_the_rest_runs_catches_up() {
+    for (i, forward) in ["send", "write-imm"].into_iter().enumerate() {
+        let d = Scratch::new(&format!("rejoin2-{i}"));
+        let out = d.path("out.bin");
+        let total: u64 = 16 << 20;
+        let text = header(&format!("forward = \"{forward}\""))
+            + &node(
+                "A",
+                &format!("127.0.60.{}", 10 * i + 1),
+                "source",
+                None,
+                &format!("source = \"gen:{total}:10\""),
+            )
+            + &node(
+                "B",
+                &format!("127.0.60.{}", 10 * i + 2),
+                "relay",
+                Some("A"),
+                "stages = [\"verify\"]",
+            )
+            + &node(
+                "C",
+                &format!("127.0.60.{}", 10 * i + 3),
+                "sink",
+                Some("B"),
+                &format!(
+                    "sink = \"file:{}\"\nresume = true\nthrottle = \"16MiB/s\"",
+                    out.display()
+                ),
+            );
+        let (p, _cfg) = d.config(&text);
+        let spawn = |name: &str| -> Child {
+            node_command(&p, name)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        };
+        let mut c1 = spawn("C");
+        let mut b = spawn("B");
+        let mut a = spawn("A");
+        let c1_lines = lines_of(&mut c1);
+        let a_lines = lines_of(&mut a);
+        let b_lines = lines_of(&mut b);
+        wait_progress(&c1_lines, total / 4);
+        c1.kill().unwrap();
+        let _ = c1.wait();
+        let held = PartialState::load(&resume::state_path(&out))
+            .unwrap()
+            .expect("C left no resume state")
+            .first_missing();
+        let mut c2 = spawn("C");
+        let c2_lines = lines_of(&mut c2);
+        let limit = Duration::from_secs(30);
+        let c_code = wait_exit(&mut c2, "C", limit);
+        let c_err = std::io::read_to_string(c2.stderr.take().unwrap()).unwrap();
+        assert_eq!(c_code, Some(0), "{c_err}");
+        let b_code = wait_exit(&mut b, "B", limit);
+        let b_err = std::io::read_to_string(b.stderr.take().unwrap()).unwrap();
+        assert_eq!(b_code, Some(0), "{b_err}");
+        let a_code = wait_exit(&mut a, "A", limit);
+        let a_err = std::io::read_to_string(a.stderr.take().unwrap()).unwrap();
+        assert_eq!(a_code, Some(0), "{a_err}");
+        assert!(b_err.contains("forwarding again from chunk"), "{b_err}");
+        let (ar, br, cr) = (
+            final_report(&a_lines),
+            final_report(&b_lines),
+            final_report(&c2_lines),
+        );
+        for (n, r) in [("A", &ar), ("B", &br), ("C", &cr)] {
+            assert!(r.ok, "{n}: {r:?}");
+            assert_eq!(r.resumed_from_chunk, Some(held), "{n}: {r:?}");
+        }
+        eprintln!(
+            "{forward}: C restarted below B: resumed at chunk {held}, the source sent {} bytes in all for \
+             {total}, {} bytes sent again (ring {RING})",
+            ar.bytes, ar.bytes_sent_again
+        );
+        assert_eq!(ar.bytes - total, ar.bytes_sent_again, "{ar:?}");
+        assert!(ar.bytes_sent_again <= 3 * RING, "{ar:?}");
+        assert!(
+            std::fs::read(&out).unwrap() == gen_bytes(total, 10),
+            "the committed object differs from the source's"
+        );
+        assert_clean(&out);
+    }
+}
