@@ -882,3 +882,50 @@ fn a_sink_below_a_relay_restarted_while_the_rest_runs_catches_up() {
         assert_clean(&out);
     }
 }
+
+/// In a chain whose sink may come back, a killed relay is still a failure: the source names
+/// it (after no more than `timeout_ms`), and the sink keeps its partial object for a rerun.
+#[test]
+fn a_killed_relay_in_a_resumable_chain_still_fails_the_run() {
+    let d = Scratch::new("relaykill");
+    let out = d.path("out.bin");
+    let text = "[transfer]\nchunk_size = 65536\nslots = 4\ntimeout_ms = 1500\n".to_string()
+        + &node("A", "127.0.61.1", "source", None, "source = \"gen:16MiB\"")
+        + &node("B", "127.0.61.2", "relay", Some("A"), "")
+        + &node(
+            "C",
+            "127.0.61.3",
+            "sink",
+            Some("B"),
+            &format!(
+                "sink = \"file:{}\"\nresume = true\nthrottle = \"16MiB/s\"",
+                out.display()
+            ),
+        );
+    let (p, _cfg) = d.config(&text);
+    let spawn = |name: &str| -> Child {
+        node_command(&p, name)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut c = spawn("C");
+    let mut b = spawn("B");
+    let mut a = spawn("A");
+    let c_lines = lines_of(&mut c);
+    let a_lines = lines_of(&mut a);
+    wait_progress(&c_lines, 2 << 20);
+    b.kill().unwrap();
+    let _ = b.wait();
+    let limit = Duration::from_secs(20);
+    assert_eq!(wait_exit(&mut a, "A", limit), Some(1));
+    assert_eq!(wait_exit(&mut c, "C", limit), Some(1));
+    let ar = final_report(&a_lines);
+    assert_eq!(ar.failed_hop.as_deref(), Some("B"), "{ar:?}");
+    assert!(!ar.sinks["C"].committed);
+    let cr = final_report(&c_lines);
+    assert_eq!(cr.failed_hop.as_deref(), Some("B"), "{cr:?}");
+    assert!(!out.exists());
+    assert!(resume::state_path(&out).exists(), "C kept no state");
+}
