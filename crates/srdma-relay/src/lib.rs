@@ -81,7 +81,7 @@
 //!
 //! A `file:` sink with `resume = true` ([`resume`]) writes to `<output>.srdma-part` and keeps
 //! `<output>.srdma-partial` beside it: a checksummed bitmap of the chunks durably written
-//! (data fsynced first, then the bitmap saved atomically, every ring's worth of chunks and
+//! (data fsynced first, then the bitmap saved atomically, every half ring of chunks and
 //! when the node fails). When the sink fails or is killed, both stay; run the same
 //! configuration again (every node) and the sink loads the bitmap, tells the source the first
 //! chunk it lacks (`resume` on the control channel), and the source starts the run at the

@@ -233,7 +233,7 @@ enum After {
     VerifyFile {
         want: [u8; 16],
     },
-    /// A resumable sink wrote a ring's worth: make it durable and save the bitmap.
+    /// A resumable sink wrote half a ring's worth: make it durable and save the bitmap.
     Save,
 }
 
@@ -521,7 +521,7 @@ impl<'a> NodeRun<'a> {
                 compare_left: 0,
                 resumed: false,
                 unsynced: 0,
-                every: self.slots as u64,
+                every: (self.slots as u64 / 2).max(1),
                 discard: false,
                 sent_again: 0,
                 scratch: Vec::new(),

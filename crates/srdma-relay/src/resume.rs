@@ -4,9 +4,11 @@
 //! Such a sink writes its object to `<output>.srdma-part` (a stable name, see
 //! [`part_path`]) and keeps `<output>.srdma-partial` ([`state_path`]), a [`PartialState`]:
 //! which chunks of the transfer (by sequence number) are durably in the part file. It is
-//! updated every ring's worth of chunks: write the data, fsync the part file, then write the
-//! state to `<output>.srdma-partial.tmp`, fsync it, rename it over the state file and fsync
-//! the directory. A crash therefore loses at most the chunks since the last update.
+//! updated every half ring of chunks (`slots / 2`): write the data, fsync the part file, then
+//! write the state to `<output>.srdma-partial.tmp`, fsync it, rename it over the state file
+//! and fsync the directory. A crash therefore loses at most the chunks since the last
+//! completed update: less than a ring, even when it strikes during an update. With the ring
+//! in flight on each hop, a resumed run sends again less than one ring per hop plus one.
 //!
 //! When the same configuration runs again, the sink loads the state, checks it and tells the
 //! source (over the control channel, [`crate::control::Msg::Resume`]) the first chunk it
