@@ -35,7 +35,13 @@
 //! stages = ["verify"]
 //! # throttle = "10MiB/s"     # test knob: consume chunks at most this fast
 //! # flip_bit_at_seq = 5      # test knob: flip a payload bit of chunk 5 after the stages
+//! # resume = true            # keep a resume state beside the partial file (`file:` sinks)
 //! ```
+//!
+//! `resume = true` on a `file:` sink makes it keep `<output>.srdma-part` (the partial object)
+//! and `<output>.srdma-partial` (a bitmap of the chunks durably written, see
+//! [`crate::resume`]) when the transfer fails, and pick up from them when the same
+//! configuration runs again: the source then starts at the first chunk that sink lacks.
 //!
 //! Per node, `cm_port` and `udp_port` may override the transfer-wide values (so that several
 //! nodes can share one address). [`Config::parse`] checks everything a node needs before it
@@ -194,6 +200,8 @@ pub struct Node {
     pub throttle: Option<u64>,
     /// Test knob: flip one payload bit of this chunk after the stages.
     pub flip_bit_at_seq: Option<u64>,
+    /// A `file:` sink: keep a resume state beside the partial file and resume from it.
+    pub resume: bool,
 }
 
 impl Node {
@@ -242,6 +250,8 @@ struct RawNode {
     udp_port: Option<i64>,
     throttle: Option<String>,
     flip_bit_at_seq: Option<i64>,
+    #[serde(default)]
+    resume: bool,
 }
 
 /// A size: "1MiB" or a plain integer of bytes.
@@ -403,6 +413,44 @@ impl Config {
             .iter()
             .filter(|n| n.parent.as_deref() == Some(name))
             .collect()
+    }
+
+    /// True when some sink keeps a resume state: the nodes then agree on the chunk the
+    /// transfer starts at before any data moves (see [`crate::resume`]).
+    pub fn resumable(&self) -> bool {
+        self.nodes.iter().any(|n| n.resume)
+    }
+
+    /// When the whole tree is one chain from the source through relays (without sinks of
+    /// their own) down to a single sink with `resume = true`, and the source can be read
+    /// again (not stdin): the relays' names, top down, and the sink's. Such a sink may be restarted alone while the rest keeps running (the source
+    /// waits for it and the chain rewinds to the first chunk it lacks).
+    pub fn rejoin_chain(&self) -> Option<(Vec<String>, String)> {
+        let mut relays = Vec::new();
+        let mut cur = self.source();
+        if matches!(cur.source.as_deref(), Some("stdin" | "-")) {
+            return None; // a stream cannot be read again
+        }
+        loop {
+            let kids = self.children(&cur.name);
+            match kids.as_slice() {
+                [] => break,
+                [one] => {
+                    if cur.role != Role::Source {
+                        if cur.role != Role::Relay {
+                            return None;
+                        }
+                        relays.push(cur.name.clone());
+                    }
+                    cur = one;
+                }
+                _ => return None,
+            }
+            if relays.len() > self.nodes.len() {
+                return None;
+            }
+        }
+        (cur.role == Role::Sink && cur.resume).then(|| (relays, cur.name.clone()))
     }
 
     /// The nodes with a sink, in file order.
@@ -618,6 +666,9 @@ impl Config {
             if let Some(f) = n.flip_bit_at_seq {
                 let _ = writeln!(s, "flip_bit_at_seq = {f}");
             }
+            if n.resume {
+                let _ = writeln!(s, "resume = true");
+            }
         }
         s
     }
@@ -798,6 +849,11 @@ fn validate_nodes(raws: Vec<RawNode>, t: &Transfer) -> Result<Vec<Node>, String>
             ),
             None => None,
         };
+        if r.resume && !r.sink.as_deref().is_some_and(|s| s.starts_with("file:")) {
+            return Err(format!(
+                "{label}: field `resume`: only a `file:` sink can resume (sink = \"file:PATH\")"
+            ));
+        }
         let cm = SocketAddr::new(addr, cm_port);
         if let Some(other) = endpoints.insert(cm, r.name.clone()) {
             return Err(format!(
@@ -830,6 +886,7 @@ fn validate_nodes(raws: Vec<RawNode>, t: &Transfer) -> Result<Vec<Node>, String>
             udp_port,
             throttle,
             flip_bit_at_seq,
+            resume: r.resume,
         });
     }
     Ok(nodes)
@@ -937,6 +994,7 @@ impl GenOptions {
             udp_port: self.transfer.udp_port,
             throttle: None,
             flip_bit_at_seq: None,
+            resume: false,
             name,
         })
     }
@@ -1054,6 +1112,29 @@ sink = "discard"
 
     fn bad(text: &str) -> String {
         Config::parse(text, "bad.toml").unwrap_err().to_string()
+    }
+
+    #[test]
+    fn resume_needs_a_file_sink_and_round_trips() {
+        let e = bad(&GOOD.replace("sink = \"discard\"", "sink = \"discard\"\nresume = true"));
+        assert!(e.contains("\"C\"") && e.contains("`resume`"), "{e}");
+        let e = bad(&GOOD.replace("stages = [\"verify\"]", "stages = []\nresume = true"));
+        assert!(e.contains("\"B\"") && e.contains("`resume`"), "{e}");
+        let c = Config::parse(GOOD, "t.toml").unwrap();
+        assert!(!c.resumable());
+        let text = GOOD.replace(
+            "sink = \"discard\"",
+            "sink = \"file:/tmp/x\"\nresume = true",
+        );
+        let c = Config::parse(&text, "t.toml").unwrap();
+        assert!(c.resumable() && c.node("C").unwrap().resume);
+        assert_eq!(
+            c.rejoin_chain(),
+            Some((vec!["B".to_string()], "C".to_string()))
+        );
+        assert_eq!(Config::parse(GOOD, "t.toml").unwrap().rejoin_chain(), None);
+        let again = Config::parse(&c.to_toml(), "t.toml").unwrap();
+        assert_eq!(again.nodes, c.nodes);
     }
 
     #[test]

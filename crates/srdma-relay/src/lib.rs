@@ -77,6 +77,39 @@
 //! delivers no chunk or returns no credit for `timeout_ms` is declared dead, and a broken
 //! RDMA connection surfaces as an error completion or a CM disconnect.
 //!
+//! # Resume
+//!
+//! A `file:` sink with `resume = true` ([`resume`]) writes to `<output>.srdma-part` and keeps
+//! `<output>.srdma-partial` beside it: a checksummed bitmap of the chunks durably written
+//! (data fsynced first, then the bitmap saved atomically, every half ring of chunks and
+//! when the node fails). When the sink fails or is killed, both stay; run the same
+//! configuration again (every node) and the sink loads the bitmap, tells the source the first
+//! chunk it lacks (`resume` on the control channel), and the source starts the run at the
+//! smallest such chunk over all sinks (`start`), announced to every node before any ring is
+//! set up, so every ring, credit count and sequence check begins there. The source frames the
+//! chunks before the start only to digest them; a resumed sink digests its whole part file
+//! when `OBJECT_END` arrives and commits only on a match (otherwise it removes the part file
+//! and the state: the next run starts from chunk 0). A damaged or foreign state (checksum,
+//! version, fingerprint of source, chunk size and sink, object size, part file size) is
+//! discarded with a message and the sink starts from chunk 0; a source whose object changed
+//! under the same configuration (a `file:` source rewritten) is caught at the first chunk
+//! (its size) or at the end (the digest): the run fails saying so, and the state is
+//! discarded, so the next run starts from chunk 0. Reports carry
+//! `resumed_from_chunk` and `bytes_sent_again` (bytes a sink received again that an earlier
+//! run had already written; the source: the most of any sink, or what it resent itself).
+//!
+//! When the whole tree is one chain — the source, relays without sinks of their own, one
+//! resumable sink at the end ([`config::Config::rejoin_chain`]) — the sink may also be
+//! restarted alone while the rest keeps running: when its process dies (control connection
+//! closed without a final report, RDMA connections lost), the source waits up to
+//! `timeout_ms` for a new process of it to say where it resumes, tells it where the run
+//! continues (`start`), tells the relays on the way to set their rings up again from there
+//! (`rewind`: each drops its connections, accepts its parent and connects its child anew),
+//! re-opens its source (framing the chunks before that point only to digest them) and resends
+//! from the first chunk the sink's bitmap lacks (not with a `stdin` source, which cannot be
+//! read again). Any other node that dies (a relay, a sink with siblings, a `relay+sink`)
+//! still aborts the run as described above.
+//!
 //! # Reports
 //!
 //! With `--json` a node prints `{"event":"progress","node":..,"bytes":..,"chunks":..}` about
@@ -95,6 +128,7 @@ pub mod digest;
 pub mod launch;
 pub mod node;
 pub mod report;
+pub mod resume;
 pub mod sink;
 pub mod source;
 pub mod stage;

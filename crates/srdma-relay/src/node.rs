@@ -19,6 +19,7 @@ use crate::config::{Config, Forward, Node, Role};
 use crate::control::{self, Msg, SinkStatus};
 use crate::digest::{ObjectDigest, hex};
 use crate::report::{self, Display, Latencies, Report};
+use crate::resume::{self, PartialState};
 use crate::sink::{self, Sink};
 use crate::source::{self, ObjectInfo, Source};
 use crate::stage::{self, Chunk, Stage, StageError};
@@ -151,6 +152,38 @@ struct SinkState {
     object_len: u64,
     committed: u64,
     digests: Vec<[u8; 16]>,
+    /// A sink with `resume = true`.
+    resume: Option<SinkResume>,
+}
+
+/// A resumable sink's bookkeeping (see [`crate::resume`]).
+struct SinkResume {
+    /// The sink's final path.
+    output: std::path::PathBuf,
+    fingerprint: u128,
+    chunk_size: u64,
+    /// The bitmap of the object in progress (`None` before it began, or for an object of
+    /// unknown length, which cannot resume).
+    state: Option<PartialState>,
+    /// Chunks below this were durably written by an earlier run: checked, not rewritten.
+    held_upto: u64,
+    /// Chunks left to compare with what an earlier run may have written past `held_upto`
+    /// (bytes found identical count as sent again); 0 stops comparing.
+    compare_left: u64,
+    /// The object continued an earlier run's: its digest is recomputed from the file.
+    resumed: bool,
+    /// Chunks written since the state was last saved.
+    unsynced: u64,
+    /// Save the state every this many chunks.
+    every: u64,
+    /// The state turned out foreign or the object wrong: discard, do not keep, on failure.
+    discard: bool,
+    /// Object bytes received again that an earlier run had already written.
+    sent_again: u64,
+    scratch: Vec<u8>,
+    /// A valid earlier state, used when the object starts again (another sink needed the
+    /// transfer from chunk 0).
+    pending: Option<PartialState>,
 }
 
 /// The source side.
@@ -179,12 +212,29 @@ struct Live {
 /// next, bytes copied.
 type Processed = (usize, u64, (u16, u64), After, u64);
 
+/// What the data loop needs to connect again (a sink that came back, a rewind).
+struct Links<'l> {
+    pd: &'l Pd,
+    init: &'l QpInit,
+    /// The CM listener for the parent (not at the source).
+    listener: Option<&'l Listener>,
+}
+
 /// What a chunk's processing asks of the loop afterwards (outside the device lock).
 enum After {
     Nothing,
     Begin(ObjectInfo),
     Commit,
-    Mismatch { want: [u8; 16], got: [u8; 16] },
+    Mismatch {
+        want: [u8; 16],
+        got: [u8; 16],
+    },
+    /// A resumed object ended: digest the whole part file, then commit or not.
+    VerifyFile {
+        want: [u8; 16],
+    },
+    /// A resumable sink wrote half a ring's worth: make it durable and save the bitmap.
+    Save,
 }
 
 /// Loads the configuration at `path` and runs node `name` of it: what `srdma relay node` does.
@@ -251,6 +301,18 @@ struct NodeRun<'a> {
     sink: Option<SinkState>,
     source_digests: Vec<[u8; 16]>,
     progress: Option<thread::JoinHandle<Display>>,
+    /// The chunk this run starts at (0 unless a sink resumes).
+    start_seq: u64,
+    /// Why a resume state was discarded.
+    resume_note: Option<String>,
+    /// A resumable sink's valid state, kept for when the object starts again.
+    pending_state: Option<PartialState>,
+    /// The source: chunks below this were sent before a child came back.
+    resend_until: u64,
+    /// The source: object bytes sent again to a child that came back.
+    resent: u64,
+    /// A relay: `rewind` messages acted on.
+    rewinds_seen: u64,
 }
 
 fn mtu_of(v: u32) -> Mtu {
@@ -309,6 +371,12 @@ impl<'a> NodeRun<'a> {
             sink: None,
             source_digests: Vec::new(),
             progress: None,
+            start_seq: 0,
+            resume_note: None,
+            pending_state: None,
+            resend_until: 0,
+            resent: 0,
+            rewinds_seen: 0,
         }
     }
 
@@ -423,6 +491,8 @@ impl<'a> NodeRun<'a> {
             .reg_mr(self.slots * self.slot_size, access)
             .map_err(|e| Fail::at(&me.name, format!("registering the ring: {e}")))?;
 
+        // Where this run starts (a sink may resume), before any ring is set up.
+        let held = self.negotiate_start(deadline)?;
         if let Some(l) = &listener {
             self.accept_parent(l, &pd, &init, &buf, deadline)?;
         }
@@ -431,8 +501,32 @@ impl<'a> NodeRun<'a> {
         }
         if me.role.has_sink() {
             let spec = me.sink.as_deref().unwrap_or("discard");
-            let s = sink::open(spec)
-                .map_err(|e| Fail::at(&me.name, format!("opening sink {spec:?}: {e}")))?;
+            let output = spec
+                .strip_prefix("file:")
+                .filter(|_| me.resume)
+                .map(std::path::PathBuf::from);
+            let s = match &output {
+                Some(p) => {
+                    sink::FileSink::resumable(p.clone()).map(|f| Box::new(f) as Box<dyn Sink>)
+                }
+                None => sink::open(spec),
+            }
+            .map_err(|e| Fail::at(&me.name, format!("opening sink {spec:?}: {e}")))?;
+            let resume = output.map(|output| SinkResume {
+                output,
+                fingerprint: resume::fingerprint(self.cfg, me),
+                chunk_size: self.cfg.transfer.chunk_size as u64,
+                state: None,
+                held_upto: 0,
+                compare_left: 0,
+                resumed: false,
+                unsynced: 0,
+                every: (self.slots as u64 / 2).max(1),
+                discard: false,
+                sent_again: 0,
+                scratch: Vec::new(),
+                pending: None,
+            });
             self.sink = Some(SinkState {
                 sink: s,
                 open: false,
@@ -441,30 +535,402 @@ impl<'a> NodeRun<'a> {
                 object_len: u64::MAX,
                 committed: 0,
                 digests: Vec::new(),
+                resume,
             });
+            if let (Some(sk), Some(st)) = (self.sink.as_mut(), self.pending_state.take()) {
+                if let Some(rs) = sk.resume.as_mut() {
+                    rs.pending = Some(st);
+                }
+            }
+            if let Some(st) = held {
+                self.continue_object(st)?;
+            }
         }
         let mut source = None;
         if me.role == Role::Source {
-            let spec = me.source.as_deref().unwrap_or("");
-            let src = source::open(spec)
-                .map_err(|e| Fail::at(&me.name, format!("opening source {spec:?}: {e}")))?;
-            source = Some(SourceState {
-                src,
-                in_place: !matches!(spec, "stdin" | "-"),
-                scratch: Vec::new(),
-                current: None,
-                object: 0,
-                offset: 0,
-                digest: ObjectDigest::new(),
-                digests: Vec::new(),
-                done: false,
-            });
+            source = Some(self.open_source()?);
+        }
+        if let Some(src) = source.as_mut() {
+            self.skip_to_start(src, &buf)?;
         }
         self.status(&format!(
             "connected ({} slots of {} bytes per ring)",
             self.slots, self.slot_size
         ));
-        self.data_loop(&cq, &chan, &buf, source)
+        let links = Links {
+            pd: &pd,
+            init: &init,
+            listener: listener.as_ref(),
+        };
+        self.data_loop(&cq, &chan, &buf, source, &links)
+    }
+
+    /// Prints (always: it is a warning, not progress) and remembers a note about resuming.
+    fn note(&mut self, msg: String) {
+        eprintln!("{}: {msg}", self.me.name);
+        self.resume_note = Some(msg);
+    }
+
+    /// When a sink of the configuration resumes: agrees on the chunk this run starts at
+    /// (`self.start_seq`). The source waits for every sink's first missing chunk and starts
+    /// at the smallest; every other node waits to hear it. A resumable sink loads and checks
+    /// its state first (discarding a damaged or foreign one, with a message) and returns the
+    /// state it continues from.
+    fn negotiate_start(&mut self, deadline: Instant) -> R<Option<PartialState>> {
+        if !self.cfg.resumable() {
+            return Ok(None);
+        }
+        let me = self.me;
+        if let Some(server) = &self.server {
+            let sinks: Vec<String> = self.cfg.sinks().iter().map(|n| n.name.clone()).collect();
+            let heard = server.wait_resume(&sinks, deadline);
+            let from = sinks
+                .iter()
+                .map(|n| heard.get(n).copied().unwrap_or(0))
+                .min()
+                .unwrap_or(0);
+            server.set_start(from);
+            self.start_seq = from;
+            if from > 0 {
+                self.status(&format!("resuming the transfer at chunk {from}"));
+            }
+            return Ok(None);
+        }
+        let mut held: Option<PartialState> = None;
+        let output = me
+            .sink
+            .as_deref()
+            .and_then(|s| s.strip_prefix("file:"))
+            .filter(|_| me.resume)
+            .map(std::path::PathBuf::from);
+        if let Some(out) = &output {
+            let fp = resume::fingerprint(self.cfg, me);
+            match resume::check(out, fp, self.cfg.transfer.chunk_size as u64) {
+                Ok(st) => held = st,
+                Err(why) => {
+                    resume::discard(out);
+                    self.note(format!(
+                        "discarded the resume state {}: {why}; receiving the object from chunk 0",
+                        resume::state_path(out).display()
+                    ));
+                }
+            }
+        }
+        let point = held.as_ref().map_or(0, PartialState::first_missing);
+        let Some(client) = self.client.clone() else {
+            return Ok(None);
+        };
+        if me.role.has_sink() {
+            client.send(&Msg::Resume {
+                node: me.name.clone(),
+                from: point,
+                note: self.resume_note.clone(),
+            });
+        }
+        let h = client.wait_start(deadline);
+        let src = self.cfg.source().name.clone();
+        let Some(from) = h.start else {
+            if let Some((hop, err)) = h.abort {
+                return Err(Fail {
+                    msg: format!("the source stopped the transfer: {err}"),
+                    hop,
+                    primary: false,
+                });
+            }
+            return Err(Fail::blame(
+                &src,
+                if h.lost {
+                    format!("lost the control connection to the source {src}")
+                } else {
+                    format!(
+                        "the source {src} did not say where the transfer starts within {} ms",
+                        self.timeout.as_millis()
+                    )
+                },
+            ));
+        };
+        self.start_seq = from;
+        if let Some(st) = held {
+            if from > point {
+                return Err(Fail::at(
+                    &me.name,
+                    format!(
+                        "the source starts at chunk {from}, but sink {} lacks chunk {point}",
+                        me.name
+                    ),
+                ));
+            }
+            if from == 0 {
+                // Another sink needs everything: use the state when the object starts.
+                self.status(&format!(
+                    "holding chunks 0..{point}; the transfer restarts from chunk 0 for another sink"
+                ));
+                self.pending_state = Some(st);
+                return Ok(None);
+            }
+            self.status(&format!("resuming at chunk {from} (holding 0..{point})"));
+            return Ok(Some(st));
+        }
+        if from > 0 && me.role.has_sink() {
+            return Err(Fail::at(
+                &me.name,
+                format!(
+                    "the source starts at chunk {from}, but sink {} holds nothing to resume from",
+                    me.name
+                ),
+            ));
+        }
+        Ok(None)
+    }
+
+    /// The source: opens its source from the beginning.
+    fn open_source(&self) -> R<SourceState> {
+        let me = self.me;
+        let spec = me.source.as_deref().unwrap_or("");
+        let src = source::open(spec)
+            .map_err(|e| Fail::at(&me.name, format!("opening source {spec:?}: {e}")))?;
+        Ok(SourceState {
+            src,
+            in_place: !matches!(spec, "stdin" | "-"),
+            scratch: Vec::new(),
+            current: None,
+            object: 0,
+            offset: 0,
+            digest: ObjectDigest::new(),
+            digests: Vec::new(),
+            done: false,
+        })
+    }
+
+    /// The resumable sink at the end of the chain below the source ([`Config::rejoin_chain`])
+    /// died, or the way to it broke: waits (up to `timeout_ms`) for a restarted process of the
+    /// sink to say where it resumes, tells it where the transfer continues, tells the relays
+    /// on the way to set their rings up again from there, and connects to the child again.
+    /// Returns that chunk.
+    fn rejoin(
+        &mut self,
+        name: &str,
+        relays: &[String],
+        pd: &Pd,
+        init: &QpInit,
+        retired: &mut Vec<srdma_wire::seq::Qpn>,
+    ) -> R<u64> {
+        let me = self.me.name.clone();
+        let child = self
+            .children
+            .pop()
+            .ok_or_else(|| Fail::at(&me, "no child to wait for"))?;
+        let child_name = child.name.clone();
+        retired.push(child.conn.qp().qpn());
+        let _ = child.conn.disconnect();
+        drop(child);
+        let ms = self.timeout.as_millis();
+        eprintln!("{me}: lost {name}; waiting up to {ms} ms for it to be restarted and resume");
+        let server = self
+            .server
+            .as_ref()
+            .ok_or_else(|| Fail::at(&me, "no control server"))?;
+        let Some(from) = server.wait_rejoin(name, Instant::now() + self.timeout) else {
+            self.check_outside(false)?;
+            return Err(Fail::at(
+                name,
+                format!(
+                    "node {name} died (its connections closed) and did not come back within {ms} ms"
+                ),
+            ));
+        };
+        server.send_to(name, &Msg::Start { from });
+        for r in relays {
+            server.send_to(r, &Msg::Rewind { from });
+        }
+        self.start_seq = from;
+        eprintln!("{me}: {name} is back; resending from chunk {from}");
+        let node = self
+            .cfg
+            .node(&child_name)
+            .ok_or_else(|| Fail::at(&me, format!("no node {child_name}")))?;
+        let dev = self.dev.clone().ok_or_else(|| Fail::at(&me, "no device"))?;
+        self.connect_child(node, &dev, pd, init, Instant::now() + self.timeout)?;
+        Ok(from)
+    }
+
+    /// A relay on the chain to a resumable sink that may be restarted lost its parent or its
+    /// child: drops both connections, waits (up to `timeout_ms`) for the source's `rewind`,
+    /// then accepts its parent and connects to its child again, from the chunk it names.
+    fn rewind(
+        &mut self,
+        sink: &str,
+        listener: &Listener,
+        pd: &Pd,
+        init: &QpInit,
+        buf: &Mr,
+        retired: &mut Vec<srdma_wire::seq::Qpn>,
+    ) -> R<u64> {
+        let me = self.me.name.clone();
+        if let Some((p, _)) = self.parent.take() {
+            retired.push(p.qp().qpn());
+            let _ = p.disconnect();
+        }
+        for c in self.children.drain(..) {
+            retired.push(c.conn.qp().qpn());
+            let _ = c.conn.disconnect();
+        }
+        let ms = self.timeout.as_millis();
+        eprintln!("{me}: lost the way to {sink}; waiting up to {ms} ms for the source to rewind");
+        let client = self
+            .client
+            .clone()
+            .ok_or_else(|| Fail::at(&me, "no control connection"))?;
+        let h = client.wait_rewind(self.rewinds_seen, Instant::now() + self.timeout);
+        if h.rewinds <= self.rewinds_seen {
+            if let Some((hop, err)) = h.abort {
+                return Err(Fail {
+                    msg: format!("the source stopped the transfer: {err}"),
+                    hop,
+                    primary: false,
+                });
+            }
+            let src = self.cfg.source().name.clone();
+            if h.lost {
+                return Err(Fail::blame(
+                    &src,
+                    format!("lost the control connection to the source {src}"),
+                ));
+            }
+            return Err(Fail::blame(
+                sink,
+                format!("{sink} did not come back within {ms} ms"),
+            ));
+        }
+        self.rewinds_seen = h.rewinds;
+        let from = h.rewind.unwrap_or(0);
+        self.start_seq = from;
+        let deadline = Instant::now() + self.timeout;
+        self.accept_parent(listener, pd, init, buf, deadline)?;
+        let dev = self.dev.clone().ok_or_else(|| Fail::at(&me, "no device"))?;
+        for child in self.cfg.children(&me) {
+            self.connect_child(child, &dev, pd, init, deadline)?;
+        }
+        eprintln!("{me}: forwarding again from chunk {from}");
+        Ok(from)
+    }
+
+    /// A resumable sink continues the object of state `st` at chunk `self.start_seq` (>= 1).
+    fn continue_object(&mut self, st: PartialState) -> R<()> {
+        let name = self.me.name.clone();
+        let from = self.start_seq;
+        let slots = self.slots as u64;
+        let sk = self
+            .sink
+            .as_mut()
+            .ok_or_else(|| Fail::at(&name, "no sink"))?;
+        let rs = sk
+            .resume
+            .as_mut()
+            .ok_or_else(|| Fail::at(&name, "no resumable sink"))?;
+        let len = st.object_len;
+        let info = ObjectInfo {
+            name: rs.output.display().to_string(),
+            len: Some(len),
+        };
+        if let Err(e) = sk.sink.reopen(&info) {
+            rs.discard = true;
+            return Err(Fail::at(
+                &name,
+                format!("sink {name}: reopening the partial object: {e}"),
+            ));
+        }
+        sk.open = true;
+        sk.digest = ObjectDigest::new();
+        sk.next_offset = from
+            .saturating_sub(1)
+            .saturating_mul(rs.chunk_size)
+            .min(len);
+        sk.object_len = len;
+        rs.held_upto = st.first_missing();
+        rs.compare_left = 4 * slots;
+        rs.resumed = true;
+        rs.state = Some(st);
+        self.live.total.fetch_add(len, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The source, when the run starts at chunk `self.start_seq`: frames the chunks before it
+    /// without sending them (so that object digests still cover every byte).
+    fn skip_to_start(&mut self, src: &mut SourceState, buf: &Mr) -> R<()> {
+        let from = self.start_seq;
+        for seq in 0..from {
+            let s = (seq % self.slots as u64) as usize;
+            let (_, _, eot) = self.fill(src, buf, s, seq, true)?;
+            if eot {
+                return Err(Fail::at(
+                    &self.me.name,
+                    format!(
+                        "a sink resumes at chunk {from}, but the transfer has only {} chunks \
+                         (did the source change?)",
+                        seq + 1
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// A resumed object ended: digests the whole part file (an earlier run wrote part of it)
+    /// and says whether to commit.
+    fn digest_part_file(&mut self, want: [u8; 16]) -> R<After> {
+        let name = self.me.name.clone();
+        let sk = self
+            .sink
+            .as_mut()
+            .ok_or_else(|| Fail::at(&name, "no sink"))?;
+        let len = sk.object_len;
+        let mut d = ObjectDigest::new();
+        let mut piece = vec![0u8; (1 << 20).min(usize::try_from(len).unwrap_or(1 << 20))];
+        let mut off = 0u64;
+        while off < len {
+            let n = piece
+                .len()
+                .min(usize::try_from(len - off).unwrap_or(usize::MAX));
+            sk.sink.read_back(off, &mut piece[..n]).map_err(|e| {
+                Fail::at(&name, format!("sink {name}: reading the object back: {e}"))
+            })?;
+            d.update(&piece[..n]);
+            off += n as u64;
+        }
+        let got = d.finish();
+        sk.digest = d;
+        Ok(if got == want {
+            After::Commit
+        } else {
+            After::Mismatch { want, got }
+        })
+    }
+
+    /// A resumable sink: makes the object durable, then saves its bitmap.
+    fn save_resume(&mut self) -> R<()> {
+        let name = self.me.name.clone();
+        let Some(sk) = self.sink.as_mut() else {
+            return Ok(());
+        };
+        let Some(rs) = sk.resume.as_mut() else {
+            return Ok(());
+        };
+        let Some(st) = &rs.state else {
+            return Ok(());
+        };
+        let r = sk
+            .sink
+            .sync()
+            .and_then(|()| st.save(&resume::state_path(&rs.output)));
+        rs.unsynced = 0;
+        r.map_err(|e| {
+            if sink::is_storage_full(&e) {
+                Fail::at(&name, format!("disk full at sink {name}: {e}"))
+            } else {
+                Fail::at(&name, format!("sink {name}: saving the resume state: {e}"))
+            }
+        })
     }
 
     fn start_progress(&mut self) {
@@ -557,7 +1023,10 @@ impl<'a> NodeRun<'a> {
             let qp = pd
                 .create_qp(init)
                 .map_err(|e| Fail::at(self.name(), format!("creating a QP: {e}")))?;
-            for s in 0..self.slots {
+            // Chunk `start_seq` lands in the first receive: start at its slot.
+            let first = (self.start_seq % self.slots as u64) as usize;
+            for i in 0..self.slots {
+                let s = (first + i) % self.slots;
                 qp.post_recv(RecvWr {
                     wr_id: K_DATA_RECV | s as u64,
                     sges: SgeList::one(ring.sge(s * self.slot_size, self.slot_size)),
@@ -661,8 +1130,8 @@ impl<'a> NodeRun<'a> {
             name: child.name.clone(),
             conn,
             ring,
-            credits: 0,
-            next_post: 0,
+            credits: self.start_seq,
+            next_post: self.start_seq,
             posted_at: VecDeque::new(),
             down,
         });
@@ -731,8 +1200,29 @@ impl<'a> NodeRun<'a> {
         chan: &CompChannel,
         buf: &Mr,
         mut source: Option<SourceState>,
+        links: &Links<'_>,
     ) -> R<()> {
+        let (pd, init, listener) = (links.pd, links.init, links.listener);
         let slots = self.slots;
+        // When the tree is a chain down to a resumable sink, that sink may die and come back
+        // (restarted): the source then waits for it and resends from the first chunk it
+        // lacks; the relays on the way set their rings up again.
+        let chain = self.cfg.rejoin_chain();
+        let rejoin_sink: Option<(String, Vec<String>)> = match &chain {
+            Some((relays, sink)) if source.is_some() => Some((sink.clone(), relays.clone())),
+            _ => None,
+        };
+        let rewind_for: Option<String> = match &chain {
+            Some((relays, sink)) if relays.contains(&self.me.name) && listener.is_some() => {
+                Some(sink.clone())
+            }
+            _ => None,
+        };
+        if let (Some((c, _)), Some(server)) = (&rejoin_sink, &self.server) {
+            server.set_rejoinable(std::slice::from_ref(c));
+        }
+        let mut retired = Vec::new();
+        let mut lost = false;
         let now = Instant::now();
         let mut ring: Vec<Slot> = vec![
             Slot {
@@ -747,8 +1237,8 @@ impl<'a> NodeRun<'a> {
             slots
         ];
         let is_source = source.is_some();
-        let mut next_in: u64 = 0;
-        let mut next_release: u64 = 0;
+        let mut next_in: u64 = self.start_seq;
+        let mut next_release: u64 = self.start_seq;
         let mut eot: Option<u64> = None;
         let mut credits_out: u64 = 0;
         let mut throttle_clock = Instant::now();
@@ -773,7 +1263,24 @@ impl<'a> NodeRun<'a> {
             for wc in batch.drain(..) {
                 progressed = true;
                 last_activity = Instant::now();
+                if retired.contains(&wc.qp_num) {
+                    continue; // the connection to a child that died and came back
+                }
                 if wc.status != WcStatus::Success {
+                    let on_child = self
+                        .children
+                        .first()
+                        .is_some_and(|c| c.conn.qp().qpn() == wc.qp_num);
+                    let on_parent = self
+                        .parent
+                        .as_ref()
+                        .is_some_and(|(p, _)| p.qp().qpn() == wc.qp_num);
+                    if (rejoin_sink.is_some() && on_child)
+                        || (rewind_for.is_some() && (on_child || on_parent))
+                    {
+                        lost = true;
+                        continue;
+                    }
                     let peer = self.peer_of(&wc);
                     return Err(Fail::blame(
                         &peer,
@@ -898,7 +1405,10 @@ impl<'a> NodeRun<'a> {
                     let s = (next_in % slots as u64) as usize;
                     if !ring[s].busy {
                         let seq = next_in;
-                        let (len, data, is_eot) = self.fill(src, buf, s, seq)?;
+                        let (len, data, is_eot) = self.fill(src, buf, s, seq, false)?;
+                        if seq < self.resend_until {
+                            self.resent += data;
+                        }
                         let t = Instant::now();
                         self.first_chunk.get_or_insert(t);
                         ring[s] = Slot {
@@ -1020,7 +1530,60 @@ impl<'a> NodeRun<'a> {
                 }
             }
 
-            // 6. Failures elsewhere, dead hops.
+            // 6. Failures elsewhere, dead hops. A sink that may come back is waited for.
+            if let (Some(sink), Some(l)) = (&rewind_for, listener) {
+                let down = self.children.iter().any(|c| c.down.load(Ordering::Acquire))
+                    || self
+                        .parent
+                        .as_ref()
+                        .is_some_and(|(_, d)| d.load(Ordering::Acquire));
+                if lost || down {
+                    let from = self.rewind(sink, l, pd, init, buf, &mut retired)?;
+                    lost = false;
+                    for sl in ring.iter_mut() {
+                        sl.busy = false;
+                        sl.processed = false;
+                        sl.pending = 0;
+                    }
+                    next_in = from;
+                    next_release = from;
+                    eot = None;
+                    credits_out = 0;
+                    throttle_clock = Instant::now();
+                    last_activity = Instant::now();
+                    idle_since = Instant::now();
+                    continue;
+                }
+            }
+            if let Some((name, relays)) = &rejoin_sink {
+                let finished = eot.is_some_and(|e| self.children.iter().all(|c| c.credits > e));
+                let down = self.children.iter().any(|c| c.down.load(Ordering::Acquire))
+                    || self.server.as_ref().is_some_and(|s| s.is_dead(name));
+                if !finished && (lost || down) {
+                    let from = self.rejoin(name, relays, pd, init, &mut retired)?;
+                    lost = false;
+                    self.resend_until = self.resend_until.max(next_in);
+                    for sl in ring.iter_mut() {
+                        sl.busy = false;
+                        sl.processed = false;
+                        sl.pending = 0;
+                    }
+                    next_in = from;
+                    next_release = from;
+                    eot = None;
+                    throttle_clock = Instant::now();
+                    last_activity = Instant::now();
+                    // Frame the transfer again up to `from`, from a fresh source.
+                    self.objects = 0;
+                    self.source_digests.clear();
+                    self.live.total.store(0, Ordering::Relaxed);
+                    let mut src = self.open_source()?;
+                    self.skip_to_start(&mut src, buf)?;
+                    source = Some(src);
+                    idle_since = Instant::now();
+                    continue;
+                }
+            }
             let done_with_parent = eot.is_some_and(|e| next_release > e && credits_out == 0);
             self.check_outside(done_with_parent)?;
             for c in &self.children {
@@ -1087,13 +1650,15 @@ impl<'a> NodeRun<'a> {
     }
 
     /// The source: frames the next chunk in staging slot `s`. Returns (bytes to send, object
-    /// bytes it carries, end of transfer).
+    /// bytes it carries, end of transfer). `dry`: a chunk before the start of a resumed run,
+    /// framed only to be digested (no stages, no test knobs).
     fn fill(
         &mut self,
         src: &mut SourceState,
         buf: &Mr,
         s: usize,
         seq: u64,
+        dry: bool,
     ) -> R<(usize, u64, bool)> {
         let me = self.me.name.clone();
         let check = self.cfg.transfer.check;
@@ -1130,7 +1695,7 @@ impl<'a> NodeRun<'a> {
             }
             pre = Some(got);
         }
-        let flip = self.me.flip_bit_at_seq == Some(seq);
+        let flip = !dry && self.me.flip_bit_at_seq == Some(seq);
         let stages = &mut self.stages;
         let r: R<(usize, u64, Option<What>)> = buf.with_bytes_mut(|b| {
             let slot = &mut b[base..base + slot_size];
@@ -1189,7 +1754,7 @@ impl<'a> NodeRun<'a> {
                         src.digest.update(&pb[..n]);
                         h = ChunkHeader::data(seq, src.object, src.offset, n as u32, len, check);
                         h.seal(&pb[..n]);
-                        for st in stages.iter_mut() {
+                        for st in stages.iter_mut().filter(|_| !dry) {
                             st.process(Chunk {
                                 header: &mut h,
                                 buf: &mut *pb,
@@ -1246,6 +1811,7 @@ impl<'a> NodeRun<'a> {
         let base = s * self.slot_size;
         let slot_size = self.slot_size;
         let flip = self.me.flip_bit_at_seq == Some(seq);
+        let first_of_run = seq == self.start_seq;
         let stages = &mut self.stages;
         let sink = &mut self.sink;
         let corrupt = |what: String| {
@@ -1324,7 +1890,10 @@ impl<'a> NodeRun<'a> {
                         )));
                     }
                     let got = sk.digest.finish();
-                    after = if got == want {
+                    after = if sk.resume.as_ref().is_some_and(|r| r.resumed) {
+                        // Part of the object came from an earlier run: digest the file.
+                        After::VerifyFile { want }
+                    } else if got == want {
                         After::Commit
                     } else {
                         After::Mismatch { want, got }
@@ -1345,21 +1914,77 @@ impl<'a> NodeRun<'a> {
                             ),
                         ));
                     }
+                    let mut write = true;
+                    if let Some(rs) = sk.resume.as_mut().filter(|r| r.state.is_some()) {
+                        if rs.resumed
+                            && first_of_run
+                            && (h.object_len != sk.object_len || h.offset != sk.next_offset)
+                        {
+                            // Same configuration, but the source's object is not the one the
+                            // earlier run wrote.
+                            rs.discard = true;
+                            return Err(Fail::at(
+                                &me,
+                                format!(
+                                    "chunk {seq} is at offset {} of an object of {} bytes, but \
+                                     the resume state of {} says offset {} of {} bytes: the \
+                                     source changed; the partial object and its state are \
+                                     discarded, run the transfer again to start from chunk 0",
+                                    h.offset,
+                                    h.object_len,
+                                    rs.output.display(),
+                                    sk.next_offset,
+                                    sk.object_len
+                                ),
+                            ));
+                        }
+                        if seq < rs.held_upto {
+                            write = false;
+                        } else if rs.compare_left > 0 {
+                            // What an earlier run wrote past its last saved state is still
+                            // in the file: identical bytes were sent again.
+                            rs.scratch.resize(plen, 0);
+                            let same = sk.sink.read_back(h.offset, &mut rs.scratch).is_ok()
+                                && rs.scratch[..] == *payload;
+                            if same {
+                                write = false;
+                                rs.compare_left -= 1;
+                            } else {
+                                rs.compare_left = 0;
+                            }
+                        }
+                        if !write {
+                            rs.sent_again += plen as u64;
+                        }
+                    }
                     if h.offset != sk.next_offset || h.raw_len as usize != plen {
                         return Err(corrupt(format!(
                             "data at offset {} ({} bytes), expected offset {}",
                             h.offset, plen, sk.next_offset
                         )));
                     }
-                    sk.digest.update(payload);
-                    sk.sink.write(h.offset, payload).map_err(|e| {
-                        if sink::is_storage_full(&e) {
-                            Fail::at(&me, format!("disk full at sink {me}: {e}"))
-                        } else {
-                            Fail::at(&me, format!("sink {me}: writing: {e}"))
-                        }
-                    })?;
+                    if !sk.resume.as_ref().is_some_and(|r| r.resumed) {
+                        sk.digest.update(payload);
+                    }
+                    if write {
+                        sk.sink.write(h.offset, payload).map_err(|e| {
+                            if sink::is_storage_full(&e) {
+                                Fail::at(&me, format!("disk full at sink {me}: {e}"))
+                            } else {
+                                Fail::at(&me, format!("sink {me}: writing: {e}"))
+                            }
+                        })?;
+                    }
                     sk.next_offset += plen as u64;
+                    if let Some(rs) = sk.resume.as_mut() {
+                        if let Some(st) = rs.state.as_mut() {
+                            st.set(seq);
+                            rs.unsynced += 1;
+                            if rs.unsynced >= rs.every {
+                                after = After::Save;
+                            }
+                        }
+                    }
                 }
             }
             Ok((HEADER_LEN + plen, data, (h.flags, h.object_len), after, copied))
@@ -1367,9 +1992,17 @@ impl<'a> NodeRun<'a> {
         let (len, data, (chunk_flags, object_len), after, copied) = r?;
         let eot = chunk_flags & flags::END_OF_TRANSFER != 0;
         self.own_copies += copied;
+        let after = match after {
+            After::VerifyFile { want } => self.digest_part_file(want)?,
+            other => other,
+        };
         match after {
             After::Nothing => {}
+            After::Save => self.save_resume()?,
+            After::VerifyFile { .. } => {}
             After::Begin(info) => {
+                let name = self.me.name.clone();
+                let slots = self.slots as u64;
                 let sk = self
                     .sink
                     .as_mut()
@@ -1377,23 +2010,50 @@ impl<'a> NodeRun<'a> {
                 if let Some(l) = info.len {
                     self.live.total.fetch_add(l, Ordering::Relaxed);
                 }
-                sk.sink.begin(&info).map_err(|e| {
-                    if sink::is_storage_full(&e) {
-                        Fail::at(
-                            &self.me.name,
-                            format!("disk full at sink {}: {e}", self.me.name),
-                        )
-                    } else {
-                        Fail::at(
-                            &self.me.name,
-                            format!("sink {}: starting {:?}: {e}", self.me.name, info.name),
-                        )
+                // A resumable sink continues a valid earlier state of this object's size.
+                let mut reopened = false;
+                if let (Some(rs), Some(olen)) = (sk.resume.as_mut(), info.len) {
+                    if let Some(st) = rs.pending.take().filter(|st| st.object_len == olen) {
+                        sk.sink.reopen(&info).map_err(|e| {
+                            rs.discard = true;
+                            Fail::at(
+                                &name,
+                                format!("sink {name}: reopening the partial object: {e}"),
+                            )
+                        })?;
+                        rs.held_upto = st.first_missing();
+                        rs.compare_left = 4 * slots;
+                        rs.resumed = true;
+                        rs.state = Some(st);
+                        reopened = true;
                     }
-                })?;
+                }
+                if !reopened {
+                    sk.sink.begin(&info).map_err(|e| {
+                        if sink::is_storage_full(&e) {
+                            Fail::at(&name, format!("disk full at sink {name}: {e}"))
+                        } else {
+                            Fail::at(&name, format!("sink {name}: starting {:?}: {e}", info.name))
+                        }
+                    })?;
+                }
                 sk.open = true;
                 sk.digest = ObjectDigest::new();
                 sk.next_offset = 0;
                 sk.object_len = info.len.unwrap_or(u64::MAX);
+                if let Some(rs) = sk.resume.as_mut().filter(|_| !reopened) {
+                    // A fresh object: record its start (the state of an object of unknown
+                    // length is not kept: it cannot be checked on a resume).
+                    rs.state = info.len.map(|l| {
+                        let mut st = PartialState::new(rs.fingerprint, rs.chunk_size, l);
+                        st.set(seq);
+                        st
+                    });
+                    rs.resumed = false;
+                    rs.held_upto = 0;
+                    rs.compare_left = 0;
+                    self.save_resume()?;
+                }
             }
             After::Commit => {
                 let name = self.me.name.clone();
@@ -1411,17 +2071,36 @@ impl<'a> NodeRun<'a> {
                 })?;
                 sk.committed += 1;
                 sk.digests.push(sk.digest.finish());
+                if let Some(rs) = sk.resume.as_mut() {
+                    // Committed: the state has served.
+                    resume::discard(&rs.output);
+                    rs.state = None;
+                }
             }
             After::Mismatch { want, got } => {
                 let name = self.me.name.clone();
+                let mut what = String::new();
                 if let Some(sk) = self.sink.as_mut() {
                     sk.open = false;
                     sk.sink.abort();
+                    if let Some(rs) = sk.resume.as_mut() {
+                        rs.discard = true;
+                        rs.state = None;
+                        resume::discard(&rs.output);
+                        if rs.resumed {
+                            what = format!(
+                                " (over the partial object of an earlier run and this run's \
+                                 chunks); the partial object and its resume state {} are \
+                                 discarded, the next run starts from chunk 0",
+                                resume::state_path(&rs.output).display()
+                            );
+                        }
+                    }
                 }
                 return Err(Fail::at(
                     &name,
                     format!(
-                        "object digest mismatch at sink {name}: the source sent {}, the data gives {}",
+                        "object digest mismatch at sink {name}: the source sent {}, the data gives {}{what}",
                         hex(&want),
                         hex(&got)
                     ),
@@ -1449,15 +2128,52 @@ impl<'a> NodeRun<'a> {
             (Some(a), Some(b)) if b > a => (b - a).as_secs_f64(),
             _ => 0.0,
         };
-        // A sink removes any partial object.
+        // A sink removes any partial object, unless it can resume it: then it saves its
+        // bitmap and keeps it.
         let mut committed = false;
+        let mut kept = None;
+        if self.sink.as_ref().is_some_and(|sk| {
+            sk.open
+                && sk
+                    .resume
+                    .as_ref()
+                    .is_some_and(|r| !r.discard && r.state.is_some())
+        }) {
+            kept = Some(self.save_resume());
+        }
+        let mut sent_again = 0;
+        let mut resumed = false;
         if let Some(sk) = self.sink.as_mut() {
             if sk.open {
-                sk.sink.abort();
+                match (&kept, sk.resume.as_ref()) {
+                    (Some(Ok(())), Some(rs)) => {
+                        sk.sink.suspend();
+                        let n = rs.state.as_ref().map_or(0, PartialState::first_missing);
+                        let msg = format!(
+                            "kept the partial object (chunks 0..{n}) and its resume state {} for \
+                             the next run",
+                            resume::state_path(&rs.output).display()
+                        );
+                        eprintln!("{name}: {msg}");
+                    }
+                    (_, Some(rs)) => {
+                        sk.sink.abort();
+                        resume::discard(&rs.output);
+                    }
+                    (_, None) => sk.sink.abort(),
+                }
                 sk.open = false;
+            } else if let Some(rs) = sk.resume.as_ref().filter(|r| r.discard) {
+                resume::discard(&rs.output);
             }
             committed = result.is_ok() && sk.committed > 0;
+            if let Some(rs) = &sk.resume {
+                sent_again = rs.sent_again;
+                resumed = rs.resumed;
+            }
         }
+        let resumed_from =
+            (self.cfg.resumable() && (self.start_seq > 0 || resumed)).then_some(self.start_seq);
         let mut report = Report {
             event: "report".into(),
             node: name.clone(),
@@ -1484,6 +2200,9 @@ impl<'a> NodeRun<'a> {
             error: None,
             failed_hop: None,
             sinks: BTreeMap::new(),
+            resumed_from_chunk: resumed_from,
+            bytes_sent_again: sent_again,
+            resume_note: self.resume_note.clone(),
         };
         if let Err(f) = &result {
             report.error = Some(format!("{name}: {}", f.msg));
@@ -1504,6 +2223,15 @@ impl<'a> NodeRun<'a> {
                 });
             }
             let all = server.wait_all(Instant::now() + grace, result.is_err());
+            for n in server.dead_without_final() {
+                server.record(control::Failure {
+                    failed_hop: Some(n.clone()),
+                    error: format!(
+                        "node {n} died (its control connection closed without a report)"
+                    ),
+                    primary: true,
+                });
+            }
             let failures = server.failures();
             if result.is_ok() && !failures.is_empty() {
                 server.broadcast(&Msg::Abort {
@@ -1520,9 +2248,17 @@ impl<'a> NodeRun<'a> {
                     SinkStatus {
                         bytes: server.bytes_of(&s.name),
                         committed: f.is_some_and(|f| f.ok && f.committed),
+                        resumed_from: f.and_then(|f| f.resumed_from),
+                        bytes_sent_again: f.map_or(0, |f| f.bytes_sent_again),
                     },
                 );
             }
+            report.bytes_sent_again = sinks
+                .values()
+                .map(|s| s.bytes_sent_again)
+                .max()
+                .unwrap_or(0)
+                .max(self.resent);
             let mut ok = result.is_ok() && failures.is_empty() && all;
             ok &= sinks.values().all(|s| s.committed);
             if ok {
@@ -1568,6 +2304,8 @@ impl<'a> NodeRun<'a> {
                 error,
                 failed_hop: hop,
                 primary,
+                resumed_from: report.resumed_from_chunk,
+                bytes_sent_again: report.bytes_sent_again,
             });
             // The source may itself wait up to `grace` for the other nodes' reports after
             // hearing this one, so wait longer than that for its verdict.
@@ -1579,6 +2317,13 @@ impl<'a> NodeRun<'a> {
                 ..
             }) = heard.verdict
             {
+                if self.sink.is_none() {
+                    report.bytes_sent_again = sinks
+                        .values()
+                        .map(|s| s.bytes_sent_again)
+                        .max()
+                        .unwrap_or(0);
+                }
                 report.sinks = sinks;
                 if let Err(f) = &result {
                     // The source knows best which hop failed first.

@@ -55,6 +55,17 @@ pub struct Report {
     /// Per sink: bytes written and whether it committed (the source's report; others carry
     /// it when the source's verdict reached them).
     pub sinks: BTreeMap<String, SinkStatus>,
+    /// The chunk this run started at when a sink resumed (a sink: the first chunk it
+    /// lacked); `None` for a transfer from the beginning.
+    #[serde(default)]
+    pub resumed_from_chunk: Option<u64>,
+    /// Object bytes sent again: chunks an earlier run had already written at a sink (a sink:
+    /// its own; the source and relays: the most of any sink, from the verdict).
+    #[serde(default)]
+    pub bytes_sent_again: u64,
+    /// Why a sink's earlier resume state was discarded, if it was.
+    #[serde(default)]
+    pub resume_note: Option<String>,
 }
 
 impl Report {
@@ -290,6 +301,16 @@ pub fn human(r: &Report) -> String {
         human_bytes(r.copied_bytes),
         human_bytes(r.forwarded_bytes),
     );
+    if let Some(n) = r.resumed_from_chunk {
+        s.push_str(&format!(
+            "\n  resumed from chunk {n}; bytes sent again: {} ({} bytes)",
+            human_bytes(r.bytes_sent_again),
+            r.bytes_sent_again
+        ));
+    }
+    if let Some(n) = &r.resume_note {
+        s.push_str(&format!("\n  {n}"));
+    }
     if let Some(d) = &r.digest {
         s.push_str(&format!("\n  digest {d}"));
     }
@@ -310,6 +331,12 @@ pub fn human(r: &Report) -> String {
                 "NOT committed"
             }
         ));
+        if let Some(n) = st.resumed_from {
+            s.push_str(&format!(
+                ", resumed from chunk {n}, {} bytes sent again",
+                st.bytes_sent_again
+            ));
+        }
     }
     s
 }
@@ -317,6 +344,49 @@ pub fn human(r: &Report) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn human_report_says_where_it_resumed() {
+        let mut r = Report {
+            node: "A".into(),
+            ok: true,
+            ..Report::default()
+        };
+        assert!(!human(&r).contains("resumed"));
+        r.resumed_from_chunk = Some(42);
+        r.bytes_sent_again = 3 << 16;
+        r.sinks.insert(
+            "C".into(),
+            SinkStatus {
+                bytes: 1,
+                committed: true,
+                resumed_from: Some(42),
+                bytes_sent_again: 3 << 16,
+            },
+        );
+        let h = human(&r);
+        assert!(
+            h.contains("resumed from chunk 42; bytes sent again: 192.00 KiB (196608 bytes)"),
+            "{h}"
+        );
+        assert!(
+            h.contains(
+                "sink C: 1 B (1 bytes), committed, resumed from chunk 42, 196608 bytes sent again"
+            ),
+            "{h}"
+        );
+        let back: Report = serde_json::from_str(&r.json_line()).unwrap();
+        assert_eq!(back, r);
+        // Reports of older builds, without the resume fields, still parse.
+        let old: Report = serde_json::from_str(
+            r#"{"event":"report","node":"A","ok":true,"bytes":0,"objects":0,"seconds":0.0,
+               "throughput_mbps":0.0,"chunk_latency_p50_us":0.0,"chunk_latency_p99_us":0.0,
+               "retransmissions":0,"copied_bytes":0,"forwarded_bytes":0,"digest":null,
+               "error":null,"failed_hop":null,"sinks":{}}"#,
+        )
+        .unwrap();
+        assert_eq!(old.resumed_from_chunk, None);
+    }
 
     #[test]
     fn percentiles() {

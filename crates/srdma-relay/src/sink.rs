@@ -16,6 +16,11 @@
 //! and renamed to its final name on commit (after fsync); abort (or dropping the sink with an
 //! object in progress) removes the partial file. A full disk surfaces as an `io::Error` whose
 //! kind is [`std::io::ErrorKind::StorageFull`], with the path in the message.
+//!
+//! A resumable file sink ([`FileSink::resumable`], `resume = true` in the configuration)
+//! writes to the stable `<final>.srdma-part` instead and keeps it when the run ends without
+//! the object ([`Sink::suspend`]), so that a later run can [`Sink::reopen`] it; see
+//! [`crate::resume`].
 
 use crate::chunk::{ChunkHeader, DIGEST_LEN, FrameError, flags};
 use crate::digest::{ObjectDigest, hex};
@@ -38,6 +43,31 @@ pub trait Sink: Send {
     /// Object bytes written to this sink so far (all objects).
     fn bytes_written(&self) -> u64 {
         0
+    }
+    /// Makes every byte written so far durable (fsync); sinks without files have nothing to do.
+    fn sync(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+    /// Ends the run keeping the object in progress for a later resume; sinks that cannot
+    /// resume abort it.
+    fn suspend(&mut self) {
+        self.abort();
+    }
+    /// Continues the object `obj` an earlier run left partial (resumable sinks only).
+    fn reopen(&mut self, obj: &ObjectInfo) -> std::io::Result<()> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("this sink cannot resume {:?}", obj.name),
+        ))
+    }
+    /// Reads `buf.len()` bytes of the object in progress at `offset` back (resumable sinks
+    /// only; fewer bytes than asked is an error).
+    fn read_back(&mut self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        let _ = (offset, buf);
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this sink cannot read its object back",
+        ))
     }
 }
 
@@ -85,12 +115,19 @@ struct PartFile {
     dest: PathBuf,
     len: Option<u64>,
     done: bool,
+    /// Left in place on drop (a resumable object suspended).
+    keep: bool,
 }
 
 impl PartFile {
     fn create(dest: PathBuf, len: Option<u64>) -> io::Result<PartFile> {
         let part = part_path(&dest);
+        PartFile::create_at(dest, part, len)
+    }
+
+    fn create_at(dest: PathBuf, part: PathBuf, len: Option<u64>) -> io::Result<PartFile> {
         let file = OpenOptions::new()
+            .read(true)
             .write(true)
             .create(true)
             .truncate(true)
@@ -103,12 +140,49 @@ impl PartFile {
             dest,
             len,
             done: false,
+            keep: false,
         };
         if let Some(len) = len.filter(|&l| l > 0) {
             // Reserve the space now so a full disk shows at begin, not half-way through.
             pf.reserve(len)?; // on error `pf` drops and removes the part file
         }
         Ok(pf)
+    }
+
+    /// Opens the part file an earlier run left (no truncation); it must not be longer than
+    /// `len`.
+    fn reopen(dest: PathBuf, part: PathBuf, len: u64) -> io::Result<PartFile> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&part)
+            .map_err(|e| with_path(e, &part))?;
+        let have = file.metadata().map_err(|e| with_path(e, &part))?.len();
+        // Keep it on an error below: the caller decides whether to discard it.
+        let mut pf = PartFile {
+            file,
+            part,
+            dest,
+            len: Some(len),
+            done: false,
+            keep: true,
+        };
+        if have > len {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{}: {have} bytes, the object has {len}", pf.part.display()),
+            ));
+        }
+        pf.reserve(len)?;
+        pf.keep = false;
+        Ok(pf)
+    }
+
+    fn read_back(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.file
+            .read_exact_at(buf, offset)
+            .map_err(|e| with_path(e, &self.part))
     }
 
     fn reserve(&self, len: u64) -> io::Result<()> {
@@ -171,7 +245,7 @@ impl PartFile {
 
 impl Drop for PartFile {
     fn drop(&mut self) {
-        if !self.done {
+        if !self.done && !self.keep {
             let _ = std::fs::remove_file(&self.part);
         }
     }
@@ -184,6 +258,7 @@ pub struct FileSink {
     current: Option<PartFile>,
     committed: bool,
     bytes: u64,
+    resumable: bool,
 }
 
 impl FileSink {
@@ -206,7 +281,23 @@ impl FileSink {
             current: None,
             committed: false,
             bytes: 0,
+            resumable: false,
         })
+    }
+
+    /// A sink storing one object at `path` through the stable part file
+    /// [`crate::resume::part_path`], which [`Sink::suspend`] keeps and [`Sink::reopen`]
+    /// continues.
+    pub fn resumable(path: PathBuf) -> io::Result<FileSink> {
+        Ok(FileSink {
+            resumable: true,
+            ..FileSink::new(path)?
+        })
+    }
+
+    /// The final path of the object.
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 }
 
@@ -228,7 +319,12 @@ impl Sink for FileSink {
                 ),
             ));
         }
-        self.current = Some(PartFile::create(self.path.clone(), obj.len)?);
+        self.current = Some(if self.resumable {
+            let part = crate::resume::part_path(&self.path);
+            PartFile::create_at(self.path.clone(), part, obj.len)?
+        } else {
+            PartFile::create(self.path.clone(), obj.len)?
+        });
         Ok(())
     }
 
@@ -248,6 +344,42 @@ impl Sink for FileSink {
 
     fn abort(&mut self) {
         self.current = None;
+    }
+
+    fn sync(&mut self) -> io::Result<()> {
+        match &self.current {
+            Some(cur) => cur.file.sync_data().map_err(|e| with_path(e, &cur.part)),
+            None => Ok(()),
+        }
+    }
+
+    fn suspend(&mut self) {
+        if let Some(mut cur) = self.current.take() {
+            if self.resumable {
+                let _ = cur.file.sync_data();
+                cur.keep = true;
+            }
+        }
+    }
+
+    fn reopen(&mut self, obj: &ObjectInfo) -> io::Result<()> {
+        let (true, Some(len)) = (self.resumable, obj.len) else {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("{}: not a resumable sink", self.path.display()),
+            ));
+        };
+        if let Some(mut old) = self.current.take() {
+            old.keep = true; // the very file about to be reopened
+        }
+        let part = crate::resume::part_path(&self.path);
+        self.current = Some(PartFile::reopen(self.path.clone(), part, len)?);
+        Ok(())
+    }
+
+    fn read_back(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let cur = self.current.as_ref().ok_or_else(no_object)?;
+        cur.read_back(offset, buf)
     }
 
     fn bytes_written(&self) -> u64 {
