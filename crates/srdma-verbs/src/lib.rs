@@ -9,6 +9,9 @@
 //!   byte for byte (checked against the installed header by a unit test);
 //! - the safe `srdma` API, which does the work.
 //!
+//! The same file is `librdmacm.so.1` too (`rdmacm`: rdma_cm over IB CM MADs on QP1, with the
+//! list of what it implements).
+//!
 //! Every function is bound to the symbol version Debian's library gives it (`symbols.txt`,
 //! turned into `.symver` directives and a version script by `build.rs`).
 //!
