@@ -12,7 +12,9 @@
 #                   roles
 #   dropin-*        Debian's own ibv_rc_pingpong, ibv_ud_pingpong and ib_write_bw/ib_send_lat
 #                   on the host through srdma's drop-in libibverbs (`srdma exec`), against
-#                   the same tools on rxe in the guest, both roles
+#                   the same tools on rxe in the guest, both roles; dropin-rping-*,
+#                   dropin-udaddy-*, dropin-write-bw-R-*: rdmacm-utils and perftest -R through
+#                   the drop-in librdmacm.so.1 against rdma-core's librdmacm on rxe
 # for SIZE in 64, 4096, 65536 (multi-packet at the path MTU 1024). Every scenario must exit 0
 # on both sides, and the guest's rxe hw counters must show no sequence error and no retry.
 #
@@ -41,6 +43,7 @@ log "building srdma and verbs_target"
 (cd "$ROOT" && cargo build --release -q -p srdma-cli -p srdma-verbs && cargo build --release -q -p srdma --example verbs_target_client)
 command -v ibv_rc_pingpong >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ibverbs-utils >/dev/null
 command -v ib_write_bw >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq perftest >/dev/null
+command -v rping >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rdmacm-utils >/dev/null
 SRDMA="$ROOT/target/release/srdma"
 CLIENT="$ROOT/target/release/examples/verbs_target_client"
 for b in "$SRDMA" "$CLIENT"; do [ -x "$b" ] || { log "FAIL: $b was not built"; exit 1; }; done
@@ -135,6 +138,19 @@ selected ibcm-rping-server-on-rxe && { scenario ibcm-rping-server-on-rxe \
 selected ibcm-rping-client-on-rxe && { scenario ibcm-rping-client-on-rxe \
   "retry 80 0.5 rping -c -a 10.77.0.1 -v -V -C 3" \
   "$SRDMA rping -s -a 10.77.0.1 --ib-cm -v" || fail=1; }
+# The drop-in librdmacm.so.1 (srdma exec) against rdma-core's librdmacm on kernel rxe.
+selected dropin-rping-server-on-rxe && { scenario dropin-rping-server-on-rxe \
+  "rping -s -a 10.77.0.2 -v -V -C 5 -S 4000" \
+  "$RUNS/@/retry-host $EXEC rping -c -a 10.77.0.2 -v -V -C 5 -S 4000" || fail=1; }
+selected dropin-rping-client-on-rxe && { scenario dropin-rping-client-on-rxe \
+  "retry 80 0.5 rping -c -a 10.77.0.1 -v -V -C 5 -S 4000" \
+  "$EXEC rping -s -a 10.77.0.1 -v -V -C 5 -S 4000" || fail=1; }
+selected dropin-udaddy-server-on-rxe && { scenario dropin-udaddy-server-on-rxe \
+  "udaddy -C 5" \
+  "$RUNS/@/retry-host $EXEC udaddy -s 10.77.0.2 -C 5" || fail=1; }
+selected dropin-write-bw-R-client && { scenario dropin-write-bw-R-client \
+  "retry 80 0.5 ib_write_bw -R -d rxe0 -s 65536 -n 100 10.77.0.1" \
+  "$EXEC ib_write_bw -R -s 65536 -n 100" || fail=1; }
 
 # UDP GSO toward rxe (SRDMA_GSO=always): a 64 KiB message leaves as one GSO buffer, the
 # kernel cuts it into datagrams numbered 0, 1, 2, … and srdma computed each one's ICRC for
