@@ -927,8 +927,10 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
         }
         if let Some(conn) = conn {
             if !conn.is_disconnected() {
-                let _ = conn.start_disconnect();
-                let _ = spawn("srdma-cm-dreq", move || drop(conn));
+                // The kernel keeps resending a DREQ after the process is gone; a library
+                // cannot, so the DREQ's exchange finishes here (at once when the peer answers,
+                // about 2 s when it is gone). The process often exits right after.
+                let _ = conn.disconnect();
             }
         }
         lock(&me.sh.queue).forget(id as usize);
