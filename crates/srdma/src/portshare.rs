@@ -486,9 +486,6 @@ fn keeper(addr: SocketAddr, name: &[u8], ready: RawFd) -> i32 {
         if r <= 0 {
             continue;
         }
-        if fds[1].revents != 0 {
-            forward_qp1(sockets[0].as_raw_fd(), &users, &listens);
-        }
         for (k, &i) in slots.iter().enumerate() {
             if fds[2 + k].revents != 0 {
                 let mut m = [0u8; 16];
@@ -509,6 +506,11 @@ fn keeper(addr: SocketAddr, name: &[u8], ready: RawFd) -> i32 {
                     listens.retain(|&(_, slot)| slot != i);
                 }
             }
+        }
+        // After the registrations: a listen registered just before its first REQ arrived
+        // must not see that REQ rejected.
+        if fds[1].revents != 0 {
+            forward_qp1(sockets[0].as_raw_fd(), &users, &listens);
         }
         if fds[0].revents & libc::POLLIN != 0 {
             // SAFETY: accept on our listener; no address wanted.
