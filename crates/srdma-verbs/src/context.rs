@@ -231,6 +231,11 @@ impl Context {
         (&raw const self.vctx.context).cast_mut()
     }
 
+    /// The srdma device if it is open (without opening it).
+    pub(crate) fn device_if_open(&self) -> Option<Device> {
+        lock(&self.dev).clone()
+    }
+
     /// The srdma device, opened on first use. Errors are errno values, with a message on
     /// stderr that says what to do.
     pub(crate) fn device(&self) -> Result<Device, c_int> {

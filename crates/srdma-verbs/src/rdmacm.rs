@@ -127,6 +127,20 @@ fn cm_devs() -> &'static [CmDev] {
     })
 }
 
+/// The application is setting up a connection, off its data path: ACKs its last polls held
+/// back for its next post leave now, so its peer (often waiting for them before it listens
+/// again, as perftest -R does between its two connections) need not wait for the progress
+/// thread.
+fn leave_data_path() {
+    if let Some(devs) = CM_DEVS.get() {
+        for d in devs {
+            if let Some(dev) = d.context().device_if_open() {
+                dev.flush_held_back();
+            }
+        }
+    }
+}
+
 impl CmDev {
     fn ctx(&self) -> *mut ibv_context {
         self.ctx as *mut ibv_context
@@ -771,10 +785,55 @@ impl Seen {
     }
 }
 
-fn listen_loop(sh: Arc<Shared>, d: usize, l: IbListener, ud: bool, port: u16) {
+/// How long the port of a destroyed listening id keeps the requests that reach it for a new
+/// listener on the same port (and device) before they are rejected as for a closed port.
+///
+/// A program that listens again on the same port right after destroying its listener (as
+/// perftest -R does between its two connections) would otherwise lose a request that
+/// arrives in between to REJ "invalid service ID". A kernel answers that way too, but its
+/// listen is a system call and the race is rarely lost; ours can lose it under CPU load.
+const LINGER: Duration = Duration::from_secs(2);
+
+/// Who serves a listener's requests: the listening id, or nobody while it lingers.
+type Holder = Arc<Mutex<Option<Arc<Shared>>>>;
+
+/// Listeners whose ids were destroyed, still holding their port: (device, port space, port).
+static LINGERING: Mutex<Vec<(usize, u16, u16, Holder)>> = Mutex::new(Vec::new());
+
+/// The lingering listener of (`d`, `ps`, `port`), handed to `sh`: true if there was one.
+fn adopt_lingering(d: usize, ps: u16, port: u16, sh: &Arc<Shared>) -> bool {
+    let mut l = lock(&LINGERING);
+    let Some(i) = l
+        .iter()
+        .position(|e| e.0 == d && e.1 == ps && e.2 == port)
+    else {
+        return false;
+    };
+    let (_, _, _, holder) = l.swap_remove(i);
+    *lock(&holder) = Some(sh.clone());
+    true
+}
+
+fn listen_loop(holder: Holder, d: usize, l: IbListener, ud: bool, ps: u16, port: u16) {
     let mut seen = Seen(VecDeque::new());
     let tick = Duration::from_millis(50);
-    while !sh.closed.load(Ordering::Acquire) {
+    loop {
+        let Some(sh) = lock(&holder).clone() else {
+            return;
+        };
+        if sh.closed.load(Ordering::Acquire) {
+            if !linger(&holder, d, ps, port) {
+                // Nobody listened again: what waited is refused as for a closed port.
+                while let Ok(r) = l.accept_request(Duration::ZERO) {
+                    let _ = r.reject(srdma::cm::reason::INVALID_SERVICE_ID, &[]);
+                }
+                while let Ok(r) = l.accept_sidr(Duration::ZERO) {
+                    let _ = r.reject(ibcm::SIDR_UNSUPPORTED, &[]);
+                }
+                return;
+            }
+            continue;
+        }
         if ud {
             if let Ok(r) = l.accept_sidr(tick) {
                 let hdr = r.cma_hdr();
@@ -787,6 +846,28 @@ fn listen_loop(sh: Arc<Shared>, d: usize, l: IbListener, ud: bool, port: u16) {
             if seen.first((r.from(), r.req().local_comm_id)) {
                 on_request(&sh, d, port, hdr, Pending::Conn(r));
             }
+        }
+    }
+}
+
+/// Keeps a destroyed id's listener for [`LINGER`]: true if a new id adopted it meanwhile.
+fn linger(holder: &Holder, d: usize, ps: u16, port: u16) -> bool {
+    *lock(holder) = None;
+    lock(&LINGERING).push((d, ps, port, holder.clone()));
+    let until = std::time::Instant::now() + LINGER;
+    loop {
+        std::thread::sleep(Duration::from_millis(5));
+        if lock(holder).is_some() {
+            return true;
+        }
+        if std::time::Instant::now() >= until {
+            let mut l = lock(&LINGERING);
+            // Adopted in the meantime, or ours to end (under the same lock as adoption).
+            if lock(holder).is_some() {
+                return true;
+            }
+            l.retain(|e| !Arc::ptr_eq(&e.3, holder));
+            return false;
         }
     }
 }
@@ -884,6 +965,7 @@ pub unsafe extern "C" fn rdma_create_id(
     ps: rdma_port_space,
 ) -> c_int {
     guard(err(libc::EIO), || {
+        leave_data_path();
         if id.is_null() || (!channel.is_null() && queue_of(channel).is_none()) {
             return err(libc::EINVAL);
         }
@@ -996,6 +1078,7 @@ pub unsafe extern "C" fn rdma_resolve_addr(
     _timeout_ms: c_int,
 ) -> c_int {
     guard(err(libc::EIO), || {
+        leave_data_path();
         // SAFETY: per the contract.
         let (Some(me), Some(dst)) = (unsafe { id_of(id) }, unsafe { read_addr(dst_addr) }) else {
             return err(libc::EINVAL);
@@ -1069,6 +1152,7 @@ pub unsafe extern "C" fn rdma_resolve_route(id: *mut rdma_cm_id, _timeout_ms: c_
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_int {
     guard(err(libc::EIO), || {
+        leave_data_path();
         // SAFETY: per the contract.
         let Some(me) = (unsafe { id_of(id) }) else {
             return err(libc::EINVAL);
@@ -1101,14 +1185,19 @@ pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_
         let mut listening = 0;
         let mut last = libc::ENODEV;
         for d in devs {
+            if adopt_lingering(d, ps, src.port(), &me.sh) {
+                listening += 1;
+                continue;
+            }
             let l = cm_devs()[d]
                 .gsi()
                 .and_then(|g| IbListener::bind_ps(&g, ps, src.port()).map_err(|_| libc::EIO));
             match l {
                 Ok(l) => {
-                    let sh = me.sh.clone();
+                    let holder: Holder = Arc::new(Mutex::new(Some(me.sh.clone())));
+                    let port = src.port();
                     if spawn("srdma-cm-listen", move || {
-                        listen_loop(sh, d, l, ud, src.port())
+                        listen_loop(holder, d, l, ud, ps, port)
                     })
                     .is_ok()
                     {
@@ -1198,6 +1287,7 @@ pub unsafe extern "C" fn rdma_connect(
     conn_param: *mut rdma_conn_param,
 ) -> c_int {
     guard(err(libc::EIO), || {
+        leave_data_path();
         // SAFETY: per the contract.
         let Some(me) = (unsafe { id_of(id) }) else {
             return err(libc::EINVAL);
@@ -1293,6 +1383,7 @@ pub unsafe extern "C" fn rdma_accept(
     conn_param: *mut rdma_conn_param,
 ) -> c_int {
     guard(err(libc::EIO), || {
+        leave_data_path();
         // SAFETY: per the contract.
         let Some(me) = (unsafe { id_of(id) }) else {
             return err(libc::EINVAL);
@@ -1425,6 +1516,7 @@ unsafe fn reject(id: *mut rdma_cm_id, data: *const c_void, len: u8, reason: u16)
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
     guard(err(libc::EIO), || {
+        leave_data_path();
         // SAFETY: per the contract.
         let Some(me) = (unsafe { id_of(id) }) else {
             return err(libc::EINVAL);

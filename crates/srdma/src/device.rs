@@ -459,6 +459,15 @@ impl Device {
         attr
     }
 
+    /// Sends every ACK and response an application-driven receive held back for the
+    /// application's next post or poll (see [`crate::Qp::post_send`]). For callers that know the
+    /// application has left the data path for a while, e.g. to set up a connection: its
+    /// peer should not wait for those ACKs until the progress thread steps in.
+    pub fn flush_held_back(&self) {
+        let mut st = self.lock();
+        self.h.shared.flush_deferred(&mut st);
+    }
+
     /// Device receive/transmit statistics.
     pub fn counters(&self) -> DeviceCounters {
         self.lock().counters

@@ -45,7 +45,19 @@ pub(crate) struct QpSlot {
     pub(crate) send_cq: Cq,
     pub(crate) recv_cq: Cq,
     pub(crate) srq: Option<u32>,
+    /// Learned: the application posts a send right after it replenishes its receives (a
+    /// SEND ping-pong), so an ACK held back by a receive waits past `post_recv` for that
+    /// send and leaves in the same `sendmmsg`. False until seen; cleared when the progress
+    /// thread had to send a held-back ACK because the application went elsewhere.
+    pub(crate) ack_rides_send: bool,
+    /// When (ns since the epoch) `post_recv` last sent a held-back ACK (0: not since the
+    /// last send): a send soon after it sets `ack_rides_send`.
+    pub(crate) recv_flushed_at: u64,
 }
+
+/// How soon after a `post_recv` that sent a held-back ACK a send must follow for the next
+/// ACK to wait for the send instead.
+pub(crate) const ACK_RIDE_WINDOW: Duration = Duration::from_micros(100);
 
 pub(crate) struct State {
     pub(crate) mrs: MrTable,
@@ -669,6 +681,14 @@ fn progress(shared: &Shared) {
         }
         sys::drain(&shared.wake);
         let mut st = shared.lock();
+        // The application left held-back ACKs for this thread to send: it did not post a
+        // send after replenishing its receives, so the next ACKs leave at `post_recv`.
+        for i in 0..st.deferred.len() {
+            let qpn = st.deferred[i];
+            if let Some(slot) = st.qps.get_mut(&qpn) {
+                slot.ack_rides_send = false;
+            }
+        }
         shared.flush_deferred(&mut st);
         let more = shared.receive(&mut st, RX_BUDGET, false);
         timeout = shared.run_timers(&mut st);

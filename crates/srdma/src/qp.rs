@@ -230,6 +230,8 @@ impl Pd {
                 send_cq: init.send_cq.clone(),
                 recv_cq: init.recv_cq.clone(),
                 srq: init.srq.as_ref().map(|s| s.inner.id),
+                ack_rides_send: false,
+                recv_flushed_at: 0,
             },
         );
         drop(st);
@@ -418,6 +420,12 @@ impl Qp {
                 .qps
                 .get_mut(&qpn)
                 .expect("a live Qp handle keeps its slot");
+            if slot.recv_flushed_at != 0 {
+                let now = dev.h.shared.now().as_nanos() as u64;
+                slot.ack_rides_send = now.saturating_sub(slot.recv_flushed_at)
+                    < crate::engine::ACK_RIDE_WINDOW.as_nanos() as u64;
+                slot.recv_flushed_at = 0;
+            }
             for wr in wrs {
                 // A UD destination this device cannot reach would otherwise "complete" unsent.
                 let checked = match &wr.ud {
@@ -436,12 +444,27 @@ impl Qp {
 
     /// `ibv_post_recv`.
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
-        self.inner.dev.check_alive()?;
-        self.with(|s| {
-            s.qp.post_recv(wr)?;
-            deliver_completions(s);
-            Ok(())
-        })
+        let dev = &self.inner.dev;
+        dev.check_alive()?;
+        let qpn = self.inner.qpn.value();
+        let mut st = dev.lock();
+        // An ACK held back for the application's next post leaves now, unless this QP's
+        // application is known to post a send right after (see `QpSlot::ack_rides_send`):
+        // one that replenishes its receives and then does something else may not post or
+        // poll again for a long time (perftest -R posts a receive, then makes its next
+        // connection, while the peer waits for the ACK of its SEND before listening).
+        let rides = st.qps.get(&qpn).is_some_and(|s| s.ack_rides_send);
+        if !rides && st.deferred.contains(&qpn) {
+            dev.flush_if_deferred(&mut st, qpn);
+            let now = dev.h.shared.now().as_nanos() as u64;
+            if let Some(s) = st.qps.get_mut(&qpn) {
+                s.recv_flushed_at = now.max(1);
+            }
+        }
+        let s = st.qps.get_mut(&qpn).expect("a live Qp handle keeps its slot");
+        s.qp.post_recv(wr)?;
+        deliver_completions(s);
+        Ok(())
     }
 }
 
