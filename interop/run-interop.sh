@@ -13,8 +13,9 @@
 #   dropin-*        Debian's own ibv_rc_pingpong, ibv_ud_pingpong and ib_write_bw/ib_send_lat
 #                   on the host through srdma's drop-in libibverbs (`srdma exec`), against
 #                   the same tools on rxe in the guest, both roles; dropin-rping-*,
-#                   dropin-udaddy-*, dropin-write-bw-R-*: rdmacm-utils and perftest -R through
-#                   the drop-in librdmacm.so.1 against rdma-core's librdmacm on rxe
+#                   dropin-udaddy-*, dropin-ucmatose-*, dropin-rdma-*, dropin-*-R-*:
+#                   rdmacm-utils and perftest -R through the drop-in librdmacm.so.1 against
+#                   rdma-core's librdmacm on rxe
 # for SIZE in 64, 4096, 65536 (multi-packet at the path MTU 1024). Every scenario must exit 0
 # on both sides, and the guest's rxe hw counters must show no sequence error and no retry.
 #
@@ -151,6 +152,27 @@ selected dropin-udaddy-server-on-rxe && { scenario dropin-udaddy-server-on-rxe \
 selected dropin-write-bw-R-client && { scenario dropin-write-bw-R-client \
   "retry 80 0.5 ib_write_bw -R -d rxe0 -s 65536 -n 100 10.77.0.1" \
   "$EXEC ib_write_bw -R -s 65536 -n 100" || fail=1; }
+selected dropin-write-bw-R-server && { scenario dropin-write-bw-R-server \
+  "ib_write_bw -R -d rxe0 -s 65536 -n 100" \
+  "$RUNS/@/retry-host $EXEC ib_write_bw -R -s 65536 -n 100 10.77.0.2" || fail=1; }
+selected dropin-send-lat-R-server && { scenario dropin-send-lat-R-server \
+  "ib_send_lat -R -d rxe0 -s 8 -n 100" \
+  "$RUNS/@/retry-host $EXEC ib_send_lat -R -s 8 -n 100 10.77.0.2" || fail=1; }
+selected dropin-send-lat-R-client && { scenario dropin-send-lat-R-client \
+  "retry 80 0.5 ib_send_lat -R -d rxe0 -s 8 -n 100 10.77.0.1" \
+  "$EXEC ib_send_lat -R -s 8 -n 100" || fail=1; }
+selected dropin-udaddy-client-on-rxe && { scenario dropin-udaddy-client-on-rxe \
+  "retry 80 0.5 udaddy -s 10.77.0.1 -C 5" \
+  "$EXEC udaddy -C 5" || fail=1; }
+selected dropin-ucmatose-server-on-rxe && { scenario dropin-ucmatose-server-on-rxe \
+  "ucmatose -c 2 -C 5" \
+  "$RUNS/@/retry-host $EXEC ucmatose -s 10.77.0.2 -c 2 -C 5" || fail=1; }
+selected dropin-rdma-server-on-rxe && { scenario dropin-rdma-server-on-rxe \
+  "rdma_server" \
+  "$RUNS/@/retry-host $EXEC rdma_client -s 10.77.0.2" || fail=1; }
+selected dropin-rdma-client-on-rxe && { scenario dropin-rdma-client-on-rxe \
+  "retry 80 0.5 rdma_client -s 10.77.0.1" \
+  "$EXEC rdma_server" || fail=1; }
 
 # UDP GSO toward rxe (SRDMA_GSO=always): a 64 KiB message leaves as one GSO buffer, the
 # kernel cuts it into datagrams numbered 0, 1, 2, … and srdma computed each one's ICRC for

@@ -803,10 +803,7 @@ static LINGERING: Mutex<Vec<(usize, u16, u16, Holder)>> = Mutex::new(Vec::new())
 /// The lingering listener of (`d`, `ps`, `port`), handed to `sh`: true if there was one.
 fn adopt_lingering(d: usize, ps: u16, port: u16, sh: &Arc<Shared>) -> bool {
     let mut l = lock(&LINGERING);
-    let Some(i) = l
-        .iter()
-        .position(|e| e.0 == d && e.1 == ps && e.2 == port)
-    else {
+    let Some(i) = l.iter().position(|e| e.0 == d && e.1 == ps && e.2 == port) else {
         return false;
     };
     let (_, _, _, holder) = l.swap_remove(i);
@@ -1223,6 +1220,10 @@ fn options(
 ) -> Result<ConnectOptions, c_int> {
     let mut o = ConnectOptions {
         timeout: CONNECT_TIMEOUT,
+        // A client whose server is about to listen again (perftest -R's second connection;
+        // Debian's perftest cannot retry it) is not lost to the race: our connect can be
+        // faster than a kernel's, and faster than a server in a slow VM.
+        unlisted_retry: Duration::from_secs(1),
         ..ConnectOptions::default()
     };
     if let Some(p) = peer {

@@ -313,6 +313,12 @@ pub struct ConnectOptions {
     pub min_rnr_timer: u8,
     /// IP hop limit / TTL of the QP's packets.
     pub hop_limit: u8,
+    /// Active side, IB CM: for how long after the first REQ a REJ "invalid service ID"
+    /// (nobody listens on the port yet) is answered by sending the REQ again, every 50 ms,
+    /// instead of ending the attempt. Zero (the default) reports it at once, as a kernel
+    /// does; a client racing a server that is about to listen again (perftest -R between
+    /// its two connections) wants a second or so.
+    pub unlisted_retry: Duration,
 }
 
 impl Default for ConnectOptions {
@@ -330,6 +336,7 @@ impl Default for ConnectOptions {
             ack_timeout: 14,
             min_rnr_timer: 12,
             hop_limit: 64,
+            unlisted_retry: Duration::ZERO,
         }
     }
 }

@@ -96,6 +96,30 @@ struct GsiState {
     next_send: usize,
     /// The service IDs listened on here: a REQ for another one is rejected (reason 8).
     listens: Vec<u64>,
+    /// Local communication IDs of the live connections: a DREQ for another one is answered
+    /// with a DREP at once, as a kernel CM answers it.
+    conns: Vec<u32>,
+    counters: CmCounters,
+}
+
+/// What a device's CM did with the MADs it received that no connection asked for
+/// ([`Gsi::counters`]). Hostile or broken peers show up here, not as errors.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CmCounters {
+    /// MADs received on QP1.
+    pub mads_received: u64,
+    /// Dropped: not a CM MAD this CM parses (truncated, another management class or class
+    /// version, an unknown attribute or method, a receive error).
+    pub malformed: u64,
+    /// REQs and SIDR_REQs for a service nobody listens on, answered with REJ "invalid
+    /// service ID" or SIDR_REP "unsupported".
+    pub unknown_service: u64,
+    /// DREQs for a connection that does not exist (any more), answered with a DREP.
+    pub stray_dreqs: u64,
+    /// Duplicate REQs of a connection being accepted, answered with its REP again.
+    pub duplicate_reqs: u64,
+    /// Messages nobody asked for, dropped (oldest first) when the backlog was full.
+    pub backlog_dropped: u64,
 }
 
 impl Gsi {
@@ -133,6 +157,8 @@ impl Gsi {
                 backlog: VecDeque::new(),
                 next_send: 0,
                 listens: Vec::new(),
+                conns: Vec::new(),
+                counters: CmCounters::default(),
             }),
             arrived: Condvar::new(),
         });
@@ -223,6 +249,13 @@ impl Gsi {
         self.inner.qp.post_send(wr)
     }
 
+    /// What this CM did with unrequested, malformed and duplicate MADs.
+    pub fn counters(&self) -> CmCounters {
+        let mut st = lock(&self.inner.state);
+        self.pump(&mut st);
+        st.counters
+    }
+
     /// Messages waiting in the backlog (nobody asked for them yet).
     #[doc(hidden)]
     pub fn backlog_len(&self) -> usize {
@@ -248,37 +281,57 @@ impl Gsi {
                 continue;
             }
             let mut buf = [0u8; RECV_LEN];
-            if wc.status.is_success() && self.inner.mr.read(slot * RECV_LEN, &mut buf).is_ok() {
-                if let Ok((hdr, msg)) = CmMsg::parse_mad(&buf[40..]) {
-                    let from = grh_source(&buf[..40]);
-                    let unknown = match &msg {
-                        CmMsg::Req(r) => !st.listens.contains(&r.service_id),
-                        CmMsg::SidrReq(r) => !st.listens.contains(&r.service_id),
-                        _ => false,
-                    };
-                    if unknown {
-                        self.reject_unknown(st, from, hdr.tid, &msg);
-                        let _ = self.inner.qp.post_recv(RecvWr {
-                            wr_id: slot as u64,
-                            sges: SgeList::one(self.inner.mr.sge(slot * RECV_LEN, RECV_LEN)),
-                        });
-                        continue;
-                    }
-                    if st.backlog.len() >= BACKLOG {
-                        st.backlog.pop_front();
-                    }
-                    st.backlog.push_back(Incoming {
-                        hdr,
-                        msg,
-                        from: grh_source(&buf[..40]),
-                    });
-                }
+            st.counters.mads_received += 1;
+            let parsed = if wc.status.is_success()
+                && self.inner.mr.read(slot * RECV_LEN, &mut buf).is_ok()
+            {
+                CmMsg::parse_mad(&buf[40..]).ok()
+            } else {
+                None
+            };
+            match parsed {
+                None => st.counters.malformed += 1,
+                Some((hdr, msg)) => self.take(st, hdr, msg, grh_source(&buf[..40])),
             }
             let _ = self.inner.qp.post_recv(RecvWr {
                 wr_id: slot as u64,
                 sges: SgeList::one(self.inner.mr.sge(slot * RECV_LEN, RECV_LEN)),
             });
         }
+    }
+
+    /// Answers what needs no connection (a REQ for a service nobody listens on, a DREQ for
+    /// no connection) and keeps the rest for [`Gsi::recv`].
+    fn take(&self, st: &mut GsiState, hdr: MadHdr, msg: CmMsg, from: Gid) {
+        let unknown = match &msg {
+            CmMsg::Req(r) => !st.listens.contains(&r.service_id),
+            CmMsg::SidrReq(r) => !st.listens.contains(&r.service_id),
+            _ => false,
+        };
+        if unknown {
+            st.counters.unknown_service += 1;
+            self.reject_unknown(st, from, hdr.tid, &msg);
+            return;
+        }
+        if let CmMsg::Dreq(d) = &msg {
+            if !st.conns.contains(&d.remote_comm_id) {
+                // The connection is gone (its DREP was lost, or it never was): a DREP ends
+                // the peer's resends, as a kernel CM answers.
+                st.counters.stray_dreqs += 1;
+                let drep = CmMsg::Drep(wire::Drep {
+                    local_comm_id: d.remote_comm_id,
+                    remote_comm_id: d.local_comm_id,
+                    private_data: [0; 224],
+                });
+                let _ = self.send_in(st, from, &MadHdr::cm(wire::attr::DREP, hdr.tid), &drep);
+                return;
+            }
+        }
+        if st.backlog.len() >= BACKLOG {
+            st.backlog.pop_front();
+            st.counters.backlog_dropped += 1;
+        }
+        st.backlog.push_back(Incoming { hdr, msg, from });
     }
 
     /// Answers a REQ for a service nobody listens on: REJ, reason 8 (invalid service ID), as
@@ -419,6 +472,7 @@ impl PeerParams {
 /// An established IB CM connection.
 #[derive(Debug)]
 pub struct IbConnection {
+    _reg: CommIdReg,
     /// The connected QP, until [`IbConnection::release_qp`].
     qp: Mutex<Option<Qp>>,
     gsi: Gsi,
@@ -440,7 +494,9 @@ struct IbState {
 }
 
 impl IbConnection {
+    #[allow(clippy::too_many_arguments)]
     fn new(
+        reg: CommIdReg,
         qp: Qp,
         gsi: &Gsi,
         peer: Gid,
@@ -450,6 +506,7 @@ impl IbConnection {
         peer_params: PeerParams,
     ) -> IbConnection {
         IbConnection {
+            _reg: reg,
             qp: Mutex::new(Some(qp)),
             gsi: gsi.clone(),
             peer,
@@ -631,6 +688,37 @@ impl Drop for IbConnection {
     }
 }
 
+/// A local communication ID in use, from the first REQ or REP sent with it until its
+/// connection is gone: a DREQ for it is the connection's (see [`Gsi`]'s stray DREQs).
+#[derive(Debug)]
+struct CommIdReg {
+    gsi: Gsi,
+    id: u32,
+}
+
+impl CommIdReg {
+    fn new(gsi: &Gsi, id: u32) -> CommIdReg {
+        lock(&gsi.inner.state).conns.push(id);
+        CommIdReg {
+            gsi: gsi.clone(),
+            id,
+        }
+    }
+}
+
+impl Drop for CommIdReg {
+    fn drop(&mut self) {
+        let mut st = lock(&self.gsi.inner.state);
+        if let Some(i) = st.conns.iter().position(|&c| c == self.id) {
+            st.conns.swap_remove(i);
+        }
+    }
+}
+
+/// How often a REQ rejected for want of a listener is sent again, within
+/// [`ConnectOptions::unlisted_retry`].
+const UNLISTED_EVERY: Duration = Duration::from_millis(50);
+
 /// The active side (`rdma_connect` to a kernel rdma_cm peer): a QP from `init` on `pd`, a
 /// REQ for `server` (its IP address and rdma_cm TCP-port-space port, e.g. rping's 7174),
 /// the QP connected to the REP's, an RTU. `opts.private_data` follows the rdma_cm header (at
@@ -676,6 +764,7 @@ pub fn connect_qp(
     let (responder, initiator) = opts.depths(dev);
     let rq_psn = crate::random_psn();
     let comm_id = dev.comm_id_prefix() | (random_u32() >> 8);
+    let reg = CommIdReg::new(gsi, comm_id);
     let tid = u64::from(random_u32()) << 32 | u64::from(comm_id.swap_bytes());
     let mut private = [0u8; 92];
     CmaHdr {
@@ -744,6 +833,14 @@ pub fn connect_qp(
         });
         match answer.map(|i| i.msg) {
             Some(CmMsg::Rep(m)) => break m,
+            Some(CmMsg::Rej(m))
+                if m.reason == reason::INVALID_SERVICE_ID
+                    && started.elapsed() + UNLISTED_EVERY < opts.unlisted_retry =>
+            {
+                // Nobody listens yet: ask again soon (these sends are not the REQ's resends).
+                std::thread::sleep(UNLISTED_EVERY);
+                sends -= 1;
+            }
             Some(CmMsg::Rej(m)) => {
                 let _ = to_error(&qp);
                 return Err(CmError::Rejected {
@@ -771,6 +868,7 @@ pub fn connect_qp(
     });
     gsi.send(peer, &MadHdr::cm(wire::attr::RTU, tid), &rtu)?;
     Ok(IbConnection::new(
+        reg,
         qp,
         gsi,
         peer,
@@ -1096,6 +1194,7 @@ impl IbRequest {
         let qp = qp.clone();
         let rq_psn = crate::random_psn();
         let comm_id = dev.comm_id_prefix() | (random_u32() >> 8);
+        let reg = CommIdReg::new(&self.gsi, comm_id);
         let remote = RemoteQp {
             qpn: Qpn::new(req.local_qpn),
             psn: rq_psn,
@@ -1148,6 +1247,7 @@ impl IbRequest {
             match got.map(|i| i.msg) {
                 Some(CmMsg::Rtu(_)) => {
                     return Ok(IbConnection::new(
+                        reg,
                         qp,
                         &self.gsi,
                         self.from,
@@ -1165,6 +1265,7 @@ impl IbRequest {
                     });
                 }
                 // A duplicate REQ (our REP was lost): the loop sends the REP again.
+                Some(CmMsg::Req(_)) => lock(&self.gsi.inner.state).counters.duplicate_reqs += 1,
                 _ => {}
             }
         }

@@ -461,7 +461,10 @@ impl Qp {
                 s.recv_flushed_at = now.max(1);
             }
         }
-        let s = st.qps.get_mut(&qpn).expect("a live Qp handle keeps its slot");
+        let s = st
+            .qps
+            .get_mut(&qpn)
+            .expect("a live Qp handle keeps its slot");
         s.qp.post_recv(wr)?;
         deliver_completions(s);
         Ok(())

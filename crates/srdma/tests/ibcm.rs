@@ -251,6 +251,11 @@ fn hostile_mads_are_ignored_and_bounded() {
     }
     std::thread::sleep(Duration::from_millis(300));
     assert!(gb.backlog_len() <= ibcm::BACKLOG, "{}", gb.backlog_len());
+    let c = gb.counters();
+    assert_eq!(c.malformed, 4, "{c:?}");
+    // Loopback may drop some of the flood; each one that arrived was answered.
+    assert!(c.unknown_service > 0 && c.unknown_service <= 600, "{c:?}");
+    assert_eq!(c.mads_received, c.malformed + c.unknown_service, "{c:?}");
     // The real connection still goes through.
     let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
     let listener = IbListener::bind(&gb, 7300).unwrap();
@@ -289,6 +294,13 @@ fn hostile_mads_are_ignored_and_bounded() {
     ));
     assert!(sconn.poll_event(Some(Duration::from_millis(200))).is_none());
     assert_eq!(sconn.qp().state(), srdma::QpState::Rts);
+    // ... and is answered with a DREP, as a kernel CM answers a DREQ for no connection.
+    assert_eq!(gb.counters().stray_dreqs, 1);
+    let drep = ga.recv(
+        std::time::Instant::now() + Duration::from_secs(2),
+        |i| matches!(&i.msg, CmMsg::Drep(d) if d.remote_comm_id == 1 && d.local_comm_id == 2),
+    );
+    assert!(drep.is_some(), "no DREP for the stray DREQ");
 }
 
 /// A peer that sends a REQ and vanishes before the RTU: the passive side's accept times out
