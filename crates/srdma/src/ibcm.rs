@@ -491,6 +491,8 @@ struct IbState {
     disconnected: bool,
     /// The transaction ID of the DREQ this side sent.
     dreq_tid: Option<u64>,
+    /// The peer's DREP came (taken by whichever thread was waiting on QP1).
+    drep: bool,
 }
 
 impl IbConnection {
@@ -519,6 +521,7 @@ impl IbConnection {
                 events: VecDeque::from([CmEvent::Established]),
                 disconnected: false,
                 dreq_tid: None,
+                drep: false,
             }),
         }
     }
@@ -630,19 +633,27 @@ impl IbConnection {
             None => self.start_disconnect(),
         };
         let tid = lock(&self.state).dreq_tid.unwrap_or_default();
-        for i in 0..MAX_SENDS.min(4) {
+        'sends: for i in 0..MAX_SENDS.min(4) {
             if i > 0 {
                 self.send_dreq(tid)?;
             }
-            let got = self.gsi.recv(Instant::now() + RESEND, |i| self.is_ours(i));
-            match got.map(|i| (i.msg, i.hdr.tid)) {
-                Some((CmMsg::Drep(_), _)) => break,
-                // Both sides disconnecting at once: answer theirs, ours is answered too.
-                Some((CmMsg::Dreq(_), t)) => {
-                    self.drep(t);
-                    break;
+            let until = Instant::now() + RESEND;
+            // In slices: another thread of this connection (`poll_event`) may take the DREP.
+            while Instant::now() < until {
+                if lock(&self.state).drep {
+                    break 'sends;
                 }
-                _ => {}
+                let slice = (Instant::now() + Duration::from_millis(20)).min(until);
+                let got = self.gsi.recv(slice, |i| self.is_ours(i));
+                match got.map(|i| (i.msg, i.hdr.tid)) {
+                    Some((CmMsg::Drep(_), _)) => break 'sends,
+                    // Both sides disconnecting at once: answer theirs, ours is answered too.
+                    Some((CmMsg::Dreq(_), t)) => {
+                        self.drep(t);
+                        break 'sends;
+                    }
+                    _ => {}
+                }
             }
         }
         let mut st = lock(&self.state);
@@ -667,12 +678,17 @@ impl IbConnection {
             }
             let slice = (Instant::now() + Duration::from_millis(50)).min(deadline);
             if let Some(i) = self.gsi.recv(slice, |i| self.is_ours(i)) {
-                if let CmMsg::Dreq(_) = i.msg {
-                    let _ = self.qp_to_error();
-                    self.drep(i.hdr.tid);
-                    let mut st = lock(&self.state);
-                    st.disconnected = true;
-                    return Some(CmEvent::Disconnected);
+                match i.msg {
+                    CmMsg::Dreq(_) => {
+                        let _ = self.qp_to_error();
+                        self.drep(i.hdr.tid);
+                        let mut st = lock(&self.state);
+                        st.disconnected = true;
+                        return Some(CmEvent::Disconnected);
+                    }
+                    // The answer to our DREQ, for `disconnect` (which reports Disconnected).
+                    CmMsg::Drep(_) => lock(&self.state).drep = true,
+                    _ => {}
                 }
             }
             if Instant::now() >= deadline {
