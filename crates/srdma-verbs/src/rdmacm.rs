@@ -34,6 +34,22 @@
 //! - Stubbed with ENOSYS: `rdma_establish` (connecting without a QP), `rdma_create_srq_ex`,
 //!   multicast (`rdma_join_multicast`, `rdma_join_multicast_ex`, `rdma_leave_multicast`), and
 //!   rsockets (`rsocket` … `riounmap`).
+//! - Missing: LAP/APR (path migration), `rdma_init_qp_attr` for RTR and RTS (EINVAL).
+//!
+//! # Where this differs from kernel rdma_cm, and why
+//!
+//! - A destroyed listener's port keeps the requests that reach it for 2 s ([`LINGER`]) and
+//!   hands them to a new listener on the same port; after that they get REJ "invalid
+//!   service ID", as at once from a kernel. perftest -R destroys its listener between its
+//!   two connections and listens again, and Debian's perftest cannot retry a rejected
+//!   second connection.
+//! - `rdma_connect` sends a REQ rejected with "invalid service ID" again every 50 ms for 1 s
+//!   before it reports REJECTED ([`srdma::cm::ConnectOptions::unlisted_retry`]): the same
+//!   race from the client side, against a server (rxe in a slow VM, say) that listens a few
+//!   milliseconds later than our connect is made.
+//! - Every rdma_cm call that starts connection work sends the ACKs the application's last
+//!   polls held back for its next post ([`srdma::Device::flush_held_back`]): its peer may be
+//!   waiting for them before it listens again.
 
 use std::collections::VecDeque;
 use std::ffi::{CStr, c_char, c_int, c_void};
