@@ -167,6 +167,9 @@ selected dropin-udaddy-client-on-rxe && { scenario dropin-udaddy-client-on-rxe \
 selected dropin-ucmatose-server-on-rxe && { scenario dropin-ucmatose-server-on-rxe \
   "ucmatose -c 2 -C 5" \
   "$RUNS/@/retry-host $EXEC ucmatose -s 10.77.0.2 -c 2 -C 5" || fail=1; }
+selected dropin-ucmatose-client-on-rxe && { scenario dropin-ucmatose-client-on-rxe \
+  "retry 80 0.5 ucmatose -s 10.77.0.1 -c 2 -C 5" \
+  "$EXEC ucmatose -c 2 -C 5" || fail=1; }
 selected dropin-rdma-server-on-rxe && { scenario dropin-rdma-server-on-rxe \
   "rdma_server" \
   "$RUNS/@/retry-host $EXEC rdma_client -s 10.77.0.2" || fail=1; }

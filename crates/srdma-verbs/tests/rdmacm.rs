@@ -357,7 +357,7 @@ fn rdma_cm_between_two_namespaces() {
             .stderr(Stdio::piped());
         c
     };
-    let runs: [(&str, &str, &str); 3] = [
+    let runs: [(&str, &str, &str); 5] = [
         (
             "rping",
             "-s -a {server} -p 7301 -V -C 20 -S 20000",
@@ -369,6 +369,16 @@ fn rdma_cm_between_two_namespaces() {
             "-s {server} -c 2 -C 10 -p 7478",
         ),
         ("udaddy", "-C 10", "-s {server} -C 10"),
+        (
+            "ib_write_bw",
+            "-R -s 65536 -n 200 -p 18710",
+            "-R -s 65536 -n 200 -p 18710 {server}",
+        ),
+        (
+            "ib_send_lat",
+            "-R -n 200 -p 18711",
+            "-R -n 200 -p 18711 {server}",
+        ),
     ];
     for (prog, s, c) in runs {
         let split = |a: &str| -> Vec<String> {
@@ -387,7 +397,8 @@ fn rdma_cm_between_two_namespaces() {
     }
 }
 
-/// A client with nobody listening is rejected (reason 8, invalid service ID) at once.
+/// A client with nobody listening is rejected (reason 8, invalid service ID) soon: after the
+/// 1 s in which the drop-in sends such a REQ again (`ConnectOptions::unlisted_retry`).
 #[test]
 fn rping_without_a_server_is_rejected_quickly() {
     let _serial = serial();

@@ -45,11 +45,13 @@ pub(crate) struct QpSlot {
     pub(crate) send_cq: Cq,
     pub(crate) recv_cq: Cq,
     pub(crate) srq: Option<u32>,
-    /// Learned: the application posts a send right after it replenishes its receives (a
-    /// SEND ping-pong), so an ACK held back by a receive waits past `post_recv` for that
-    /// send and leaves in the same `sendmmsg`. False until seen; cleared when the progress
-    /// thread had to send a held-back ACK because the application went elsewhere.
-    pub(crate) ack_rides_send: bool,
+    /// Learned: how many times in a row the application posted a send right after it
+    /// replenished its receives (a SEND ping-pong). From [`ACK_RIDES_AFTER`] on, an ACK held
+    /// back by a receive waits past `post_recv` for that send and leaves in the same
+    /// `sendmmsg`. Cleared when the progress thread had to send a held-back ACK because the
+    /// application went elsewhere (a peer with a short retransmission timer, rxe in a slow
+    /// VM, retries after a millisecond).
+    pub(crate) ack_rides_send: u8,
     /// When (ns since the epoch) `post_recv` last sent a held-back ACK (0: not since the
     /// last send): a send soon after it sets `ack_rides_send`.
     pub(crate) recv_flushed_at: u64,
@@ -58,6 +60,10 @@ pub(crate) struct QpSlot {
 /// How soon after a `post_recv` that sent a held-back ACK a send must follow for the next
 /// ACK to wait for the send instead.
 pub(crate) const ACK_RIDE_WINDOW: Duration = Duration::from_micros(100);
+
+/// How many quick send-after-`post_recv` in a row make a QP's ACKs wait for its sends (a
+/// few hand-shakes in a row must not: perftest's do, then it goes quiet).
+pub(crate) const ACK_RIDES_AFTER: u8 = 8;
 
 pub(crate) struct State {
     pub(crate) mrs: MrTable,
@@ -686,7 +692,7 @@ fn progress(shared: &Shared) {
         for i in 0..st.deferred.len() {
             let qpn = st.deferred[i];
             if let Some(slot) = st.qps.get_mut(&qpn) {
-                slot.ack_rides_send = false;
+                slot.ack_rides_send = 0;
             }
         }
         shared.flush_deferred(&mut st);

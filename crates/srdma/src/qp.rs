@@ -230,7 +230,7 @@ impl Pd {
                 send_cq: init.send_cq.clone(),
                 recv_cq: init.recv_cq.clone(),
                 srq: init.srq.as_ref().map(|s| s.inner.id),
-                ack_rides_send: false,
+                ack_rides_send: 0,
                 recv_flushed_at: 0,
             },
         );
@@ -422,8 +422,13 @@ impl Qp {
                 .expect("a live Qp handle keeps its slot");
             if slot.recv_flushed_at != 0 {
                 let now = dev.h.shared.now().as_nanos() as u64;
-                slot.ack_rides_send = now.saturating_sub(slot.recv_flushed_at)
-                    < crate::engine::ACK_RIDE_WINDOW.as_nanos() as u64;
+                slot.ack_rides_send = if now.saturating_sub(slot.recv_flushed_at)
+                    < crate::engine::ACK_RIDE_WINDOW.as_nanos() as u64
+                {
+                    slot.ack_rides_send.saturating_add(1)
+                } else {
+                    0
+                };
                 slot.recv_flushed_at = 0;
             }
             for wr in wrs {
@@ -453,7 +458,10 @@ impl Qp {
         // one that replenishes its receives and then does something else may not post or
         // poll again for a long time (perftest -R posts a receive, then makes its next
         // connection, while the peer waits for the ACK of its SEND before listening).
-        let rides = st.qps.get(&qpn).is_some_and(|s| s.ack_rides_send);
+        let rides = st
+            .qps
+            .get(&qpn)
+            .is_some_and(|s| s.ack_rides_send >= crate::engine::ACK_RIDES_AFTER);
         if !rides && st.deferred.contains(&qpn) {
             dev.flush_if_deferred(&mut st, qpn);
             let now = dev.h.shared.now().as_nanos() as u64;
