@@ -88,6 +88,18 @@ pub(crate) struct CqInner {
     channel: Option<CompChannel>,
     /// The device whose QPs complete here: a poll that finds too little drives it.
     dev: Weak<crate::engine::Shared>,
+    /// Called (with the device lock held) after every completion: the engine's own users
+    /// (QP1's waiters) wake on it without a completion channel's thread in between.
+    hook: std::sync::OnceLock<Hook>,
+}
+
+/// A completion hook: cheap, no locks but its own leaf ones (it runs under the device lock).
+pub(crate) struct Hook(pub(crate) Box<dyn Fn() + Send + Sync>);
+
+impl std::fmt::Debug for Hook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Hook")
+    }
 }
 
 impl Cq {
@@ -106,6 +118,7 @@ impl Cq {
                 overflowed: AtomicBool::new(false),
                 channel,
                 dev,
+                hook: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -156,6 +169,21 @@ impl Cq {
         }
     }
 
+    /// Up to `max` completions, for the engine's own users (QP1's waiters): the device is
+    /// driven as by a last look before sleeping, so the progress thread does not stand
+    /// aside for the application's polling grace.
+    pub(crate) fn poll_quietly(&self, max: usize) -> Vec<Wc> {
+        let mut v = Vec::new();
+        let n = self.take(&mut v, max);
+        if n < max {
+            if let Some(dev) = self.inner.dev.upgrade() {
+                dev.drive_from_app(false);
+            }
+            self.take(&mut v, max - n);
+        }
+        v
+    }
+
     /// Up to `max` completions.
     pub fn poll(&self, max: usize) -> Vec<Wc> {
         let mut v = Vec::new();
@@ -182,6 +210,11 @@ impl Cq {
         if let Some(dev) = self.inner.dev.upgrade() {
             dev.app_sleeps();
         }
+    }
+
+    /// Sets the CQ's completion hook (once).
+    pub(crate) fn set_hook(&self, f: impl Fn() + Send + Sync + 'static) {
+        let _ = self.inner.hook.set(Hook(Box::new(f)));
     }
 
     /// True once more completions arrived than the CQ holds (`IBV_EVENT_CQ_ERR`, raised
@@ -219,6 +252,9 @@ impl Cq {
         }
         q.push_back(wc);
         drop(q);
+        if let Some(h) = self.inner.hook.get() {
+            (h.0)();
+        }
         let mut armed = lock(&self.inner.armed);
         let fire = match *armed {
             Some(true) => solicited || !wc.status.is_success(),

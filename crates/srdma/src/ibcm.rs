@@ -24,7 +24,7 @@
 
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use srdma_proto::{AccessFlags, QpCaps, QpType, RecvWr, SendOp, SendWr, SgeList, UdDest};
@@ -86,8 +86,58 @@ struct GsiInner {
     cq: Cq,
     mr: Mr,
     state: Mutex<GsiState>,
-    /// Signalled when MADs were taken into the backlog.
-    arrived: Condvar,
+    /// Threads waiting for a MAD, each on an eventfd of its own: every completion on QP1's
+    /// CQ (the engine calls the CQ's hook) and every pump that took MADs in wakes them all,
+    /// so a MAD reaches the thread that wants it without another thread in between.
+    waiters: Arc<Waiters>,
+}
+
+/// The eventfds of the threads in [`Gsi::recv`] (and of the GSI thread).
+#[derive(Default)]
+struct Waiters(Mutex<Vec<Arc<std::os::fd::OwnedFd>>>);
+
+impl Waiters {
+    fn wake_all(&self) {
+        for fd in lock(&self.0).iter() {
+            crate::sys::signal(fd);
+        }
+    }
+}
+
+/// A registered waiter: its eventfd, unregistered on drop.
+struct Waiter {
+    all: Arc<Waiters>,
+    fd: Arc<std::os::fd::OwnedFd>,
+}
+
+impl Waiter {
+    fn new(all: &Arc<Waiters>) -> Result<Waiter, Error> {
+        let fd = Arc::new(crate::sys::eventfd().map_err(|e| Error::Io {
+            context: "eventfd for a QP1 waiter".into(),
+            source: e,
+        })?);
+        lock(&all.0).push(fd.clone());
+        Ok(Waiter {
+            all: all.clone(),
+            fd,
+        })
+    }
+
+    /// Sleeps until woken or `until`; then the wake-up is spent.
+    fn wait(&self, until: Instant) {
+        use std::os::fd::AsRawFd;
+        let t = until.saturating_duration_since(Instant::now());
+        if crate::sys::poll_readable([self.fd.as_raw_fd()], Some(t)).is_err() {
+            std::thread::sleep(t.min(Duration::from_millis(1)));
+        }
+        crate::sys::drain(&self.fd);
+    }
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        lock(&self.all.0).retain(|f| !Arc::ptr_eq(f, &self.fd));
+    }
 }
 
 struct GsiState {
@@ -126,8 +176,10 @@ impl Gsi {
     /// Creates QP1 on `dev` and posts its receives.
     pub fn open(dev: &Device) -> Result<Gsi, Error> {
         let pd = dev.alloc_pd();
-        let chan = crate::CompChannel::new()?;
-        let cq = dev.create_cq(RECV_SLOTS + SEND_SLOTS + 8, Some(&chan))?;
+        let cq = dev.create_cq(RECV_SLOTS + SEND_SLOTS + 8, None)?;
+        let waiters = Arc::new(Waiters::default());
+        let w = waiters.clone();
+        cq.set_hook(move || w.wake_all());
         let mut init = QpInit::new(QpType::Ud, &cq, &cq);
         init.caps = QpCaps {
             max_send_wr: SEND_SLOTS as u32,
@@ -160,26 +212,24 @@ impl Gsi {
                 conns: Vec::new(),
                 counters: CmCounters::default(),
             }),
-            arrived: Condvar::new(),
+            waiters,
         });
         // Someone must take the MADs in even while nobody waits for one: REQs for services
         // nobody listens on are answered, and the receive ring stays posted. The thread
         // sleeps on the CQ's completion channel; it is gone with the last handle.
         let weak = Arc::downgrade(&inner);
+        let me = Waiter::new(&inner.waiters)?;
         std::thread::Builder::new()
             .name("srdma-gsi".into())
             .spawn(move || {
                 while let Some(inner) = weak.upgrade() {
                     let g = Gsi { inner };
-                    g.inner.cq.req_notify(false);
                     {
                         let mut st = lock(&g.inner.state);
                         g.pump(&mut st);
                     }
                     drop(g);
-                    if chan.get_event(Some(PUMP_EVERY)).is_err() {
-                        std::thread::sleep(PUMP_EVERY);
-                    }
+                    me.wait(Instant::now() + PUMP_EVERY);
                 }
             })
             .map_err(|e| Error::Io {
@@ -266,9 +316,10 @@ impl Gsi {
 
     /// Takes what the QP received into the backlog (waking [`Gsi::recv`]'s waiters).
     fn pump(&self, st: &mut GsiState) {
-        let wcs = self.inner.cq.poll(64);
+        let wcs = self.inner.cq.poll_quietly(64);
         if wcs.iter().any(|wc| wc.wr_id != SEND_WR) {
-            self.inner.arrived.notify_all();
+            // Another waiter's message may be among them: every waiter looks again.
+            self.inner.waiters.wake_all();
         }
         for wc in wcs {
             if wc.wr_id == SEND_WR {
@@ -371,22 +422,26 @@ impl Gsi {
 
     /// The first message for which `want` holds, waiting until `deadline`.
     pub fn recv(&self, deadline: Instant, want: impl Fn(&Incoming) -> bool) -> Option<Incoming> {
-        let mut st = lock(&self.inner.state);
-        self.pump(&mut st);
+        // Registered before the first look: a MAD that completes after it wakes this thread.
+        let me = Waiter::new(&self.inner.waiters).ok();
         loop {
-            if let Some(i) = st.backlog.iter().position(&want) {
-                return st.backlog.remove(i);
+            {
+                let mut st = lock(&self.inner.state);
+                self.pump(&mut st);
+                if let Some(i) = st.backlog.iter().position(&want) {
+                    return st.backlog.remove(i);
+                }
             }
             let now = Instant::now();
             if now >= deadline {
                 return None;
             }
-            st = self
-                .inner
-                .arrived
-                .wait_timeout(st, (deadline - now).min(PUMP_EVERY))
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
+            let until = deadline.min(now + PUMP_EVERY);
+            match &me {
+                Some(w) => w.wait(until),
+                // No eventfd to be had: look again every millisecond.
+                None => std::thread::sleep((until - now).min(Duration::from_millis(1))),
+            }
         }
     }
 }
