@@ -23,7 +23,8 @@
 //!   after each size), and a difference fails the run;
 //! * `--baseline tcp|udp`: right after the RDMA test, the same transfer between the same two
 //!   addresses over kernel sockets (see [`baseline`]), its table, and the ratio srdma/kernel;
-//! * `--json`: one JSON object with every figure instead of the tables.
+//! * `--json`: one JSON object with every figure instead of the tables, and the device's
+//!   counters (`device_counters`: datagrams, GSO sends, GRO buffers, drops).
 //!
 //! `-e` sleeps on an [`srdma::CompChannel`] instead of busy polling; for `write-lat`, whose
 //! receiver polls memory in perftest, `-e` uses WRITE with immediate so that the receiver
@@ -469,6 +470,7 @@ impl<'a, W: Write> Side<'a, W> {
             let local_ip = rdma.device().local_addr().ip();
             self.client_baseline(ctrl, kind, local_ip, server_ip, &results)?;
         }
+        self.note_counters(rdma.device());
         self.emit_json(&opts)
     }
 
@@ -504,6 +506,7 @@ impl<'a, W: Write> Side<'a, W> {
             let ip = rdma.device().local_addr().ip();
             self.server_baseline(ctrl, kind, ip, &results)?;
         }
+        self.note_counters(rdma.device());
         self.emit_json(&opts)
     }
 
@@ -992,6 +995,17 @@ impl<'a, W: Write> Side<'a, W> {
         });
         self.json["ratios"] = json!(ratios);
         Ok(())
+    }
+
+    /// The device's counters (datagrams, GSO and GRO use, drops) in the JSON output.
+    fn note_counters(&mut self, dev: &Device) {
+        let c: serde_json::Map<String, Value> = dev
+            .counters()
+            .entries()
+            .iter()
+            .map(|(k, v)| ((*k).to_string(), json!(v)))
+            .collect();
+        self.json["device_counters"] = Value::Object(c);
     }
 
     fn emit_json(&mut self, _opts: &engine::Opts) -> anyhow::Result<()> {

@@ -516,4 +516,24 @@ fn between_two_namespaces() {
             c.stdout
         );
     }
+    // Between hosts too, runs of same-sized packets leave as UDP GSO buffers by default.
+    let mut sc = sh.command(env!("CARGO_BIN_EXE_srdma"));
+    sc.args([
+        "perf", "write-bw", "--bind", &s_ip, "-s", "65536", "-n", "100", "--json",
+    ]);
+    let server = spawn(sc, "server write-bw --json".into());
+    server.wait_listening();
+    let mut cc = ch.command(env!("CARGO_BIN_EXE_srdma"));
+    cc.args([
+        "perf", "write-bw", &s_ip, "--bind", &c_ip, "-s", "65536", "-n", "100", "--json",
+    ]);
+    let c = spawn(cc, "client write-bw --json".into()).finish();
+    let s = server.finish();
+    assert_ok(&c, "write-bw --json");
+    assert_ok(&s, "write-bw --json");
+    let v: serde_json::Value = serde_json::from_str(&c.stdout).expect("perf --json output");
+    let gso = v["device_counters"]["tx_gso_messages"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(gso > 0, "no GSO sends between namespaces: {}", c.stdout);
 }

@@ -51,18 +51,20 @@ pub struct DeviceConfig {
 /// buffer sent with ID 0 as 0, 1, 2, … (seen on the rxe lab's bridge, where the sending host
 /// cuts it): the engine computes each datagram's ICRC for the ID it will carry
 /// (`icrc::ipv4_icrc_with_ident`), so the datagrams are valid for kernel rxe (checked in the
-/// lab: no rxe retries or sequence errors with `SRDMA_GSO=always`) and for srdma receivers,
-/// which solve for the ID. `Auto` still sends IPv4 GSO only on this host until paths are
-/// checked at connect time (a path that kept every ID at 0 would break).
+/// lab: no rxe retries or sequence errors) and for srdma receivers, which solve for the ID.
+/// A socket that refuses a GSO send (EIO, EINVAL: no segmentation on that path) makes the
+/// device send one datagram per send from then on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Gso {
-    /// IPv6 peers, and IPv4 peers on this host (loopback or a local address).
+    /// Every peer (the default; `SRDMA_GSO=always` is the same).
     #[default]
     Auto,
-    /// Every peer: each IPv4 datagram's ICRC is computed for the ID it will carry, which
-    /// kernel rxe accepts on paths that number the datagrams (the lab's does).
+    /// Every peer.
     Always,
-    /// Never: one datagram per send.
+    /// Only IPv6 peers and IPv4 peers on this host (loopback or a local address): for paths
+    /// whose segmentation gives every datagram of a buffer the same IPv4 ID (`SRDMA_GSO=local`).
+    Local,
+    /// Never: one datagram per send (`SRDMA_GSO=never`).
     Never,
 }
 
@@ -70,6 +72,7 @@ impl Gso {
     fn from_env() -> Gso {
         match std::env::var("SRDMA_GSO").as_deref() {
             Ok("always" | "1" | "on") => Gso::Always,
+            Ok("local") => Gso::Local,
             Ok("never" | "0" | "off") => Gso::Never,
             _ => Gso::Auto,
         }

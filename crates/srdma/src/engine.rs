@@ -245,8 +245,8 @@ impl Shared {
     pub(crate) fn gso_for(&self, dst: SocketAddr) -> bool {
         match self.cfg.gso {
             Gso::Never => false,
-            Gso::Always => true,
-            Gso::Auto => dst.is_ipv6() || dst.ip().is_loopback() || dst.ip() == self.local.ip(),
+            Gso::Always | Gso::Auto => true,
+            Gso::Local => dst.is_ipv6() || dst.ip().is_loopback() || dst.ip() == self.local.ip(),
         }
     }
 

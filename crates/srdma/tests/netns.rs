@@ -685,6 +685,13 @@ impl Topology {
             for p in WIRE_PORTS {
                 run(&["ip", "-n", &w, "link", "set", p, "promisc", "on"])?;
             }
+            // The switch forwards frames one by one through AF_PACKET, which refuses a UDP
+            // GSO buffer larger than the MTU; a NIC without segmentation offload makes the
+            // sending kernel cut it into datagrams (numbered 0, 1, 2, …) first, and so does
+            // this: the hosts' veths take one segment per buffer.
+            for h in &self.hosts {
+                run(&["ip", "-n", h, "link", "set", "eth0", "gso_max_segs", "1"])?;
+            }
         }
         Ok(())
     }
