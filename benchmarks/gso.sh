@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # RC WRITE bandwidth between two hosts (network namespaces joined by veth, MTU 1500: path MTU
-# 1024) with UDP GSO off (SRDMA_GSO=never, one datagram per send; what the default does
-# towards another host's IPv4 address) and on (SRDMA_GSO=always), and
+# 1024) with UDP GSO off (SRDMA_GSO=never, one datagram per send) and on (SRDMA_GSO=always,
+# what the default does), and
 # one TCP stream between the same namespaces in the same run (`srdma perf --baseline tcp`).
 # Root (namespaces). RUNS repetitions (default 2), DURATION seconds each (default 3).
 # Prints a table and writes benchmarks/results/gso.md.
@@ -52,7 +52,7 @@ done
 {
     echo "RC WRITE between two namespaces over veth MTU 1500 (path MTU 1024), $(date -u +%Y-%m-%d), $(nproc) cores, $DUR s each ($0):"
     echo
-    echo "| size | GSO off, default (MiB/s) | GSO on, SRDMA_GSO=always (MiB/s) | CPU s/GB (on) | one TCP stream, same run (MiB/s) |"
+    echo "| size | GSO off, SRDMA_GSO=never (MiB/s) | GSO on, the default (MiB/s) | CPU s/GB (on) | one TCP stream, same run (MiB/s) |"
     echo "| --- | --- | --- | --- | --- |"
     printf '%s\n' "${rows[@]}"
 } | tee "$ROOT/benchmarks/results/gso.md"
