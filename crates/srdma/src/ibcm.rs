@@ -216,7 +216,8 @@ impl Gsi {
         });
         // Someone must take the MADs in even while nobody waits for one: REQs for services
         // nobody listens on are answered, and the receive ring stays posted. The thread
-        // sleeps on the CQ's completion channel; it is gone with the last handle.
+        // waits like any other waiter (woken by the CQ's hook); it is gone with the last
+        // handle.
         let weak = Arc::downgrade(&inner);
         let me = Waiter::new(&inner.waiters)?;
         std::thread::Builder::new()
