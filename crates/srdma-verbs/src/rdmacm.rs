@@ -715,6 +715,66 @@ fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<(), c_int> {
         .map_err(|_| libc::EAGAIN)
 }
 
+/// A job for a CM worker.
+type Job = Box<dyn FnOnce() + Send>;
+
+/// Idle CM workers, each waiting on its own channel for the next connect or accept.
+static IDLE: Mutex<Vec<std::sync::mpsc::Sender<Job>>> = Mutex::new(Vec::new());
+
+/// Idle workers kept at most (more exit when their job is done).
+const MAX_IDLE: usize = 4;
+
+/// Runs `f` on an idle CM worker thread, or a new one: connects and accepts do not create a
+/// thread on their way (workers wait for the next job instead of exiting, and the first id
+/// prepares two). With this and QP1 opened at route resolution, `rdma_connect` returns in
+/// 15 µs instead of 0.43 ms (rping on loopback), and in 6–8 ms instead of 11–20 ms under
+/// qemu TCG.
+fn run_job(f: impl FnOnce() + Send + 'static) -> Result<(), c_int> {
+    let mut job: Job = Box::new(f);
+    loop {
+        let Some(tx) = lock(&IDLE).pop() else { break };
+        match tx.send(job) {
+            Ok(()) => return Ok(()),
+            // That worker is gone: take the job back and try the next.
+            Err(std::sync::mpsc::SendError(j)) => job = j,
+        }
+    }
+    new_worker(Some(job))
+}
+
+/// A CM worker: runs `first`, then whatever [`run_job`] hands it while it is idle.
+fn new_worker(first: Option<Job>) -> Result<(), c_int> {
+    let (tx, rx) = std::sync::mpsc::channel::<Job>();
+    spawn("srdma-cm-worker", move || {
+        if let Some(f) = first {
+            f();
+        }
+        loop {
+            {
+                let mut idle = lock(&IDLE);
+                if idle.len() >= MAX_IDLE {
+                    return;
+                }
+                idle.push(tx.clone());
+            }
+            match rx.recv() {
+                Ok(f) => f(),
+                Err(_) => return,
+            }
+        }
+    })
+}
+
+/// Two idle CM workers, once per process (before the first connect or accept needs one).
+fn prepare_workers() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        for _ in 0..2 {
+            let _ = new_worker(None);
+        }
+    });
+}
+
 /// The event for a failed connect or accept, as kernel rdma_cm reports it.
 fn failure(id: usize, e: &CmError, ud: bool) -> Box<Event> {
     match e {
@@ -979,6 +1039,7 @@ pub unsafe extern "C" fn rdma_create_id(
 ) -> c_int {
     guard(err(libc::EIO), || {
         leave_data_path();
+        prepare_workers();
         if id.is_null() || (!channel.is_null() && queue_of(channel).is_none()) {
             return err(libc::EINVAL);
         }
@@ -1143,14 +1204,17 @@ pub unsafe extern "C" fn rdma_resolve_route(id: *mut rdma_cm_id, _timeout_ms: c_
         let Some(me) = (unsafe { id_of(id) }) else {
             return err(libc::EINVAL);
         };
-        let ok = {
+        let dev = {
             let st = lock(&me.sh.st);
-            st.dev.is_some() && st.dst.is_some()
+            st.dst.and(st.dev)
         };
-        if !ok {
+        let Some(dev) = dev else {
             return err(libc::EINVAL);
-        }
+        };
         me.set_path();
+        // QP1 now, not in rdma_connect: a kernel's exists before any connect, and opening
+        // ours (a CQ, a QP, a region, its receives) is a good part of a connect's time.
+        let _ = cm_devs()[dev].gsi();
         let p = me.ptr() as usize;
         me.sh.push(event(p, RDMA_CM_EVENT_ROUTE_RESOLVED, 0));
         me.complete()
@@ -1331,7 +1395,7 @@ pub unsafe extern "C" fn rdma_connect(
                 Err(e) => return err(e),
             };
             lock(&me.sh.st).connecting = true;
-            let r = spawn("srdma-cm-sidr", move || {
+            let r = run_job(move || {
                 let ev = match ibcm::sidr_resolve(&gsi, dst, src.port(), &o.private_data, o.timeout)
                 {
                     Ok(rep) => with_ud(
@@ -1365,7 +1429,7 @@ pub unsafe extern "C" fn rdma_connect(
             return err(e);
         }
         lock(&me.sh.st).connecting = true;
-        let r = spawn("srdma-cm-connect", move || {
+        let r = run_job(move || {
             let r = ibcm::connect_qp(&gsi, &qp, dst, src.port(), srq, &o);
             // The connection holds the QP until the application destroys it.
             drop(qp);
@@ -1448,7 +1512,7 @@ pub unsafe extern "C" fn rdma_accept(
                 lock(&me.sh.st).connecting = true;
                 let idp = me.ptr() as usize;
                 let sh = me.sh.clone();
-                let r = spawn("srdma-cm-accept", move || {
+                let r = run_job(move || {
                     let r = r.accept_with(&qp, &o);
                     // The connection holds the QP until the application destroys it.
                     drop(qp);
