@@ -87,7 +87,7 @@ struct Common {
     /// Bytes of generated data the source sends.
     #[arg(long, default_value = "1GiB", value_parser = size)]
     size: u64,
-    /// What the source reads instead of generated data (gen:SIZE[:SEED], file:PATH, dir:PATH).
+    /// What the source reads instead of generated data (`gen:SIZE[:SEED]`, `file:PATH`, `dir:PATH`).
     #[arg(long)]
     source: Option<String>,
     /// Chunk size.
@@ -102,7 +102,7 @@ struct Common {
     /// Per-chunk checksum.
     #[arg(long, value_enum, default_value_t = CheckArg::Crc32c)]
     check: CheckArg,
-    /// Sinks write DIR/<name>.bin instead of discarding (after checking) the data.
+    /// Sinks write `DIR/<name>.bin` instead of discarding (after checking) the data.
     #[arg(long)]
     out: Option<PathBuf>,
     /// Address of the first node; the others follow (127.0.30.1, .2, ...).

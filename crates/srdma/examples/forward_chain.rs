@@ -15,7 +15,7 @@
 //!
 //! Three devices on 127.0.20.1, .2 and .3, UDP port 4791 each, as three hosts would be. The
 //! connections are made with [`srdma::cm`]: B accepts A's connection and answers with its
-//! ring's [`RemoteMr`] descriptor as private data; B connects to C. Both passive sides post
+//! ring's [`srdma::RemoteMr`] descriptor as private data; B connects to C. Both passive sides post
 //! their receives on a QP in INIT before accepting, so no message ever meets an empty receive
 //! queue.
 //!
