@@ -244,6 +244,7 @@ fn generate(shape: &Shape, c: &Common) -> Result<Config, String> {
             udp_port: c.udp_port,
             timeout_ms: c.timeout_ms,
             mtu: None,
+            heal: true,
         },
         base: c.base_addr.octets(),
         out_dir: c.out.clone(),

@@ -8,9 +8,13 @@
 //! - the same under 2 % loss. This kernel has no `sch_netem`, so "2 % loss" is an nftables
 //!   rule in every namespace that drops 2 % of the UDP datagrams the host receives, at random
 //!   (`Lab::drop_random`): the loss half of `tc netem loss 2%`, applied at each receiver;
-//! - a relay killed with SIGKILL mid-transfer (and one frozen with SIGSTOP): the source and
-//!   every node below the relay exit 1 within `timeout_ms` + 3 s, name the failed hop and say
-//!   how many bytes reached each sink; the sink leaves no final file;
+//! - healing: in a 5-hop chain and in a tree of 7, one relay killed with SIGKILL and another
+//!   frozen with SIGSTOP mid-transfer; the same with one relay killed under 2 % loss: every
+//!   sink commits a byte-identical object, every survivor exits 0 and reports what healed and
+//!   what was sent again (each sink: at most two rings; the source: at most a ring per hop);
+//! - with healing off, a relay killed with SIGKILL mid-transfer (and one frozen with SIGSTOP):
+//!   the source and every node below the relay exit 1 within `timeout_ms` + 3 s, name the
+//!   failed hop and say how many bytes reached each sink; the sink leaves no final file;
 //! - a sink throttled to a tenth of the link rate slows the source down to its pace, and no
 //!   node's peak resident memory (`VmHWM`) passes `2 × slots × chunk_size + allowance`;
 //! - one bit flipped in a chunk at a relay is caught, never delivered.
@@ -528,8 +532,9 @@ fn progress_bytes(p: &Proc) -> u64 {
         .unwrap_or(0)
 }
 
-/// Relay B of A → B → C → D is killed with SIGKILL once 4 MiB went through it (of 32 MiB,
-/// the source's link limited to 80 Mbit/s so the transfer lasts about 3.5 s). The source and
+/// With healing off: relay B of A → B → C → D is killed with SIGKILL once 4 MiB went through
+/// it (of 32 MiB, the source's link limited to 80 Mbit/s so the transfer lasts about 3.5 s).
+/// The source and
 /// both nodes below B exit 1 within `timeout_ms` + 3 s, each naming B as the failed hop and
 /// saying how many bytes reached the sink (less than the object, not committed); the sink
 /// reports failure and leaves no file.
@@ -568,6 +573,7 @@ fn failed_relay(label: &str, net: u8, signal: i32) {
             "chunk_size = \"1MiB\"",
             "slots = 4",
             &format!("timeout_ms = {timeout_ms}"),
+            "heal = false",
         ],
         &nodes,
     );
@@ -657,6 +663,242 @@ fn failed_relay(label: &str, net: u8, signal: i32) {
          the source says {reached:?} B reached D, D says {sink_bytes} B"
     );
     eprintln!("{label}: A says: {}", run.node("A").stderr().trim_end());
+}
+
+/// Waits until sink `sink` reported at least `bytes` of progress (panics after 40 s).
+fn wait_sink_progress(run: &mut Run, sink: &str, bytes: u64, label: &str) {
+    let seen = run.node_mut(sink).wait_line(Duration::from_secs(40), |l| {
+        l.json.as_ref().is_some_and(|j| {
+            j.get("event").as_str() == Some("progress")
+                && j.get("bytes").as_u64().is_some_and(|n| n >= bytes)
+        })
+    });
+    assert!(
+        seen.is_some(),
+        "{label}: {sink} never reported {bytes} bytes of progress\n{}",
+        run.dump()
+    );
+}
+
+/// A healing scenario: once the last sink has `first` bytes, relay `kill` gets SIGKILL; once
+/// it has `second`, relay `freeze` (if any) gets SIGSTOP. Every other node must exit 0, every
+/// sink commit a byte-identical object, and every survivor report the heals, in that order,
+/// with what was sent again within bounds.
+#[allow(clippy::too_many_arguments)]
+fn heal_scenario(
+    label: &str,
+    lab: &Lab,
+    dir: &Scratch,
+    input: &[u8],
+    nodes: &[Node],
+    transfer: &[&str],
+    (first, kill): (u64, &str),
+    freeze: Option<(u64, &str)>,
+) {
+    let slots = 4u64;
+    let chunk = MIB;
+    let mut t: Vec<&str> = vec!["chunk_size = \"1MiB\"", "slots = 4", "timeout_ms = 2000"];
+    t.extend_from_slice(transfer);
+    let cfg = config(lab, &t, nodes);
+    let mut run = Run::start(lab, dir, &cfg, nodes);
+    let watch = nodes.iter().rev().find(|n| n.is_sink()).unwrap().name;
+    wait_sink_progress(&mut run, watch, first, label);
+    run.node(kill).signal(SIGKILL);
+    let mut gone = vec![kill];
+    if let Some((second, frozen)) = freeze {
+        wait_sink_progress(&mut run, watch, second, label);
+        run.node(frozen).signal(SIGSTOP);
+        gone.push(frozen);
+    }
+    let signalled = Instant::now();
+    let mut dump = String::new();
+    for n in nodes.iter().filter(|n| !gone.contains(&n.name)) {
+        let left = RUN_LIMIT.saturating_sub(signalled.elapsed());
+        let e = run.node_mut(n.name).wait_timeout(left);
+        dump = run.dump();
+        let Some(e) = e else {
+            for p in &mut run.procs {
+                p.kill();
+            }
+            panic!(
+                "{label}: {} still running {RUN_LIMIT:?} after the signals\n{dump}",
+                n.name
+            );
+        };
+        assert_eq!(e.code, Some(0), "{label}: {} exited {e:?}\n{dump}", n.name);
+    }
+    for g in &gone {
+        run.node_mut(g).kill();
+    }
+    let size = input.len() as u64;
+    let depth = |name: &str| {
+        let mut d = 0;
+        let mut cur = nodes.iter().find(|n| n.name == name).and_then(|n| n.parent);
+        while let Some(p) = cur {
+            d += 1;
+            cur = nodes.iter().find(|n| n.name == p).and_then(|n| n.parent);
+        }
+        d
+    };
+    let deepest = nodes.iter().map(|n| depth(n.name)).max().unwrap_or(1);
+    for n in nodes.iter().filter(|n| !gone.contains(&n.name)) {
+        let r = run.report(n.name);
+        assert_eq!(
+            r.get("ok").as_bool(),
+            Some(true),
+            "{label}: {}: {r}",
+            n.name
+        );
+        let healed: Vec<String> = r
+            .get("healed")
+            .items()
+            .iter()
+            .flat_map(|h| {
+                h.get("nodes")
+                    .items()
+                    .iter()
+                    .filter_map(|x| x.as_str().map(str::to_string))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        assert_eq!(
+            healed, gone,
+            "{label}: {} reports healing around {healed:?}: {r}",
+            n.name
+        );
+        for h in r.get("healed").items() {
+            let resent = h.get("resent_chunks").as_u64().unwrap_or(u64::MAX);
+            assert!(
+                resent <= deepest as u64 * slots,
+                "{label}: {}: the source sent {resent} chunks again (at most a ring per hop, \
+                 {deepest} hops): {h}",
+                n.name
+            );
+        }
+        if n.is_sink() {
+            let out = std::fs::read(dir.path(&format!("out-{}.bin", n.name)))
+                .unwrap_or_else(|e| panic!("{label}: sink {} wrote no file: {e}\n{dump}", n.name));
+            assert!(
+                out == input,
+                "{label}: sink {}: {} bytes, expected {size}, first difference at {:?}",
+                n.name,
+                out.len(),
+                first_difference(&out, input)
+            );
+            assert_eq!(r.get("bytes").as_u64(), Some(size), "{label}: {r}");
+            let again = r.get("bytes_sent_again").as_u64().unwrap_or(u64::MAX);
+            assert!(
+                again <= 2 * slots * chunk,
+                "{label}: sink {} received {again} bytes again (at most two rings): {r}",
+                n.name
+            );
+            let src = run.report("A");
+            let at_source = src.get("sinks").get(n.name);
+            assert_eq!(
+                at_source.get("committed").as_bool(),
+                Some(true),
+                "{label}: {at_source}"
+            );
+        }
+    }
+    let a = run.report("A");
+    eprintln!("{label}: the source reports: healed {}", a.get("healed"));
+    eprintln!("{label}: A says: {}", run.node("A").stderr().trim_end());
+}
+
+/// A → B → C → D → E → F, five hops: C is killed, then E frozen; F ends up below B and then
+/// D, and commits the whole file.
+#[test]
+fn a_five_hop_chain_heals_around_a_killed_and_a_frozen_relay() {
+    let Some(_lab_lock) = lab_guard(false) else {
+        return;
+    };
+    let dir = Scratch::new("healchain");
+    let input = make_input(&dir.path("input.bin"), 40 * MIB, 0x5eed_0009);
+    let lab = Lab::star("rhc", 6, 69, 1500).unwrap();
+    lab.rate_limit(0, "80mbit").unwrap();
+    let relay = |name, parent| Node::new(name, 0, "relay", Some(parent)).stages(&["verify"]);
+    let mut nodes = vec![
+        source(0, &dir.path("input.bin")),
+        relay("B", "A"),
+        relay("C", "B"),
+        relay("D", "C"),
+        relay("E", "D"),
+        sink("F", 5, "E", &dir),
+    ];
+    for (i, n) in nodes.iter_mut().enumerate() {
+        n.host = i;
+    }
+    heal_scenario(
+        "chain",
+        &lab,
+        &dir,
+        &input,
+        &nodes,
+        &[],
+        (6 * MIB, "C"),
+        Some((14 * MIB, "E")),
+    );
+}
+
+/// A tree of 7 (A; relays B and C; sinks D, E below B and F, G below C): B is killed, then C
+/// frozen; all four sinks end up below A and commit the whole file.
+#[test]
+fn a_tree_of_seven_heals_around_a_killed_and_a_frozen_relay() {
+    let Some(_lab_lock) = lab_guard(false) else {
+        return;
+    };
+    let dir = Scratch::new("healtree");
+    let input = make_input(&dir.path("input.bin"), 32 * MIB, 0x5eed_000a);
+    let lab = Lab::star("rht", 7, 70, 1500).unwrap();
+    lab.rate_limit(0, "80mbit").unwrap();
+    let nodes = vec![
+        source(0, &dir.path("input.bin")),
+        Node::new("B", 1, "relay", Some("A")).stages(&["verify"]),
+        Node::new("C", 2, "relay", Some("A")).stages(&["verify"]),
+        sink("D", 3, "B", &dir),
+        sink("E", 4, "B", &dir),
+        sink("F", 5, "C", &dir),
+        sink("G", 6, "C", &dir),
+    ];
+    heal_scenario(
+        "tree",
+        &lab,
+        &dir,
+        &input,
+        &nodes,
+        &[],
+        (6 * MIB, "B"),
+        Some((12 * MIB, "C")),
+    );
+}
+
+/// The chain of three relays under 2 % loss at every host: C is killed mid-transfer, and the
+/// transfer heals around it all the same.
+#[test]
+fn a_chain_under_two_percent_loss_heals_around_a_killed_relay() {
+    let Some(_lab_lock) = lab_guard(true) else {
+        return;
+    };
+    let dir = Scratch::new("healloss");
+    let input = make_input(&dir.path("input.bin"), 24 * MIB, 0x5eed_000b);
+    let lab = Lab::star("rhl", 5, 71, 1500).unwrap();
+    lab.rate_limit(0, "80mbit").unwrap();
+    two_percent_loss(&lab);
+    let nodes = chain_of_three_relays(&dir, &dir.path("input.bin"));
+    heal_scenario(
+        "chain, 2% loss",
+        &lab,
+        &dir,
+        &input,
+        &nodes,
+        &[],
+        (6 * MIB, "C"),
+        None,
+    );
+    let dropped = total_dropped(&lab);
+    eprintln!("chain, 2% loss, C killed: {dropped} datagrams dropped");
+    assert!(dropped > 0, "the loss rule dropped nothing");
 }
 
 /// A → B → C → D with every link at 420 Mbit/s (≈ 50 MiB/s) and D consuming at most

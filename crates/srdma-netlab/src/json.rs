@@ -73,6 +73,14 @@ impl Value {
         }
     }
 
+    /// The elements of an array (empty for anything else).
+    pub fn items(&self) -> &[Value] {
+        match self {
+            Value::Arr(a) => a,
+            _ => &[],
+        }
+    }
+
     /// The string, when this is one.
     pub fn as_str(&self) -> Option<&str> {
         match self {

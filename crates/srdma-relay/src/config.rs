@@ -10,6 +10,7 @@
 //! cm_port = 7471           # TCP port of every node's srdma::cm listener (default 7471)
 //! udp_port = 4791          # RoCEv2 UDP port of every node's device (default 4791; 0 = any)
 //! timeout_ms = 5000        # connect timeout and "hop is dead" limit (default 5000)
+//! heal = true              # splice around a relay that dies or freezes (default true)
 //! # mtu = 4096             # path MTU offered (default: 4096 on loopback addresses, else 1024)
 //!
 //! [[node]]
@@ -158,6 +159,9 @@ pub struct Transfer {
     pub timeout_ms: u64,
     /// Path MTU offered; `None`: 4096 on loopback addresses, 1024 elsewhere.
     pub mtu: Option<u32>,
+    /// Heal around a relay that dies or freezes (its children re-attach to the nearest live
+    /// ancestor) instead of ending the transfer.
+    pub heal: bool,
 }
 
 impl Default for Transfer {
@@ -171,6 +175,7 @@ impl Default for Transfer {
             udp_port: DEFAULT_UDP_PORT,
             timeout_ms: DEFAULT_TIMEOUT_MS,
             mtu: None,
+            heal: true,
         }
     }
 }
@@ -233,6 +238,7 @@ struct RawTransfer {
     udp_port: Option<i64>,
     timeout_ms: Option<i64>,
     mtu: Option<i64>,
+    heal: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -453,6 +459,41 @@ impl Config {
         (cur.role == Role::Sink && cur.resume).then(|| (relays, cur.name.clone()))
     }
 
+    /// True when the transfer may heal around node `name` dying: healing is on, the node is
+    /// a relay without a sink of its own, and the source can be read again (not stdin).
+    pub fn healable(&self, name: &str) -> bool {
+        self.transfer.heal
+            && self.node(name).is_some_and(|n| n.role == Role::Relay)
+            && !matches!(self.source().source.as_deref(), Some("stdin" | "-"))
+    }
+
+    /// The parent of `name` once the nodes in `dead` are spliced out: its nearest ancestor
+    /// not in `dead` (`None` for the source).
+    pub fn live_parent(&self, name: &str, dead: &[String]) -> Option<&Node> {
+        let mut cur = self.node(name)?.parent.as_deref();
+        for _ in 0..=self.nodes.len() {
+            let p = self.node(cur?)?;
+            if !dead.contains(&p.name) {
+                return Some(p);
+            }
+            cur = p.parent.as_deref();
+        }
+        None
+    }
+
+    /// The children of `name` once the nodes in `dead` are spliced out: its children, with
+    /// every dead one replaced by its own live children, in file order.
+    pub fn live_children(&self, name: &str, dead: &[String]) -> Vec<&Node> {
+        self.nodes
+            .iter()
+            .filter(|n| !dead.contains(&n.name))
+            .filter(|n| {
+                self.live_parent(&n.name, dead)
+                    .is_some_and(|p| p.name == name)
+            })
+            .collect()
+    }
+
     /// The nodes with a sink, in file order.
     pub fn sinks(&self) -> Vec<&Node> {
         self.nodes.iter().filter(|n| n.role.has_sink()).collect()
@@ -638,6 +679,9 @@ impl Config {
         if let Some(m) = t.mtu {
             let _ = writeln!(s, "mtu = {m}");
         }
+        if !t.heal {
+            let _ = writeln!(s, "heal = false");
+        }
         for n in &self.nodes {
             let _ = writeln!(s, "\n[[node]]");
             let _ = writeln!(s, "name = {:?}", n.name);
@@ -742,6 +786,9 @@ fn validate_transfer(r: RawTransfer) -> Result<Transfer, String> {
             ));
         }
         t.mtu = Some(m as u32);
+    }
+    if let Some(h) = r.heal {
+        t.heal = h;
     }
     Ok(t)
 }
@@ -1215,6 +1262,44 @@ sink = "discard"
         assert_eq!(t.children("A").len(), 2);
         assert!(generate_chain(0, &opts).is_err());
         assert!(generate_tree(3, 6, &opts).is_err());
+    }
+
+    #[test]
+    fn dead_relays_are_spliced_out_to_the_nearest_live_ancestor() {
+        let opts = GenOptions {
+            source: "gen:1MiB".into(),
+            ..GenOptions::default()
+        };
+        // A → B → C → D → E: C dies, then B.
+        let c = generate_chain(4, &opts).unwrap();
+        let names = |v: Vec<&Node>| v.iter().map(|n| n.name.clone()).collect::<Vec<_>>();
+        let dead = vec!["C".to_string()];
+        assert_eq!(c.live_parent("D", &dead).unwrap().name, "B");
+        assert_eq!(names(c.live_children("B", &dead)), ["D"]);
+        assert!(c.live_children("C", &dead).is_empty());
+        let dead = vec!["C".to_string(), "B".to_string()];
+        assert_eq!(c.live_parent("D", &dead).unwrap().name, "A");
+        assert_eq!(names(c.live_children("A", &dead)), ["D"]);
+        assert!(c.live_parent("A", &dead).is_none());
+        assert!(c.healable("B") && !c.healable("A") && !c.healable("E"));
+        // A tree of 7: B dies, its sinks move up to A beside C.
+        let t = generate_tree(2, 2, &opts).unwrap();
+        let under_b = names(t.children("B"));
+        let dead = vec!["B".to_string()];
+        let mut want = vec!["C".to_string()];
+        want.extend(under_b);
+        let mut got = names(t.live_children("A", &dead));
+        got.sort();
+        want.sort();
+        assert_eq!(got, want);
+        // Healing off, or a stdin source that cannot be read again: nothing is healable.
+        let mut off = c.clone();
+        off.transfer.heal = false;
+        assert!(!off.healable("B"));
+        assert!(off.to_toml().contains("heal = false"));
+        let mut stdin = c.clone();
+        stdin.nodes[0].source = Some("stdin".into());
+        assert!(!stdin.healable("B"));
     }
 
     #[test]

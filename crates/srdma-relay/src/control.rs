@@ -9,8 +9,10 @@
 //! | node → source | `hello` | `node` | first, after connecting |
 //! | node → source | `resume` | `node`, `from`, `note` | a sink, right after `hello`, when some sink of the configuration resumes: the first chunk it lacks |
 //! | source → node | `start` | `from` | when every sink sent `resume`: the chunk the transfer starts at |
-//! | source → relay | `rewind` | `from` | a restarted sink came back: set the rings up again from chunk `from` |
-//! | node → source | `progress` | `node`, `bytes`, `chunks` | about every 200 ms |
+//! | source → relay | `rewind` | `from`, `dead`, `epoch` | a restarted sink came back, or after `halt`: set the rings up again from chunk `from`, the nodes in `dead` spliced out |
+//! | source → node | `halt` | `epoch`, `dead` | a relay died or froze: drop every connection, answer `held` |
+//! | node → source | `held` | `node`, `epoch`, `next` | after `halt`: connections dropped; a sink's first missing chunk |
+//! | node → source | `progress` | `node`, `bytes`, `chunks` | every 200 ms (the source takes a node silent for `timeout_ms` as frozen) |
 //! | node → source | `final` | `node`, `ok`, `bytes`, `committed`, `error`, `failed_hop`, `primary` | once, when the node's part ended |
 //! | source → node | `abort` | `failed_hop`, `error` | at once, when anything failed |
 //! | source → node | `verdict` | `ok`, `error`, `failed_hop`, `sinks` | when every node reported (or was found dead, or the time ran out) |
@@ -27,6 +29,11 @@
 //! marked rejoinable ([`Server::set_rejoinable`]: the resumable sink at the end of a chain) that dies
 //! is not a failure at once: a restarted process of it says `hello` again (and is not told the
 //! old start), then `resume`, and the source answers it alone with a new `start`.
+//!
+//! Healing ([`crate::config::Config::healable`]): the relays are rejoinable too. When one dies
+//! (its control connection closes) or freezes (silent for `timeout_ms`), the source
+//! [excludes](Server::exclude) it, sends `halt` to everyone else, waits for every `held`, and
+//! sends `rewind` from the smallest chunk a sink lacks, with the dead spliced out of the tree.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
@@ -107,11 +114,35 @@ pub enum Msg {
         /// The first chunk sent.
         from: u64,
     },
-    /// The source tells a relay on the way to a restarted sink to set its rings up again,
-    /// starting at chunk `from` (see [`crate::config::Config::rejoin_chain`]).
+    /// The source tells a relay on the way to a restarted sink (see
+    /// [`crate::config::Config::rejoin_chain`]), or every node after a `halt`, to set its
+    /// rings up again, starting at chunk `from`, with the nodes in `dead` spliced out.
     Rewind {
         /// The chunk the transfer continues at.
         from: u64,
+        /// Every node healed around so far.
+        #[serde(default)]
+        dead: Vec<String>,
+        /// The `halt` this answers (0: none).
+        #[serde(default)]
+        epoch: u64,
+    },
+    /// The source tells every live node that relays died: drop every connection and answer
+    /// with `held`.
+    Halt {
+        /// Numbers the halts of one transfer, from 1.
+        epoch: u64,
+        /// Every node healed around so far.
+        dead: Vec<String>,
+    },
+    /// A node's answer to `halt`: its connections are dropped.
+    Held {
+        /// Its name.
+        node: String,
+        /// The `halt` answered.
+        epoch: u64,
+        /// A node with a sink: the first chunk it lacks.
+        next: Option<u64>,
     },
     /// The source stops the transfer.
     Abort {
@@ -130,7 +161,23 @@ pub enum Msg {
         failed_hop: Option<String>,
         /// Per sink: bytes and whether it committed.
         sinks: BTreeMap<String, SinkStatus>,
+        /// What the transfer healed around.
+        #[serde(default)]
+        healed: Vec<Healed>,
     },
+}
+
+/// One heal: the nodes spliced out, how long it took, what was sent again.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Healed {
+    /// The nodes found dead or frozen (and spliced out) at once.
+    pub nodes: Vec<String>,
+    /// Milliseconds from the source learning of the failure to the data moving again.
+    pub heal_ms: u64,
+    /// The chunk the transfer continued at.
+    pub from_chunk: u64,
+    /// Chunks the source had sent that it sent again.
+    pub resent_chunks: u64,
 }
 
 impl Msg {
@@ -177,6 +224,12 @@ struct NodeSlot {
     resume: Option<u64>,
     /// Said hello again after dying: a restarted process.
     rejoined: bool,
+    /// When it was last heard from.
+    last_heard: Option<Instant>,
+    /// Spliced out of the transfer: its death is no failure, its reports are ignored.
+    excluded: bool,
+    /// The last `halt` it answered, and its first missing chunk then.
+    held: Option<(u64, Option<u64>)>,
 }
 
 #[derive(Debug, Default)]
@@ -189,8 +242,9 @@ struct ServerState {
     rejoinable: Vec<String>,
 }
 
-/// The source's end: accepts every node's connection and collects their reports.
-#[derive(Debug)]
+/// The source's end: accepts every node's connection and collects their reports. Clones
+/// share it.
+#[derive(Debug, Clone)]
 pub struct Server {
     shared: Arc<(Mutex<ServerState>, Condvar)>,
     local: SocketAddr,
@@ -348,7 +402,9 @@ impl Server {
         let st = lock(&self.shared.0);
         st.nodes
             .iter()
-            .filter(|(k, v)| v.dead && v.final_report.is_none() && st.rejoinable.contains(k))
+            .filter(|(k, v)| {
+                v.dead && !v.excluded && v.final_report.is_none() && st.rejoinable.contains(k)
+            })
             .map(|(k, _)| k.clone())
             .collect()
     }
@@ -373,6 +429,90 @@ impl Server {
             }
             st = cv
                 .wait_timeout(st, deadline - now)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
+
+    /// Rejoinable nodes that are dead (control connection closed without a final report) or
+    /// silent for `limit` (frozen), not yet excluded.
+    pub fn dead_or_silent(&self, limit: Duration) -> Vec<String> {
+        let st = lock(&self.shared.0);
+        st.nodes
+            .iter()
+            .filter(|(k, v)| {
+                st.rejoinable.contains(k)
+                    && !v.excluded
+                    && v.final_report.is_none()
+                    && (v.dead || v.hello && v.last_heard.is_some_and(|t| t.elapsed() >= limit))
+            })
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
+    /// Splices node `name` out of the transfer: it counts as dead without being a failure,
+    /// is told to stop (a frozen process reads it when it wakes), and is heard no more.
+    pub fn exclude(&self, name: &str) {
+        let (m, cv) = &*self.shared;
+        let mut st = lock(m);
+        if let Some(n) = st.nodes.get_mut(name) {
+            n.excluded = true;
+            n.dead = true;
+            if let Some(mut w) = n.writer.take() {
+                let _ = w.set_write_timeout(Some(Duration::from_millis(200)));
+                let _ = w.write_all(
+                    &Msg::Abort {
+                        failed_hop: Some(name.to_string()),
+                        error: "the transfer healed around this node".into(),
+                    }
+                    .line(),
+                );
+                let _ = w.shutdown(std::net::Shutdown::Both);
+            }
+        }
+        cv.notify_all();
+    }
+
+    /// True when node `name` was spliced out.
+    pub fn is_excluded(&self, name: &str) -> bool {
+        lock(&self.shared.0)
+            .nodes
+            .get(name)
+            .is_some_and(|n| n.excluded)
+    }
+
+    /// Waits until every node still taking part (connected, not dead, no final report) answered
+    /// `halt` number `epoch`, a node dies, or `deadline` passes. Returns each answer's first
+    /// missing chunk (sinks), and the nodes that did not answer.
+    pub fn wait_held(
+        &self,
+        epoch: u64,
+        deadline: Instant,
+    ) -> (BTreeMap<String, Option<u64>>, Vec<String>) {
+        let (m, cv) = &*self.shared;
+        let mut st = lock(m);
+        let dead_at_start = st.nodes.values().filter(|n| n.dead).count();
+        loop {
+            let mut held = BTreeMap::new();
+            let mut missing = Vec::new();
+            for (k, v) in &st.nodes {
+                if v.dead || v.final_report.is_some() || !v.hello {
+                    continue;
+                }
+                match v.held {
+                    Some((e, next)) if e == epoch => {
+                        held.insert(k.clone(), next);
+                    }
+                    _ => missing.push(k.clone()),
+                }
+            }
+            let now = Instant::now();
+            let died = st.nodes.values().filter(|n| n.dead).count() > dead_at_start;
+            if missing.is_empty() || died || now >= deadline {
+                return (held, missing);
+            }
+            st = cv
+                .wait_timeout(st, (deadline - now).min(Duration::from_millis(100)))
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
         }
@@ -430,14 +570,33 @@ fn serve(stream: TcpStream, shared: &Arc<(Mutex<ServerState>, Condvar)>) {
             continue;
         };
         let mut st = lock(m);
+        if let Some(slot) = me.as_ref().and_then(|n| st.nodes.get_mut(n)) {
+            slot.last_heard = Some(Instant::now());
+            if slot.excluded {
+                continue; // healed around: what it says no longer counts
+            }
+        }
         match msg {
             Msg::Hello { node } => {
                 let start = st.start;
                 if let Some(slot) = st.nodes.get_mut(&node) {
+                    slot.last_heard = Some(Instant::now());
                     slot.writer = writer.try_clone().ok();
                     slot.hello = true;
                     me = Some(node);
-                    if slot.dead {
+                    if slot.excluded {
+                        // Healed around: it has no part any more.
+                        if let Some(w) = slot.writer.as_mut() {
+                            let _ = w.write_all(
+                                &Msg::Abort {
+                                    failed_hop: me.clone(),
+                                    error: "the transfer healed around this node".into(),
+                                }
+                                .line(),
+                            );
+                        }
+                        slot.writer = None;
+                    } else if slot.dead {
                         // A restarted process: the source tells it where to start itself.
                         slot.dead = false;
                         slot.rejoined = true;
@@ -486,7 +645,16 @@ fn serve(stream: TcpStream, shared: &Arc<(Mutex<ServerState>, Condvar)>) {
                     });
                 }
             }
-            Msg::Abort { .. } | Msg::Verdict { .. } | Msg::Start { .. } | Msg::Rewind { .. } => {}
+            Msg::Held { node, epoch, next } => {
+                if let Some(slot) = st.nodes.get_mut(&node) {
+                    slot.held = Some((epoch, next));
+                }
+            }
+            Msg::Abort { .. }
+            | Msg::Verdict { .. }
+            | Msg::Start { .. }
+            | Msg::Rewind { .. }
+            | Msg::Halt { .. } => {}
         }
         cv.notify_all();
     }
@@ -497,7 +665,9 @@ fn serve(stream: TcpStream, shared: &Arc<(Mutex<ServerState>, Condvar)>) {
         let rejoinable = st.rejoinable.contains(&name);
         if let Some(slot) = st.nodes.get_mut(&name) {
             slot.writer = None;
-            if slot.final_report.is_none() && !verdict_sent && rejoinable {
+            if slot.excluded {
+                // Healed around already.
+            } else if slot.final_report.is_none() && !verdict_sent && rejoinable {
                 slot.dead = true;
             } else if slot.final_report.is_none() && !verdict_sent {
                 slot.dead = true;
@@ -529,6 +699,10 @@ pub struct Heard {
     pub rewind: Option<u64>,
     /// `rewind` messages heard.
     pub rewinds: u64,
+    /// The nodes the last `rewind` spliced out.
+    pub rewind_dead: Vec<String>,
+    /// The last `halt`: its epoch and the nodes spliced out.
+    pub halt: Option<(u64, Vec<String>)>,
 }
 
 /// A node's end of the control channel.
@@ -597,12 +771,16 @@ impl Client {
         h.clone()
     }
 
-    /// Waits until more than `seen` `rewind` messages came, the source aborts, the
-    /// connection is lost, or `deadline` passes.
-    pub fn wait_rewind(&self, seen: u64, deadline: Instant) -> Heard {
+    /// Waits until more than `seen` `rewind` messages came, a `halt` after epoch `halted`
+    /// came, the source aborts, the connection is lost, or `deadline` passes.
+    pub fn wait_rewind(&self, seen: u64, halted: u64, deadline: Instant) -> Heard {
         let (m, cv) = &*self.heard;
         let mut h = lock(m);
-        while h.rewinds <= seen && h.abort.is_none() && !h.lost {
+        while h.rewinds <= seen
+            && h.halt.as_ref().is_none_or(|(e, _)| *e <= halted)
+            && h.abort.is_none()
+            && !h.lost
+        {
             let now = Instant::now();
             if now >= deadline {
                 break;
@@ -659,10 +837,12 @@ fn listen(stream: TcpStream, heard: &Arc<(Mutex<Heard>, Condvar)>) {
             }
             v @ Msg::Verdict { .. } => h.verdict = Some(v),
             Msg::Start { from } => h.start = Some(from),
-            Msg::Rewind { from } => {
+            Msg::Rewind { from, dead, .. } => {
                 h.rewind = Some(from);
+                h.rewind_dead = dead;
                 h.rewinds += 1;
             }
+            Msg::Halt { epoch, dead } => h.halt = Some((epoch, dead)),
             _ => {}
         }
         cv.notify_all();
@@ -752,6 +932,92 @@ mod tests {
     }
 
     #[test]
+    fn a_healed_around_relay_is_excluded_and_the_others_answer_the_halt() {
+        let names: Vec<String> = ["B", "C", "D"].iter().map(|s| s.to_string()).collect();
+        let server = Server::bind("127.0.0.1:0".parse().unwrap(), &names).unwrap();
+        let addr = server.local_addr();
+        let soon = || Instant::now() + Duration::from_secs(5);
+        server.set_rejoinable(&["B".into()]);
+        let b = Client::connect(addr, "B", soon()).unwrap();
+        let c = Client::connect(addr, "C", soon()).unwrap();
+        let d = Client::connect(addr, "D", soon()).unwrap();
+        // Everyone has said hello; nobody is silent for a second yet.
+        let t = Instant::now();
+        while !server.unconnected().is_empty() {
+            assert!(t.elapsed() < Duration::from_secs(5));
+            thread::sleep(Duration::from_millis(10));
+        }
+        assert!(server.dead_or_silent(Duration::from_secs(1)).is_empty());
+        // B goes quiet (frozen): after the limit it is silent; C and D, talking, are not.
+        thread::sleep(Duration::from_millis(300));
+        c.send(&Msg::Progress {
+            node: "C".into(),
+            bytes: 1,
+            chunks: 1,
+        });
+        d.send(&Msg::Progress {
+            node: "D".into(),
+            bytes: 1,
+            chunks: 1,
+        });
+        let t = Instant::now();
+        while server.dead_or_silent(Duration::from_millis(250)) != ["B"] {
+            assert!(t.elapsed() < Duration::from_secs(5), "B not found silent");
+            thread::sleep(Duration::from_millis(10));
+        }
+        // Spliced out: told to stop, no failure, its death and its reports ignored.
+        server.exclude("B");
+        assert!(server.is_excluded("B"));
+        let h = b.wait_verdict(soon());
+        assert!(h.abort.is_some() && h.lost, "{h:?}");
+        b.send(&Msg::Final {
+            node: "B".into(),
+            ok: false,
+            bytes: 0,
+            committed: false,
+            error: Some("woke up".into()),
+            failed_hop: Some("B".into()),
+            primary: true,
+            resumed_from: None,
+            bytes_sent_again: 0,
+        });
+        drop(b);
+        // The halt: C and D answer; wait_held returns their first missing chunks.
+        server.broadcast(&Msg::Halt {
+            epoch: 1,
+            dead: vec!["B".into()],
+        });
+        let hc = c.wait_rewind(0, 0, soon());
+        assert_eq!(hc.halt, Some((1, vec!["B".to_string()])));
+        c.send(&Msg::Held {
+            node: "C".into(),
+            epoch: 1,
+            next: None,
+        });
+        let (held, missing) = server.wait_held(1, Instant::now() + Duration::from_millis(200));
+        assert_eq!(missing, ["D"]);
+        assert_eq!(held.get("C"), Some(&None));
+        d.send(&Msg::Held {
+            node: "D".into(),
+            epoch: 1,
+            next: Some(42),
+        });
+        let (held, missing) = server.wait_held(1, soon());
+        assert!(missing.is_empty());
+        assert_eq!(held.get("D"), Some(&Some(42)));
+        server.broadcast(&Msg::Rewind {
+            from: 42,
+            dead: vec!["B".into()],
+            epoch: 1,
+        });
+        let hd = d.wait_rewind(0, 1, soon());
+        assert_eq!((hd.rewinds, hd.rewind), (1, Some(42)));
+        assert_eq!(hd.rewind_dead, ["B"]);
+        assert!(server.failures().is_empty(), "{:?}", server.failures());
+        assert!(server.dead_without_final().is_empty());
+    }
+
+    #[test]
     fn a_node_that_vanishes_is_reported_dead() {
         let server =
             Server::bind("127.0.0.1:0".parse().unwrap(), &["B".into(), "C".into()]).unwrap();
@@ -782,6 +1048,7 @@ mod tests {
             error: Some("x".into()),
             failed_hop: Some("B".into()),
             sinks: BTreeMap::new(),
+            healed: Vec::new(),
         });
         let h = c.wait_verdict(Instant::now() + Duration::from_secs(5));
         assert!(matches!(h.verdict, Some(Msg::Verdict { ok: false, .. })));

@@ -77,6 +77,35 @@
 //! delivers no chunk or returns no credit for `timeout_ms` is declared dead, and a broken
 //! RDMA connection surfaces as an error completion or a CM disconnect.
 //!
+//! # Healing
+//!
+//! With `heal = true` (the default) a relay (`role = "relay"`, no sink of its own) that dies or
+//! freezes does not end the transfer. The source learns of it on the control channel: a
+//! killed process's connection closes at once; a frozen one stops the progress lines every
+//! node sends every 200 ms, and is taken as dead after `timeout_ms` of silence (neighbours
+//! that lose it meanwhile — an error completion, a CM disconnect, no chunk or credit for
+//! `timeout_ms` — drop their connections and wait for the source, at most three times
+//! `timeout_ms`). The source then
+//!
+//! 1. *excludes* the relay (it is told to stop, its later reports are ignored; a frozen
+//!    process that wakes up exits),
+//! 2. sends `halt` to every other node: each drops all its connections and answers `held`
+//!    (a sink: the first chunk it lacks),
+//! 3. sends `rewind` with the smallest such chunk and the spliced-out nodes: every node
+//!    computes its new parent (the nearest live ancestor, [`config::Config::live_parent`])
+//!    and children, accepts and connects again, and the source resends from that chunk.
+//!
+//! A chain therefore splices, a tree re-parents. Every node rewinds (one protocol for every
+//! shape; the rings are small): chunks a sink already holds come again and are skipped (not
+//! written, not digested twice), so each sink still commits only a complete object whose
+//! digest matches. Nodes that die or freeze during a heal are spliced out in the same way.
+//! Every report lists the heals (`healed`: the nodes, the time from the source learning of
+//! the failure to the data moving again, the chunk the transfer continued at, the chunks the
+//! source sent again) and each sink's `bytes_sent_again`. What cannot be healed around still
+//! ends the run with the exact report described above: the source, a sink or a `relay+sink`
+//! dying, a stdin source (it cannot be read again), a node failing on its own (a corrupt
+//! chunk, a full disk), or a node that does not answer the source.
+//!
 //! # Resume
 //!
 //! A `file:` sink with `resume = true` ([`resume`]) writes to `<output>.srdma-part` and keeps
@@ -107,8 +136,8 @@
 //! (`rewind`: each drops its connections, accepts its parent and connects its child anew),
 //! re-opens its source (framing the chunks before that point only to digest them) and resends
 //! from the first chunk the sink's bitmap lacks (not with a `stdin` source, which cannot be
-//! read again). Any other node that dies (a relay, a sink with siblings, a `relay+sink`)
-//! still aborts the run as described above.
+//! read again). A relay that dies is healed around (above); any other node that dies (a sink
+//! with siblings, a `relay+sink`) still aborts the run as described above.
 //!
 //! # Reports
 //!

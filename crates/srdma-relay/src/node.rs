@@ -16,7 +16,7 @@ use srdma::{
 
 use crate::chunk::{ChunkHeader, HEADER_LEN, flags};
 use crate::config::{Config, Forward, Node, Role};
-use crate::control::{self, Msg, SinkStatus};
+use crate::control::{self, Healed, Msg, SinkStatus};
 use crate::digest::{ObjectDigest, hex};
 use crate::report::{self, Display, Latencies, Report};
 use crate::resume::{self, PartialState};
@@ -128,6 +128,8 @@ struct Child {
     next_post: u64,
     posted_at: VecDeque<Instant>,
     down: Arc<AtomicBool>,
+    /// A send to it failed (the source waits for the control channel to say why).
+    broken: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -313,6 +315,19 @@ struct NodeRun<'a> {
     resent: u64,
     /// A relay: `rewind` messages acted on.
     rewinds_seen: u64,
+    /// Healing is on and some relay of the configuration may be healed around.
+    heals: bool,
+    /// The nodes spliced out of the tree so far (dead, frozen, or finished when a heal came).
+    dead: Vec<String>,
+    /// The source: the last `halt` sent; a node: the last `halt` answered.
+    epoch: u64,
+    /// Chunks below this were processed before a heal rewound the transfer: a sink does not
+    /// write them again, and nobody counts them twice.
+    dup_below: u64,
+    /// Object bytes this sink received again after a heal.
+    heal_again: u64,
+    /// The source: the heals so far.
+    healed: Vec<Healed>,
 }
 
 fn mtu_of(v: u32) -> Mtu {
@@ -377,6 +392,12 @@ impl<'a> NodeRun<'a> {
             resend_until: 0,
             resent: 0,
             rewinds_seen: 0,
+            heals: cfg.transfer.heal && cfg.nodes.iter().any(|n| cfg.healable(&n.name)),
+            dead: Vec::new(),
+            epoch: 0,
+            dup_below: 0,
+            heal_again: 0,
+            healed: Vec::new(),
         }
     }
 
@@ -384,8 +405,19 @@ impl<'a> NodeRun<'a> {
         &self.me.name
     }
 
-    fn parent_name(&self) -> &str {
-        self.me.parent.as_deref().unwrap_or("?")
+    /// The parent: the nearest ancestor not spliced out.
+    fn parent_name(&self) -> &'a str {
+        self.cfg
+            .live_parent(&self.me.name, &self.dead)
+            .map_or("?", |n| n.name.as_str())
+    }
+
+    /// A `halt` newer than the last one answered came.
+    fn halted(&self) -> bool {
+        self.client
+            .as_ref()
+            .and_then(|c| c.heard().halt)
+            .is_some_and(|(e, _)| e > self.epoch)
     }
 
     fn status(&self, msg: &str) {
@@ -496,7 +528,7 @@ impl<'a> NodeRun<'a> {
         if let Some(l) = &listener {
             self.accept_parent(l, &pd, &init, &buf, deadline)?;
         }
-        for child in self.cfg.children(&me.name) {
+        for child in self.cfg.live_children(&me.name, &self.dead) {
             self.connect_child(child, &dev, &pd, &init, deadline)?;
         }
         if me.role.has_sink() {
@@ -741,7 +773,14 @@ impl<'a> NodeRun<'a> {
         };
         server.send_to(name, &Msg::Start { from });
         for r in relays {
-            server.send_to(r, &Msg::Rewind { from });
+            server.send_to(
+                r,
+                &Msg::Rewind {
+                    from,
+                    dead: self.dead.clone(),
+                    epoch: self.epoch,
+                },
+            );
         }
         self.start_seq = from;
         eprintln!("{me}: {name} is back; resending from chunk {from}");
@@ -754,65 +793,253 @@ impl<'a> NodeRun<'a> {
         Ok(from)
     }
 
-    /// A relay on the chain to a resumable sink that may be restarted lost its parent or its
-    /// child: drops both connections, waits (up to `timeout_ms`) for the source's `rewind`,
-    /// then accepts its parent and connects to its child again, from the chunk it names.
+    /// The source, healing: relays that died (control connection closed without a report) or
+    /// froze (silent for `timeout_ms`) and are not spliced out yet.
+    fn newly_dead(&self) -> Vec<String> {
+        let Some(server) = &self.server else {
+            return Vec::new();
+        };
+        server
+            .dead_or_silent(self.timeout)
+            .into_iter()
+            .filter(|n| self.cfg.healable(n) && !self.dead.contains(n))
+            .collect()
+    }
+
+    /// The source heals around the relays in `newly`: splices them out (telling them to stop),
+    /// halts every other node and waits for each to answer with the first chunk it lacks,
+    /// then has everyone set up the tree again without them, from the smallest chunk any sink
+    /// lacks (returned), and connects to its own children again. Nodes found dead or frozen
+    /// meanwhile are spliced out too. Fails (ending the transfer as before) when a node fails
+    /// on its own, or does not answer within three times `timeout_ms`.
+    fn heal(
+        &mut self,
+        mut newly: Vec<String>,
+        next_in: u64,
+        pd: &Pd,
+        init: &QpInit,
+        retired: &mut Vec<srdma_wire::seq::Qpn>,
+    ) -> R<u64> {
+        let me = self.me.name.clone();
+        let t0 = Instant::now();
+        let server = self
+            .server
+            .clone()
+            .ok_or_else(|| Fail::at(&me, "no control server"))?;
+        let dev = self.dev.clone().ok_or_else(|| Fail::at(&me, "no device"))?;
+        let mut spliced = Vec::new();
+        let deadline = t0 + 3 * self.timeout;
+        loop {
+            for c in self.children.drain(..) {
+                retired.push(c.conn.qp().qpn());
+                let _ = c.conn.disconnect();
+            }
+            let held = loop {
+                self.check_outside(true)?;
+                if !newly.is_empty() {
+                    for n in &newly {
+                        server.exclude(n);
+                        if !self.dead.contains(n) {
+                            self.dead.push(n.clone());
+                        }
+                    }
+                    spliced.extend(newly.iter().cloned());
+                    self.epoch += 1;
+                    eprintln!(
+                        "{me}: {} died or froze; healing around it (halt {})",
+                        newly.join(", "),
+                        self.epoch
+                    );
+                    server.broadcast(&Msg::Halt {
+                        epoch: self.epoch,
+                        dead: self.dead.clone(),
+                    });
+                }
+                let (held, missing) = server.wait_held(
+                    self.epoch,
+                    (Instant::now() + Duration::from_millis(200)).min(deadline),
+                );
+                if missing.is_empty() {
+                    break held;
+                }
+                newly = self.newly_dead();
+                if newly.is_empty() && Instant::now() >= deadline {
+                    return Err(Fail::at(
+                        &missing[0],
+                        format!(
+                            "the transfer could not heal around {}: {} did not answer within {} ms",
+                            spliced.join(", "),
+                            missing.join(", "),
+                            (3 * self.timeout).as_millis()
+                        ),
+                    ));
+                }
+            };
+            // Nodes that finished take no part: splice them out of the tree too.
+            let mut splice = self.dead.clone();
+            for n in server.finals().into_keys() {
+                if !splice.contains(&n) {
+                    splice.push(n);
+                }
+            }
+            let from = held
+                .values()
+                .flatten()
+                .copied()
+                .min()
+                .unwrap_or(next_in)
+                .min(next_in);
+            server.broadcast(&Msg::Rewind {
+                from,
+                dead: splice.clone(),
+                epoch: self.epoch,
+            });
+            self.dead = splice;
+            self.start_seq = from;
+            let by = Instant::now() + self.timeout;
+            let mut r = Ok(());
+            for child in self.cfg.live_children(&me, &self.dead) {
+                r = self.connect_child(child, &dev, pd, init, by);
+                if r.is_err() {
+                    break;
+                }
+            }
+            if let Err(f) = r {
+                // A child failed as the tree was set up again: if it died or froze, heal
+                // around it too.
+                eprintln!("{me}: {}; looking for nodes that died", f.msg);
+                while newly.is_empty() && Instant::now() < deadline {
+                    thread::sleep(Duration::from_millis(50));
+                    self.check_outside(true)?;
+                    newly = self.newly_dead();
+                }
+                if newly.is_empty() {
+                    return Err(f);
+                }
+                continue;
+            }
+            let h = Healed {
+                nodes: spliced,
+                heal_ms: u64::try_from(t0.elapsed().as_millis()).unwrap_or(u64::MAX),
+                from_chunk: from,
+                resent_chunks: next_in.saturating_sub(from),
+            };
+            eprintln!(
+                "{me}: healed around {} in {} ms; continuing at chunk {from} ({} chunks sent again)",
+                h.nodes.join(", "),
+                h.heal_ms,
+                h.resent_chunks
+            );
+            self.healed.push(h);
+            return Ok(from);
+        }
+    }
+
+    /// A relay lost its parent or a child (or the source said `halt`): drops every
+    /// connection, answers each `halt` with `held` (with `next`: a sink's first missing
+    /// chunk), and when the source's `rewind` comes accepts its parent and connects to its
+    /// children again, with the dead spliced out, from the chunk it names (returned). Waits
+    /// up to `timeout_ms` for that (three times as long when healing: the source may first
+    /// have to find a frozen node silent), again after every `halt`.
+    #[allow(clippy::too_many_arguments)]
     fn rewind(
         &mut self,
-        sink: &str,
+        why: &str,
         listener: &Listener,
         pd: &Pd,
         init: &QpInit,
         buf: &Mr,
         retired: &mut Vec<srdma_wire::seq::Qpn>,
+        next: Option<u64>,
     ) -> R<u64> {
         let me = self.me.name.clone();
-        if let Some((p, _)) = self.parent.take() {
-            retired.push(p.qp().qpn());
-            let _ = p.disconnect();
-        }
-        for c in self.children.drain(..) {
-            retired.push(c.conn.qp().qpn());
-            let _ = c.conn.disconnect();
-        }
-        let ms = self.timeout.as_millis();
-        eprintln!("{me}: lost the way to {sink}; waiting up to {ms} ms for the source to rewind");
+        let limit = if self.heals {
+            3 * self.timeout
+        } else {
+            self.timeout
+        };
         let client = self
             .client
             .clone()
             .ok_or_else(|| Fail::at(&me, "no control connection"))?;
-        let h = client.wait_rewind(self.rewinds_seen, Instant::now() + self.timeout);
-        if h.rewinds <= self.rewinds_seen {
-            if let Some((hop, err)) = h.abort {
-                return Err(Fail {
-                    msg: format!("the source stopped the transfer: {err}"),
-                    hop,
-                    primary: false,
-                });
+        let dev = self.dev.clone().ok_or_else(|| Fail::at(&me, "no device"))?;
+        eprintln!("{me}: {why}; waiting for the source to set the transfer up again");
+        let mut deadline = Instant::now() + limit;
+        loop {
+            if let Some((p, _)) = self.parent.take() {
+                retired.push(p.qp().qpn());
+                let _ = p.disconnect();
             }
-            let src = self.cfg.source().name.clone();
-            if h.lost {
+            for c in self.children.drain(..) {
+                retired.push(c.conn.qp().qpn());
+                let _ = c.conn.disconnect();
+            }
+            let h = client.wait_rewind(self.rewinds_seen, self.epoch, deadline);
+            if let Some((e, dead)) = h.halt.clone().filter(|(e, _)| *e > self.epoch) {
+                self.epoch = e;
+                self.dead = dead;
+                client.send(&Msg::Held {
+                    node: me.clone(),
+                    epoch: e,
+                    next,
+                });
+                deadline = Instant::now() + limit;
+                continue;
+            }
+            if h.rewinds <= self.rewinds_seen {
+                if let Some((hop, err)) = h.abort {
+                    return Err(Fail {
+                        msg: format!("the source stopped the transfer: {err}"),
+                        hop,
+                        primary: false,
+                    });
+                }
+                if h.lost {
+                    let src = &self.cfg.source().name;
+                    return Err(Fail::blame(
+                        src,
+                        format!("lost the control connection to the source {src}"),
+                    ));
+                }
+                let p = self.parent_name().to_string();
                 return Err(Fail::blame(
-                    &src,
-                    format!("lost the control connection to the source {src}"),
+                    &p,
+                    format!(
+                        "{why}, and the source did not set the transfer up again within {} ms",
+                        limit.as_millis()
+                    ),
                 ));
             }
-            return Err(Fail::blame(
-                sink,
-                format!("{sink} did not come back within {ms} ms"),
-            ));
+            self.rewinds_seen = h.rewinds;
+            self.dead = h.rewind_dead.clone();
+            let from = h.rewind.unwrap_or(0);
+            self.start_seq = from;
+            let connect_by = Instant::now() + self.timeout;
+            let mut r = self.accept_parent(listener, pd, init, buf, connect_by);
+            if r.is_ok() {
+                for child in self.cfg.live_children(&me, &self.dead) {
+                    r = self.connect_child(child, &dev, pd, init, connect_by);
+                    if r.is_err() {
+                        break;
+                    }
+                }
+            }
+            match r {
+                Ok(()) => {
+                    eprintln!(
+                        "{me}: forwarding again from chunk {from} (parent {})",
+                        self.parent_name()
+                    );
+                    return Ok(from);
+                }
+                // A neighbour failed again: the source will heal around it.
+                Err(f) if self.heals => {
+                    self.status(&format!("{}; waiting for the source", f.msg));
+                    deadline = Instant::now() + limit;
+                }
+                Err(f) => return Err(f),
+            }
         }
-        self.rewinds_seen = h.rewinds;
-        let from = h.rewind.unwrap_or(0);
-        self.start_seq = from;
-        let deadline = Instant::now() + self.timeout;
-        self.accept_parent(listener, pd, init, buf, deadline)?;
-        let dev = self.dev.clone().ok_or_else(|| Fail::at(&me, "no device"))?;
-        for child in self.cfg.children(&me) {
-            self.connect_child(child, &dev, pd, init, deadline)?;
-        }
-        eprintln!("{me}: forwarding again from chunk {from}");
-        Ok(from)
     }
 
     /// A resumable sink continues the object of state `st` at chunk `self.start_seq` (>= 1).
@@ -945,7 +1172,6 @@ impl<'a> NodeRun<'a> {
             .spawn(move || {
                 let mut d = Display::new(&name, json, quiet, None);
                 let mut total_set = false;
-                let mut last = (u64::MAX, u64::MAX);
                 loop {
                     // Sleep in short steps so the end is not delayed by a whole period.
                     for _ in 0..20 {
@@ -962,15 +1188,14 @@ impl<'a> NodeRun<'a> {
                     let bytes = live.bytes.load(Ordering::Relaxed);
                     let chunks = live.chunks.load(Ordering::Relaxed);
                     d.progress(bytes, chunks, started.elapsed());
+                    // Every period, changed or not: the source takes a node silent for
+                    // `timeout_ms` as frozen.
                     if let Some(c) = &client {
-                        if last != (bytes, chunks) {
-                            c.send(&Msg::Progress {
-                                node: name.clone(),
-                                bytes,
-                                chunks,
-                            });
-                            last = (bytes, chunks);
-                        }
+                        c.send(&Msg::Progress {
+                            node: name.clone(),
+                            bytes,
+                            chunks,
+                        });
                     }
                 }
             });
@@ -1009,7 +1234,10 @@ impl<'a> NodeRun<'a> {
                     ),
                 ));
             }
-            let req = match l.accept_request(Some(left)) {
+            if self.halted() {
+                return Err(Fail::blame(&parent, "the source halted the transfer again"));
+            }
+            let req = match l.accept_request(Some(left.min(Duration::from_millis(200)))) {
                 Ok(r) => r,
                 Err(CmError::Timeout) => continue,
                 Err(_) => continue,
@@ -1066,6 +1294,12 @@ impl<'a> NodeRun<'a> {
         let mut last_err = String::new();
         let conn = loop {
             let left = deadline.saturating_duration_since(Instant::now());
+            if self.halted() {
+                return Err(Fail::blame(
+                    &child.name,
+                    "the source halted the transfer again",
+                ));
+            }
             if left.is_zero() {
                 return Err(Fail::at(
                     &child.name,
@@ -1134,6 +1368,7 @@ impl<'a> NodeRun<'a> {
             next_post: self.start_seq,
             posted_at: VecDeque::new(),
             down,
+            broken: false,
         });
         Ok(())
     }
@@ -1218,11 +1453,27 @@ impl<'a> NodeRun<'a> {
             }
             _ => None,
         };
-        if let (Some((c, _)), Some(server)) = (&rejoin_sink, &self.server) {
-            server.set_rejoinable(std::slice::from_ref(c));
+        // With healing, the relays may die too: the source splices them out.
+        let rewinds = listener.is_some() && (rewind_for.is_some() || self.heals);
+        if let Some(server) = &self.server {
+            let mut rejoinable: Vec<String> = rejoin_sink.iter().map(|(c, _)| c.clone()).collect();
+            if self.heals {
+                rejoinable.extend(
+                    self.cfg
+                        .nodes
+                        .iter()
+                        .filter(|n| self.cfg.healable(&n.name))
+                        .map(|n| n.name.clone()),
+                );
+            }
+            server.set_rejoinable(&rejoinable);
         }
         let mut retired = Vec::new();
         let mut lost = false;
+        // What broke, for the messages of a node waiting to be set up again.
+        let mut lost_why = String::new();
+        // The source, healing: when it first saw a child's connection fail.
+        let mut suspect: Option<(Instant, Fail)> = None;
         let now = Instant::now();
         let mut ring: Vec<Slot> = vec![
             Slot {
@@ -1267,28 +1518,37 @@ impl<'a> NodeRun<'a> {
                     continue; // the connection to a child that died and came back
                 }
                 if wc.status != WcStatus::Success {
-                    let on_child = self
-                        .children
-                        .first()
-                        .is_some_and(|c| c.conn.qp().qpn() == wc.qp_num);
+                    let on_child = self.children.iter().any(|c| c.conn.qp().qpn() == wc.qp_num);
                     let on_parent = self
                         .parent
                         .as_ref()
                         .is_some_and(|(p, _)| p.qp().qpn() == wc.qp_num);
-                    if (rejoin_sink.is_some() && on_child)
-                        || (rewind_for.is_some() && (on_child || on_parent))
-                    {
-                        lost = true;
-                        continue;
-                    }
                     let peer = self.peer_of(&wc);
-                    return Err(Fail::blame(
+                    let fail = Fail::blame(
                         &peer,
                         format!(
                             "{:?} with {peer} failed: {} ({peer} unreachable or gone)",
                             wc.opcode, wc.status
                         ),
-                    ));
+                    );
+                    if is_source && self.heals && on_child {
+                        // The source decides who died from the control channel.
+                        if let Some(c) = self
+                            .children
+                            .iter_mut()
+                            .find(|c| c.conn.qp().qpn() == wc.qp_num)
+                        {
+                            c.broken = true;
+                        }
+                        suspect.get_or_insert((Instant::now(), fail));
+                        continue;
+                    }
+                    if (rejoin_sink.is_some() && on_child) || (rewinds && (on_child || on_parent)) {
+                        lost = true;
+                        lost_why = format!("lost {peer} ({})", wc.status);
+                        continue;
+                    }
+                    return Err(fail);
                 }
                 match wc.wr_id & KIND_MASK {
                     K_DATA_RECV => {
@@ -1348,7 +1608,9 @@ impl<'a> NodeRun<'a> {
                             throttle_clock = throttle_clock.max(arrived) + cost;
                             ring[s].ready_at = throttle_clock;
                         }
-                        self.note_chunk(data);
+                        if seq >= self.dup_below {
+                            self.note_chunk(data);
+                        }
                     }
                     K_CREDIT_RECV => {
                         let c = (wc.wr_id & SEQ_MASK) as usize;
@@ -1437,6 +1699,9 @@ impl<'a> NodeRun<'a> {
 
             // 3. Forward what is processed, as far as each child's credits go.
             for (ci, child) in self.children.iter_mut().enumerate() {
+                if child.broken {
+                    continue;
+                }
                 while child.next_post < next_in && child.next_post < child.credits + slots as u64 {
                     let seq = child.next_post;
                     let s = (seq % slots as u64) as usize;
@@ -1530,15 +1795,36 @@ impl<'a> NodeRun<'a> {
                 }
             }
 
-            // 6. Failures elsewhere, dead hops. A sink that may come back is waited for.
-            if let (Some(sink), Some(l)) = (&rewind_for, listener) {
-                let down = self.children.iter().any(|c| c.down.load(Ordering::Acquire))
-                    || self
-                        .parent
-                        .as_ref()
-                        .is_some_and(|(_, d)| d.load(Ordering::Acquire));
-                if lost || down {
-                    let from = self.rewind(sink, l, pd, init, buf, &mut retired)?;
+            // 6. Failures elsewhere, dead hops. A sink that may come back is waited for; with
+            //    healing, the source splices out relays that died or froze, and the other
+            //    nodes wait for it to set the transfer up again.
+            if let (true, Some(l)) = (rewinds, listener) {
+                let down = self
+                    .children
+                    .iter()
+                    .find(|c| c.down.load(Ordering::Acquire));
+                let parent_down = self
+                    .parent
+                    .as_ref()
+                    .is_some_and(|(_, d)| d.load(Ordering::Acquire));
+                let halted = self.halted();
+                if lost || down.is_some() || parent_down || halted {
+                    let why = if let Some(c) = down {
+                        format!("lost child {}", c.name)
+                    } else if parent_down {
+                        format!("lost parent {}", self.parent_name())
+                    } else if lost {
+                        std::mem::take(&mut lost_why)
+                    } else {
+                        "the source halted the transfer to heal it".to_string()
+                    };
+                    let why = match &rewind_for {
+                        Some(sink) if !self.heals => format!("lost the way to {sink}"),
+                        _ => why,
+                    };
+                    let next = self.sink.is_some().then_some(next_in.max(self.dup_below));
+                    let from = self.rewind(&why, l, pd, init, buf, &mut retired, next)?;
+                    self.dup_below = self.dup_below.max(next_in);
                     lost = false;
                     for sl in ring.iter_mut() {
                         sl.busy = false;
@@ -1555,65 +1841,104 @@ impl<'a> NodeRun<'a> {
                     continue;
                 }
             }
-            if let Some((name, relays)) = &rejoin_sink {
-                let finished = eot.is_some_and(|e| self.children.iter().all(|c| c.credits > e));
-                let down = self.children.iter().any(|c| c.down.load(Ordering::Acquire))
-                    || self.server.as_ref().is_some_and(|s| s.is_dead(name));
-                if !finished && (lost || down) {
-                    let from = self.rejoin(name, relays, pd, init, &mut retired)?;
-                    lost = false;
-                    self.resend_until = self.resend_until.max(next_in);
-                    for sl in ring.iter_mut() {
-                        sl.busy = false;
-                        sl.processed = false;
-                        sl.pending = 0;
-                    }
-                    next_in = from;
-                    next_release = from;
-                    eot = None;
-                    throttle_clock = Instant::now();
-                    last_activity = Instant::now();
-                    // Frame the transfer again up to `from`, from a fresh source.
-                    self.objects = 0;
-                    self.source_digests.clear();
-                    self.live.total.store(0, Ordering::Relaxed);
-                    let mut src = self.open_source()?;
-                    self.skip_to_start(&mut src, buf)?;
-                    source = Some(src);
-                    idle_since = Instant::now();
-                    continue;
+            let mut restart_from = None;
+            if is_source && self.heals {
+                let newly = self.newly_dead();
+                if !newly.is_empty() {
+                    restart_from = Some(self.heal(newly, next_in, pd, init, &mut retired)?);
+                    suspect = None;
                 }
+            }
+            if let (None, Some((name, relays))) = (restart_from, &rejoin_sink) {
+                let finished = eot.is_some_and(|e| self.children.iter().all(|c| c.credits > e));
+                let dead = self.server.as_ref().is_some_and(|s| s.is_dead(name));
+                let down = self.children.iter().any(|c| c.down.load(Ordering::Acquire));
+                // Healing, a broken link may be a relay's: only the sink's own death counts.
+                if !finished && (dead || (!self.heals && (lost || down))) {
+                    restart_from = Some(self.rejoin(name, relays, pd, init, &mut retired)?);
+                    suspect = None;
+                }
+            }
+            if let Some(from) = restart_from {
+                lost = false;
+                self.resend_until = self.resend_until.max(next_in);
+                for sl in ring.iter_mut() {
+                    sl.busy = false;
+                    sl.processed = false;
+                    sl.pending = 0;
+                }
+                next_in = from;
+                next_release = from;
+                eot = None;
+                throttle_clock = Instant::now();
+                last_activity = Instant::now();
+                // Frame the transfer again up to `from`, from a fresh source.
+                self.objects = 0;
+                self.source_digests.clear();
+                self.live.total.store(0, Ordering::Relaxed);
+                let mut src = self.open_source()?;
+                self.skip_to_start(&mut src, buf)?;
+                source = Some(src);
+                idle_since = Instant::now();
+                continue;
             }
             let done_with_parent = eot.is_some_and(|e| next_release > e && credits_out == 0);
             self.check_outside(done_with_parent)?;
             for c in &self.children {
                 let finished = eot.is_some_and(|e| c.credits > e);
                 if !finished && c.down.load(Ordering::Acquire) {
-                    return Err(Fail::blame(
+                    let f = Fail::blame(
                         &c.name,
                         format!("the connection to child {} was lost", c.name),
-                    ));
+                    );
+                    if is_source && self.heals {
+                        suspect.get_or_insert((Instant::now(), f));
+                    } else {
+                        return Err(f);
+                    }
                 }
             }
             if !progressed && last_activity.elapsed() > self.timeout && next_wake.is_none() {
                 let ms = self.timeout.as_millis();
-                if let Some(c) = self.children.iter().find(|c| c.next_post > c.credits) {
-                    return Err(Fail::blame(
+                let stalled = if let Some(c) =
+                    self.children.iter().find(|c| c.next_post > c.credits)
+                {
+                    Some(Fail::blame(
                         &c.name,
                         format!(
                             "{} returned no credit for {ms} ms ({} of {} chunks acknowledged): hop {} is dead or stuck",
                             c.name, c.credits, c.next_post, c.name
                         ),
-                    ));
-                }
-                if !is_source {
+                    ))
+                } else if !is_source {
                     let p = self.parent_name().to_string();
-                    return Err(Fail::blame(
+                    Some(Fail::blame(
                         &p,
                         format!(
                             "no chunk from parent {p} for {ms} ms after chunk {next_in}: hop {p} is dead or stuck"
                         ),
-                    ));
+                    ))
+                } else {
+                    None
+                };
+                if let Some(f) = stalled {
+                    if rewinds {
+                        lost = true;
+                        lost_why = f.msg;
+                        continue;
+                    }
+                    if is_source && self.heals {
+                        suspect.get_or_insert((Instant::now(), f));
+                    } else {
+                        return Err(f);
+                    }
+                }
+            }
+            // The source, healing: a child's link failed and nobody was found dead or frozen
+            // in time (a frozen relay falls silent within `timeout_ms`).
+            if let Some((at, f)) = &suspect {
+                if at.elapsed() > 2 * self.timeout + Duration::from_secs(1) {
+                    return Err(f.clone());
                 }
             }
             if progressed {
@@ -1812,6 +2137,9 @@ impl<'a> NodeRun<'a> {
         let slot_size = self.slot_size;
         let flip = self.me.flip_bit_at_seq == Some(seq);
         let first_of_run = seq == self.start_seq;
+        // Processed before a heal rewound the transfer: forwarded again, not written again.
+        let dup = seq < self.dup_below;
+        let mut again = 0u64;
         let stages = &mut self.stages;
         let sink = &mut self.sink;
         let corrupt = |what: String| {
@@ -1858,7 +2186,9 @@ impl<'a> NodeRun<'a> {
             let data = if h.is_data() { u64::from(h.raw_len) } else { 0 };
             let mut after = After::Nothing;
             let mut copied = 0u64;
-            if let Some(sk) = sink.as_mut() {
+            if dup {
+                again = data;
+            } else if let Some(sk) = sink.as_mut() {
                 // The sink checks every chunk, unless a `verify` stage just did (and the flip
                 // knob did not strike since).
                 if !verified || flip {
@@ -1991,6 +2321,12 @@ impl<'a> NodeRun<'a> {
         });
         let (len, data, (chunk_flags, object_len), after, copied) = r?;
         let eot = chunk_flags & flags::END_OF_TRANSFER != 0;
+        if dup {
+            if self.sink.is_some() {
+                self.heal_again += again;
+            }
+            return Ok((len, data, eot));
+        }
         self.own_copies += copied;
         let after = match after {
             After::VerifyFile { want } => self.digest_part_file(want)?,
@@ -2171,6 +2507,7 @@ impl<'a> NodeRun<'a> {
                 sent_again = rs.sent_again;
                 resumed = rs.resumed;
             }
+            sent_again += self.heal_again;
         }
         let resumed_from =
             (self.cfg.resumable() && (self.start_seq > 0 || resumed)).then_some(self.start_seq);
@@ -2203,6 +2540,7 @@ impl<'a> NodeRun<'a> {
             resumed_from_chunk: resumed_from,
             bytes_sent_again: sent_again,
             resume_note: self.resume_note.clone(),
+            healed: self.healed.clone(),
         };
         if let Err(f) = &result {
             report.error = Some(format!("{name}: {}", f.msg));
@@ -2290,6 +2628,7 @@ impl<'a> NodeRun<'a> {
                 error: report.error.clone(),
                 failed_hop: report.failed_hop.clone(),
                 sinks,
+                healed: self.healed.clone(),
             });
         } else if let Some(client) = &self.client {
             let (error, hop, primary) = match &result {
@@ -2314,9 +2653,11 @@ impl<'a> NodeRun<'a> {
                 error,
                 failed_hop,
                 sinks,
+                healed,
                 ..
             }) = heard.verdict
             {
+                report.healed = healed;
                 if self.sink.is_none() {
                     report.bytes_sent_again = sinks
                         .values()

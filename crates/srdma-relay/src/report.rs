@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::control::SinkStatus;
+use crate::control::{Healed, SinkStatus};
 
 /// A node's final report; with `--json` it is printed as one line,
 /// `{"event":"report",...}`.
@@ -66,6 +66,10 @@ pub struct Report {
     /// Why a sink's earlier resume state was discarded, if it was.
     #[serde(default)]
     pub resume_note: Option<String>,
+    /// The relays the transfer healed around (the source's record; others carry it when the
+    /// verdict reached them).
+    #[serde(default)]
+    pub healed: Vec<Healed>,
 }
 
 impl Report {
@@ -310,6 +314,22 @@ pub fn human(r: &Report) -> String {
     }
     if let Some(n) = &r.resume_note {
         s.push_str(&format!("\n  {n}"));
+    }
+    for h in &r.healed {
+        s.push_str(&format!(
+            "\n  healed around {} in {} ms: continued at chunk {}, {} chunks sent again",
+            h.nodes.join(", "),
+            h.heal_ms,
+            h.from_chunk,
+            h.resent_chunks
+        ));
+    }
+    if r.resumed_from_chunk.is_none() && !r.healed.is_empty() {
+        s.push_str(&format!(
+            "\n  bytes sent again: {} ({} bytes)",
+            human_bytes(r.bytes_sent_again),
+            r.bytes_sent_again
+        ));
     }
     if let Some(d) = &r.digest {
         s.push_str(&format!("\n  digest {d}"));

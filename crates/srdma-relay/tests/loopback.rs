@@ -356,7 +356,9 @@ fn a_flipped_bit_is_caught_at_the_next_hop() {
 fn a_killed_relay_is_reported_by_the_source_and_downstream() {
     let d = Scratch::new("kill");
     let out = d.path("out.bin");
-    let text = "[transfer]\nchunk_size = \"256KiB\"\nslots = 4\ntimeout_ms = 2000\n".to_string()
+    // Healing off: the failure ends the transfer (see `relays_that_die_or_freeze_are_healed_around`).
+    let text = "[transfer]\nchunk_size = \"256KiB\"\nslots = 4\ntimeout_ms = 2000\nheal = false\n"
+        .to_string()
         + &node("A", "127.0.46.1", "source", None, "source = \"gen:64MiB\"")
         + &node(
             "B",
@@ -457,6 +459,180 @@ fn a_killed_relay_is_reported_by_the_source_and_downstream() {
         d.leftovers("out.bin").is_empty(),
         "{:?}",
         d.leftovers("out.bin")
+    );
+}
+
+/// Lines a child prints on stdout, as they come.
+fn lines_of(c: &mut Child) -> std::sync::mpsc::Receiver<String> {
+    let out = BufReader::new(c.stdout.take().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in out.lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    rx
+}
+
+/// Waits (up to 30 s) for a progress line of at least `bytes`; returns the lines seen.
+fn wait_progress(rx: &std::sync::mpsc::Receiver<String>, bytes: u64, seen: &mut Vec<String>) {
+    let start = Instant::now();
+    loop {
+        let left = Duration::from_secs(30).saturating_sub(start.elapsed());
+        let line = rx
+            .recv_timeout(left)
+            .unwrap_or_else(|_| panic!("no progress to {bytes} bytes within 30 s: {seen:?}"));
+        let reached = line.contains("\"progress\"")
+            && serde_json::from_str::<serde_json::Value>(&line)
+                .ok()
+                .and_then(|v| v["bytes"].as_u64())
+                .is_some_and(|b| b >= bytes);
+        seen.push(line);
+        if reached {
+            return;
+        }
+    }
+}
+
+fn signal(c: &Child, sig: &str) {
+    let ok = Command::new("kill")
+        .args([sig, &c.id().to_string()])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "kill {sig} {}", c.id());
+}
+
+/// A → B → C → D → E (three relays): B is killed (SIGKILL) and later D frozen (SIGSTOP)
+/// mid-transfer. The transfer heals around both: E re-attaches to C, then C to A; E commits
+/// a byte-identical file; every survivor exits 0 and reports both heals; what was sent again
+/// is bounded by the rings in flight.
+#[test]
+fn relays_that_die_or_freeze_are_healed_around() {
+    let d = Scratch::new("heal");
+    let size = 24usize << 20;
+    let src = d.random_file("in.bin", size, 11);
+    let out = d.path("out.bin");
+    let relay = "stages = [\"verify\"]";
+    let text = "[transfer]\nchunk_size = \"256KiB\"\nslots = 4\ntimeout_ms = 1500\n".to_string()
+        + &node(
+            "A",
+            "127.0.48.1",
+            "source",
+            None,
+            &format!("source = \"file:{}\"", src.display()),
+        )
+        + &node("B", "127.0.48.2", "relay", Some("A"), relay)
+        + &node("C", "127.0.48.3", "relay", Some("B"), relay)
+        + &node("D", "127.0.48.4", "relay", Some("C"), relay)
+        + &node(
+            "E",
+            "127.0.48.5",
+            "sink",
+            Some("D"),
+            &format!(
+                "sink = \"file:{}\"\nthrottle = \"4MiB/s\"\nstages = [\"verify\"]",
+                out.display()
+            ),
+        );
+    let (p, _cfg) = d.config(&text);
+    let spawn = |name: &str| -> Child {
+        node_command(&p, name)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut procs: BTreeMap<&str, Child> = BTreeMap::new();
+    for n in ["E", "D", "C", "B", "A"] {
+        procs.insert(n, spawn(n));
+    }
+    let e_rx = lines_of(procs.get_mut("E").unwrap());
+    let mut e_lines = Vec::new();
+    wait_progress(&e_rx, 4 << 20, &mut e_lines);
+    signal(&procs["B"], "-KILL");
+    wait_progress(&e_rx, 10 << 20, &mut e_lines);
+    signal(&procs["D"], "-STOP");
+    let stopped = Instant::now();
+    let mut codes = BTreeMap::new();
+    for n in ["A", "C", "E"] {
+        let ch = procs.get_mut(n).unwrap();
+        let code = loop {
+            if let Some(st) = ch.try_wait().unwrap() {
+                break st.code();
+            }
+            if stopped.elapsed() > Duration::from_secs(40) {
+                for c in procs.values_mut() {
+                    let _ = c.kill();
+                }
+                panic!("{n} still runs 40 s after D was frozen");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        codes.insert(n, code);
+    }
+    for n in ["B", "D"] {
+        let ch = procs.get_mut(n).unwrap();
+        let _ = ch.kill();
+        let _ = ch.wait();
+    }
+    let text_of = |c: &mut Child, err: bool| {
+        if err {
+            std::io::read_to_string(c.stderr.take().unwrap()).unwrap()
+        } else {
+            std::io::read_to_string(c.stdout.take().unwrap()).unwrap()
+        }
+    };
+    let last_report = |lines: &mut dyn Iterator<Item = &str>| -> Option<Report> {
+        lines
+            .filter(|l| l.contains("\"report\""))
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .last()
+    };
+    e_lines.extend(e_rx.iter());
+    let mut reports = BTreeMap::new();
+    let mut errs = String::new();
+    for n in ["A", "C"] {
+        let ch = procs.get_mut(n).unwrap();
+        let o = text_of(ch, false);
+        errs += &format!("--- {n}: {}\n", text_of(ch, true));
+        reports.insert(n, last_report(&mut o.lines()));
+    }
+    errs += &format!("--- E: {}\n", text_of(procs.get_mut("E").unwrap(), true));
+    reports.insert("E", last_report(&mut e_lines.iter().map(String::as_str)));
+    for (n, code) in &codes {
+        assert_eq!(*code, Some(0), "{n} failed\n{errs}");
+    }
+    assert!(
+        std::fs::read(&src).unwrap() == std::fs::read(&out).unwrap(),
+        "E's copy differs\n{errs}"
+    );
+    let ring = 4 * (256 << 10) as u64;
+    for (n, r) in &reports {
+        let r = r
+            .as_ref()
+            .unwrap_or_else(|| panic!("{n} printed no report\n{errs}"));
+        assert!(r.ok, "{n}: {r:?}\n{errs}");
+        let healed: Vec<&str> = r
+            .healed
+            .iter()
+            .flat_map(|h| h.nodes.iter().map(String::as_str))
+            .collect();
+        assert_eq!(healed, ["B", "D"], "{n}: {r:?}");
+        for h in &r.healed {
+            // At most what the four hops' rings hold was in flight past the slowest sink.
+            assert!(h.resent_chunks <= 4 * 4, "{n}: {h:?}");
+        }
+        assert!(r.sinks["E"].committed, "{n}: {r:?}");
+        assert_eq!(r.sinks["E"].bytes, size as u64, "{n}: {r:?}");
+    }
+    let e = reports["E"].as_ref().unwrap();
+    assert_eq!(e.bytes, size as u64, "{e:?}");
+    // E was the only sink, so the slowest: nothing reached it twice.
+    assert!(e.bytes_sent_again <= ring, "{e:?}");
+    assert!(
+        d.leftovers("out.bin.").is_empty(),
+        "{:?}",
+        d.leftovers("out.bin.")
     );
 }
 

@@ -883,13 +883,15 @@ fn a_sink_below_a_relay_restarted_while_the_rest_runs_catches_up() {
     }
 }
 
-/// In a chain whose sink may come back, a killed relay is still a failure: the source names
-/// it (after no more than `timeout_ms`), and the sink keeps its partial object for a rerun.
+/// In a chain whose sink may come back, with healing off, a killed relay is still a failure:
+/// the source names it (after no more than `timeout_ms`), and the sink keeps its partial
+/// object for a rerun.
 #[test]
 fn a_killed_relay_in_a_resumable_chain_still_fails_the_run() {
     let d = Scratch::new("relaykill");
     let out = d.path("out.bin");
-    let text = "[transfer]\nchunk_size = 65536\nslots = 4\ntimeout_ms = 1500\n".to_string()
+    let text = "[transfer]\nchunk_size = 65536\nslots = 4\ntimeout_ms = 1500\nheal = false\n"
+        .to_string()
         + &node("A", "127.0.61.1", "source", None, "source = \"gen:16MiB\"")
         + &node("B", "127.0.61.2", "relay", Some("A"), "")
         + &node(
@@ -928,4 +930,65 @@ fn a_killed_relay_in_a_resumable_chain_still_fails_the_run() {
     assert_eq!(cr.failed_hop.as_deref(), Some("B"), "{cr:?}");
     assert!(!out.exists());
     assert!(resume::state_path(&out).exists(), "C kept no state");
+}
+
+/// The same with healing on (the default): the sink re-attaches to the source, and the
+/// object it commits is the source's.
+#[test]
+fn a_killed_relay_in_a_resumable_chain_is_healed_around() {
+    let d = Scratch::new("relayheal");
+    let out = d.path("out.bin");
+    let total: u64 = 16 << 20;
+    let text = "[transfer]\nchunk_size = 65536\nslots = 4\ntimeout_ms = 1500\n".to_string()
+        + &node(
+            "A",
+            "127.0.61.11",
+            "source",
+            None,
+            &format!("source = \"gen:{total}:13\""),
+        )
+        + &node("B", "127.0.61.12", "relay", Some("A"), "")
+        + &node(
+            "C",
+            "127.0.61.13",
+            "sink",
+            Some("B"),
+            &format!(
+                "sink = \"file:{}\"\nresume = true\nthrottle = \"16MiB/s\"",
+                out.display()
+            ),
+        );
+    let (p, _cfg) = d.config(&text);
+    let spawn = |name: &str| -> Child {
+        node_command(&p, name)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut c = spawn("C");
+    let mut b = spawn("B");
+    let mut a = spawn("A");
+    let c_lines = lines_of(&mut c);
+    let a_lines = lines_of(&mut a);
+    wait_progress(&c_lines, 2 << 20);
+    b.kill().unwrap();
+    let _ = b.wait();
+    let limit = Duration::from_secs(30);
+    let a_code = wait_exit(&mut a, "A", limit);
+    let a_err = std::io::read_to_string(a.stderr.take().unwrap()).unwrap();
+    assert_eq!(a_code, Some(0), "{a_err}");
+    assert_eq!(wait_exit(&mut c, "C", limit), Some(0));
+    let ar = final_report(&a_lines);
+    assert!(ar.ok && ar.sinks["C"].committed, "{ar:?}");
+    assert_eq!(ar.healed.len(), 1, "{ar:?}");
+    assert_eq!(ar.healed[0].nodes, ["B"], "{ar:?}");
+    let cr = final_report(&c_lines);
+    assert!(cr.ok, "{cr:?}");
+    assert_eq!(cr.bytes, total, "{cr:?}");
+    assert!(
+        std::fs::read(&out).unwrap() == gen_bytes(total, 13),
+        "the committed object differs from the source's"
+    );
+    assert_clean(&out);
 }
