@@ -427,36 +427,18 @@ impl Config {
         self.nodes.iter().any(|n| n.resume)
     }
 
-    /// When the whole tree is one chain from the source through relays (without sinks of
-    /// their own) down to a single sink with `resume = true`, and the source can be read
-    /// again (not stdin): the relays' names, top down, and the sink's. Such a sink may be restarted alone while the rest keeps running (the source
-    /// waits for it and the chain rewinds to the first chunk it lacks).
-    pub fn rejoin_chain(&self) -> Option<(Vec<String>, String)> {
-        let mut relays = Vec::new();
-        let mut cur = self.source();
-        if matches!(cur.source.as_deref(), Some("stdin" | "-")) {
-            return None; // a stream cannot be read again
+    /// The sinks (`role = "sink"`) with `resume = true`, when the source can be read again
+    /// (not stdin): such a sink may be killed and restarted alone while the rest of the tree
+    /// waits for it, and the transfer rewinds to the first chunk it lacks.
+    pub fn rejoinable_sinks(&self) -> Vec<String> {
+        if matches!(self.source().source.as_deref(), Some("stdin" | "-")) {
+            return Vec::new(); // a stream cannot be read again
         }
-        loop {
-            let kids = self.children(&cur.name);
-            match kids.as_slice() {
-                [] => break,
-                [one] => {
-                    if cur.role != Role::Source {
-                        if cur.role != Role::Relay {
-                            return None;
-                        }
-                        relays.push(cur.name.clone());
-                    }
-                    cur = one;
-                }
-                _ => return None,
-            }
-            if relays.len() > self.nodes.len() {
-                return None;
-            }
-        }
-        (cur.role == Role::Sink && cur.resume).then(|| (relays, cur.name.clone()))
+        self.nodes
+            .iter()
+            .filter(|n| n.role == Role::Sink && n.resume)
+            .map(|n| n.name.clone())
+            .collect()
     }
 
     /// True when the transfer may heal around node `name` dying: healing is on, the node is
@@ -1175,11 +1157,13 @@ sink = "discard"
         );
         let c = Config::parse(&text, "t.toml").unwrap();
         assert!(c.resumable() && c.node("C").unwrap().resume);
-        assert_eq!(
-            c.rejoin_chain(),
-            Some((vec!["B".to_string()], "C".to_string()))
+        assert_eq!(c.rejoinable_sinks(), ["C"]);
+        assert!(
+            Config::parse(GOOD, "t.toml")
+                .unwrap()
+                .rejoinable_sinks()
+                .is_empty()
         );
-        assert_eq!(Config::parse(GOOD, "t.toml").unwrap().rejoin_chain(), None);
         let again = Config::parse(&c.to_toml(), "t.toml").unwrap();
         assert_eq!(again.nodes, c.nodes);
     }

@@ -26,9 +26,10 @@
 //! `resume` and `start` are only exchanged when a sink of the configuration has
 //! `resume = true` ([`crate::resume`]): then every node waits for `start` before it accepts
 //! its parent's connection, so that every ring begins at the same chunk. A node the source
-//! marked rejoinable ([`Server::set_rejoinable`]: the resumable sink at the end of a chain) that dies
-//! is not a failure at once: a restarted process of it says `hello` again (and is not told the
-//! old start), then `resume`, and the source answers it alone with a new `start`.
+//! marked rejoinable ([`Server::set_rejoinable`]: the resumable sinks) that dies is not a
+//! failure at once: a restarted process of it says `hello` again (and is not told the old
+//! start), then `resume`, and the source answers it alone with a new `start` once the others
+//! answered a `halt`.
 //!
 //! Healing ([`crate::config::Config::healable`]): the relays are rejoinable too. When one dies
 //! (its control connection closes) or freezes (silent for `timeout_ms`), the source
@@ -109,14 +110,20 @@ pub enum Msg {
         /// Why an earlier state was discarded, if it was.
         note: Option<String>,
     },
-    /// The source tells where the transfer starts.
+    /// The source tells where the transfer starts (to a restarted sink: where it continues,
+    /// with the state of the heals so far).
     Start {
         /// The first chunk sent.
         from: u64,
+        /// The nodes spliced out so far.
+        #[serde(default)]
+        dead: Vec<String>,
+        /// The last `halt` so far.
+        #[serde(default)]
+        epoch: u64,
     },
-    /// The source tells a relay on the way to a restarted sink (see
-    /// [`crate::config::Config::rejoin_chain`]), or every node after a `halt`, to set its
-    /// rings up again, starting at chunk `from`, with the nodes in `dead` spliced out.
+    /// The source tells every node that answered a `halt` to set its rings up again, starting
+    /// at chunk `from`, with the nodes in `dead` spliced out.
     Rewind {
         /// The chunk the transfer continues at.
         from: u64,
@@ -178,6 +185,9 @@ pub struct Healed {
     pub from_chunk: u64,
     /// Chunks the source had sent that it sent again.
     pub resent_chunks: u64,
+    /// Sinks that were restarted and caught up.
+    #[serde(default)]
+    pub rejoined: Vec<String>,
 }
 
 impl Msg {
@@ -230,6 +240,9 @@ struct NodeSlot {
     excluded: bool,
     /// The last `halt` it answered, and its first missing chunk then.
     held: Option<(u64, Option<u64>)>,
+    /// Numbers its control connections: the end of a connection a restarted process replaced
+    /// says nothing about the new one.
+    conn: u64,
 }
 
 #[derive(Debug, Default)]
@@ -518,6 +531,25 @@ impl Server {
         }
     }
 
+    /// True when node `name` died and a restarted process of it said hello (and
+    /// [`Server::wait_rejoin`] has not taken it yet).
+    pub fn rejoining(&self, name: &str) -> bool {
+        lock(&self.shared.0)
+            .nodes
+            .get(name)
+            .is_some_and(|n| n.rejoined)
+    }
+
+    /// Counts node `name` as having answered `halt` number `epoch` (a restarted sink, which
+    /// holds no connection yet), lacking chunk `next`.
+    pub fn mark_held(&self, name: &str, epoch: u64, next: Option<u64>) {
+        let (m, cv) = &*self.shared;
+        if let Some(n) = lock(m).nodes.get_mut(name) {
+            n.held = Some((epoch, next));
+        }
+        cv.notify_all();
+    }
+
     /// Sends `msg` to node `name` only.
     pub fn send_to(&self, name: &str, msg: &Msg) {
         let line = msg.line();
@@ -531,7 +563,11 @@ impl Server {
     /// Tells every node, now and on connecting later, that the transfer starts at `from`.
     pub fn set_start(&self, from: u64) {
         lock(&self.shared.0).start = Some(from);
-        self.broadcast(&Msg::Start { from });
+        self.broadcast(&Msg::Start {
+            from,
+            dead: Vec::new(),
+            epoch: 0,
+        });
     }
 
     /// Sends `msg` to every connected node.
@@ -559,6 +595,7 @@ fn serve(stream: TcpStream, shared: &Arc<(Mutex<ServerState>, Condvar)>) {
     };
     let mut reader = BufReader::new(stream);
     let mut me: Option<String> = None;
+    let mut my_conn = 0;
     let mut line = String::new();
     loop {
         line.clear();
@@ -579,10 +616,20 @@ fn serve(stream: TcpStream, shared: &Arc<(Mutex<ServerState>, Condvar)>) {
         match msg {
             Msg::Hello { node } => {
                 let start = st.start;
+                let rejoinable = st.rejoinable.contains(&node);
                 if let Some(slot) = st.nodes.get_mut(&node) {
+                    // A rejoinable node saying hello again before its old connection was
+                    // seen to close: a restarted process all the same.
+                    let restarted = slot.dead
+                        || (rejoinable
+                            && slot.hello
+                            && slot.final_report.is_none()
+                            && me.is_none());
                     slot.last_heard = Some(Instant::now());
                     slot.writer = writer.try_clone().ok();
                     slot.hello = true;
+                    slot.conn += 1;
+                    my_conn = slot.conn;
                     me = Some(node);
                     if slot.excluded {
                         // Healed around: it has no part any more.
@@ -596,14 +643,19 @@ fn serve(stream: TcpStream, shared: &Arc<(Mutex<ServerState>, Condvar)>) {
                             );
                         }
                         slot.writer = None;
-                    } else if slot.dead {
+                    } else if restarted {
                         // A restarted process: the source tells it where to start itself.
                         slot.dead = false;
                         slot.rejoined = true;
                         slot.resume = None;
                         slot.final_report = None;
                     } else if let (Some(from), Some(w)) = (start, slot.writer.as_mut()) {
-                        let _ = w.write_all(&Msg::Start { from }.line());
+                        let msg = Msg::Start {
+                            from,
+                            dead: Vec::new(),
+                            epoch: 0,
+                        };
+                        let _ = w.write_all(&msg.line());
                     }
                 }
             }
@@ -663,7 +715,7 @@ fn serve(stream: TcpStream, shared: &Arc<(Mutex<ServerState>, Condvar)>) {
     if let Some(name) = me {
         let verdict_sent = st.verdict_sent;
         let rejoinable = st.rejoinable.contains(&name);
-        if let Some(slot) = st.nodes.get_mut(&name) {
+        if let Some(slot) = st.nodes.get_mut(&name).filter(|s| s.conn == my_conn) {
             slot.writer = None;
             if slot.excluded {
                 // Healed around already.
@@ -695,6 +747,10 @@ pub struct Heard {
     pub lost: bool,
     /// The chunk the transfer starts at (when a sink resumes).
     pub start: Option<u64>,
+    /// With `start`: the nodes spliced out so far.
+    pub start_dead: Vec<String>,
+    /// With `start`: the last `halt` so far.
+    pub start_epoch: u64,
     /// The chunk the last `rewind` named, and how many came.
     pub rewind: Option<u64>,
     /// `rewind` messages heard.
@@ -836,7 +892,11 @@ fn listen(stream: TcpStream, heard: &Arc<(Mutex<Heard>, Condvar)>) {
                 h.abort = Some((failed_hop, error));
             }
             v @ Msg::Verdict { .. } => h.verdict = Some(v),
-            Msg::Start { from } => h.start = Some(from),
+            Msg::Start { from, dead, epoch } => {
+                h.start = Some(from);
+                h.start_dead = dead;
+                h.start_epoch = epoch;
+            }
             Msg::Rewind { from, dead, .. } => {
                 h.rewind = Some(from);
                 h.rewind_dead = dead;
@@ -915,9 +975,33 @@ mod tests {
         });
         assert_eq!(server.wait_rejoin("C", soon()), Some(9));
         assert_eq!(c2.heard().start, None);
-        server.send_to("C", &Msg::Start { from: 9 });
+        server.send_to(
+            "C",
+            &Msg::Start {
+                from: 9,
+                dead: Vec::new(),
+                epoch: 0,
+            },
+        );
         assert_eq!(c2.wait_start(soon()).start, Some(9));
         assert!(!server.is_dead("C"));
+        // A restarted C that says hello before its old connection is seen to close is a
+        // restart too, and the old connection's end then says nothing.
+        let c3 = Client::connect(addr, "C", soon()).unwrap();
+        let t = Instant::now();
+        while !server.rejoining("C") {
+            assert!(t.elapsed() < Duration::from_secs(5), "C's restart not seen");
+            thread::sleep(Duration::from_millis(10));
+        }
+        drop(c2);
+        thread::sleep(Duration::from_millis(100));
+        assert!(!server.is_dead("C") && server.failures().is_empty());
+        c3.send(&Msg::Resume {
+            node: "C".into(),
+            from: 11,
+            note: None,
+        });
+        assert_eq!(server.wait_rejoin("C", soon()), Some(11));
         // B, not rejoinable, dying is a failure.
         drop(b);
         let t = Instant::now();

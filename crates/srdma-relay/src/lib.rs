@@ -127,17 +127,16 @@
 //! `resumed_from_chunk` and `bytes_sent_again` (bytes a sink received again that an earlier
 //! run had already written; the source: the most of any sink, or what it resent itself).
 //!
-//! When the whole tree is one chain — the source, relays without sinks of their own, one
-//! resumable sink at the end ([`config::Config::rejoin_chain`]) — the sink may also be
-//! restarted alone while the rest keeps running: when its process dies (control connection
-//! closed without a final report, RDMA connections lost), the source waits up to
-//! `timeout_ms` for a new process of it to say where it resumes, tells it where the run
-//! continues (`start`), tells the relays on the way to set their rings up again from there
-//! (`rewind`: each drops its connections, accepts its parent and connects its child anew),
-//! re-opens its source (framing the chunks before that point only to digest them) and resends
-//! from the first chunk the sink's bitmap lacks (not with a `stdin` source, which cannot be
-//! read again). A relay that dies is healed around (above); any other node that dies (a sink
-//! with siblings, a `relay+sink`) still aborts the run as described above.
+//! A resumable sink (`role = "sink"`, [`config::Config::rejoinable_sinks`]) may also be
+//! restarted alone while the rest keeps running, in a chain or a tree: when its process dies
+//! (control connection closed without a final report, RDMA connections lost), the source
+//! halts every other node as for a heal (each drops its connections and says what it lacks),
+//! waits up to `timeout_ms` for a new process of the sink to say where it resumes, tells it
+//! where the run continues (`start`, with the heals so far), tells everyone else to set up
+//! again from there (`rewind`), re-opens its source (framing the chunks before that point only
+//! to digest them) and resends from the smallest chunk any sink lacks (not with a `stdin`
+//! source, which cannot be read again). A relay that dies is healed around (above); a sink
+//! without `resume`, or a `relay+sink`, that dies still aborts the run as described above.
 //!
 //! # Reports
 //!

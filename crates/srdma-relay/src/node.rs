@@ -317,6 +317,8 @@ struct NodeRun<'a> {
     rewinds_seen: u64,
     /// Healing is on and some relay of the configuration may be healed around.
     heals: bool,
+    /// The sinks that may be restarted while the rest waits ([`Config::rejoinable_sinks`]).
+    rejoins: Vec<String>,
     /// The nodes spliced out of the tree so far (dead, frozen, or finished when a heal came).
     dead: Vec<String>,
     /// The source: the last `halt` sent; a node: the last `halt` answered.
@@ -393,6 +395,7 @@ impl<'a> NodeRun<'a> {
             resent: 0,
             rewinds_seen: 0,
             heals: cfg.transfer.heal && cfg.nodes.iter().any(|n| cfg.healable(&n.name)),
+            rejoins: cfg.rejoinable_sinks(),
             dead: Vec::new(),
             epoch: 0,
             dup_below: 0,
@@ -682,6 +685,9 @@ impl<'a> NodeRun<'a> {
             ));
         };
         self.start_seq = from;
+        // A restarted sink joins a tree the heals so far have changed.
+        self.dead = h.start_dead.clone();
+        self.epoch = h.start_epoch;
         if let Some(st) = held {
             if from > point {
                 return Err(Fail::at(
@@ -734,65 +740,6 @@ impl<'a> NodeRun<'a> {
         })
     }
 
-    /// The resumable sink at the end of the chain below the source ([`Config::rejoin_chain`])
-    /// died, or the way to it broke: waits (up to `timeout_ms`) for a restarted process of the
-    /// sink to say where it resumes, tells it where the transfer continues, tells the relays
-    /// on the way to set their rings up again from there, and connects to the child again.
-    /// Returns that chunk.
-    fn rejoin(
-        &mut self,
-        name: &str,
-        relays: &[String],
-        pd: &Pd,
-        init: &QpInit,
-        retired: &mut Vec<srdma_wire::seq::Qpn>,
-    ) -> R<u64> {
-        let me = self.me.name.clone();
-        let child = self
-            .children
-            .pop()
-            .ok_or_else(|| Fail::at(&me, "no child to wait for"))?;
-        let child_name = child.name.clone();
-        retired.push(child.conn.qp().qpn());
-        let _ = child.conn.disconnect();
-        drop(child);
-        let ms = self.timeout.as_millis();
-        eprintln!("{me}: lost {name}; waiting up to {ms} ms for it to be restarted and resume");
-        let server = self
-            .server
-            .as_ref()
-            .ok_or_else(|| Fail::at(&me, "no control server"))?;
-        let Some(from) = server.wait_rejoin(name, Instant::now() + self.timeout) else {
-            self.check_outside(false)?;
-            return Err(Fail::at(
-                name,
-                format!(
-                    "node {name} died (its connections closed) and did not come back within {ms} ms"
-                ),
-            ));
-        };
-        server.send_to(name, &Msg::Start { from });
-        for r in relays {
-            server.send_to(
-                r,
-                &Msg::Rewind {
-                    from,
-                    dead: self.dead.clone(),
-                    epoch: self.epoch,
-                },
-            );
-        }
-        self.start_seq = from;
-        eprintln!("{me}: {name} is back; resending from chunk {from}");
-        let node = self
-            .cfg
-            .node(&child_name)
-            .ok_or_else(|| Fail::at(&me, format!("no node {child_name}")))?;
-        let dev = self.dev.clone().ok_or_else(|| Fail::at(&me, "no device"))?;
-        self.connect_child(node, &dev, pd, init, Instant::now() + self.timeout)?;
-        Ok(from)
-    }
-
     /// The source, healing: relays that died (control connection closed without a report) or
     /// froze (silent for `timeout_ms`) and are not spliced out yet.
     fn newly_dead(&self) -> Vec<String> {
@@ -806,15 +753,31 @@ impl<'a> NodeRun<'a> {
             .collect()
     }
 
-    /// The source heals around the relays in `newly`: splices them out (telling them to stop),
-    /// halts every other node and waits for each to answer with the first chunk it lacks,
-    /// then has everyone set up the tree again without them, from the smallest chunk any sink
-    /// lacks (returned), and connects to its own children again. Nodes found dead or frozen
-    /// meanwhile are spliced out too. Fails (ending the transfer as before) when a node fails
-    /// on its own, or does not answer within three times `timeout_ms`.
+    /// The source: resumable sinks that died (and were not finished) or whose restarted
+    /// process is saying hello.
+    fn gone_sinks(&self) -> Vec<String> {
+        let Some(server) = &self.server else {
+            return Vec::new();
+        };
+        self.rejoins
+            .iter()
+            .filter(|n| server.is_dead(n) || server.rejoining(n))
+            .cloned()
+            .collect()
+    }
+
+    /// The source sets the tree up again: splices out the relays in `newly` (telling them to
+    /// stop), halts every other node and waits for each to answer with the first chunk it
+    /// lacks, waits (up to `timeout_ms`) for each resumable sink in `gone` to be restarted
+    /// and say where it resumes, then has everyone connect again without the dead, from the
+    /// smallest chunk any sink lacks (returned), and connects to its own children again.
+    /// Relays found dead or frozen meanwhile are spliced out too. Fails (ending the transfer
+    /// as before) when a node fails on its own, a sink does not come back, or a node does not
+    /// answer within three times `timeout_ms`.
     fn heal(
         &mut self,
         mut newly: Vec<String>,
+        gone: Vec<String>,
         next_in: u64,
         pd: &Pd,
         init: &QpInit,
@@ -828,6 +791,9 @@ impl<'a> NodeRun<'a> {
             .ok_or_else(|| Fail::at(&me, "no control server"))?;
         let dev = self.dev.clone().ok_or_else(|| Fail::at(&me, "no device"))?;
         let mut spliced = Vec::new();
+        // The restarted sinks and where they resume.
+        let mut back: BTreeMap<String, u64> = BTreeMap::new();
+        let mut halt = true;
         let deadline = t0 + 3 * self.timeout;
         loop {
             for c in self.children.drain(..) {
@@ -836,7 +802,8 @@ impl<'a> NodeRun<'a> {
             }
             let held = loop {
                 self.check_outside(true)?;
-                if !newly.is_empty() {
+                if halt || !newly.is_empty() {
+                    halt = false;
                     for n in &newly {
                         server.exclude(n);
                         if !self.dead.contains(n) {
@@ -845,15 +812,44 @@ impl<'a> NodeRun<'a> {
                     }
                     spliced.extend(newly.iter().cloned());
                     self.epoch += 1;
-                    eprintln!(
-                        "{me}: {} died or froze; healing around it (halt {})",
-                        newly.join(", "),
-                        self.epoch
-                    );
+                    if !newly.is_empty() {
+                        eprintln!(
+                            "{me}: {} died or froze; healing around it (halt {})",
+                            newly.join(", "),
+                            self.epoch
+                        );
+                    }
                     server.broadcast(&Msg::Halt {
                         epoch: self.epoch,
                         dead: self.dead.clone(),
                     });
+                    for (n, from) in &back {
+                        server.mark_held(n, self.epoch, Some(*from));
+                    }
+                }
+                let waiting: Vec<String> = gone
+                    .iter()
+                    .filter(|n| !back.contains_key(*n))
+                    .cloned()
+                    .collect();
+                for n in &waiting {
+                    let ms = self.timeout.as_millis();
+                    eprintln!(
+                        "{me}: lost {n}; waiting up to {ms} ms for it to be restarted and resume"
+                    );
+                    let by = (Instant::now() + self.timeout).min(deadline);
+                    let Some(from) = server.wait_rejoin(n, by) else {
+                        self.check_outside(true)?;
+                        return Err(Fail::at(
+                            n,
+                            format!(
+                                "node {n} died (its connections closed) and did not come back within {ms} ms"
+                            ),
+                        ));
+                    };
+                    eprintln!("{me}: {n} is back and lacks chunk {from}");
+                    server.mark_held(n, self.epoch, Some(from));
+                    back.insert(n.clone(), from);
                 }
                 let (held, missing) = server.wait_held(
                     self.epoch,
@@ -867,8 +863,7 @@ impl<'a> NodeRun<'a> {
                     return Err(Fail::at(
                         &missing[0],
                         format!(
-                            "the transfer could not heal around {}: {} did not answer within {} ms",
-                            spliced.join(", "),
+                            "the transfer could not be set up again: {} did not answer within {} ms",
                             missing.join(", "),
                             (3 * self.timeout).as_millis()
                         ),
@@ -889,11 +884,22 @@ impl<'a> NodeRun<'a> {
                 .min()
                 .unwrap_or(next_in)
                 .min(next_in);
-            server.broadcast(&Msg::Rewind {
-                from,
-                dead: splice.clone(),
-                epoch: self.epoch,
-            });
+            for n in held.keys() {
+                let msg = if back.contains_key(n) {
+                    Msg::Start {
+                        from,
+                        dead: splice.clone(),
+                        epoch: self.epoch,
+                    }
+                } else {
+                    Msg::Rewind {
+                        from,
+                        dead: splice.clone(),
+                        epoch: self.epoch,
+                    }
+                };
+                server.send_to(n, &msg);
+            }
             self.dead = splice;
             self.start_seq = from;
             let by = Instant::now() + self.timeout;
@@ -923,24 +929,32 @@ impl<'a> NodeRun<'a> {
                 heal_ms: u64::try_from(t0.elapsed().as_millis()).unwrap_or(u64::MAX),
                 from_chunk: from,
                 resent_chunks: next_in.saturating_sub(from),
+                rejoined: back.into_keys().collect(),
+            };
+            let what = match (h.nodes.is_empty(), h.rejoined.is_empty()) {
+                (false, true) => format!("healed around {}", h.nodes.join(", ")),
+                (true, _) => format!("{} rejoined", h.rejoined.join(", ")),
+                (false, false) => format!(
+                    "healed around {}, {} rejoined",
+                    h.nodes.join(", "),
+                    h.rejoined.join(", ")
+                ),
             };
             eprintln!(
-                "{me}: healed around {} in {} ms; continuing at chunk {from} ({} chunks sent again)",
-                h.nodes.join(", "),
-                h.heal_ms,
-                h.resent_chunks
+                "{me}: {what} in {} ms; resending from chunk {from} ({} chunks sent again)",
+                h.heal_ms, h.resent_chunks
             );
             self.healed.push(h);
             return Ok(from);
         }
     }
 
-    /// A relay lost its parent or a child (or the source said `halt`): drops every
+    /// A node lost its parent or a child (or the source said `halt`): drops every
     /// connection, answers each `halt` with `held` (with `next`: a sink's first missing
     /// chunk), and when the source's `rewind` comes accepts its parent and connects to its
     /// children again, with the dead spliced out, from the chunk it names (returned). Waits
-    /// up to `timeout_ms` for that (three times as long when healing: the source may first
-    /// have to find a frozen node silent), again after every `halt`.
+    /// up to three times `timeout_ms` for that (the source may first have to find a frozen
+    /// node silent, or wait for a restarted sink), again after every `halt`.
     #[allow(clippy::too_many_arguments)]
     fn rewind(
         &mut self,
@@ -953,11 +967,7 @@ impl<'a> NodeRun<'a> {
         next: Option<u64>,
     ) -> R<u64> {
         let me = self.me.name.clone();
-        let limit = if self.heals {
-            3 * self.timeout
-        } else {
-            self.timeout
-        };
+        let limit = 3 * self.timeout;
         let client = self
             .client
             .clone()
@@ -1032,12 +1042,11 @@ impl<'a> NodeRun<'a> {
                     );
                     return Ok(from);
                 }
-                // A neighbour failed again: the source will heal around it.
-                Err(f) if self.heals => {
+                // A neighbour failed again: the source will set the tree up again, or stop.
+                Err(f) => {
                     self.status(&format!("{}; waiting for the source", f.msg));
                     deadline = Instant::now() + limit;
                 }
-                Err(f) => return Err(f),
             }
         }
     }
@@ -1439,24 +1448,12 @@ impl<'a> NodeRun<'a> {
     ) -> R<()> {
         let (pd, init, listener) = (links.pd, links.init, links.listener);
         let slots = self.slots;
-        // When the tree is a chain down to a resumable sink, that sink may die and come back
-        // (restarted): the source then waits for it and resends from the first chunk it
-        // lacks; the relays on the way set their rings up again.
-        let chain = self.cfg.rejoin_chain();
-        let rejoin_sink: Option<(String, Vec<String>)> = match &chain {
-            Some((relays, sink)) if source.is_some() => Some((sink.clone(), relays.clone())),
-            _ => None,
-        };
-        let rewind_for: Option<String> = match &chain {
-            Some((relays, sink)) if relays.contains(&self.me.name) && listener.is_some() => {
-                Some(sink.clone())
-            }
-            _ => None,
-        };
-        // With healing, the relays may die too: the source splices them out.
-        let rewinds = listener.is_some() && (rewind_for.is_some() || self.heals);
+        // Relays may die (healing) and resumable sinks be restarted: the source then sets the
+        // tree up again, and every other node waits for it when it loses a neighbour.
+        let mendable = self.heals || !self.rejoins.is_empty();
+        let rewinds = listener.is_some() && mendable;
         if let Some(server) = &self.server {
-            let mut rejoinable: Vec<String> = rejoin_sink.iter().map(|(c, _)| c.clone()).collect();
+            let mut rejoinable = self.rejoins.clone();
             if self.heals {
                 rejoinable.extend(
                     self.cfg
@@ -1531,7 +1528,7 @@ impl<'a> NodeRun<'a> {
                             wc.opcode, wc.status
                         ),
                     );
-                    if is_source && self.heals && on_child {
+                    if is_source && mendable && on_child {
                         // The source decides who died from the control channel.
                         if let Some(c) = self
                             .children
@@ -1543,7 +1540,7 @@ impl<'a> NodeRun<'a> {
                         suspect.get_or_insert((Instant::now(), fail));
                         continue;
                     }
-                    if (rejoin_sink.is_some() && on_child) || (rewinds && (on_child || on_parent)) {
+                    if rewinds && (on_child || on_parent) {
                         lost = true;
                         lost_why = format!("lost {peer} ({})", wc.status);
                         continue;
@@ -1818,10 +1815,6 @@ impl<'a> NodeRun<'a> {
                     } else {
                         "the source halted the transfer to heal it".to_string()
                     };
-                    let why = match &rewind_for {
-                        Some(sink) if !self.heals => format!("lost the way to {sink}"),
-                        _ => why,
-                    };
                     let next = self.sink.is_some().then_some(next_in.max(self.dup_below));
                     let from = self.rewind(&why, l, pd, init, buf, &mut retired, next)?;
                     self.dup_below = self.dup_below.max(next_in);
@@ -1842,20 +1835,11 @@ impl<'a> NodeRun<'a> {
                 }
             }
             let mut restart_from = None;
-            if is_source && self.heals {
+            if is_source && mendable {
                 let newly = self.newly_dead();
-                if !newly.is_empty() {
-                    restart_from = Some(self.heal(newly, next_in, pd, init, &mut retired)?);
-                    suspect = None;
-                }
-            }
-            if let (None, Some((name, relays))) = (restart_from, &rejoin_sink) {
-                let finished = eot.is_some_and(|e| self.children.iter().all(|c| c.credits > e));
-                let dead = self.server.as_ref().is_some_and(|s| s.is_dead(name));
-                let down = self.children.iter().any(|c| c.down.load(Ordering::Acquire));
-                // Healing, a broken link may be a relay's: only the sink's own death counts.
-                if !finished && (dead || (!self.heals && (lost || down))) {
-                    restart_from = Some(self.rejoin(name, relays, pd, init, &mut retired)?);
+                let gone = self.gone_sinks();
+                if !newly.is_empty() || !gone.is_empty() {
+                    restart_from = Some(self.heal(newly, gone, next_in, pd, init, &mut retired)?);
                     suspect = None;
                 }
             }
@@ -1891,7 +1875,7 @@ impl<'a> NodeRun<'a> {
                         &c.name,
                         format!("the connection to child {} was lost", c.name),
                     );
-                    if is_source && self.heals {
+                    if is_source && mendable {
                         suspect.get_or_insert((Instant::now(), f));
                     } else {
                         return Err(f);
@@ -1927,7 +1911,7 @@ impl<'a> NodeRun<'a> {
                         lost_why = f.msg;
                         continue;
                     }
-                    if is_source && self.heals {
+                    if is_source && mendable {
                         suspect.get_or_insert((Instant::now(), f));
                     } else {
                         return Err(f);

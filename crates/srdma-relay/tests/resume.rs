@@ -463,6 +463,21 @@ fn wait_progress(rx: &std::sync::mpsc::Receiver<String>, bytes: u64) {
     }
 }
 
+/// Whether `rx` shows a progress line with at least `bytes` within `limit`.
+fn reaches(rx: &std::sync::mpsc::Receiver<String>, bytes: u64, limit: Duration) -> bool {
+    let start = Instant::now();
+    while let Ok(line) = rx.recv_timeout(limit.saturating_sub(start.elapsed())) {
+        let b = serde_json::from_str::<serde_json::Value>(&line)
+            .ok()
+            .filter(|v| v["event"] == "progress")
+            .and_then(|v| v["bytes"].as_u64());
+        if b.is_some_and(|b| b >= bytes) {
+            return true;
+        }
+    }
+    false
+}
+
 fn final_report(rx: &std::sync::mpsc::Receiver<String>) -> Report {
     rx.iter()
         .filter(|l| l.contains("\"report\""))
@@ -991,4 +1006,112 @@ fn a_killed_relay_in_a_resumable_chain_is_healed_around() {
         "the committed object differs from the source's"
     );
     assert_clean(&out);
+}
+
+/// In a tree (A → B → C, D), sink D is killed and started again while the rest waits: the
+/// tree is set up again from the first chunk either sink lacks; D resumes from its bitmap,
+/// receives again at most two rings of what it held, and both sinks commit the source's
+/// object. Then, in the same run, relay B is killed and the sinks re-attach to A.
+#[test]
+fn a_sink_restarted_in_a_tree_catches_up() {
+    let d = Scratch::new("rejoin-tree");
+    let (out_c, out_d) = (d.path("out-c.bin"), d.path("out-d.bin"));
+    let total: u64 = 16 << 20;
+    let sink = |out: &Path| {
+        format!(
+            "sink = \"file:{}\"\nresume = true\nthrottle = \"8MiB/s\"",
+            out.display()
+        )
+    };
+    let text = header("")
+        + &node(
+            "A",
+            "127.0.62.1",
+            "source",
+            None,
+            &format!("source = \"gen:{total}:14\""),
+        )
+        + &node(
+            "B",
+            "127.0.62.2",
+            "relay",
+            Some("A"),
+            "stages = [\"verify\"]",
+        )
+        + &node("C", "127.0.62.3", "sink", Some("B"), &sink(&out_c))
+        + &node("D", "127.0.62.4", "sink", Some("B"), &sink(&out_d));
+    let (p, _cfg) = d.config(&text);
+    let spawn = |name: &str| -> Child {
+        node_command(&p, name)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut d1 = spawn("D");
+    let mut c = spawn("C");
+    let mut b = spawn("B");
+    let mut a = spawn("A");
+    let d1_lines = lines_of(&mut d1);
+    let a_lines = lines_of(&mut a);
+    let c_lines = lines_of(&mut c);
+    wait_progress(&d1_lines, total / 4);
+    d1.kill().unwrap();
+    let _ = d1.wait();
+    let held = PartialState::load(&resume::state_path(&out_d))
+        .unwrap()
+        .expect("D left no resume state")
+        .first_missing();
+    let mut d2 = spawn("D");
+    let d2_lines = lines_of(&mut d2);
+    if !reaches(&d2_lines, total / 4, Duration::from_secs(20)) {
+        let mut all = String::new();
+        for (n, ch) in [("A", &mut a), ("B", &mut b), ("C", &mut c), ("D", &mut d2)] {
+            let _ = ch.kill();
+            let _ = ch.wait();
+            let err = std::io::read_to_string(ch.stderr.take().unwrap()).unwrap();
+            all += &format!("--- {n}:\n{err}");
+        }
+        panic!("the restarted D did not get to {} bytes\n{all}", total / 4);
+    }
+    b.kill().unwrap();
+    let _ = b.wait();
+    let limit = Duration::from_secs(40);
+    for (n, ch) in [("D", &mut d2), ("C", &mut c), ("A", &mut a)] {
+        let code = wait_exit(ch, n, limit);
+        let err = std::io::read_to_string(ch.stderr.take().unwrap()).unwrap();
+        assert_eq!(code, Some(0), "{n}: {err}");
+    }
+    let (ar, cr, dr) = (
+        final_report(&a_lines),
+        final_report(&c_lines),
+        final_report(&d2_lines),
+    );
+    for (n, r) in [("A", &ar), ("C", &cr), ("D", &dr)] {
+        assert!(r.ok, "{n}: {r:?}");
+        assert_eq!(r.healed.len(), 2, "{n}: {r:?}");
+        assert_eq!(r.healed[0].rejoined, ["D"], "{n}: {r:?}");
+        assert!(r.healed[0].nodes.is_empty(), "{n}: {r:?}");
+        assert_eq!(r.healed[1].nodes, ["B"], "{n}: {r:?}");
+        assert!(
+            r.sinks["C"].committed && r.sinks["D"].committed,
+            "{n}: {r:?}"
+        );
+    }
+    assert!(ar.healed[0].from_chunk <= held, "{ar:?}");
+    eprintln!(
+        "D restarted in a tree: held 0..{held}, the transfer went on at chunk {}; D received {} \
+         bytes again, C {} (ring {RING}); then B died: {:?}",
+        ar.healed[0].from_chunk, dr.bytes_sent_again, cr.bytes_sent_again, ar.healed[1]
+    );
+    assert!(dr.bytes_sent_again <= 2 * RING, "{dr:?}");
+    assert!(cr.bytes_sent_again <= 2 * RING, "{cr:?}");
+    for out in [&out_c, &out_d] {
+        assert!(
+            std::fs::read(out).unwrap() == gen_bytes(total, 14),
+            "{} differs from the source's object",
+            out.display()
+        );
+        assert_clean(out);
+    }
 }
