@@ -5,8 +5,9 @@
 //!   same command line runs on every host (see `docs/cluster.md`).
 //! - `srdma relay demo` runs source → relay → sink on this host (127.0.30.1-3) as three
 //!   processes, 1 GiB of generated data through the verify stage.
-//! - `srdma relay chain --hops N` / `srdma relay tree --fanout K --depth D` generate such a
-//!   configuration and run it the same way (`--print-config` prints it instead).
+//! - `srdma relay chain --hops N` / `srdma relay tree --fanout K --depth D` /
+//!   `srdma relay binomial --sinks N` generate such a configuration and run it the same way
+//!   (`--print-config` prints it instead).
 //!
 //! Exit status: 0 success, 1 failure (the message names the failed hop and what reached
 //! each sink), 2 bad configuration or arguments.
@@ -41,6 +42,8 @@ enum Cmd {
     Chain(ChainArgs),
     /// Generate a tree and run it on this host (or print it).
     Tree(TreeArgs),
+    /// Generate a binomial pipeline to N sinks and run it on this host (or print it).
+    Binomial(BinomialArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -63,6 +66,7 @@ struct NodeArgs {
 enum Topology {
     Chain,
     Tree,
+    Binomial,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -142,6 +146,18 @@ struct DemoArgs {
     /// Levels below the source in the tree.
     #[arg(long, default_value_t = 2)]
     depth: usize,
+    /// Sinks of the binomial pipeline.
+    #[arg(long, default_value_t = 4)]
+    sinks: usize,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Debug, clap::Args)]
+struct BinomialArgs {
+    /// Sinks (every one also sends to others).
+    #[arg(long, default_value_t = 4)]
+    sinks: usize,
     #[command(flatten)]
     common: Common,
 }
@@ -174,9 +190,11 @@ pub fn run(args: &Args, out: &mut impl Write) -> anyhow::Result<bool> {
         Cmd::Demo(a) => match a.topology {
             Topology::Chain => generate_and_run(Shape::Chain(a.hops), &a.common, out),
             Topology::Tree => generate_and_run(Shape::Tree(a.fanout, a.depth), &a.common, out),
+            Topology::Binomial => generate_and_run(Shape::Binomial(a.sinks), &a.common, out),
         },
         Cmd::Chain(a) => generate_and_run(Shape::Chain(a.hops), &a.common, out),
         Cmd::Tree(a) => generate_and_run(Shape::Tree(a.fanout, a.depth), &a.common, out),
+        Cmd::Binomial(a) => generate_and_run(Shape::Binomial(a.sinks), &a.common, out),
     }
 }
 
@@ -219,6 +237,7 @@ fn run_node(a: &NodeArgs) -> anyhow::Result<bool> {
 enum Shape {
     Chain(usize),
     Tree(usize, usize),
+    Binomial(usize),
 }
 
 fn generate(shape: &Shape, c: &Common) -> Result<Config, String> {
@@ -245,6 +264,7 @@ fn generate(shape: &Shape, c: &Common) -> Result<Config, String> {
             timeout_ms: c.timeout_ms,
             mtu: None,
             heal: true,
+            topology: config::Topology::Tree,
         },
         base: c.base_addr.octets(),
         out_dir: c.out.clone(),
@@ -253,6 +273,7 @@ fn generate(shape: &Shape, c: &Common) -> Result<Config, String> {
     match shape {
         Shape::Chain(h) => config::generate_chain(*h, &opts),
         Shape::Tree(f, d) => config::generate_tree(*f, *d, &opts),
+        Shape::Binomial(n) => config::generate_binomial(*n, &opts),
     }
     .map_err(|e| e.to_string())
 }
@@ -272,6 +293,7 @@ fn generate_and_run(shape: Shape, c: &Common, out: &mut impl Write) -> anyhow::R
     let topo = match shape {
         Shape::Chain(h) => format!("a {h}-hop chain"),
         Shape::Tree(f, d) => format!("a tree of fanout {f} and depth {d}"),
+        Shape::Binomial(n) => format!("a binomial pipeline to {n} sinks"),
     };
     writeln!(
         out,

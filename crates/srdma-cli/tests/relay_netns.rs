@@ -15,6 +15,7 @@
 //! - with healing off, a relay killed with SIGKILL mid-transfer (and one frozen with SIGSTOP):
 //!   the source and every node below the relay exit 1 within `timeout_ms` + 3 s, name the
 //!   failed hop and say how many bytes reached each sink; the sink leaves no final file;
+//! - a binomial pipeline to eight sinks under 2 % loss delivers to every sink;
 //! - a sink throttled to a tenth of the link rate slows the source down to its pace, and no
 //!   node's peak resident memory (`VmHWM`) passes `2 × slots × chunk_size + allowance`;
 //! - one bit flipped in a chunk at a relay is caught, never delivered.
@@ -512,6 +513,43 @@ fn tree_under_two_percent_loss() {
     check_success(&mut run, &nodes, &dir, &input, "tree, 2% loss");
     let dropped = total_dropped(&lab);
     eprintln!("tree, 2% loss: {dropped} datagrams dropped");
+    assert!(dropped > 0, "the loss rule dropped nothing");
+}
+
+/// A binomial pipeline from the source to eight sinks (a cube of eight ranks and one twin),
+/// one namespace each, under 2 % loss: every sink commits the file.
+#[test]
+fn binomial_pipeline_to_eight_sinks_under_two_percent_loss() {
+    let Some(_lab_lock) = lab_guard(true) else {
+        return;
+    };
+    let dir = Scratch::new("binomial");
+    let input = make_input(&dir.path("input.bin"), 16 * MIB, 0x5eed_000c);
+    let lab = Lab::star("rbin", 9, 72, 1500).unwrap();
+    two_percent_loss(&lab);
+    let names = ["B", "C", "D", "E", "F", "G", "H", "I"];
+    let mut nodes = vec![source(0, &dir.path("input.bin"))];
+    for (i, n) in names.into_iter().enumerate() {
+        let out = dir.path(&format!("out-{n}.bin"));
+        nodes.push(
+            Node::new(n, i + 1, "sink", None)
+                .stages(&["verify"])
+                .with(format!("sink = \"file:{}\"", out.display())),
+        );
+    }
+    let cfg = config(
+        &lab,
+        &[
+            "chunk_size = \"1MiB\"",
+            "slots = 8",
+            "topology = \"binomial\"",
+        ],
+        &nodes,
+    );
+    let mut run = Run::start(&lab, &dir, &cfg, &nodes);
+    check_success(&mut run, &nodes, &dir, &input, "binomial, 2% loss");
+    let dropped = total_dropped(&lab);
+    eprintln!("binomial, 2% loss: {dropped} datagrams dropped");
     assert!(dropped > 0, "the loss rule dropped nothing");
 }
 

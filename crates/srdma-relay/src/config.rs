@@ -11,6 +11,7 @@
 //! udp_port = 4791          # RoCEv2 UDP port of every node's device (default 4791; 0 = any)
 //! timeout_ms = 5000        # connect timeout and "hop is dead" limit (default 5000)
 //! heal = true              # splice around a relay that dies or freezes (default true)
+//! topology = "tree"        # "tree" (default: as the parents say) or "binomial"
 //! # mtu = 4096             # path MTU offered (default: 4096 on loopback addresses, else 1024)
 //!
 //! [[node]]
@@ -105,6 +106,27 @@ impl Forward {
     }
 }
 
+/// How chunks travel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Topology {
+    /// Down the tree the `parent` fields draw (a chain is a tree).
+    #[default]
+    Tree,
+    /// The binomial pipeline ([`crate::schedule`]): every sink also sends; no `parent`
+    /// fields.
+    Binomial,
+}
+
+impl Topology {
+    /// The configuration spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Topology::Tree => "tree",
+            Topology::Binomial => "binomial",
+        }
+    }
+}
+
 /// A node's role.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
@@ -162,6 +184,8 @@ pub struct Transfer {
     /// Heal around a relay that dies or freezes (its children re-attach to the nearest live
     /// ancestor) instead of ending the transfer.
     pub heal: bool,
+    /// How chunks travel.
+    pub topology: Topology,
 }
 
 impl Default for Transfer {
@@ -176,6 +200,7 @@ impl Default for Transfer {
             timeout_ms: DEFAULT_TIMEOUT_MS,
             mtu: None,
             heal: true,
+            topology: Topology::Tree,
         }
     }
 }
@@ -239,6 +264,7 @@ struct RawTransfer {
     timeout_ms: Option<i64>,
     mtu: Option<i64>,
     heal: Option<bool>,
+    topology: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -431,7 +457,9 @@ impl Config {
     /// (not stdin): such a sink may be killed and restarted alone while the rest of the tree
     /// waits for it, and the transfer rewinds to the first chunk it lacks.
     pub fn rejoinable_sinks(&self) -> Vec<String> {
-        if matches!(self.source().source.as_deref(), Some("stdin" | "-")) {
+        if matches!(self.source().source.as_deref(), Some("stdin" | "-"))
+            || self.transfer.topology == Topology::Binomial
+        {
             return Vec::new(); // a stream cannot be read again
         }
         self.nodes
@@ -539,6 +567,9 @@ impl Config {
     }
 
     fn check_topology(&self) -> Result<(), String> {
+        if self.transfer.topology == Topology::Binomial {
+            return self.check_binomial();
+        }
         let sources: Vec<&Node> = self
             .nodes
             .iter()
@@ -641,6 +672,40 @@ impl Config {
         Ok(())
     }
 
+    /// `topology = "binomial"`: one source first, then sinks; no parents; stages that leave
+    /// chunks as they are (a sink forwards a chunk before its own stages run).
+    fn check_binomial(&self) -> Result<(), String> {
+        for (i, n) in self.nodes.iter().enumerate() {
+            let label = format!("node {:?}", n.name);
+            let want = if i == 0 { Role::Source } else { Role::Sink };
+            if n.role != want {
+                return Err(format!(
+                    "{label}: field `role`: with topology = \"binomial\" the first node is the \
+                     source and every other is a sink, not {:?}",
+                    n.role.as_str()
+                ));
+            }
+            if n.parent.is_some() {
+                return Err(format!(
+                    "{label}: field `parent`: with topology = \"binomial\" the schedule decides \
+                     who sends to whom; remove `parent`"
+                ));
+            }
+            if let Some(st) = n.stages.iter().find(|st| st.as_str() != "verify") {
+                return Err(format!(
+                    "{label}: field `stages`: {st:?}: with topology = \"binomial\" only \
+                     \"verify\" (stages that leave chunks unchanged)"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The rank of node `name` in the binomial pipeline: its place in the file.
+    pub fn rank(&self, name: &str) -> Option<usize> {
+        self.nodes.iter().position(|n| n.name == name)
+    }
+
     /// The configuration as TOML, as a file would hold it.
     pub fn to_toml(&self) -> String {
         let t = &self.transfer;
@@ -663,6 +728,9 @@ impl Config {
         }
         if !t.heal {
             let _ = writeln!(s, "heal = false");
+        }
+        if t.topology != Topology::Tree {
+            let _ = writeln!(s, "topology = {:?}", t.topology.as_str());
         }
         for n in &self.nodes {
             let _ = writeln!(s, "\n[[node]]");
@@ -771,6 +839,17 @@ fn validate_transfer(r: RawTransfer) -> Result<Transfer, String> {
     }
     if let Some(h) = r.heal {
         t.heal = h;
+    }
+    if let Some(top) = r.topology {
+        t.topology = match top.as_str() {
+            "tree" | "chain" => Topology::Tree,
+            "binomial" => Topology::Binomial,
+            other => {
+                return Err(format!(
+                    "field `topology`: {other:?} is not \"tree\" or \"binomial\""
+                ));
+            }
+        };
     }
     Ok(t)
 }
@@ -1056,6 +1135,26 @@ pub fn generate_chain(hops: usize, opts: &GenOptions) -> Result<Config, ConfigEr
     opts.finish(nodes)
 }
 
+/// A binomial pipeline ([`crate::schedule`]) from the source to `sinks` sinks.
+pub fn generate_binomial(sinks: usize, opts: &GenOptions) -> Result<Config, ConfigError> {
+    let gen_err = |msg: String| ConfigError {
+        file: "<generated>".into(),
+        msg,
+    };
+    if sinks == 0 {
+        return Err(gen_err(
+            "a binomial pipeline needs at least one sink".into(),
+        ));
+    }
+    let mut nodes = vec![opts.node(0, Role::Source, None).map_err(gen_err)?];
+    for i in 1..=sinks {
+        nodes.push(opts.node(i, Role::Sink, None).map_err(gen_err)?);
+    }
+    let mut opts = opts.clone();
+    opts.transfer.topology = Topology::Binomial;
+    opts.finish(nodes)
+}
+
 /// A complete `fanout`-ary tree of `depth` levels below the source: inner nodes relay,
 /// leaves are sinks.
 pub fn generate_tree(
@@ -1284,6 +1383,33 @@ sink = "discard"
         let mut stdin = c.clone();
         stdin.nodes[0].source = Some("stdin".into());
         assert!(!stdin.healable("B"));
+    }
+
+    #[test]
+    fn binomial_configurations() {
+        let opts = GenOptions {
+            source: "gen:1MiB".into(),
+            ..GenOptions::default()
+        };
+        let b = generate_binomial(8, &opts).unwrap();
+        assert_eq!(b.transfer.topology, Topology::Binomial);
+        assert_eq!(b.sinks().len(), 8);
+        assert_eq!(b.rank("C"), Some(2));
+        assert!(b.to_toml().contains("topology = \"binomial\""));
+        assert!(b.rejoinable_sinks().is_empty() && !b.healable("B"));
+        let text = b.to_toml();
+        let e = bad(&text.replacen("role = \"sink\"", "role = \"relay+sink\"", 1));
+        assert!(e.contains("\"B\"") && e.contains("`role`"), "{e}");
+        let e = bad(&text.replacen(
+            "stages = [\"verify\"]",
+            "stages = [\"verify\"]\nparent = \"A\"",
+            1,
+        ));
+        assert!(e.contains("`parent`"), "{e}");
+        let e = bad(&text.replacen("stages = [\"verify\"]", "stages = [\"compress\"]", 1));
+        assert!(e.contains("`stages`") && e.contains("compress"), "{e}");
+        let e = bad(&text.replace("topology = \"binomial\"", "topology = \"ring\""));
+        assert!(e.contains("`topology`"), "{e}");
     }
 
     #[test]

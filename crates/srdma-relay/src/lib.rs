@@ -157,6 +157,7 @@ pub mod launch;
 pub mod node;
 pub mod report;
 pub mod resume;
+pub mod schedule;
 pub mod sink;
 pub mod source;
 pub mod stage;

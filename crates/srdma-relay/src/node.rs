@@ -15,7 +15,7 @@ use srdma::{
 };
 
 use crate::chunk::{ChunkHeader, HEADER_LEN, flags};
-use crate::config::{Config, Forward, Node, Role};
+use crate::config::{Config, Forward, Node, Role, Topology};
 use crate::control::{self, Healed, Msg, SinkStatus};
 use crate::digest::{ObjectDigest, hex};
 use crate::report::{self, Display, Latencies, Report};
@@ -41,6 +41,8 @@ pub struct Outcome {
     /// Its exit status: 0 success, 1 failure, 2 bad configuration.
     pub code: i32,
 }
+
+mod mesh;
 
 // wr_id kinds, in the top byte.
 const K_DATA_RECV: u64 = 1 << 56;
@@ -330,6 +332,8 @@ struct NodeRun<'a> {
     heal_again: u64,
     /// The source: the heals so far.
     healed: Vec<Healed>,
+    /// The binomial pipeline's partners.
+    peers: Vec<mesh::Peer>,
 }
 
 fn mtu_of(v: u32) -> Mtu {
@@ -401,6 +405,7 @@ impl<'a> NodeRun<'a> {
             dup_below: 0,
             heal_again: 0,
             healed: Vec::new(),
+            peers: Vec::new(),
         }
     }
 
@@ -508,7 +513,14 @@ impl<'a> NodeRun<'a> {
 
         let chan = CompChannel::new()
             .map_err(|e| Fail::at(&me.name, format!("completion channel: {e}")))?;
-        let nkids = self.cfg.children(&me.name).len();
+        let binomial = self.cfg.transfer.topology == Topology::Binomial;
+        let nkids = if binomial {
+            crate::schedule::Binomial::new(self.cfg.nodes.len())
+                .zip(self.cfg.rank(&me.name))
+                .map_or(0, |(b, r)| b.partners(r).len())
+        } else {
+            self.cfg.children(&me.name).len()
+        };
         let cq_len = (3 * self.slots * (nkids + 1) + 64).min(32_000);
         let cq = dev
             .create_cq(cq_len, Some(&chan))
@@ -528,11 +540,15 @@ impl<'a> NodeRun<'a> {
 
         // Where this run starts (a sink may resume), before any ring is set up.
         let held = self.negotiate_start(deadline)?;
-        if let Some(l) = &listener {
-            self.accept_parent(l, &pd, &init, &buf, deadline)?;
-        }
-        for child in self.cfg.live_children(&me.name, &self.dead) {
-            self.connect_child(child, &dev, &pd, &init, deadline)?;
+        if binomial {
+            self.mesh_connect(listener.as_ref(), &dev, &pd, &init, &buf, deadline)?;
+        } else {
+            if let Some(l) = &listener {
+                self.accept_parent(l, &pd, &init, &buf, deadline)?;
+            }
+            for child in self.cfg.live_children(&me.name, &self.dead) {
+                self.connect_child(child, &dev, &pd, &init, deadline)?;
+            }
         }
         if me.role.has_sink() {
             let spec = me.sink.as_deref().unwrap_or("discard");
@@ -592,6 +608,9 @@ impl<'a> NodeRun<'a> {
             "connected ({} slots of {} bytes per ring)",
             self.slots, self.slot_size
         ));
+        if binomial {
+            return self.mesh_loop(&cq, &chan, &buf, source);
+        }
         let links = Links {
             pd: &pd,
             init: &init,
@@ -2676,6 +2695,9 @@ impl<'a> NodeRun<'a> {
         }
         for c in &self.children {
             let _ = c.conn.disconnect();
+        }
+        for p in &self.peers {
+            let _ = p.conn.disconnect();
         }
         if let Some((p, _)) = &self.parent {
             let _ = p.disconnect();

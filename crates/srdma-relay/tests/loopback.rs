@@ -737,3 +737,127 @@ fn a_full_disk_at_a_sink_is_reported_by_the_source() {
     let left: Vec<_> = std::fs::read_dir(&fs.0).unwrap().collect();
     assert!(left.is_empty(), "{left:?}");
 }
+
+/// `topology = "binomial"`: a source and five sinks (a cube of four and two twins); every sink
+/// commits the file, and the sinks, not the source, carry most of the sending: the source
+/// sends every chunk once.
+#[test]
+fn a_binomial_pipeline_delivers_to_every_sink() {
+    let d = Scratch::new("binomial");
+    let size = 12usize << 20;
+    let src = d.random_file("in.bin", size, 21);
+    let mut text = "[transfer]\nchunk_size = \"256KiB\"\nslots = 4\ntimeout_ms = 3000\ntopology = \"binomial\"\n"
+        .to_string()
+        + &node(
+            "A",
+            "127.0.63.1",
+            "source",
+            None,
+            &format!("source = \"file:{}\"", src.display()),
+        );
+    let sinks = ["B", "C", "D", "E", "F"];
+    for (i, n) in sinks.iter().enumerate() {
+        let out = d.path(&format!("out-{n}.bin"));
+        text += &node(
+            n,
+            &format!("127.0.63.{}", i + 2),
+            "sink",
+            None,
+            &format!("sink = \"file:{}\"\nstages = [\"verify\"]", out.display()),
+        );
+    }
+    let (p, cfg) = d.config(&text);
+    let r = run(&p, &cfg);
+    assert_all_ok(&r);
+    let input = std::fs::read(&src).unwrap();
+    let a = report(&r, "A");
+    // The source sends each chunk once: its header and payload, no more.
+    let chunk_bytes = 256 << 10;
+    assert!(
+        a.forwarded_bytes < size as u64 + (size as u64 / chunk_bytes + 4) * 256,
+        "{a:?}"
+    );
+    let mut forwarded = 0;
+    for n in sinks {
+        assert!(
+            std::fs::read(d.path(&format!("out-{n}.bin"))).unwrap() == input,
+            "{n}'s copy differs"
+        );
+        let rep = report(&r, n);
+        assert_eq!(rep.digest, a.digest, "{n}");
+        assert_eq!(rep.bytes, size as u64, "{n}");
+        assert!(a.sinks[n].committed);
+        forwarded += rep.forwarded_bytes;
+    }
+    // Five receivers: the sinks sent the other four copies between them.
+    assert!(
+        forwarded >= 4 * size as u64,
+        "the sinks forwarded {forwarded}"
+    );
+}
+
+/// A sink of a binomial pipeline killed mid-transfer ends the run (no healing there): the
+/// source names it and says what reached every sink.
+#[test]
+fn a_sink_killed_in_a_binomial_pipeline_is_reported() {
+    let d = Scratch::new("binomial-kill");
+    let mut text = "[transfer]\nchunk_size = \"256KiB\"\nslots = 4\ntimeout_ms = 2000\ntopology = \"binomial\"\n"
+        .to_string()
+        + &node("A", "127.0.64.1", "source", None, "source = \"gen:64MiB\"");
+    for (i, n) in ["B", "C", "D"].iter().enumerate() {
+        text += &node(
+            n,
+            &format!("127.0.64.{}", i + 2),
+            "sink",
+            None,
+            "sink = \"discard\"\nthrottle = \"8MiB/s\"",
+        );
+    }
+    let (p, _cfg) = d.config(&text);
+    let spawn = |name: &str| -> Child {
+        node_command(&p, name)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut procs: BTreeMap<&str, Child> = BTreeMap::new();
+    for n in ["D", "C", "B", "A"] {
+        procs.insert(n, spawn(n));
+    }
+    let c_rx = lines_of(procs.get_mut("C").unwrap());
+    let mut seen = Vec::new();
+    wait_progress(&c_rx, 2 << 20, &mut seen);
+    signal(&procs["C"], "-KILL");
+    let killed = Instant::now();
+    for n in ["A", "B", "D"] {
+        let ch = procs.get_mut(n).unwrap();
+        let code = loop {
+            if let Some(st) = ch.try_wait().unwrap() {
+                break st.code();
+            }
+            assert!(
+                killed.elapsed() < Duration::from_secs(20),
+                "{n} still runs 20 s after C was killed"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert_eq!(code, Some(1), "{n}");
+    }
+    let _ = procs.get_mut("C").unwrap().wait();
+    let a = procs.get_mut("A").unwrap();
+    let out = std::io::read_to_string(a.stdout.take().unwrap()).unwrap();
+    let err = std::io::read_to_string(a.stderr.take().unwrap()).unwrap();
+    let rep: Report = out
+        .lines()
+        .filter(|l| l.contains("\"report\""))
+        .find_map(|l| serde_json::from_str(l).ok())
+        .expect("A printed no report");
+    assert!(!rep.ok);
+    assert_eq!(rep.failed_hop.as_deref(), Some("C"), "{rep:?}\n{err}");
+    assert!(err.contains("failed hop: C"), "{err}");
+    for n in ["B", "C", "D"] {
+        assert!(!rep.sinks[n].committed, "{rep:?}");
+        assert!(rep.sinks[n].bytes < 64 << 20, "{rep:?}");
+    }
+}
