@@ -2544,6 +2544,8 @@ impl<'a> NodeRun<'a> {
             bytes_sent_again: sent_again,
             resume_note: self.resume_note.clone(),
             healed: self.healed.clone(),
+            first_chunk_at: self.first_chunk.map_or(0.0, unix_time),
+            last_chunk_at: self.last_chunk.map_or(0.0, unix_time),
         };
         if let Err(f) = &result {
             report.error = Some(format!("{name}: {}", f.msg));
@@ -2732,6 +2734,15 @@ impl<'a> NodeRun<'a> {
         let code = if report.ok { 0 } else { 1 };
         Outcome { report, code }
     }
+}
+
+/// The wall-clock time (Unix seconds) of instant `t`.
+fn unix_time(t: Instant) -> f64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64();
+    now - t.elapsed().as_secs_f64()
 }
 
 /// Flips one bit of the payload (or, for an empty payload, of the header) in place.

@@ -66,6 +66,14 @@ pub struct Report {
     /// Why a sink's earlier resume state was discarded, if it was.
     #[serde(default)]
     pub resume_note: Option<String>,
+    /// Wall-clock time (Unix seconds) of the node's first chunk (0: none), to compare nodes
+    /// on one host or synchronised hosts: a transfer's completion time is the last sink's
+    /// `last_chunk_at` minus the source's `first_chunk_at`.
+    #[serde(default)]
+    pub first_chunk_at: f64,
+    /// Wall-clock time (Unix seconds) of the node's last chunk (0: none).
+    #[serde(default)]
+    pub last_chunk_at: f64,
     /// The relays the transfer healed around (the source's record; others carry it when the
     /// verdict reached them).
     #[serde(default)]

@@ -113,18 +113,43 @@ impl Binomial {
         Some(self.roles(self.cube_parent(v, j), seq).1)
     }
 
-    /// Whom rank `r` sends chunk `seq` to, once it has it.
+    /// Whom rank `r` sends chunk `seq` to, once it has it: the child with the most ranks
+    /// below it first (a node sends one chunk at a time, and the deepest branch has the
+    /// longest way to go).
     pub fn children(&self, r: usize, seq: u64) -> Vec<usize> {
-        (1..self.p)
+        let mut kids: Vec<usize> = (1..self.p)
             .filter(|&x| self.parent(x, seq) == Some(r))
-            .collect()
+            .collect();
+        kids.sort_by_key(|&k| std::cmp::Reverse(self.below(k, seq)));
+        kids
+    }
+
+    /// How many ranks get chunk `seq` through rank `r` (itself excluded).
+    fn below(&self, r: usize, seq: u64) -> usize {
+        (1..self.p)
+            .filter(|&x| {
+                let mut cur = x;
+                for _ in 0..self.p {
+                    match self.parent(cur, seq) {
+                        Some(p) if p == r => return true,
+                        Some(p) if p != 0 => cur = p,
+                        _ => return false,
+                    }
+                }
+                false
+            })
+            .count()
+    }
+
+    /// Chunks after which the schedule repeats (the trees and the twins' turns).
+    pub fn period(&self) -> u64 {
+        2 * u64::from(self.d)
     }
 
     /// Every rank `r` exchanges chunks with, in either direction, ascending.
     pub fn partners(&self, r: usize) -> Vec<usize> {
         let mut out: Vec<usize> = Vec::new();
-        // Parity (twins) and tree (seq mod d) repeat every 2d chunks.
-        for seq in 0..2 * u64::from(self.d) {
+        for seq in 0..self.period() {
             if let Some(p) = self.parent(r, seq) {
                 out.push(p);
             }

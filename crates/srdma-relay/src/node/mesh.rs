@@ -8,7 +8,10 @@
 //! checks and writes it (so sinks see the object in order, as in a tree), and the slot is
 //! free again. Credits are the release count: a zero-byte SEND_WITH_IMM (`imm` = chunks
 //! released, low 32 bits) to every partner, at least every quarter ring; a sender posts chunk
-//! `seq` to a partner only while `seq < released + slots`. A node ends when it released the
+//! `seq` to a partner only while `seq < released + slots`. A node has one chunk on the wire at
+//! a time (or 1 MiB of smaller ones), the oldest first and, of one chunk, to the partner with
+//! the most ranks below it first: the schedule assumes a node's link carries one chunk per
+//! step, and sharing it between several sends at once would delay them all. A node ends when it released the
 //! end of the transfer and heard every partner release it too (so nobody waits for a credit
 //! from a node that left). Healing and restarting a sink alone are not available here: a
 //! node that fails ends the transfer with the exact report of a tree.
@@ -28,8 +31,8 @@ pub(super) struct Peer {
     ring: Ring,
     /// The partner released every chunk below this (its credits).
     released: u64,
-    /// Chunks to send it, in the order they became ready.
-    queue: VecDeque<u64>,
+    /// Chunks to send it, oldest first.
+    queue: std::collections::BTreeSet<u64>,
     down: Arc<AtomicBool>,
 }
 
@@ -160,7 +163,7 @@ impl NodeRun<'_> {
                 conn,
                 ring,
                 released: self.start_seq,
-                queue: VecDeque::new(),
+                queue: std::collections::BTreeSet::new(),
                 down,
             });
         }
@@ -232,7 +235,7 @@ impl NodeRun<'_> {
                 conn,
                 ring,
                 released: self.start_seq,
-                queue: VecDeque::new(),
+                queue: std::collections::BTreeSet::new(),
                 down,
             });
         }
@@ -306,6 +309,15 @@ impl NodeRun<'_> {
                 .unwrap_or(2000),
         );
         let peer_of_rank = |peers: &[Peer], r: usize| peers.iter().position(|p| p.rank == r);
+        // The schedule repeats: this node's children per chunk, computed once.
+        let period = sched.period();
+        let kids_of: Vec<Vec<usize>> = (0..period).map(|k| sched.children(me, k)).collect();
+        let children = |seq: u64| {
+            // Same tree (seq mod d) and parity as `seq`.
+            &kids_of[(seq % period) as usize]
+        };
+        let max_inflight = ((1usize << 20) / self.cfg.transfer.chunk_size).max(1);
+        let mut inflight = 0usize;
         loop {
             let mut progressed = false;
             // 1. Completions.
@@ -379,7 +391,7 @@ impl NodeRun<'_> {
                         }
                         let arrived = Instant::now();
                         self.first_chunk.get_or_insert(arrived);
-                        let kids = sched.children(me, seq);
+                        let kids = children(seq).clone();
                         ring[s] = MSlot {
                             seq,
                             have: true,
@@ -390,11 +402,12 @@ impl NodeRun<'_> {
                         };
                         for k in kids {
                             if let Some(i) = peer_of_rank(&self.peers, k) {
-                                self.peers[i].queue.push_back(seq);
+                                self.peers[i].queue.insert(seq);
                             }
                         }
                     }
                     K_MESH_SEND => {
+                        inflight = inflight.saturating_sub(1);
                         let seq = wc.wr_id & ((1 << 40) - 1);
                         let s = (seq % w) as usize;
                         if ring[s].have && ring[s].seq & SEQ_MASK == seq && ring[s].pending > 0 {
@@ -415,7 +428,7 @@ impl NodeRun<'_> {
                     let (len, data, is_eot) = self.fill(src, buf, s, seq, false)?;
                     let t = Instant::now();
                     self.first_chunk.get_or_insert(t);
-                    let kids = sched.children(me, seq);
+                    let kids = children(seq).clone();
                     ring[s] = MSlot {
                         seq,
                         have: true,
@@ -426,7 +439,7 @@ impl NodeRun<'_> {
                     };
                     for k in kids {
                         if let Some(i) = peer_of_rank(&self.peers, k) {
-                            self.peers[i].queue.push_back(seq);
+                            self.peers[i].queue.insert(seq);
                         }
                     }
                     if is_eot {
@@ -439,33 +452,41 @@ impl NodeRun<'_> {
                 }
             }
 
-            // 3. Send what each partner has room for.
-            for (pi, peer) in self.peers.iter_mut().enumerate() {
-                while let Some(&seq) = peer.queue.front() {
-                    if seq >= peer.released + w {
-                        break;
-                    }
-                    let s = (seq % w) as usize;
-                    let wr = SendWr::new(
-                        K_MESH_SEND | ((pi as u64) << 40) | seq,
-                        SendOp::WriteWithImm {
-                            remote_addr: peer.ring.addr + (s * peer.ring.slot_size as usize) as u64,
-                            rkey: RKey(peer.ring.rkey),
-                            imm: imm_of(seq),
-                        },
-                        SgeList::one(buf.sge(s * self.slot_size, ring[s].len)),
-                    );
-                    peer.conn.qp().post_send(wr).map_err(|e| {
-                        Fail::blame(
-                            &peer.name,
-                            format!("posting chunk {seq} to {}: {e}", peer.name),
-                        )
-                    })?;
-                    ring[s].waiting -= 1;
-                    ring[s].pending += 1;
-                    peer.queue.pop_front();
-                    progressed = true;
-                }
+            // 3. Send, one chunk at a time: the oldest a partner has room for, and of one
+            //    chunk, to the partner with the most ranks below it first.
+            while inflight < max_inflight {
+                let best = self
+                    .peers
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(pi, p)| {
+                        let &seq = p.queue.first()?;
+                        let order = children(seq).iter().position(|&k| k == p.rank)?;
+                        (seq < p.released + w).then_some((seq, order, pi))
+                    })
+                    .min();
+                let Some((seq, _, pi)) = best else {
+                    break;
+                };
+                let peer = &mut self.peers[pi];
+                let s = (seq % w) as usize;
+                let wr = SendWr::new(
+                    K_MESH_SEND | ((pi as u64) << 40) | seq,
+                    SendOp::WriteWithImm {
+                        remote_addr: peer.ring.addr + (s * peer.ring.slot_size as usize) as u64,
+                        rkey: RKey(peer.ring.rkey),
+                        imm: imm_of(seq),
+                    },
+                    SgeList::one(buf.sge(s * self.slot_size, ring[s].len)),
+                );
+                peer.conn.qp().post_send(wr).map_err(|e| {
+                    Fail::blame(&peer.name, format!("posting chunk {seq} to {}: {e}", peer.name))
+                })?;
+                ring[s].waiting -= 1;
+                ring[s].pending += 1;
+                peer.queue.pop_first();
+                inflight += 1;
+                progressed = true;
             }
 
             // 4. Release in order: the sink checks and writes, the slot is free again.
@@ -538,7 +559,7 @@ impl NodeRun<'_> {
                 let blamed = if let Some(p) = self
                     .peers
                     .iter()
-                    .find(|p| p.queue.front().is_some_and(|&seq| seq >= p.released + w))
+                    .find(|p| p.queue.first().is_some_and(|&seq| seq >= p.released + w))
                 {
                     (
                         p.name.clone(),
