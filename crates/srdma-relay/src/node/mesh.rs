@@ -480,7 +480,10 @@ impl NodeRun<'_> {
                     SgeList::one(buf.sge(s * self.slot_size, ring[s].len)),
                 );
                 peer.conn.qp().post_send(wr).map_err(|e| {
-                    Fail::blame(&peer.name, format!("posting chunk {seq} to {}: {e}", peer.name))
+                    Fail::blame(
+                        &peer.name,
+                        format!("posting chunk {seq} to {}: {e}", peer.name),
+                    )
                 })?;
                 ring[s].waiting -= 1;
                 ring[s].pending += 1;
