@@ -195,3 +195,24 @@ fn relay_node_without_name_needs_one_node_on_this_host() {
     );
     let _ = std::fs::remove_file(&path);
 }
+
+/// `srdma relay binomial --sinks N --print-config` prints a configuration the relay accepts:
+/// one source, N sinks, no parents, `topology = "binomial"`; 0 sinks is a usage error.
+#[test]
+fn relay_binomial_prints_a_binomial_configuration() {
+    let out = srdma(&["relay", "binomial", "--sinks", "5", "--print-config"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let toml = text(&out.stdout);
+    assert!(toml.contains("topology = \"binomial\""), "{toml}");
+    assert_eq!(toml.matches("role = \"sink\"").count(), 5, "{toml}");
+    assert!(!toml.contains("parent"), "{toml}");
+    let cfg = srdma_relay::config::Config::parse(&toml, "printed").unwrap();
+    assert_eq!(cfg.sinks().len(), 5);
+    let out = srdma(&["relay", "binomial", "--sinks", "0", "--print-config"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("at least one sink"),
+        "{}",
+        text(&out.stderr)
+    );
+}
