@@ -318,6 +318,13 @@ impl NodeRun<'_> {
         };
         let max_inflight = ((1usize << 20) / self.cfg.transfer.chunk_size).max(1);
         let mut inflight = 0usize;
+        // `throttle`: a sink releases (the source frames) no faster than this.
+        let mut throttle_clock = Instant::now();
+        let paced = |clock: Instant, len: usize| {
+            self.me.throttle.map(|rate| {
+                clock.max(Instant::now()) + Duration::from_secs_f64(len as f64 / rate as f64)
+            })
+        };
         loop {
             let mut progressed = false;
             // 1. Completions.
@@ -422,7 +429,8 @@ impl NodeRun<'_> {
 
             // 2. The source frames chunks into free slots.
             if let Some(src) = source.as_mut() {
-                while !src.done && next_fill < next_release + w {
+                while !src.done && next_fill < next_release + w && throttle_clock <= Instant::now()
+                {
                     let seq = next_fill;
                     let s = (seq % w) as usize;
                     let (len, data, is_eot) = self.fill(src, buf, s, seq, false)?;
@@ -445,6 +453,9 @@ impl NodeRun<'_> {
                     if is_eot {
                         eot = Some(seq);
                         src.done = true;
+                    }
+                    if let Some(t) = paced(throttle_clock, len) {
+                        throttle_clock = t;
                     }
                     self.note_chunk(data);
                     next_fill += 1;
@@ -499,7 +510,13 @@ impl NodeRun<'_> {
                 if !(sl.have && sl.seq == next_release && sl.waiting == 0 && sl.pending == 0) {
                     break;
                 }
+                if !is_source && throttle_clock > Instant::now() {
+                    break;
+                }
                 if !is_source {
+                    if let Some(t) = paced(throttle_clock, sl.len) {
+                        throttle_clock = t;
+                    }
                     let (_, data, is_eot) = self.process(buf, s, sl.seq, sl.len)?;
                     if is_eot {
                         eot = Some(sl.seq);
@@ -557,7 +574,10 @@ impl NodeRun<'_> {
                     format!("the connection to {} was lost", p.name),
                 ));
             }
-            if !progressed && last_activity.elapsed() > self.timeout {
+            if !progressed
+                && last_activity.elapsed() > self.timeout
+                && throttle_clock <= Instant::now()
+            {
                 let ms = self.timeout.as_millis();
                 let blamed = if let Some(p) = self
                     .peers
@@ -610,7 +630,10 @@ impl NodeRun<'_> {
             if cq.poll_into(&mut wcs, 64) > 0 {
                 continue;
             }
-            let _ = chan.get_event(Some(Duration::from_millis(20)));
+            let wait = Duration::from_millis(20)
+                .min(throttle_clock.saturating_duration_since(Instant::now()))
+                .max(Duration::from_millis(1));
+            let _ = chan.get_event(Some(wait));
         }
     }
 }
