@@ -447,9 +447,9 @@ impl Server {
         }
     }
 
-    /// Rejoinable nodes that are dead (control connection closed without a final report) or
-    /// silent for `limit` (frozen), not yet excluded.
-    pub fn dead_or_silent(&self, limit: Duration) -> Vec<String> {
+    /// Rejoinable nodes that are dead (control connection closed without a final report) or,
+    /// with `limit`, silent that long (frozen), not yet excluded.
+    pub fn dead_or_silent(&self, limit: Option<Duration>) -> Vec<String> {
         let st = lock(&self.shared.0);
         st.nodes
             .iter()
@@ -457,7 +457,10 @@ impl Server {
                 st.rejoinable.contains(k)
                     && !v.excluded
                     && v.final_report.is_none()
-                    && (v.dead || v.hello && v.last_heard.is_some_and(|t| t.elapsed() >= limit))
+                    && (v.dead
+                        || v.hello
+                            && limit
+                                .is_some_and(|l| v.last_heard.is_some_and(|t| t.elapsed() >= l)))
             })
             .map(|(k, _)| k.clone())
             .collect()
@@ -1031,7 +1034,11 @@ mod tests {
             assert!(t.elapsed() < Duration::from_secs(5));
             thread::sleep(Duration::from_millis(10));
         }
-        assert!(server.dead_or_silent(Duration::from_secs(1)).is_empty());
+        assert!(
+            server
+                .dead_or_silent(Some(Duration::from_secs(1)))
+                .is_empty()
+        );
         // B goes quiet (frozen): after the limit it is silent; C and D, talking, are not.
         thread::sleep(Duration::from_millis(300));
         c.send(&Msg::Progress {
@@ -1045,10 +1052,12 @@ mod tests {
             chunks: 1,
         });
         let t = Instant::now();
-        while server.dead_or_silent(Duration::from_millis(250)) != ["B"] {
+        while server.dead_or_silent(Some(Duration::from_millis(250))) != ["B"] {
             assert!(t.elapsed() < Duration::from_secs(5), "B not found silent");
             thread::sleep(Duration::from_millis(10));
         }
+        // Silence alone is not death when the caller does not ask about it.
+        assert!(server.dead_or_silent(None).is_empty());
         // Spliced out: told to stop, no failure, its death and its reports ignored.
         server.exclude("B");
         assert!(server.is_excluded("B"));

@@ -759,14 +759,17 @@ impl<'a> NodeRun<'a> {
         })
     }
 
-    /// The source, healing: relays that died (control connection closed without a report) or
-    /// froze (silent for `timeout_ms`) and are not spliced out yet.
-    fn newly_dead(&self) -> Vec<String> {
+    /// The source, healing: relays that died (control connection closed without a report)
+    /// or, with `silent_too`, froze (silent for `timeout_ms`), not spliced out yet. The data
+    /// loop asks about silence only once the transfer itself stalled for half `timeout_ms`
+    /// (a frozen relay stops the source within a ring's time): a live relay whose heartbeat
+    /// was merely late on a loaded host is not cut out while chunks still flow.
+    fn newly_dead(&self, silent_too: bool) -> Vec<String> {
         let Some(server) = &self.server else {
             return Vec::new();
         };
         server
-            .dead_or_silent(self.timeout)
+            .dead_or_silent(silent_too.then_some(self.timeout))
             .into_iter()
             .filter(|n| self.cfg.healable(n) && !self.dead.contains(n))
             .collect()
@@ -877,7 +880,7 @@ impl<'a> NodeRun<'a> {
                 if missing.is_empty() {
                     break held;
                 }
-                newly = self.newly_dead();
+                newly = self.newly_dead(true);
                 if newly.is_empty() && Instant::now() >= deadline {
                     return Err(Fail::at(
                         &missing[0],
@@ -936,7 +939,7 @@ impl<'a> NodeRun<'a> {
                 while newly.is_empty() && Instant::now() < deadline {
                     thread::sleep(Duration::from_millis(50));
                     self.check_outside(true)?;
-                    newly = self.newly_dead();
+                    newly = self.newly_dead(true);
                 }
                 if newly.is_empty() {
                     return Err(f);
@@ -1855,7 +1858,7 @@ impl<'a> NodeRun<'a> {
             }
             let mut restart_from = None;
             if is_source && mendable {
-                let newly = self.newly_dead();
+                let newly = self.newly_dead(last_activity.elapsed() >= self.timeout / 2);
                 let gone = self.gone_sinks();
                 if !newly.is_empty() || !gone.is_empty() {
                     restart_from = Some(self.heal(newly, gone, next_in, pd, init, &mut retired)?);
