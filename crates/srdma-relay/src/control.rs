@@ -769,6 +769,8 @@ pub struct Heard {
 pub struct Client {
     writer: Mutex<TcpStream>,
     heard: Arc<(Mutex<Heard>, Condvar)>,
+    /// The epoch of the last `halt` heard, for a check without the lock.
+    halt_epoch: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Client {
@@ -791,12 +793,15 @@ impl Client {
         let reader = stream.try_clone()?;
         let heard = Arc::new((Mutex::new(Heard::default()), Condvar::new()));
         let h2 = Arc::clone(&heard);
+        let halt_epoch = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let e2 = Arc::clone(&halt_epoch);
         thread::Builder::new()
             .name("relay-control".into())
-            .spawn(move || listen(reader, &h2))?;
+            .spawn(move || listen(reader, &h2, &e2))?;
         let c = Client {
             writer: Mutex::new(stream),
             heard,
+            halt_epoch,
         };
         c.send(&Msg::Hello { node: node.into() });
         Ok(c)
@@ -805,6 +810,11 @@ impl Client {
     /// Sends a message (errors ignored: a lost source shows up in [`Client::heard`]).
     pub fn send(&self, msg: &Msg) {
         let _ = lock(&self.writer).write_all(&msg.line());
+    }
+
+    /// The epoch of the last `halt` heard (0: none), without taking the lock.
+    pub fn halt_epoch(&self) -> u64 {
+        self.halt_epoch.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// What the source said so far.
@@ -877,7 +887,11 @@ impl Drop for Client {
     }
 }
 
-fn listen(stream: TcpStream, heard: &Arc<(Mutex<Heard>, Condvar)>) {
+fn listen(
+    stream: TcpStream,
+    heard: &Arc<(Mutex<Heard>, Condvar)>,
+    halt_epoch: &std::sync::atomic::AtomicU64,
+) {
     let (m, cv) = &**heard;
     let mut reader = BufReader::new(stream);
     let mut line = String::new();
@@ -905,7 +919,10 @@ fn listen(stream: TcpStream, heard: &Arc<(Mutex<Heard>, Condvar)>) {
                 h.rewind_dead = dead;
                 h.rewinds += 1;
             }
-            Msg::Halt { epoch, dead } => h.halt = Some((epoch, dead)),
+            Msg::Halt { epoch, dead } => {
+                halt_epoch.fetch_max(epoch, std::sync::atomic::Ordering::Release);
+                h.halt = Some((epoch, dead));
+            }
             _ => {}
         }
         cv.notify_all();

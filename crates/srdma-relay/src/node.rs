@@ -52,6 +52,9 @@ const K_CREDIT_SEND: u64 = 4 << 56;
 const KIND_MASK: u64 = 0xFF << 56;
 const SEQ_MASK: u64 = (1 << 40) - 1;
 
+/// How often the source asks the control channel whether a node died.
+const CHECK_EVERY: Duration = Duration::from_millis(5);
+
 /// Magic of the ring descriptor a child sends as the CM REP's private data.
 const RING_MAGIC: &[u8; 4] = b"SRR1";
 
@@ -424,8 +427,7 @@ impl<'a> NodeRun<'a> {
     fn halted(&self) -> bool {
         self.client
             .as_ref()
-            .and_then(|c| c.heard().halt)
-            .is_some_and(|(e, _)| e > self.epoch)
+            .is_some_and(|c| c.halt_epoch() > self.epoch)
     }
 
     fn status(&self, msg: &str) {
@@ -1493,6 +1495,7 @@ impl<'a> NodeRun<'a> {
         let mut lost_why = String::new();
         // The source, healing: when it first saw a child's connection fail.
         let mut suspect: Option<(Instant, Fail)> = None;
+        let mut checked = Instant::now();
         let now = Instant::now();
         let mut ring: Vec<Slot> = vec![
             Slot {
@@ -1857,7 +1860,10 @@ impl<'a> NodeRun<'a> {
                 }
             }
             let mut restart_from = None;
-            if is_source && mendable {
+            // The source asks the control channel about deaths every few milliseconds (it
+            // takes a lock), at once when a child's link failed.
+            if is_source && mendable && (suspect.is_some() || checked.elapsed() >= CHECK_EVERY) {
+                checked = Instant::now();
                 let newly = self.newly_dead(last_activity.elapsed() >= self.timeout / 2);
                 let gone = self.gone_sinks();
                 if !newly.is_empty() || !gone.is_empty() {
