@@ -337,6 +337,8 @@ struct NodeRun<'a> {
     healed: Vec<Healed>,
     /// The binomial pipeline's partners.
     peers: Vec<mesh::Peer>,
+    /// The binomial pipeline: who sent the chunk being processed (for messages).
+    chunk_from: Option<&'a str>,
 }
 
 fn mtu_of(v: u32) -> Mtu {
@@ -409,6 +411,7 @@ impl<'a> NodeRun<'a> {
             heal_again: 0,
             healed: Vec::new(),
             peers: Vec::new(),
+            chunk_from: None,
         }
     }
 
@@ -416,8 +419,12 @@ impl<'a> NodeRun<'a> {
         &self.me.name
     }
 
-    /// The parent: the nearest ancestor not spliced out.
+    /// The parent: the nearest ancestor not spliced out (in the binomial pipeline: the
+    /// partner the chunk being processed came from).
     fn parent_name(&self) -> &'a str {
+        if let Some(from) = self.chunk_from {
+            return from;
+        }
         self.cfg
             .live_parent(&self.me.name, &self.dead)
             .map_or("?", |n| n.name.as_str())

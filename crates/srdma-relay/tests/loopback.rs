@@ -861,3 +861,50 @@ fn a_sink_killed_in_a_binomial_pipeline_is_reported() {
         assert!(rep.sinks[n].bytes < 64 << 20, "{rep:?}");
     }
 }
+
+/// A bit flipped in a binomial pipeline (the `flip_bit_at_seq` knob at sink C) is caught by
+/// C's checks before C writes it: C fails naming itself and the partner the chunk came from,
+/// and its object is not committed.
+#[test]
+fn a_flipped_bit_in_a_binomial_pipeline_is_caught() {
+    let d = Scratch::new("binomial-flip");
+    let mut text = "[transfer]\nchunk_size = \"256KiB\"\nslots = 4\ntimeout_ms = 3000\ntopology = \"binomial\"\n"
+        .to_string()
+        + &node("A", "127.0.65.1", "source", None, "source = \"gen:8MiB\"");
+    for (i, n) in ["B", "C", "D"].iter().enumerate() {
+        let out = d.path(&format!("out-{n}.bin"));
+        let flip = if *n == "C" {
+            "\nflip_bit_at_seq = 5"
+        } else {
+            ""
+        };
+        text += &node(
+            n,
+            &format!("127.0.65.{}", i + 2),
+            "sink",
+            None,
+            &format!(
+                "sink = \"file:{}\"\nstages = [\"verify\"]{flip}",
+                out.display()
+            ),
+        );
+    }
+    let (p, cfg) = d.config(&text);
+    let r = run(&p, &cfg);
+    let c = report(&r, "C");
+    assert!(!c.ok, "{c:?}");
+    let err = c.error.as_deref().unwrap_or_default();
+    assert!(
+        err.contains("chunk 5 corrupt, caught at C (received from "),
+        "{err}"
+    );
+    assert!(!err.contains("from ?"), "{err}");
+    assert!(
+        !d.path("out-C.bin").exists(),
+        "C committed a corrupt object"
+    );
+    let a = report(&r, "A");
+    assert!(!a.ok);
+    assert_eq!(a.failed_hop.as_deref(), Some("C"), "{a:?}");
+    assert!(!a.sinks["C"].committed, "{a:?}");
+}

@@ -46,6 +46,8 @@ struct MSlot {
     pending: u32,
     len: usize,
     arrived: Instant,
+    /// The rank it came from.
+    from: usize,
 }
 
 /// The 64-bit number whose low 32 bits are `imm`, at or above `base` (and less than 2^32
@@ -288,6 +290,7 @@ impl NodeRun<'_> {
                 pending: 0,
                 len: 0,
                 arrived: now,
+                from: 0,
             };
             slots
         ];
@@ -406,6 +409,7 @@ impl NodeRun<'_> {
                             pending: 0,
                             len: wc.byte_len as usize,
                             arrived,
+                            from: from_rank,
                         };
                         for k in kids {
                             if let Some(i) = peer_of_rank(&self.peers, k) {
@@ -444,6 +448,7 @@ impl NodeRun<'_> {
                         pending: 0,
                         len,
                         arrived: t,
+                        from: me,
                     };
                     for k in kids {
                         if let Some(i) = peer_of_rank(&self.peers, k) {
@@ -517,6 +522,7 @@ impl NodeRun<'_> {
                     if let Some(t) = paced(throttle_clock, sl.len) {
                         throttle_clock = t;
                     }
+                    self.chunk_from = self.cfg.nodes.get(sl.from).map(|n| n.name.as_str());
                     let (_, data, is_eot) = self.process(buf, s, sl.seq, sl.len)?;
                     if is_eot {
                         eot = Some(sl.seq);
