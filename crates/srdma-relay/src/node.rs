@@ -1028,20 +1028,7 @@ impl<'a> NodeRun<'a> {
                 continue;
             }
             if h.rewinds <= self.rewinds_seen {
-                if let Some((hop, err)) = h.abort {
-                    return Err(Fail {
-                        msg: format!("the source stopped the transfer: {err}"),
-                        hop,
-                        primary: false,
-                    });
-                }
-                if h.lost {
-                    let src = &self.cfg.source().name;
-                    return Err(Fail::blame(
-                        src,
-                        format!("lost the control connection to the source {src}"),
-                    ));
-                }
+                self.source_said(&h)?;
                 let p = self.parent_name().to_string();
                 return Err(Fail::blame(
                     &p,
@@ -1330,46 +1317,7 @@ impl<'a> NodeRun<'a> {
         init: &QpInit,
         deadline: Instant,
     ) -> R<()> {
-        let addr: SocketAddr = child.cm_addr();
-        let mut last_err = String::new();
-        let conn = loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if self.halted() {
-                return Err(Fail::blame(
-                    &child.name,
-                    "the source halted the transfer again",
-                ));
-            }
-            if left.is_zero() {
-                return Err(Fail::at(
-                    &child.name,
-                    format!(
-                        "cannot reach {} at {addr} (its CM port) within {} ms: {last_err}",
-                        child.name,
-                        self.timeout.as_millis()
-                    ),
-                ));
-            }
-            let opts = ConnectOptions {
-                private_data: self.me.name.as_bytes().to_vec(),
-                timeout: left.min(Duration::from_secs(2)),
-                ack_timeout: ack_timeout_for(self.timeout),
-                ..ConnectOptions::default()
-            };
-            match cm::connect(dev, pd, addr, init, &opts) {
-                Ok(c) => break c,
-                Err(e @ CmError::Rejected { .. }) => {
-                    return Err(Fail::at(
-                        &child.name,
-                        format!("{} at {addr} refused the connection: {e}", child.name),
-                    ));
-                }
-                Err(e) => {
-                    last_err = e.to_string();
-                    thread::sleep(Duration::from_millis(50));
-                }
-            }
-        };
+        let conn = self.cm_connect(child, dev, pd, init, self.me.name.as_bytes(), deadline)?;
         let ring = Ring::decode(conn.remote_private_data()).ok_or_else(|| {
             Fail::at(
                 &child.name,
@@ -1427,6 +1375,78 @@ impl<'a> NodeRun<'a> {
         "?".into()
     }
 
+    /// Fails when the source stopped the transfer or its control connection is gone.
+    fn source_said(&self, h: &control::Heard) -> R<()> {
+        if let Some((hop, err)) = &h.abort {
+            return Err(Fail {
+                msg: format!("the source stopped the transfer: {err}"),
+                hop: hop.clone(),
+                primary: false,
+            });
+        }
+        if h.lost {
+            let src = &self.cfg.source().name;
+            return Err(Fail::blame(
+                src,
+                format!("lost the control connection to the source {src}"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Connects to `node`'s CM listener with `private_data`, retrying until `deadline` (it may
+    /// start later); a rejection ends it at once.
+    fn cm_connect(
+        &self,
+        node: &Node,
+        dev: &Device,
+        pd: &Pd,
+        init: &QpInit,
+        private_data: &[u8],
+        deadline: Instant,
+    ) -> R<Connection> {
+        let addr: SocketAddr = node.cm_addr();
+        let mut last_err = String::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if self.halted() {
+                return Err(Fail::blame(
+                    &node.name,
+                    "the source halted the transfer again",
+                ));
+            }
+            if left.is_zero() {
+                return Err(Fail::at(
+                    &node.name,
+                    format!(
+                        "cannot reach {} at {addr} (its CM port) within {} ms: {last_err}",
+                        node.name,
+                        self.timeout.as_millis()
+                    ),
+                ));
+            }
+            let opts = ConnectOptions {
+                private_data: private_data.to_vec(),
+                timeout: left.min(Duration::from_secs(2)),
+                ack_timeout: ack_timeout_for(self.timeout),
+                ..ConnectOptions::default()
+            };
+            match cm::connect(dev, pd, addr, init, &opts) {
+                Ok(c) => return Ok(c),
+                Err(e @ CmError::Rejected { .. }) => {
+                    return Err(Fail::at(
+                        &node.name,
+                        format!("{} at {addr} refused the connection: {e}", node.name),
+                    ));
+                }
+                Err(e) => {
+                    last_err = e.to_string();
+                    thread::sleep(Duration::from_millis(50));
+                }
+            }
+        }
+    }
+
     /// Checks what the rest of the transfer says: aborts, lost peers.
     fn check_outside(&self, done_with_parent: bool) -> R<()> {
         if let Some(s) = &self.server {
@@ -1440,21 +1460,7 @@ impl<'a> NodeRun<'a> {
             }
         }
         if let Some(c) = &self.client {
-            let h = c.heard();
-            if let Some((hop, err)) = h.abort {
-                return Err(Fail {
-                    msg: format!("the source stopped the transfer: {err}"),
-                    hop,
-                    primary: false,
-                });
-            }
-            if h.lost {
-                let src = &self.cfg.source().name;
-                return Err(Fail::blame(
-                    src,
-                    format!("lost the control connection to the source {src}"),
-                ));
-            }
+            self.source_said(&c.heard())?;
         }
         if let Some((_, down)) = &self.parent {
             if !done_with_parent && down.load(Ordering::Acquire) {

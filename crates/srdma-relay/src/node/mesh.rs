@@ -119,42 +119,9 @@ impl NodeRun<'_> {
         let partners = sched.partners(me);
         for &r in partners.iter().filter(|&&r| r > me) {
             let node = &self.cfg.nodes[r];
-            let addr = node.cm_addr();
-            let mut last_err = String::new();
-            let conn = loop {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Err(Fail::at(
-                        &node.name,
-                        format!(
-                            "cannot reach {} at {addr} (its CM port) within {} ms: {last_err}",
-                            node.name,
-                            self.timeout.as_millis()
-                        ),
-                    ));
-                }
-                let mut private_data = my_ring.encode();
-                private_data.extend(self.me.name.as_bytes());
-                let opts = ConnectOptions {
-                    private_data,
-                    timeout: left.min(Duration::from_secs(2)),
-                    ack_timeout: ack_timeout_for(self.timeout),
-                    ..ConnectOptions::default()
-                };
-                match cm::connect(dev, pd, addr, init, &opts) {
-                    Ok(c) => break c,
-                    Err(e @ CmError::Rejected { .. }) => {
-                        return Err(Fail::at(
-                            &node.name,
-                            format!("{} at {addr} refused the connection: {e}", node.name),
-                        ));
-                    }
-                    Err(e) => {
-                        last_err = e.to_string();
-                        thread::sleep(Duration::from_millis(50));
-                    }
-                }
-            };
+            let mut private_data = my_ring.encode();
+            private_data.extend(self.me.name.as_bytes());
+            let conn = self.cm_connect(node, dev, pd, init, &private_data, deadline)?;
             let ring = self.check_ring(&node.name, conn.remote_private_data())?;
             self.post_peer_receives(conn.qp(), self.peers.len())?;
             let conn = Arc::new(conn);
@@ -269,6 +236,29 @@ impl NodeRun<'_> {
         Ok(ring)
     }
 
+    /// Chunk `seq` (`len` bytes, from rank `from`) is in its slot: queues it for the partners
+    /// in `kids` and returns the slot's state.
+    fn ready(&mut self, seq: u64, len: usize, from: usize, kids: &[usize]) -> MSlot {
+        let arrived = Instant::now();
+        self.first_chunk.get_or_insert(arrived);
+        let mut waiting = 0;
+        for &k in kids {
+            if let Some(p) = self.peers.iter_mut().find(|p| p.rank == k) {
+                p.queue.insert(seq);
+                waiting += 1;
+            }
+        }
+        MSlot {
+            seq,
+            have: true,
+            waiting,
+            pending: 0,
+            len,
+            arrived,
+            from,
+        }
+    }
+
     /// Runs the pipeline to the end of the transfer (see the module documentation).
     #[allow(clippy::too_many_lines)]
     pub(super) fn mesh_loop(
@@ -311,7 +301,6 @@ impl NodeRun<'_> {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(2000),
         );
-        let peer_of_rank = |peers: &[Peer], r: usize| peers.iter().position(|p| p.rank == r);
         // The schedule repeats: this node's children per chunk, computed once.
         let period = sched.period();
         let kids_of: Vec<Vec<usize>> = (0..period).map(|k| sched.children(me, k)).collect();
@@ -399,23 +388,7 @@ impl NodeRun<'_> {
                                 ),
                             ));
                         }
-                        let arrived = Instant::now();
-                        self.first_chunk.get_or_insert(arrived);
-                        let kids = children(seq).clone();
-                        ring[s] = MSlot {
-                            seq,
-                            have: true,
-                            waiting: kids.len() as u32,
-                            pending: 0,
-                            len: wc.byte_len as usize,
-                            arrived,
-                            from: from_rank,
-                        };
-                        for k in kids {
-                            if let Some(i) = peer_of_rank(&self.peers, k) {
-                                self.peers[i].queue.insert(seq);
-                            }
-                        }
+                        ring[s] = self.ready(seq, wc.byte_len as usize, from_rank, children(seq));
                     }
                     K_MESH_SEND => {
                         inflight = inflight.saturating_sub(1);
@@ -438,23 +411,7 @@ impl NodeRun<'_> {
                     let seq = next_fill;
                     let s = (seq % w) as usize;
                     let (len, data, is_eot) = self.fill(src, buf, s, seq, false)?;
-                    let t = Instant::now();
-                    self.first_chunk.get_or_insert(t);
-                    let kids = children(seq).clone();
-                    ring[s] = MSlot {
-                        seq,
-                        have: true,
-                        waiting: kids.len() as u32,
-                        pending: 0,
-                        len,
-                        arrived: t,
-                        from: me,
-                    };
-                    for k in kids {
-                        if let Some(i) = peer_of_rank(&self.peers, k) {
-                            self.peers[i].queue.insert(seq);
-                        }
-                    }
+                    ring[s] = self.ready(seq, len, me, children(seq));
                     if is_eot {
                         eot = Some(seq);
                         src.done = true;
