@@ -297,7 +297,11 @@ impl Shared {
         }
         if now >= st.stats_next {
             st.stats_next = now + STATS_EVERY.as_nanos() as u64;
-            publish_stats(&mut st);
+            let pending = publish_stats(&mut st);
+            drop(st);
+            if let Some(p) = pending {
+                p.commit();
+            }
         }
     }
 
@@ -599,19 +603,16 @@ fn capture_epoch() -> u64 {
     })
 }
 
-/// Refreshes the device's published statistics (at most once a second).
-fn publish_stats(st: &mut State) {
-    if st.stats.is_none() {
-        return;
-    }
+/// The device's published statistics to refresh (at most once a second): the caller writes
+/// them once it released the device's lock.
+fn publish_stats(st: &mut State) -> Option<crate::stats::Pending> {
+    st.stats.as_ref()?;
     let mut qp = srdma_proto::Counters::default();
     for s in st.qps.values() {
         qp += *s.qp.counters();
     }
     let dev = st.counters;
-    if let Some(p) = st.stats.as_mut() {
-        p.maybe_write(&dev, &qp, Instant::now());
-    }
+    st.stats.as_mut()?.maybe_write(&dev, &qp, Instant::now())
 }
 
 /// Keeps `next_timer` (the earliest timer an application's poll must run) at or before the
@@ -708,10 +709,14 @@ fn progress(shared: &Shared) {
         if let Some(w) = st.capture.as_mut() {
             let _ = w.flush();
         }
-        publish_stats(&mut st);
+        let pending = publish_stats(&mut st);
         // A rate-limited refresh is pending: come back for it even if nothing else happens.
         if let Some(d) = st.stats.as_ref().and_then(|p| p.due_in(Instant::now())) {
             timeout = Some(timeout.map_or(d, |t| t.min(d)));
+        }
+        drop(st);
+        if let Some(p) = pending {
+            p.commit();
         }
     }
 }

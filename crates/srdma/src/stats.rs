@@ -29,9 +29,12 @@
 //! cannot be read), so a file is not mistaken for a live device once its pid is reused. The
 //! device counters come first, then the sum of the QP transport counters, each in the order
 //! of its `entries()`. Files are written to a temporary name and renamed, so a reader never
-//! sees half a file. The device writes at open, then from its progress thread at most once a
-//! second, and removes the file when it closes; files of processes that died without closing
-//! are removed by the next reader.
+//! sees half a file. The device writes at open, then at most once a second, and removes the
+//! file when it closes; files of processes that died without closing are removed by the next
+//! reader. The counters are read under the device's lock, but the file is written after it
+//! is released ([`Publisher::maybe_write`] returns a [`Pending`] write): a file system call
+//! can take a millisecond, and a packet that arrives meanwhile (a connection's REQ after an
+//! idle second, say) must not wait for it.
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -52,6 +55,32 @@ const SYSTEM_DIR: &str = "/run/srdma";
 
 /// Devices this process has published, for unique file names.
 static SEQ: AtomicU64 = AtomicU64::new(0);
+/// Writes this process started, for unique temporary names (two threads may write at once).
+static WRITES: AtomicU64 = AtomicU64::new(0);
+
+/// A statistics file to write once the device's lock is released.
+#[derive(Debug)]
+#[must_use = "the file is written by `commit`"]
+pub(crate) struct Pending {
+    path: PathBuf,
+    tmp: PathBuf,
+    text: String,
+}
+
+impl Pending {
+    /// Writes the file atomically (a temporary file, then rename). False on any I/O error.
+    pub(crate) fn commit(self) -> bool {
+        if std::fs::write(&self.tmp, &self.text).is_err() {
+            let _ = std::fs::remove_file(&self.tmp);
+            return false;
+        }
+        if std::fs::rename(&self.tmp, &self.path).is_err() {
+            let _ = std::fs::remove_file(&self.tmp);
+            return false;
+        }
+        true
+    }
+}
 
 /// Publishes one device's counters while it is open; removes its file when dropped.
 #[derive(Debug)]
@@ -89,7 +118,7 @@ impl Publisher {
             .map(|c| if c.is_control() { '?' } else { c })
             .collect();
         let _ = writeln!(header, "name {name}\nlocal {local}");
-        let mut p = Publisher {
+        let p = Publisher {
             path: dir.join(format!("{pid}-{n}{SUFFIX}")),
             tmp: dir.join(format!(".{pid}-{n}.tmp")),
             header,
@@ -97,38 +126,39 @@ impl Publisher {
             written: Default::default(),
             dirty: false,
         };
-        p.write(
+        p.render(
             &DeviceCounters::default(),
             &srdma_proto::Counters::default(),
         )
+        .commit()
         .then_some(p)
     }
 
-    /// Rewrites the file if the last write is older than a second (the first call always
-    /// writes); unchanged counters are not rewritten.
+    /// The file to rewrite, if the last write is older than a second (the first call always
+    /// writes); unchanged counters are not rewritten. The caller commits it, outside the
+    /// device's lock. A write that fails is not retried until the counters change again: the
+    /// device does not depend on it.
     pub(crate) fn maybe_write(
         &mut self,
         dev: &DeviceCounters,
         qp: &srdma_proto::Counters,
         now: Instant,
-    ) {
+    ) -> Option<Pending> {
         let changed = (*dev, *qp) != self.written;
         if self.last.is_some() && !changed {
-            return;
+            return None;
         }
         if self
             .last
             .is_some_and(|t| now.saturating_duration_since(t) < MIN_INTERVAL)
         {
             self.dirty = true;
-            return;
+            return None;
         }
-        // A failed write is retried at the next wake-up: the device does not depend on it.
-        if self.write(dev, qp) {
-            self.last = Some(now);
-            self.written = (*dev, *qp);
-            self.dirty = false;
-        }
+        self.last = Some(now);
+        self.written = (*dev, *qp);
+        self.dirty = false;
+        Some(self.render(dev, qp))
     }
 
     /// How long until a call to [`maybe_write`](Publisher::maybe_write) would publish
@@ -145,21 +175,20 @@ impl Publisher {
         Some(MIN_INTERVAL.saturating_sub(since))
     }
 
-    /// Writes the file atomically (temporary file, then rename). False on any I/O error.
-    fn write(&mut self, dev: &DeviceCounters, qp: &srdma_proto::Counters) -> bool {
+    /// The file's contents for these counters, to write under a temporary name of its own.
+    fn render(&self, dev: &DeviceCounters, qp: &srdma_proto::Counters) -> Pending {
         let mut text = self.header.clone();
         for (k, v) in dev.entries().into_iter().chain(qp.entries()) {
             let _ = writeln!(text, "counter {k} {v}");
         }
-        if std::fs::write(&self.tmp, text).is_err() {
-            let _ = std::fs::remove_file(&self.tmp);
-            return false;
+        let k = WRITES.fetch_add(1, Ordering::Relaxed);
+        let mut tmp = self.tmp.clone().into_os_string();
+        tmp.push(format!(".{k}"));
+        Pending {
+            path: self.path.clone(),
+            tmp: tmp.into(),
+            text,
         }
-        if std::fs::rename(&self.tmp, &self.path).is_err() {
-            let _ = std::fs::remove_file(&self.tmp);
-            return false;
-        }
-        true
     }
 }
 
@@ -454,19 +483,25 @@ mod tests {
             rdma_sends: 3,
             ..srdma_proto::Counters::default()
         };
-        p.maybe_write(&dev, &qp, t0);
+        assert!(p.maybe_write(&dev, &qp, t0).is_some_and(Pending::commit));
         assert_eq!(read(), 5, "the first call writes at once");
         let live = live_devices_in(std::slice::from_ref(&*dir));
         assert_eq!(counter(&live[0], "rdma_sends"), 3);
         dev.rx_datagrams = 6;
-        p.maybe_write(&dev, &qp, t0 + Duration::from_millis(999));
+        assert!(
+            p.maybe_write(&dev, &qp, t0 + Duration::from_millis(999))
+                .is_none()
+        );
         assert_eq!(read(), 5, "rate-limited");
         qp.rdma_sends = 4;
         assert_eq!(
             p.due_in(t0 + Duration::from_millis(999)),
             Some(Duration::from_millis(1))
         );
-        p.maybe_write(&dev, &qp, t0 + Duration::from_secs(1));
+        assert!(
+            p.maybe_write(&dev, &qp, t0 + Duration::from_secs(1))
+                .is_some_and(Pending::commit)
+        );
         assert_eq!(read(), 6);
         assert_eq!(p.due_in(t0 + Duration::from_secs(1)), None);
         let live = live_devices_in(std::slice::from_ref(&*dir));
@@ -475,7 +510,10 @@ mod tests {
         let file = dir.join(&files(&dir)[0]);
         let before = std::fs::metadata(&file).unwrap().modified().unwrap();
         std::thread::sleep(Duration::from_millis(20));
-        p.maybe_write(&dev, &qp, t0 + Duration::from_secs(5));
+        assert!(
+            p.maybe_write(&dev, &qp, t0 + Duration::from_secs(5))
+                .is_none()
+        );
         assert_eq!(
             std::fs::metadata(&file).unwrap().modified().unwrap(),
             before
