@@ -9,10 +9,10 @@
 //! | node → source | `hello` | `node` | first, after connecting |
 //! | node → source | `resume` | `node`, `from`, `note` | a sink, right after `hello`, when some sink of the configuration resumes: the first chunk it lacks |
 //! | source → node | `start` | `from` | when every sink sent `resume`: the chunk the transfer starts at |
-//! | source → relay | `rewind` | `from`, `dead`, `epoch` | a restarted sink came back, or after `halt`: set the rings up again from chunk `from`, the nodes in `dead` spliced out |
+//! | source → node | `rewind` | `from`, `dead`, `epoch` | after `halt` (every node that answered): set the rings up again from chunk `from`, the nodes in `dead` spliced out |
 //! | source → node | `halt` | `epoch`, `dead` | a relay died or froze: drop every connection, answer `held` |
 //! | node → source | `held` | `node`, `epoch`, `next` | after `halt`: connections dropped; a sink's first missing chunk |
-//! | node → source | `progress` | `node`, `bytes`, `chunks` | every 200 ms (the source takes a node silent for `timeout_ms` as frozen) |
+//! | node → source | `progress` | `node`, `bytes`, `chunks` | every 200 ms (a relay silent for `timeout_ms` while the transfer stalls is taken as frozen) |
 //! | node → source | `final` | `node`, `ok`, `bytes`, `committed`, `error`, `failed_hop`, `primary` | once, when the node's part ended |
 //! | source → node | `abort` | `failed_hop`, `error` | at once, when anything failed |
 //! | source → node | `verdict` | `ok`, `error`, `failed_hop`, `sinks` | when every node reported (or was found dead, or the time ran out) |
@@ -32,7 +32,7 @@
 //! answered a `halt`.
 //!
 //! Healing ([`crate::config::Config::healable`]): the relays are rejoinable too. When one dies
-//! (its control connection closes) or freezes (silent for `timeout_ms`), the source
+//! (its control connection closes) or freezes (silent for `timeout_ms`, the transfer stalled), the source
 //! [excludes](Server::exclude) it, sends `halt` to everyone else, waits for every `held`, and
 //! sends `rewind` from the smallest chunk a sink lacks, with the dead spliced out of the tree.
 
