@@ -32,7 +32,7 @@
 //! sees half a file. The device writes at open, then at most once a second, and removes the
 //! file when it closes; files of processes that died without closing are removed by the next
 //! reader. The counters are read under the device's lock, but the file is written after it
-//! is released ([`Publisher::maybe_write`] returns a [`Pending`] write): a file system call
+//! is released (the publisher hands back a pending write to commit): a file system call
 //! can take a millisecond, and a packet that arrives meanwhile (a connection's REQ after an
 //! idle second, say) must not wait for it.
 
