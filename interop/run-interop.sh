@@ -114,28 +114,29 @@ selected dropin-ud-server && { scenario dropin-ud-server \
 selected dropin-srq-client && { scenario dropin-srq-client \
   "retry 80 0.5 ibv_srq_pingpong -d rxe0 -g 1 -n $ITERS -s 4096 10.77.0.1" \
   "$EXEC ibv_srq_pingpong -g 1 -n $ITERS -s 4096" || fail=1; }
+# Every perftest run in the guest uses -u 18 (a 1.07 s QP timeout, not the default -u 14's
+# 67 ms): a TCG guest starved of the CPU for longer than the timeout lets rxe's retransmit timer
+# fire before it processes an ACK that already arrived, and it resends a message srdma had
+# acknowledged (seen with ib_write_bw and ib_send_lat: completer_retry_err +1..4, no NAK on the
+# wire; 3 of 6 runs of dropin-write-bw-client alone). A NAK-driven retry or a lost packet still
+# shows in the counters.
 selected dropin-read-bw-client && { scenario dropin-read-bw-client \
-  "retry 80 0.5 ib_read_bw -d rxe0 -x 1 -s 65536 -n 100 10.77.0.1" \
+  "retry 80 0.5 ib_read_bw -d rxe0 -u 18 -x 1 -s 65536 -n 100 10.77.0.1" \
   "$EXEC ib_read_bw -x 1 -s 65536 -n 100" || fail=1; }
 selected dropin-send-lat-server && { scenario dropin-send-lat-server \
-  "ib_send_lat -d rxe0 -x 1 -s 8 -n 100" \
+  "ib_send_lat -d rxe0 -u 18 -x 1 -s 8 -n 100" \
   "$RUNS/@/retry-host $EXEC ib_send_lat -x 1 -s 8 -n 100 10.77.0.2" || fail=1; }
 selected dropin-ud-client && { scenario dropin-ud-client \
   "retry 80 0.5 ibv_ud_pingpong -d rxe0 -g 1 -n $ITERS -s 1024 10.77.0.1" \
   "$EXEC ibv_ud_pingpong -g 1 -n $ITERS -s 1024" || fail=1; }
 selected dropin-write-bw-server && { scenario dropin-write-bw-server \
-  "ib_write_bw -d rxe0 -x 1 -s 65536 -n 100" \
+  "ib_write_bw -d rxe0 -u 18 -x 1 -s 65536 -n 100" \
   "$RUNS/@/retry-host $EXEC ib_write_bw -x 1 -s 65536 -n 100 10.77.0.2" || fail=1; }
-# The guest's ib_write_bw sends 6400 packets under TCG; a guest starved of the CPU for more
-# than perftest's default QP timeout (-u 14: 67 ms) lets rxe's retransmit timer fire before it
-# processes an ACK that already arrived, and it resends a message srdma acknowledged (seen:
-# completer_retry_err +1..4 in 3 of 6 runs, with no NAK on the wire). -u 18 (1.07 s) keeps that
-# emulation artefact out; a NAK-driven retry or a lost packet still shows in the counters.
 selected dropin-write-bw-client && { scenario dropin-write-bw-client \
   "retry 80 0.5 ib_write_bw -d rxe0 -x 1 -u 18 -s 65536 -n 100 10.77.0.1" \
   "$EXEC ib_write_bw -x 1 -s 65536 -n 100" || fail=1; }
 selected dropin-send-lat-client && { scenario dropin-send-lat-client \
-  "retry 80 0.5 ib_send_lat -d rxe0 -x 1 -s 8 -n 100 10.77.0.1" \
+  "retry 80 0.5 ib_send_lat -d rxe0 -u 18 -x 1 -s 8 -n 100 10.77.0.1" \
   "$EXEC ib_send_lat -x 1 -s 8 -n 100" || fail=1; }
 # rdma_cm's wire protocol: srdma rping --ib-cm (IB CM MADs on QP1) against rdma-core's rping.
 selected ibcm-rping-server-on-rxe && { scenario ibcm-rping-server-on-rxe \
@@ -155,16 +156,16 @@ selected dropin-udaddy-server-on-rxe && { scenario dropin-udaddy-server-on-rxe \
   "udaddy -C 5" \
   "$RUNS/@/retry-host $EXEC udaddy -s 10.77.0.2 -C 5" || fail=1; }
 selected dropin-write-bw-R-client && { scenario dropin-write-bw-R-client \
-  "retry 80 0.5 ib_write_bw -R -d rxe0 -s 65536 -n 100 10.77.0.1" \
+  "retry 80 0.5 ib_write_bw -R -d rxe0 -u 18 -s 65536 -n 100 10.77.0.1" \
   "$EXEC ib_write_bw -R -s 65536 -n 100" || fail=1; }
 selected dropin-write-bw-R-server && { scenario dropin-write-bw-R-server \
-  "ib_write_bw -R -d rxe0 -s 65536 -n 100" \
+  "ib_write_bw -R -d rxe0 -u 18 -s 65536 -n 100" \
   "$RUNS/@/retry-host $EXEC ib_write_bw -R -s 65536 -n 100 10.77.0.2" || fail=1; }
 selected dropin-send-lat-R-server && { scenario dropin-send-lat-R-server \
-  "ib_send_lat -R -d rxe0 -s 8 -n 100" \
+  "ib_send_lat -R -d rxe0 -u 18 -s 8 -n 100" \
   "$RUNS/@/retry-host $EXEC ib_send_lat -R -s 8 -n 100 10.77.0.2" || fail=1; }
 selected dropin-send-lat-R-client && { scenario dropin-send-lat-R-client \
-  "retry 80 0.5 ib_send_lat -R -d rxe0 -s 8 -n 100 10.77.0.1" \
+  "retry 80 0.5 ib_send_lat -R -d rxe0 -u 18 -s 8 -n 100 10.77.0.1" \
   "$EXEC ib_send_lat -R -s 8 -n 100" || fail=1; }
 selected dropin-udaddy-client-on-rxe && { scenario dropin-udaddy-client-on-rxe \
   "retry 80 0.5 udaddy -s 10.77.0.1 -C 5" \
@@ -189,7 +190,7 @@ selected gso-rc-server-65536 && { scenario gso-rc-server-65536 \
   "ibv_rc_pingpong -d rxe0 -g 1 -n $ITERS -s 65536 -c" \
   "$RUNS/@/retry-host env SRDMA_GSO=always $SRDMA pingpong --bind 10.77.0.1 -g 1 -n $ITERS -s 65536 -c 10.77.0.2" || fail=1; }
 selected gso-write-bw-server && { scenario gso-write-bw-server \
-  "ib_write_bw -d rxe0 -x 1 -s 65536 -n 100" \
+  "ib_write_bw -d rxe0 -u 18 -x 1 -s 65536 -n 100" \
   "$RUNS/@/retry-host env SRDMA_GSO=always $EXEC ib_write_bw -x 1 -s 65536 -n 100 10.77.0.2" || fail=1; }
 
 # The seed scenario as one C program (tests/c/chain.c): A and B on srdma sharing the host's
