@@ -1857,11 +1857,7 @@ impl<'a> NodeRun<'a> {
                     let from = self.rewind(&why, l, pd, init, buf, &mut retired, next)?;
                     self.dup_below = self.dup_below.max(next_in);
                     lost = false;
-                    for sl in ring.iter_mut() {
-                        sl.busy = false;
-                        sl.processed = false;
-                        sl.pending = 0;
-                    }
+                    clear(&mut ring);
                     next_in = from;
                     next_release = from;
                     eot = None;
@@ -1887,11 +1883,7 @@ impl<'a> NodeRun<'a> {
             if let Some(from) = restart_from {
                 lost = false;
                 self.resend_until = self.resend_until.max(next_in);
-                for sl in ring.iter_mut() {
-                    sl.busy = false;
-                    sl.processed = false;
-                    sl.pending = 0;
-                }
+                clear(&mut ring);
                 next_in = from;
                 next_release = from;
                 eot = None;
@@ -2755,6 +2747,15 @@ impl<'a> NodeRun<'a> {
         }
         let code = if report.ok { 0 } else { 1 };
         Outcome { report, code }
+    }
+}
+
+/// Empties a ring whose connections were set up again: every slot is free.
+fn clear(ring: &mut [Slot]) {
+    for sl in ring {
+        sl.busy = false;
+        sl.processed = false;
+        sl.pending = 0;
     }
 }
 

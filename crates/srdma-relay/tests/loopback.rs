@@ -494,12 +494,18 @@ fn wait_progress(rx: &std::sync::mpsc::Receiver<String>, bytes: u64, seen: &mut 
     }
 }
 
-fn signal(c: &Child, sig: &str) {
-    let ok = Command::new("kill")
-        .args([sig, &c.id().to_string()])
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(ok, "kill {sig} {}", c.id());
+/// Sends `sig` to a child that has not been waited for (no `kill` binary needed).
+fn signal(c: &Child, sig: libc::c_int) {
+    let pid = libc::pid_t::try_from(c.id()).expect("pid fits pid_t");
+    // SAFETY: kill has no memory preconditions; the child is not reaped yet, so the pid is
+    // still this child's.
+    let r = unsafe { libc::kill(pid, sig) };
+    assert_eq!(
+        r,
+        0,
+        "kill({pid}, {sig}): {}",
+        std::io::Error::last_os_error()
+    );
 }
 
 /// A → B → C → D → E (three relays): B is killed (SIGKILL) and later D frozen (SIGSTOP)
@@ -549,9 +555,9 @@ fn relays_that_die_or_freeze_are_healed_around() {
     let e_rx = lines_of(procs.get_mut("E").unwrap());
     let mut e_lines = Vec::new();
     wait_progress(&e_rx, 4 << 20, &mut e_lines);
-    signal(&procs["B"], "-KILL");
+    signal(&procs["B"], libc::SIGKILL);
     wait_progress(&e_rx, 10 << 20, &mut e_lines);
-    signal(&procs["D"], "-STOP");
+    signal(&procs["D"], libc::SIGSTOP);
     let stopped = Instant::now();
     let mut codes = BTreeMap::new();
     for n in ["A", "C", "E"] {
@@ -828,7 +834,7 @@ fn a_sink_killed_in_a_binomial_pipeline_is_reported() {
     let c_rx = lines_of(procs.get_mut("C").unwrap());
     let mut seen = Vec::new();
     wait_progress(&c_rx, 2 << 20, &mut seen);
-    signal(&procs["C"], "-KILL");
+    signal(&procs["C"], libc::SIGKILL);
     let killed = Instant::now();
     for n in ["A", "B", "D"] {
         let ch = procs.get_mut(n).unwrap();
