@@ -775,6 +775,16 @@ fn prepare_workers() {
     });
 }
 
+/// The errno of a connect or accept that failed before its first MAD left (bad options,
+/// a QP that cannot be connected, a full send queue).
+fn cm_errno(e: &CmError) -> c_int {
+    match e {
+        CmError::Verbs(v) => crate::errno_of(v),
+        CmError::PrivateDataTooLong(_) => libc::EINVAL,
+        _ => libc::EIO,
+    }
+}
+
 /// The event for a failed connect or accept, as kernel rdma_cm reports it.
 fn failure(id: usize, e: &CmError, ud: bool) -> Box<Event> {
     match e {
@@ -1428,9 +1438,14 @@ pub unsafe extern "C" fn rdma_connect(
         if let Err(e) = grant_remote_access(me.c.qp, o.responder_resources) {
             return err(e);
         }
+        // The REQ leaves from this thread; a CM worker waits for the REP.
+        let connecting = match ibcm::start_connect(&gsi, &qp, dst, src.port(), srq, &o) {
+            Ok(c) => c,
+            Err(e) => return err(cm_errno(&e)),
+        };
         lock(&me.sh.st).connecting = true;
         let r = run_job(move || {
-            let r = ibcm::connect_qp(&gsi, &qp, dst, src.port(), srq, &o);
+            let r = connecting.finish();
             // The connection holds the QP until the application destroys it.
             drop(qp);
             match r {
@@ -1509,11 +1524,16 @@ pub unsafe extern "C" fn rdma_accept(
                 if let Err(e) = grant_remote_access(me.c.qp, o.responder_resources) {
                     return err(e);
                 }
+                // The REP leaves from this thread; a CM worker waits for the RTU.
+                let accepting = match r.start_accept(&qp, &o) {
+                    Ok(a) => a,
+                    Err(e) => return err(cm_errno(&e)),
+                };
                 lock(&me.sh.st).connecting = true;
                 let idp = me.ptr() as usize;
                 let sh = me.sh.clone();
                 let r = run_job(move || {
-                    let r = r.accept_with(&qp, &o);
+                    let r = accepting.finish();
                     // The connection holds the QP until the application destroys it.
                     drop(qp);
                     match r {

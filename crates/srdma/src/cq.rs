@@ -88,12 +88,16 @@ pub(crate) struct CqInner {
     channel: Option<CompChannel>,
     /// The device whose QPs complete here: a poll that finds too little drives it.
     dev: Weak<crate::engine::Shared>,
-    /// Called (with the device lock held) after every completion: the engine's own users
-    /// (QP1's waiters) wake on it without a completion channel's thread in between.
+    /// Called soon after completions arrived, by the thread that delivered them once it
+    /// released the device lock (see `Shared::run_hooks`): the engine's own users (QP1's
+    /// CM) take their completions without a thread of theirs in between.
     hook: std::sync::OnceLock<Hook>,
+    /// Completions arrived since the hook last ran.
+    hook_due: AtomicBool,
 }
 
-/// A completion hook: cheap, no locks but its own leaf ones (it runs under the device lock).
+/// A completion hook: runs outside the device lock, on the engine's or a polling
+/// application's thread, so it must be quick.
 pub(crate) struct Hook(pub(crate) Box<dyn Fn() + Send + Sync>);
 
 impl std::fmt::Debug for Hook {
@@ -119,6 +123,7 @@ impl Cq {
                 channel,
                 dev,
                 hook: std::sync::OnceLock::new(),
+                hook_due: AtomicBool::new(false),
             }),
         }
     }
@@ -169,18 +174,11 @@ impl Cq {
         }
     }
 
-    /// Up to `max` completions, for the engine's own users (QP1's waiters): the device is
-    /// driven as by a last look before sleeping, so the progress thread does not stand
-    /// aside for the application's polling grace.
-    pub(crate) fn poll_quietly(&self, max: usize) -> Vec<Wc> {
+    /// Up to `max` completions already delivered, for the engine's own users (QP1's CM, fed
+    /// by the CQ's hook): the device is not driven.
+    pub(crate) fn take_quietly(&self, max: usize) -> Vec<Wc> {
         let mut v = Vec::new();
-        let n = self.take(&mut v, max);
-        if n < max {
-            if let Some(dev) = self.inner.dev.upgrade() {
-                dev.drive_from_app(false);
-            }
-            self.take(&mut v, max - n);
-        }
+        self.take(&mut v, max);
         v
     }
 
@@ -212,9 +210,26 @@ impl Cq {
         }
     }
 
-    /// Sets the CQ's completion hook (once).
+    /// Sets the CQ's completion hook (once): the device runs it after completions arrive.
     pub(crate) fn set_hook(&self, f: impl Fn() + Send + Sync + 'static) {
-        let _ = self.inner.hook.set(Hook(Box::new(f)));
+        if self.inner.hook.set(Hook(Box::new(f))).is_ok() {
+            if let Some(dev) = self.inner.dev.upgrade() {
+                dev.add_hooked(Arc::downgrade(&self.inner));
+            }
+        }
+    }
+
+    /// Runs the hook if completions arrived since it last ran; false once the CQ is gone.
+    pub(crate) fn run_hook(cq: &Weak<CqInner>) -> bool {
+        let Some(inner) = cq.upgrade() else {
+            return false;
+        };
+        if inner.hook_due.swap(false, Ordering::AcqRel) {
+            if let Some(h) = inner.hook.get() {
+                (h.0)();
+            }
+        }
+        true
     }
 
     /// True once more completions arrived than the CQ holds (`IBV_EVENT_CQ_ERR`, raised
@@ -252,8 +267,11 @@ impl Cq {
         }
         q.push_back(wc);
         drop(q);
-        if let Some(h) = self.inner.hook.get() {
-            (h.0)();
+        if self.inner.hook.get().is_some() {
+            self.inner.hook_due.store(true, Ordering::Release);
+            if let Some(dev) = self.inner.dev.upgrade() {
+                dev.hooks_due.store(true, Ordering::Release);
+            }
         }
         let mut armed = lock(&self.inner.armed);
         let fire = match *armed {

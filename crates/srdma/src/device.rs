@@ -738,6 +738,21 @@ impl Mr {
         f(unsafe { self.region.bytes() })
     }
 
+    /// [`Mr::read`] without driving the device first: for the engine's own users (QP1's
+    /// CM reads the MADs its CQ hook took in, possibly holding its own lock, and must not
+    /// make the progress thread stand aside as a polling application does).
+    pub(crate) fn read_quietly(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        let _st = self.pd.dev.lock();
+        // SAFETY: the device lock is held for the whole borrow, so the engine cannot write
+        // these bytes concurrently, and no `&mut` to them exists.
+        let b = unsafe { self.region.bytes() };
+        let src = b
+            .get(offset..offset.saturating_add(dst.len()))
+            .ok_or_else(|| range_err(offset, dst.len(), b.len()))?;
+        dst.copy_from_slice(src);
+        Ok(())
+    }
+
     /// Runs `f` on the region's bytes, writable, with the device locked. The same rule as
     /// [`Mr::with_bytes`]: no calls back into the device from `f`.
     pub fn with_bytes_mut<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> R {

@@ -120,6 +120,10 @@ pub(crate) struct Shared {
     pub(crate) stop: AtomicBool,
     pub(crate) epoch: Instant,
     pub(crate) cfg: DeviceConfig,
+    /// The CQs with a completion hook (`Cq::set_hook`).
+    pub(crate) hooked: Mutex<Vec<std::sync::Weak<crate::cq::CqInner>>>,
+    /// Some hooked CQ got completions: whoever releases the device lock next runs the hooks.
+    pub(crate) hooks_due: AtomicBool,
 }
 
 /// Keeps the progress thread alive exactly as long as some handle needs the device.
@@ -250,6 +254,62 @@ impl Shared {
         }
     }
 
+    /// Registers a CQ whose hook [`Shared::run_hooks`] runs.
+    pub(crate) fn add_hooked(&self, cq: std::sync::Weak<crate::cq::CqInner>) {
+        self.hooked
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(cq);
+    }
+
+    /// Runs the hooks of the CQs that got completions, outside the device lock (the hooks
+    /// take it): called by whoever received, right after releasing the lock.
+    pub(crate) fn run_hooks(&self) {
+        thread_local! {
+            /// This thread runs a hook: a hook that drives the device (reading an MR does)
+            /// must not run hooks again; they run when it returns or on the next pass.
+            static IN_HOOK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+        }
+        if !self.hooks_due.load(Ordering::Acquire) || IN_HOOK.with(std::cell::Cell::get) {
+            return;
+        }
+        if !self.hooks_due.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        struct Running;
+        impl Drop for Running {
+            fn drop(&mut self) {
+                IN_HOOK.with(|f| f.set(false));
+            }
+        }
+        IN_HOOK.with(|f| f.set(true));
+        let running = Running;
+        self.run_due_hooks();
+        drop(running);
+        // Completions a hook's own receive pass delivered.
+        if self.hooks_due.load(Ordering::Acquire) {
+            self.run_hooks();
+        }
+    }
+
+    fn run_due_hooks(&self) {
+        let cqs = self
+            .hooked
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let mut gone = false;
+        for cq in &cqs {
+            gone |= !crate::cq::Cq::run_hook(cq);
+        }
+        if gone {
+            self.hooked
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .retain(|w| w.strong_count() > 0);
+        }
+    }
+
     /// Called from an application's CQ poll: drives the device from the caller's thread if no
     /// one else is (the progress thread keeps out while polls keep coming).
     /// `polling`: the caller keeps polling (the thread stands aside for a grace period).
@@ -275,6 +335,7 @@ impl Shared {
             deliver_completions(slot);
         }
         drop(st);
+        self.run_hooks();
         self.raise(crate::AsyncEvent::DeviceFatal);
     }
 
@@ -291,17 +352,29 @@ impl Shared {
             return;
         };
         self.flush_deferred(&mut st);
-        self.receive(&mut st, RX_BUDGET, true);
+        // A last look before sleeping (`!polling`: the CQ is armed) holds nothing back:
+        // no post or poll would follow to send it.
+        self.receive(&mut st, RX_BUDGET, polling);
         if now >= st.next_timer {
             self.run_timers(&mut st);
         }
+        let mut pending = None;
         if now >= st.stats_next {
             st.stats_next = now + STATS_EVERY.as_nanos() as u64;
-            let pending = publish_stats(&mut st);
-            drop(st);
-            if let Some(p) = pending {
-                p.commit();
-            }
+            pending = publish_stats(&mut st);
+        }
+        let held = !st.deferred.is_empty();
+        drop(st);
+        // Held-back ACKs leave with the application's next post or poll; should it make
+        // neither, the progress thread sends them once the polling grace is over. If that
+        // thread sleeps in `poll` (not standing aside), nothing would wake it before the
+        // peer's retransmission timer fires: wake it.
+        if held && self.sleep_until.load(Ordering::Acquire) != 0 {
+            sys::signal(&self.wake);
+        }
+        self.run_hooks();
+        if let Some(p) = pending {
+            p.commit();
         }
     }
 
@@ -715,6 +788,7 @@ fn progress(shared: &Shared) {
             timeout = Some(timeout.map_or(d, |t| t.min(d)));
         }
         drop(st);
+        shared.run_hooks();
         if let Some(p) = pending {
             p.commit();
         }
@@ -777,6 +851,8 @@ pub(crate) fn start(cfg: DeviceConfig, sock: crate::udp::Socket) -> Result<Arc<D
         stop: AtomicBool::new(false),
         epoch: Instant::now(),
         cfg,
+        hooked: Mutex::new(Vec::new()),
+        hooks_due: AtomicBool::new(false),
     });
     let s2 = Arc::clone(&shared);
     let thread = std::thread::Builder::new()

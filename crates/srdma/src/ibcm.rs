@@ -17,10 +17,16 @@
 //! sent again every [`RESEND`], at most [`MAX_SENDS`] times; a duplicate REQ is answered with
 //! the same REP; MRAs are accepted (the wait goes on).
 //!
-//! One [`Gsi`] per device holds QP1. On a UDP port shared by several processes, QP1's
-//! packets reach the port keeper, which forwards each MAD to the process it concerns: REQs by
-//! the service IDs the processes listen on, the rest by communication ID, whose top byte is
-//! the slot of the process that picked it.
+//! One [`Gsi`] per device holds QP1. On a UDP port shared by several processes, the kernel
+//! steers each MAD to the process it concerns (see `portshare`): REQs by the service IDs
+//! the processes listen on, the rest by communication ID, whose top byte is the slot of the
+//! process that picked it.
+//!
+//! MADs are taken in by the thread that received them (the progress thread, or an
+//! application's poll), right after it released the device lock (the CQ's hook), and wake
+//! only the threads waiting for them: a REQ's listener, a connect's or accept's thread, a
+//! connection's. The first REQ of a connect and the first REP of an accept leave from the
+//! caller's thread ([`start_connect`], [`IbRequest::start_accept`]).
 
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
@@ -86,20 +92,54 @@ struct GsiInner {
     cq: Cq,
     mr: Mr,
     state: Mutex<GsiState>,
-    /// Threads waiting for a MAD, each on an eventfd of its own: every completion on QP1's
-    /// CQ (the engine calls the CQ's hook) and every pump that took MADs in wakes them all,
-    /// so a MAD reaches the thread that wants it without another thread in between.
+    /// Threads waiting for a MAD, each on an eventfd of its own. The CQ's hook takes the
+    /// MADs in as they complete (on the thread that received them) and wakes the waiters
+    /// they are for, so a MAD reaches the thread that wants it without another in between.
     waiters: Arc<Waiters>,
 }
 
-/// The eventfds of the threads in [`Gsi::recv`] (and of the GSI thread).
+/// Which MADs wake a waiter: the service ID of a REQ or SIDR_REQ, the communication ID a
+/// reply names as its recipient's (a SIDR_REP's request ID), or the sender's communication
+/// ID of a REQ (an accept waits for duplicates of the REQ it answers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Key {
+    /// Every MAD.
+    Any,
+    Service(u64),
+    Comm(u32),
+    PeerReq(u32),
+}
+
+/// The keys of the waiters `msg` wakes.
+fn keys_of(msg: &CmMsg) -> [Option<Key>; 2] {
+    match msg {
+        CmMsg::Req(r) => [
+            Some(Key::Service(r.service_id)),
+            Some(Key::PeerReq(r.local_comm_id)),
+        ],
+        CmMsg::SidrReq(r) => [Some(Key::Service(r.service_id)), None],
+        CmMsg::SidrRep(r) => [Some(Key::Comm(r.request_id)), None],
+        CmMsg::Mra(m) => [Some(Key::Comm(m.remote_comm_id)), None],
+        CmMsg::Rej(m) => [Some(Key::Comm(m.remote_comm_id)), None],
+        CmMsg::Rep(m) => [Some(Key::Comm(m.remote_comm_id)), None],
+        CmMsg::Rtu(m) => [Some(Key::Comm(m.remote_comm_id)), None],
+        CmMsg::Dreq(m) => [Some(Key::Comm(m.remote_comm_id)), None],
+        CmMsg::Drep(m) => [Some(Key::Comm(m.remote_comm_id)), None],
+    }
+}
+
+/// The threads in [`Gsi::recv`]: an eventfd each, with the keys of the MADs they want.
 #[derive(Default)]
-struct Waiters(Mutex<Vec<Arc<std::os::fd::OwnedFd>>>);
+struct Waiters(Mutex<Vec<(Arc<std::os::fd::OwnedFd>, Vec<Key>)>>);
 
 impl Waiters {
-    fn wake_all(&self) {
-        for fd in lock(&self.0).iter() {
-            crate::sys::signal(fd);
+    /// Wakes the waiters of `msg`.
+    fn wake_for(&self, msg: &CmMsg) {
+        let keys = keys_of(msg);
+        for (fd, want) in lock(&self.0).iter() {
+            if want.contains(&Key::Any) || keys.iter().flatten().any(|k| want.contains(k)) {
+                crate::sys::signal(fd);
+            }
         }
     }
 }
@@ -111,12 +151,12 @@ struct Waiter {
 }
 
 impl Waiter {
-    fn new(all: &Arc<Waiters>) -> Result<Waiter, Error> {
+    fn new(all: &Arc<Waiters>, keys: &[Key]) -> Result<Waiter, Error> {
         let fd = Arc::new(crate::sys::eventfd().map_err(|e| Error::Io {
             context: "eventfd for a QP1 waiter".into(),
             source: e,
         })?);
-        lock(&all.0).push(fd.clone());
+        lock(&all.0).push((fd.clone(), keys.to_vec()));
         Ok(Waiter {
             all: all.clone(),
             fd,
@@ -136,7 +176,7 @@ impl Waiter {
 
 impl Drop for Waiter {
     fn drop(&mut self) {
-        lock(&self.all.0).retain(|f| !Arc::ptr_eq(f, &self.fd));
+        lock(&self.all.0).retain(|(f, _)| !Arc::ptr_eq(f, &self.fd));
     }
 }
 
@@ -178,8 +218,6 @@ impl Gsi {
         let pd = dev.alloc_pd();
         let cq = dev.create_cq(RECV_SLOTS + SEND_SLOTS + 8, None)?;
         let waiters = Arc::new(Waiters::default());
-        let w = waiters.clone();
-        cq.set_hook(move || w.wake_all());
         let mut init = QpInit::new(QpType::Ud, &cq, &cq);
         init.caps = QpCaps {
             max_send_wr: SEND_SLOTS as u32,
@@ -214,12 +252,21 @@ impl Gsi {
             }),
             waiters,
         });
-        // Someone must take the MADs in even while nobody waits for one: REQs for services
-        // nobody listens on are answered, and the receive ring stays posted. The thread
-        // waits like any other waiter (woken by the CQ's hook); it is gone with the last
-        // handle.
+        // The MADs are taken in as they complete, by the thread that received them, once it
+        // released the device lock: REQs for services nobody listens on are answered, and
+        // the receive ring stays posted, whether or not anyone waits.
         let weak = Arc::downgrade(&inner);
-        let me = Waiter::new(&inner.waiters)?;
+        inner.cq.set_hook(move || {
+            if let Some(inner) = weak.upgrade() {
+                let g = Gsi { inner };
+                let mut st = lock(&g.inner.state);
+                g.pump(&mut st);
+            }
+        });
+        // A backstop for completions no receive pass delivered (a receive flushed by a QP
+        // in error): a thread looks now and then; it is gone with the last handle.
+        let weak = Arc::downgrade(&inner);
+        let me = Waiter::new(&inner.waiters, &[])?;
         std::thread::Builder::new()
             .name("srdma-gsi".into())
             .spawn(move || {
@@ -315,13 +362,10 @@ impl Gsi {
         st.backlog.len()
     }
 
-    /// Takes what the QP received into the backlog (waking [`Gsi::recv`]'s waiters).
+    /// Takes what the QP received into the backlog, waking the [`Gsi::recv`] waiters of
+    /// each message.
     fn pump(&self, st: &mut GsiState) {
-        let wcs = self.inner.cq.poll_quietly(64);
-        if wcs.iter().any(|wc| wc.wr_id != SEND_WR) {
-            // Another waiter's message may be among them: every waiter looks again.
-            self.inner.waiters.wake_all();
-        }
+        let wcs = self.inner.cq.take_quietly(64);
         for wc in wcs {
             if wc.wr_id == SEND_WR {
                 continue;
@@ -335,7 +379,11 @@ impl Gsi {
             let mut buf = [0u8; RECV_LEN];
             st.counters.mads_received += 1;
             let parsed = if wc.status.is_success()
-                && self.inner.mr.read(slot * RECV_LEN, &mut buf).is_ok()
+                && self
+                    .inner
+                    .mr
+                    .read_quietly(slot * RECV_LEN, &mut buf)
+                    .is_ok()
             {
                 CmMsg::parse_mad(&buf[40..]).ok()
             } else {
@@ -383,6 +431,7 @@ impl Gsi {
             st.backlog.pop_front();
             st.counters.backlog_dropped += 1;
         }
+        self.inner.waiters.wake_for(&msg);
         st.backlog.push_back(Incoming { hdr, msg, from });
     }
 
@@ -423,8 +472,19 @@ impl Gsi {
 
     /// The first message for which `want` holds, waiting until `deadline`.
     pub fn recv(&self, deadline: Instant, want: impl Fn(&Incoming) -> bool) -> Option<Incoming> {
+        self.recv_keyed(deadline, &[Key::Any], want)
+    }
+
+    /// [`Gsi::recv`] woken only by the MADs with one of `keys` (see `Key`); others that
+    /// `want` takes are found within `PUMP_EVERY`.
+    fn recv_keyed(
+        &self,
+        deadline: Instant,
+        keys: &[Key],
+        want: impl Fn(&Incoming) -> bool,
+    ) -> Option<Incoming> {
         // Registered before the first look: a MAD that completes after it wakes this thread.
-        let me = Waiter::new(&self.inner.waiters).ok();
+        let me = Waiter::new(&self.inner.waiters, keys).ok();
         loop {
             {
                 let mut st = lock(&self.inner.state);
@@ -700,7 +760,9 @@ impl IbConnection {
                     break 'sends;
                 }
                 let slice = (Instant::now() + Duration::from_millis(20)).min(until);
-                let got = self.gsi.recv(slice, |i| self.is_ours(i));
+                let got = self
+                    .gsi
+                    .recv_keyed(slice, &[Key::Comm(self.local_comm_id)], |i| self.is_ours(i));
                 match got.map(|i| (i.msg, i.hdr.tid)) {
                     Some((CmMsg::Drep(_), _)) => break 'sends,
                     // Both sides disconnecting at once: answer theirs, ours is answered too.
@@ -733,7 +795,10 @@ impl IbConnection {
                 }
             }
             let slice = (Instant::now() + Duration::from_millis(50)).min(deadline);
-            if let Some(i) = self.gsi.recv(slice, |i| self.is_ours(i)) {
+            if let Some(i) = self
+                .gsi
+                .recv_keyed(slice, &[Key::Comm(self.local_comm_id)], |i| self.is_ours(i))
+            {
                 match i.msg {
                     CmMsg::Dreq(_) => {
                         let _ = self.qp_to_error();
@@ -810,17 +875,17 @@ pub fn connect(
     connect_qp(gsi, &qp, server, src_port, init.srq.is_some(), opts)
 }
 
-/// [`connect`] with a QP the caller created (RC or UC, in INIT, receives posted), from rdma_cm
-/// port `src_port` (the rdma_cm header's source port); `srq`: the QP receives from an SRQ.
-/// The QP is moved to ERR if the exchange fails.
-pub fn connect_qp(
+/// The first half of [`connect_qp`], which returns at once: sends the REQ (from the calling
+/// thread, so it leaves without waiting for another to be scheduled);
+/// [`Connecting::finish`] waits for the REP.
+pub fn start_connect(
     gsi: &Gsi,
     qp: &Qp,
     server: SocketAddr,
     src_port: u16,
     srq: bool,
     opts: &ConnectOptions,
-) -> Result<IbConnection, CmError> {
+) -> Result<Connecting, CmError> {
     opts.check()?;
     let dev = gsi.device();
     if opts.private_data.len() > 92 - wire::CMA_HDR_LEN {
@@ -887,68 +952,145 @@ pub fn connect_qp(
         private_data: private,
     });
     let hdr = MadHdr::cm(wire::attr::REQ, tid);
-    let started = Instant::now();
-    let mut sends = 0;
-    let rep = loop {
-        if sends >= MAX_SENDS || started.elapsed() >= opts.timeout {
-            let _ = to_error(&qp);
-            return Err(CmError::Timeout);
-        }
-        gsi.send(peer, &hdr, &req)?;
-        sends += 1;
-        let until = (Instant::now() + RESEND).min(started + opts.timeout);
-        let answer = gsi.recv(until, |i| match &i.msg {
-            CmMsg::Rep(m) => m.remote_comm_id == comm_id,
-            CmMsg::Rej(m) => m.remote_comm_id == comm_id,
-            CmMsg::Mra(m) => m.remote_comm_id == comm_id,
-            _ => false,
-        });
-        match answer.map(|i| i.msg) {
-            Some(CmMsg::Rep(m)) => break m,
-            Some(CmMsg::Rej(m))
-                if m.reason == reason::INVALID_SERVICE_ID
-                    && started.elapsed() + UNLISTED_EVERY < opts.unlisted_retry =>
-            {
-                // Nobody listens yet: ask again soon (these sends are not the REQ's resends).
-                std::thread::sleep(UNLISTED_EVERY);
-                sends -= 1;
-            }
-            Some(CmMsg::Rej(m)) => {
-                let _ = to_error(&qp);
-                return Err(CmError::Rejected {
-                    reason: m.reason,
-                    private_data: m.private_data.to_vec(),
-                });
-            }
-            // MRA: the peer needs longer; keep waiting (sends are counted).
-            _ => {}
-        }
-    };
-    let remote = RemoteQp {
-        qpn: Qpn::new(rep.local_qpn),
-        psn: rq_psn,
-        gid: peer,
-        port: crate::ROCEV2_PORT,
-    };
-    let initiator = initiator.min(rep.responder_resources);
-    let params = opts.params(mtu, Psn::new(rep.starting_psn), initiator, responder);
-    qp.connect(&remote, &params)?;
-    let rtu = CmMsg::Rtu(wire::Rtu {
-        local_comm_id: comm_id,
-        remote_comm_id: rep.local_comm_id,
-        private_data: [0; 224],
-    });
-    gsi.send(peer, &MadHdr::cm(wire::attr::RTU, tid), &rtu)?;
-    Ok(IbConnection::new(
-        reg,
+    gsi.send(peer, &hdr, &req)?;
+    Ok(Connecting {
+        gsi: gsi.clone(),
         qp,
-        gsi,
         peer,
-        remote,
-        (comm_id, rep.local_comm_id),
-        rep.private_data.to_vec(),
-        PeerParams::of_rep(&rep),
-    ))
+        hdr,
+        req,
+        comm_id,
+        reg,
+        rq_psn,
+        mtu,
+        depths: (responder, initiator),
+        started: Instant::now(),
+        opts: opts.clone(),
+    })
+}
+
+/// An active connection whose REQ is on its way ([`start_connect`]).
+pub struct Connecting {
+    gsi: Gsi,
+    qp: Qp,
+    peer: Gid,
+    hdr: MadHdr,
+    req: CmMsg,
+    comm_id: u32,
+    reg: CommIdReg,
+    rq_psn: Psn,
+    mtu: crate::Mtu,
+    /// (responder resources, initiator depth) offered.
+    depths: (u8, u8),
+    started: Instant,
+    opts: ConnectOptions,
+}
+
+impl std::fmt::Debug for Connecting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connecting")
+            .field("comm_id", &self.comm_id)
+            .field("peer", &self.peer)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Connecting {
+    /// Waits for the REP (sending the REQ again while none comes), connects the QP and
+    /// sends the RTU. The QP is moved to ERR if the exchange fails.
+    pub fn finish(self) -> Result<IbConnection, CmError> {
+        let Connecting {
+            gsi,
+            qp,
+            peer,
+            hdr,
+            req,
+            comm_id,
+            reg,
+            rq_psn,
+            mtu,
+            depths: (responder, initiator),
+            started,
+            opts,
+        } = self;
+        // The first REQ is out (`start_connect`).
+        let mut sends = 1;
+        let rep = loop {
+            let until = (Instant::now() + RESEND).min(started + opts.timeout);
+            let answer = gsi.recv_keyed(until, &[Key::Comm(comm_id)], |i| match &i.msg {
+                CmMsg::Rep(m) => m.remote_comm_id == comm_id,
+                CmMsg::Rej(m) => m.remote_comm_id == comm_id,
+                CmMsg::Mra(m) => m.remote_comm_id == comm_id,
+                _ => false,
+            });
+            match answer.map(|i| i.msg) {
+                Some(CmMsg::Rep(m)) => break m,
+                Some(CmMsg::Rej(m))
+                    if m.reason == reason::INVALID_SERVICE_ID
+                        && started.elapsed() + UNLISTED_EVERY < opts.unlisted_retry =>
+                {
+                    // Nobody listens yet: ask again soon (these sends are not the REQ's
+                    // resends).
+                    std::thread::sleep(UNLISTED_EVERY);
+                    sends -= 1;
+                }
+                Some(CmMsg::Rej(m)) => {
+                    let _ = to_error(&qp);
+                    return Err(CmError::Rejected {
+                        reason: m.reason,
+                        private_data: m.private_data.to_vec(),
+                    });
+                }
+                // MRA: the peer needs longer; keep waiting (sends are counted).
+                _ => {}
+            }
+            if sends >= MAX_SENDS || started.elapsed() >= opts.timeout {
+                let _ = to_error(&qp);
+                return Err(CmError::Timeout);
+            }
+            gsi.send(peer, &hdr, &req)?;
+            sends += 1;
+        };
+        let remote = RemoteQp {
+            qpn: Qpn::new(rep.local_qpn),
+            psn: rq_psn,
+            gid: peer,
+            port: crate::ROCEV2_PORT,
+        };
+        let initiator = initiator.min(rep.responder_resources);
+        let params = opts.params(mtu, Psn::new(rep.starting_psn), initiator, responder);
+        qp.connect(&remote, &params)?;
+        let rtu = CmMsg::Rtu(wire::Rtu {
+            local_comm_id: comm_id,
+            remote_comm_id: rep.local_comm_id,
+            private_data: [0; 224],
+        });
+        gsi.send(peer, &MadHdr::cm(wire::attr::RTU, hdr.tid), &rtu)?;
+        Ok(IbConnection::new(
+            reg,
+            qp,
+            &gsi,
+            peer,
+            remote,
+            (comm_id, rep.local_comm_id),
+            rep.private_data.to_vec(),
+            PeerParams::of_rep(&rep),
+        ))
+    }
+}
+
+/// [`connect`] with a QP the caller created (RC or UC, in INIT, receives posted), from rdma_cm
+/// port `src_port` (the rdma_cm header's source port); `srq`: the QP receives from an SRQ.
+/// The QP is moved to ERR if the exchange fails.
+pub fn connect_qp(
+    gsi: &Gsi,
+    qp: &Qp,
+    server: SocketAddr,
+    src_port: u16,
+    srq: bool,
+    opts: &ConnectOptions,
+) -> Result<IbConnection, CmError> {
+    start_connect(gsi, qp, server, src_port, srq, opts)?.finish()
 }
 
 /// The passive side: REQs for one rdma_cm port (TCP port space) on this device's address.
@@ -992,13 +1134,17 @@ impl IbListener {
         let sid = self.service_id;
         let got = self
             .gsi
-            .recv(Instant::now() + timeout, |i| match &i.msg {
-                CmMsg::Req(r) => {
-                    r.service_id == sid
-                        && CmaHdr::parse(&r.private_data).is_ok_and(|h| h.dst_addr == me)
-                }
-                _ => false,
-            })
+            .recv_keyed(
+                Instant::now() + timeout,
+                &[Key::Service(sid)],
+                |i| match &i.msg {
+                    CmMsg::Req(r) => {
+                        r.service_id == sid
+                            && CmaHdr::parse(&r.private_data).is_ok_and(|h| h.dst_addr == me)
+                    }
+                    _ => false,
+                },
+            )
             .ok_or(CmError::Timeout)?;
         match got.msg {
             CmMsg::Req(req) => Ok(IbRequest {
@@ -1017,13 +1163,17 @@ impl IbListener {
         let sid = self.service_id;
         let got = self
             .gsi
-            .recv(Instant::now() + timeout, |i| match &i.msg {
-                CmMsg::SidrReq(r) => {
-                    r.service_id == sid
-                        && CmaHdr::parse(&r.private_data).is_ok_and(|h| h.dst_addr == me)
-                }
-                _ => false,
-            })
+            .recv_keyed(
+                Instant::now() + timeout,
+                &[Key::Service(sid)],
+                |i| match &i.msg {
+                    CmMsg::SidrReq(r) => {
+                        r.service_id == sid
+                            && CmaHdr::parse(&r.private_data).is_ok_and(|h| h.dst_addr == me)
+                    }
+                    _ => false,
+                },
+            )
             .ok_or(CmError::Timeout)?;
         match got.msg {
             CmMsg::SidrReq(req) => Ok(SidrRequest {
@@ -1174,7 +1324,7 @@ pub fn sidr_resolve(
         }
         gsi.send(peer, &hdr, &req)?;
         let until = (Instant::now() + RESEND).min(started + timeout);
-        let got = gsi.recv(until, |i| match &i.msg {
+        let got = gsi.recv_keyed(until, &[Key::Comm(request_id)], |i| match &i.msg {
             CmMsg::SidrRep(m) => m.request_id == request_id,
             _ => false,
         });
@@ -1194,6 +1344,90 @@ pub fn sidr_resolve(
         }
     }
     Err(CmError::Timeout)
+}
+
+/// A passive connection whose REP is on its way ([`IbRequest::start_accept`]).
+pub struct Accepting {
+    request: IbRequest,
+    qp: Qp,
+    hdr: MadHdr,
+    rep: CmMsg,
+    comm_id: u32,
+    reg: CommIdReg,
+    remote: RemoteQp,
+    started: Instant,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for Accepting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Accepting")
+            .field("comm_id", &self.comm_id)
+            .field("from", &self.request.from)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Accepting {
+    /// Waits for the RTU, sending the REP again while it does not come (a duplicate REQ
+    /// gets it again too). The QP is moved to ERR if the exchange fails.
+    pub fn finish(self) -> Result<IbConnection, CmError> {
+        let Accepting {
+            request,
+            qp,
+            hdr,
+            rep,
+            comm_id,
+            reg,
+            remote,
+            started,
+            timeout,
+        } = self;
+        let req = &request.req;
+        let gsi = &request.gsi;
+        // The first REP is out (`start_accept`).
+        for sent in 1..=MAX_SENDS {
+            if sent > 1 {
+                if started.elapsed() >= timeout {
+                    break;
+                }
+                gsi.send(request.from, &hdr, &rep)?;
+            }
+            let keys = [Key::Comm(comm_id), Key::PeerReq(req.local_comm_id)];
+            let got = gsi.recv_keyed(Instant::now() + RESEND, &keys, |i| match &i.msg {
+                CmMsg::Rtu(m) => m.remote_comm_id == comm_id,
+                CmMsg::Req(r) => r.local_comm_id == req.local_comm_id,
+                CmMsg::Rej(m) => m.remote_comm_id == comm_id,
+                _ => false,
+            });
+            match got.map(|i| i.msg) {
+                Some(CmMsg::Rtu(_)) => {
+                    return Ok(IbConnection::new(
+                        reg,
+                        qp,
+                        gsi,
+                        request.from,
+                        remote,
+                        (comm_id, req.local_comm_id),
+                        req.private_data[wire::CMA_HDR_LEN..].to_vec(),
+                        PeerParams::of_req(req),
+                    ));
+                }
+                Some(CmMsg::Rej(m)) => {
+                    let _ = to_error(&qp);
+                    return Err(CmError::Rejected {
+                        reason: m.reason,
+                        private_data: m.private_data.to_vec(),
+                    });
+                }
+                // A duplicate REQ (our REP was lost): the loop sends the REP again.
+                Some(CmMsg::Req(_)) => lock(&gsi.inner.state).counters.duplicate_reqs += 1,
+                _ => {}
+            }
+        }
+        let _ = to_error(&qp);
+        Err(CmError::Timeout)
+    }
 }
 
 impl IbRequest {
@@ -1256,6 +1490,13 @@ impl IbRequest {
 
     /// [`IbRequest::accept`] with a QP the caller created (in INIT, receives posted).
     pub fn accept_with(self, qp: &Qp, opts: &ConnectOptions) -> Result<IbConnection, CmError> {
+        self.start_accept(qp, opts)?.finish()
+    }
+
+    /// The first half of [`IbRequest::accept_with`], which returns at once: connects the QP
+    /// and sends the REP from the calling thread; [`Accepting::finish`] waits for the RTU.
+    /// A QP that cannot be connected gets the REQ rejected (no resources).
+    pub fn start_accept(self, qp: &Qp, opts: &ConnectOptions) -> Result<Accepting, CmError> {
         opts.check()?;
         let dev = self.gsi.device().clone();
         let req = self.req;
@@ -1304,45 +1545,18 @@ impl IbRequest {
             private_data: private,
         });
         let hdr = MadHdr::cm(wire::attr::REP, self.hdr.tid);
-        let started = Instant::now();
-        for _ in 0..MAX_SENDS {
-            if started.elapsed() >= opts.timeout {
-                break;
-            }
-            self.gsi.send(self.from, &hdr, &rep)?;
-            let got = self.gsi.recv(Instant::now() + RESEND, |i| match &i.msg {
-                CmMsg::Rtu(m) => m.remote_comm_id == comm_id,
-                CmMsg::Req(r) => r.local_comm_id == req.local_comm_id,
-                CmMsg::Rej(m) => m.remote_comm_id == comm_id,
-                _ => false,
-            });
-            match got.map(|i| i.msg) {
-                Some(CmMsg::Rtu(_)) => {
-                    return Ok(IbConnection::new(
-                        reg,
-                        qp,
-                        &self.gsi,
-                        self.from,
-                        remote,
-                        (comm_id, req.local_comm_id),
-                        req.private_data[wire::CMA_HDR_LEN..].to_vec(),
-                        PeerParams::of_req(&req),
-                    ));
-                }
-                Some(CmMsg::Rej(m)) => {
-                    let _ = to_error(&qp);
-                    return Err(CmError::Rejected {
-                        reason: m.reason,
-                        private_data: m.private_data.to_vec(),
-                    });
-                }
-                // A duplicate REQ (our REP was lost): the loop sends the REP again.
-                Some(CmMsg::Req(_)) => lock(&self.gsi.inner.state).counters.duplicate_reqs += 1,
-                _ => {}
-            }
-        }
-        let _ = to_error(&qp);
-        Err(CmError::Timeout)
+        self.gsi.send(self.from, &hdr, &rep)?;
+        Ok(Accepting {
+            request: self,
+            qp,
+            hdr,
+            rep,
+            comm_id,
+            reg,
+            remote,
+            started: Instant::now(),
+            timeout: opts.timeout,
+        })
     }
 
     fn reject_with(&self, reason: u16) -> Result<(), CmError> {
