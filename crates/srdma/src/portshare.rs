@@ -22,12 +22,19 @@
 //! per packet. A QPN whose slot has no socket falls back to the kernel's hash and is dropped
 //! as an unknown QP by whichever process gets it, which is what a NIC does with it.
 //!
-//! QP1 is host-wide, so its packets (IB CM MADs) reach the keeper. It forwards each to the
-//! process it concerns, over that process's connection ([`FWD_HDR`] bytes of source address,
-//! then the UDP payload): a REQ or SIDR_REQ to the process that registered a listen for its
-//! service ID ([`register_listen`]), any other CM message by its remote communication ID,
-//! whose top byte is the slot of the process that chose it ([`comm_id_prefix`]). The process
-//! handles the packet as if its own socket had received it (same addresses, same ICRC).
+//! QP1 is host-wide, so its packets (IB CM MADs) need steering by their contents. The same
+//! BPF program does it (see `steering_program`): a REQ or SIDR_REQ goes to the process that
+//! registered a listen for its service ID ([`register_listen`]; the keeper rebuilds the
+//! program on every change), any other CM message to the process named by its remote
+//! communication ID, whose top byte is the slot of the process that chose it
+//! ([`comm_id_prefix`]). So a MAD, like a data packet, goes straight to its process: no
+//! extra hop, no extra process woken (under qemu's TCG, where the lab measures connection
+//! setup, that hop cost a process switch per MAD). What no process claims — a REQ for a
+//! service nobody listens on, a REQ that arrived before the program named its new listen —
+//! reaches the keeper on slot 0: it answers the first with a REJ, as a kernel CM does, and
+//! forwards the second over the process's connection ([`FWD_HDR`] bytes of source address,
+//! then the UDP payload), which the process handles as if its own socket had received it
+//! (same addresses, same ICRC).
 
 use std::io;
 use std::mem::size_of;
@@ -311,34 +318,74 @@ fn reuseport_socket(addr: SocketAddr) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
-/// `ld [4]; and #0xffffff; rsh #16; ret a`: the slot of the BTH's destination QPN.
-fn attach_steering(fd: RawFd) -> io::Result<()> {
-    let mut prog = [
-        libc::sock_filter {
-            code: 0x20, // BPF_LD | BPF_W | BPF_ABS
-            jt: 0,
-            jf: 0,
-            k: 4,
-        },
-        libc::sock_filter {
-            code: 0x54, // BPF_ALU | BPF_AND | BPF_K
-            jt: 0,
-            jf: 0,
-            k: 0x00FF_FFFF,
-        },
-        libc::sock_filter {
-            code: 0x74, // BPF_ALU | BPF_RSH | BPF_K
-            jt: 0,
-            jf: 0,
-            k: 16,
-        },
-        libc::sock_filter {
-            code: 0x16, // BPF_RET | BPF_A
-            jt: 0,
-            jf: 0,
-            k: 0,
-        },
+/// Listens the steering program names; REQs for more reach the keeper, which forwards them.
+const STEERED_LISTENS: usize = 800;
+
+fn insn(code: u16, jt: u8, jf: u8, k: u32) -> libc::sock_filter {
+    libc::sock_filter { code, jt, jf, k }
+}
+
+/// The classic BPF program that picks a datagram's socket in the port's `SO_REUSEPORT`
+/// group (its return value is the socket's index, which is the slot; an index beyond the
+/// group falls back to the kernel's hash). Offsets are in the UDP payload:
+///
+/// - a data packet goes to the slot of its destination QPN (`QPN >> 16`);
+/// - a CM MAD on QP1 goes where the keeper would forward it, without the keeper: a REQ or
+///   SIDR_REQ to the slot listening on its service ID (`listens`), a SIDR_REP to the top
+///   byte of its request ID, any other CM message to the top byte of its remote
+///   communication ID; what no process claims (slot 0, an unknown service, another
+///   management class, a datagram too short to load from) goes to the keeper's socket.
+fn steering_program(listens: &[(u64, usize)]) -> Vec<libc::sock_filter> {
+    // BPF_LD|BPF_W|BPF_ABS, BPF_LD|BPF_H|BPF_ABS, BPF_LD|BPF_B|BPF_ABS.
+    const LDW: u16 = 0x20;
+    const LDH: u16 = 0x28;
+    const LDB: u16 = 0x30;
+    // BPF_ALU|BPF_AND|BPF_K, BPF_ALU|BPF_RSH|BPF_K, BPF_JMP|BPF_JEQ|BPF_K.
+    const AND: u16 = 0x54;
+    const RSH: u16 = 0x74;
+    const JEQ: u16 = 0x15;
+    // BPF_RET|BPF_A, BPF_RET|BPF_K.
+    const RET_A: u16 = 0x16;
+    const RET_K: u16 = 0x06;
+    // BTH (12) + DETH (8): the MAD; its class at 1, attribute at 16, message at 24.
+    const MAD: u32 = 20;
+    use srdma_wire::cm::{MGMT_CLASS_CM, attr};
+    let mut p = vec![
+        insn(LDW, 0, 0, 4),
+        insn(AND, 0, 0, 0x00FF_FFFF),
+        insn(JEQ, 2, 0, 1), // QP1: 5
+        insn(RSH, 0, 0, 16),
+        insn(RET_A, 0, 0, 0),
+        insn(LDB, 0, 0, MAD + 1),
+        insn(JEQ, 0, 8, u32::from(MGMT_CLASS_CM)), // not CM: 15
+        insn(LDH, 0, 0, MAD + 16),
+        insn(JEQ, 7, 0, u32::from(attr::REQ)),      // 16
+        insn(JEQ, 6, 0, u32::from(attr::SIDR_REQ)), // 16
+        insn(JEQ, 0, 2, u32::from(attr::SIDR_REP)), // else 13
+        insn(LDB, 0, 0, MAD + 24),                  // request ID's top byte
+        insn(RET_A, 0, 0, 0),
+        insn(LDB, 0, 0, MAD + 24 + 4), // remote communication ID's top byte
+        insn(RET_A, 0, 0, 0),
+        insn(RET_K, 0, 0, 0),
     ];
+    // 16: the service ID (message bytes 8..16) against each listen.
+    for &(sid, slot) in listens.iter().take(STEERED_LISTENS) {
+        p.extend([
+            insn(LDW, 0, 0, MAD + 24 + 8),
+            insn(JEQ, 0, 3, (sid >> 32) as u32),
+            insn(LDW, 0, 0, MAD + 24 + 12),
+            insn(JEQ, 0, 1, sid as u32),
+            insn(RET_K, 0, 0, slot as u32),
+        ]);
+    }
+    p.push(insn(RET_K, 0, 0, 0));
+    p
+}
+
+/// Attaches [`steering_program`] to the port's group (through any member socket; a new
+/// program replaces the old one at once).
+fn attach_steering(fd: RawFd, listens: &[(u64, usize)]) -> io::Result<()> {
+    let mut prog = steering_program(listens);
     let fprog = libc::sock_fprog {
         len: prog.len() as u16,
         filter: prog.as_mut_ptr(),
@@ -437,7 +484,7 @@ fn keeper(addr: SocketAddr, name: &[u8], ready: RawFd) -> i32 {
         return 0;
     }
     let mut sockets = Vec::new();
-    match reuseport_socket(addr).and_then(|s| attach_steering(s.as_raw_fd()).map(|()| s)) {
+    match reuseport_socket(addr).and_then(|s| attach_steering(s.as_raw_fd(), &[]).map(|()| s)) {
         Ok(s) => sockets.push(s),
         Err(e) => {
             say(e.raw_os_error().unwrap_or(libc::EIO));
@@ -486,6 +533,7 @@ fn keeper(addr: SocketAddr, name: &[u8], ready: RawFd) -> i32 {
         if r <= 0 {
             continue;
         }
+        let steered = listens.clone();
         for (k, &i) in slots.iter().enumerate() {
             if fds[2 + k].revents != 0 {
                 let mut m = [0u8; 16];
@@ -506,6 +554,12 @@ fn keeper(addr: SocketAddr, name: &[u8], ready: RawFd) -> i32 {
                     listens.retain(|&(_, slot)| slot != i);
                 }
             }
+        }
+        if listens != steered {
+            // REQs for the listens go straight to their processes from now on. (Should
+            // the kernel refuse the program, the old one stays: REQs then reach the keeper,
+            // which forwards them.)
+            let _ = attach_steering(sockets[0].as_raw_fd(), &listens);
         }
         // After the registrations: a listen registered just before its first REQ arrived
         // must not see that REQ rejected.
@@ -751,5 +805,133 @@ fn send_slot(conn: &OwnedFd, slot: u8, fd: RawFd) -> io::Result<()> {
         Ok(())
     } else {
         Err(io::Error::last_os_error())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use srdma_wire::cm::{self as wire, CmMsg, MadHdr};
+
+    /// Runs a classic BPF program of the instructions `steering_program` uses, as the kernel
+    /// does: an out-of-bounds load ends it with 0.
+    fn run(prog: &[libc::sock_filter], pkt: &[u8]) -> u32 {
+        let (mut a, mut pc) = (0u32, 0usize);
+        let load = |at: u32, n: usize| -> Option<u32> {
+            let b = pkt.get(at as usize..at as usize + n)?;
+            Some(b.iter().fold(0u32, |v, &x| v << 8 | u32::from(x)))
+        };
+        loop {
+            let i = prog[pc];
+            pc += 1;
+            match i.code {
+                0x20 | 0x28 | 0x30 => {
+                    let n = [4, 2, 1][usize::from((i.code - 0x20) / 8)];
+                    match load(i.k, n) {
+                        Some(v) => a = v,
+                        None => return 0,
+                    }
+                }
+                0x54 => a &= i.k,
+                0x74 => a >>= i.k,
+                0x15 => pc += usize::from(if a == i.k { i.jt } else { i.jf }),
+                0x16 => return a,
+                0x06 => return i.k,
+                c => panic!("unexpected opcode {c:#x}"),
+            }
+        }
+    }
+
+    /// A UD SEND to `qpn` carrying `mad` (BTH + DETH + MAD; no ICRC needed here).
+    fn packet(qpn: u32, mad: &[u8]) -> Vec<u8> {
+        let mut p = vec![0u8; 20];
+        p[0] = 0x64;
+        p[5..8].copy_from_slice(&qpn.to_be_bytes()[1..]);
+        p.extend_from_slice(mad);
+        p
+    }
+
+    fn mad_packet(qpn: u32, msg: &CmMsg) -> Vec<u8> {
+        let mut mad = [0u8; wire::MAD_LEN];
+        msg.emit_mad(&MadHdr::cm(msg.attr_id(), 7), &mut mad)
+            .unwrap();
+        packet(qpn, &mad)
+    }
+
+    /// A REQ's MAD with only what steering reads: its sender's comm ID and service ID.
+    fn req_packet(service_id: u64) -> Vec<u8> {
+        let mut mad = [0u8; wire::MAD_LEN];
+        MadHdr::cm(wire::attr::REQ, 7).emit(&mut mad);
+        mad[24..28].copy_from_slice(&0x0400_0001u32.to_be_bytes());
+        mad[32..40].copy_from_slice(&service_id.to_be_bytes());
+        packet(1, &mad)
+    }
+
+    #[test]
+    fn the_steering_program_picks_the_slot_the_keeper_would_forward_to() {
+        let sid = wire::service_id(wire::port_space::TCP, 7471);
+        let other = wire::service_id(wire::port_space::TCP, 7472);
+        let listens = [(other, 9), (sid, 3)];
+        let prog = steering_program(&listens);
+        // Data packets: the slot of the destination QPN.
+        let mut data = vec![0u8; 16];
+        data[5..8].copy_from_slice(&[0x05, 0x00, 0x11]);
+        assert_eq!(run(&prog, &data), 5);
+        // REQs: the listener's slot; the keeper for a service nobody listens on.
+        assert_eq!(run(&prog, &req_packet(sid)), 3);
+        assert_eq!(run(&prog, &req_packet(other)), 9);
+        let unknown = req_packet(wire::service_id(wire::port_space::TCP, 1));
+        assert_eq!(cm_destination(&unknown, &listens), None);
+        assert_eq!(run(&prog, &unknown), 0);
+        // Every other CM message: where `cm_destination` sends it; 0 (the keeper) where it
+        // sends nothing.
+        let rtu = wire::Rtu {
+            local_comm_id: 1,
+            remote_comm_id: 0x0700_0002,
+            private_data: [0; 224],
+        };
+        let cases = [
+            CmMsg::Rtu(rtu),
+            CmMsg::Rtu(wire::Rtu {
+                remote_comm_id: 0x22,
+                ..rtu
+            }),
+            CmMsg::SidrReq(wire::SidrReq {
+                request_id: 0x0500_0000,
+                pkey: 0xffff,
+                service_id: other,
+                private_data: [0; 216],
+            }),
+            CmMsg::SidrRep(wire::SidrRep {
+                request_id: 0x0600_0001,
+                status: 0,
+                additional_info_length: 0,
+                qpn: 0,
+                service_id: sid,
+                qkey: 0,
+                class_port_info: [0; 72],
+                private_data: [0; 136],
+            }),
+        ];
+        for msg in &cases {
+            let pkt = mad_packet(1, msg);
+            let want = cm_destination(&pkt, &listens).unwrap_or(0) as u32;
+            assert_eq!(run(&prog, &pkt), want, "{msg:?}");
+        }
+        assert_eq!(run(&prog, &mad_packet(1, &cases[0])), 7);
+        assert_eq!(run(&prog, &mad_packet(1, &cases[1])), 0);
+        assert_eq!(run(&prog, &mad_packet(1, &cases[2])), 9);
+        assert_eq!(run(&prog, &mad_packet(1, &cases[3])), 6);
+        // Another management class, or a datagram cut short: the keeper.
+        let mut pkt = req_packet(sid);
+        pkt[21] = 0x81;
+        assert_eq!(run(&prog, &pkt), 0);
+        assert_eq!(run(&prog, &req_packet(sid)[..50]), 0);
+        assert_eq!(run(&prog, &[0u8; 3]), 0);
+        // No listens: REQs go to the keeper; the program never grows past the kernel's
+        // limit of 4096 instructions.
+        assert_eq!(run(&steering_program(&[]), &req_packet(sid)), 0);
+        let many: Vec<(u64, usize)> = (0..5000).map(|p| (u64::from(p as u32), 1)).collect();
+        assert!(steering_program(&many).len() <= 4096);
     }
 }
