@@ -1,7 +1,8 @@
-/* LD_PRELOAD timing shim for benchmarks/cm_setup.sh: prints when rdma_connect is called and
- * when each rdma_get_cm_event returns (CLOCK_MONOTONIC), on stderr, so that the time from
- * rdma_connect to the ESTABLISHED event can be read off an unmodified rping, with rdma-core's
- * librdmacm or srdma's. Build: cc -shared -fPIC -o cm_shim.so cm_shim.c -ldl */
+/* LD_PRELOAD timing shim for benchmarks/cm_setup.sh: prints when rdma_connect is called,
+ * how long rdma_accept takes, and when each rdma_get_cm_event returns (CLOCK_MONOTONIC), on
+ * stderr, so that the time from rdma_connect to the ESTABLISHED event can be read off an
+ * unmodified rping, with rdma-core's librdmacm or srdma's.
+ * Build: cc -shared -fPIC -o cm_shim.so cm_shim.c -ldl */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <rdma/rdma_cma.h>
@@ -37,5 +38,18 @@ int rdma_get_cm_event(struct rdma_event_channel *ch, struct rdma_cm_event **ev)
 		f = dlsym(RTLD_NEXT, "rdma_get_cm_event");
 	r = f(ch, ev);
 	fprintf(stderr, "CMT %.6f event %s\n", now(), r ? "error" : rdma_event_str((*ev)->event));
+	return r;
+}
+
+int rdma_accept(struct rdma_cm_id *id, struct rdma_conn_param *p)
+{
+	static int (*f)(struct rdma_cm_id *, struct rdma_conn_param *);
+	double t = now();
+	int r;
+
+	if (!f)
+		f = dlsym(RTLD_NEXT, "rdma_accept");
+	r = f(id, p);
+	fprintf(stderr, "CMT %.6f accept %d (returned after %.3f ms)\n", t, r, (now() - t) * 1e3);
 	return r;
 }
