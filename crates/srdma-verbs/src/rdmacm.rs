@@ -15,7 +15,9 @@
 //!   routing picks (a connected UDP socket), the device is the srdma device with that
 //!   address, the path is the port's (MTU, P_Key 0xFFFF, hop limit 64);
 //! - listens, connects, accepts and disconnects run on helper threads, which post the
-//!   events: REQ/REP/RTU/REJ/DREQ/DREP for connected QPs, SIDR_REQ/SIDR_REP for UD.
+//!   events: REQ/REP/RTU/REJ/DREQ/DREP for connected QPs, SIDR_REQ/SIDR_REP for UD. The
+//!   first REQ of `rdma_connect` and the first REP of `rdma_accept` leave from the caller's
+//!   thread (an error there is the call's errno); a waiting CM worker takes the rest.
 //!
 //! # What is implemented
 //!

@@ -273,9 +273,6 @@ impl Shared {
         if !self.hooks_due.load(Ordering::Acquire) || IN_HOOK.with(std::cell::Cell::get) {
             return;
         }
-        if !self.hooks_due.swap(false, Ordering::AcqRel) {
-            return;
-        }
         struct Running;
         impl Drop for Running {
             fn drop(&mut self) {
@@ -283,12 +280,11 @@ impl Shared {
             }
         }
         IN_HOOK.with(|f| f.set(true));
-        let running = Running;
-        self.run_due_hooks();
-        drop(running);
-        // Completions a hook's own receive pass delivered.
-        if self.hooks_due.load(Ordering::Acquire) {
-            self.run_hooks();
+        let _running = Running;
+        // Again while completions came in meanwhile (another thread's receive pass may have
+        // found the hooks running here and left them to us).
+        while self.hooks_due.swap(false, Ordering::AcqRel) {
+            self.run_due_hooks();
         }
     }
 
