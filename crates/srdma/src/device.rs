@@ -701,14 +701,11 @@ impl Mr {
     }
 
     /// Copies `dst.len()` bytes at `offset` out of the region.
+    ///
+    /// Like [`Mr::with_bytes`], reading drives the device first.
     pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
-        self.with_bytes(|b| {
-            let src = b
-                .get(offset..offset.saturating_add(dst.len()))
-                .ok_or_else(|| range_err(offset, dst.len(), b.len()))?;
-            dst.copy_from_slice(src);
-            Ok(())
-        })
+        self.pd.dev.h.shared.drive_from_app(true);
+        self.read_quietly(offset, dst)
     }
 
     /// Copies `src` into the region at `offset`.
@@ -739,8 +736,9 @@ impl Mr {
     }
 
     /// [`Mr::read`] without driving the device first: for the engine's own users (QP1's
-    /// CM reads the MADs its CQ hook took in, possibly holding its own lock, and must not
-    /// make the progress thread stand aside as a polling application does).
+    /// CM reads the MADs its CQ hook took in, holding its own lock, and must neither run
+    /// the hooks again nor make the progress thread stand aside as a polling application
+    /// does).
     pub(crate) fn read_quietly(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         let _st = self.pd.dev.lock();
         // SAFETY: the device lock is held for the whole borrow, so the engine cannot write

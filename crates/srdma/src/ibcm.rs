@@ -1499,7 +1499,7 @@ impl IbRequest {
     pub fn start_accept(self, qp: &Qp, opts: &ConnectOptions) -> Result<Accepting, CmError> {
         opts.check()?;
         let dev = self.gsi.device().clone();
-        let req = self.req;
+        let req = &self.req;
         // The REQ's path MTU is the path's, and both ends use it (the REP cannot tell the
         // active side of a smaller one), as kernel IB CM does.
         let mtu = crate::Mtu::from_u32(u32::from(req.path_mtu)).unwrap_or(opts.offered_mtu(&dev));

@@ -533,7 +533,7 @@ fn keeper(addr: SocketAddr, name: &[u8], ready: RawFd) -> i32 {
         if r <= 0 {
             continue;
         }
-        let steered = listens.clone();
+        let mut relisted = false;
         for (k, &i) in slots.iter().enumerate() {
             if fds[2 + k].revents != 0 {
                 let mut m = [0u8; 16];
@@ -545,17 +545,20 @@ fn keeper(addr: SocketAddr, name: &[u8], ready: RawFd) -> i32 {
                     let sid = u64::from_be_bytes(m[1..9].try_into().unwrap_or([0; 8]));
                     listens.retain(|&(s, _)| s != sid);
                     listens.push((sid, i));
+                    relisted = true;
                 } else if n == 0
                     || (n < 0 && io::Error::last_os_error().kind() != io::ErrorKind::WouldBlock)
                 {
                     // The process closed its connection (exited): the slot is free again,
                     // and its listens go.
                     users[i] = None;
+                    let before = listens.len();
                     listens.retain(|&(_, slot)| slot != i);
+                    relisted |= listens.len() != before;
                 }
             }
         }
-        if listens != steered {
+        if relisted {
             // REQs for the listens go straight to their processes from now on. (Should
             // the kernel refuse the program, the old one stays: REQs then reach the keeper,
             // which forwards them.)
