@@ -1447,8 +1447,10 @@ impl<'a> NodeRun<'a> {
         }
     }
 
-    /// Checks what the rest of the transfer says: aborts, lost peers.
-    fn check_outside(&self, done_with_parent: bool) -> R<()> {
+    /// Checks what the rest of the transfer says: aborts, lost peers. `ignore_parent`: the
+    /// parent's connection may close (this node is done with it, or the data loop waits to be
+    /// set up again when it does).
+    fn check_outside(&self, ignore_parent: bool) -> R<()> {
         if let Some(s) = &self.server {
             let f = s.failures();
             if let Some(f) = f.iter().find(|f| f.primary).or(f.first()) {
@@ -1463,7 +1465,7 @@ impl<'a> NodeRun<'a> {
             self.source_said(&c.heard())?;
         }
         if let Some((_, down)) = &self.parent {
-            if !done_with_parent && down.load(Ordering::Acquire) {
+            if !ignore_parent && down.load(Ordering::Acquire) {
                 let p = self.parent_name();
                 return Err(Fail::blame(
                     p,
@@ -1899,11 +1901,14 @@ impl<'a> NodeRun<'a> {
                 idle_since = Instant::now();
                 continue;
             }
+            // A node that rewinds leaves a lost neighbour to step 6: a connection whose
+            // watcher said so only since (a killed sink's, or the parent's as the source
+            // heals) is not a failure, it is the next turn's rewind.
             let done_with_parent = eot.is_some_and(|e| next_release > e && credits_out == 0);
-            self.check_outside(done_with_parent)?;
+            self.check_outside(done_with_parent || rewinds)?;
             for c in &self.children {
                 let finished = eot.is_some_and(|e| c.credits > e);
-                if !finished && c.down.load(Ordering::Acquire) {
+                if !finished && !rewinds && c.down.load(Ordering::Acquire) {
                     let f = Fail::blame(
                         &c.name,
                         format!("the connection to child {} was lost", c.name),
