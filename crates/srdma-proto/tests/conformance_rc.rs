@@ -2953,3 +2953,57 @@ fn srq_feeds_receives_and_an_empty_srq_is_rnr() {
     assert!(p.b.srq.as_ref().unwrap().is_empty());
     same(&p.bytes(B, &r.rcv)[..100], &pattern(100)[..], "data");
 }
+
+/// Packet order (srdma's choice; IBTA leaves it to the implementation): a lone positive ACK
+/// lets one request packet of the responder's own send queue go first — the peer waits for
+/// that request (in a ping-pong, the reply), and the ACK, being cumulative, loses nothing by
+/// following it. It does not wait for more than one, and a NAK never waits.
+#[test]
+fn a_lone_ack_follows_one_request_of_the_responders_own_and_a_nak_goes_first() {
+    let mut p = rc();
+    let r = regions(&mut p);
+    p.post_recv(B, 100, &[sge(&r.rcv, RCV, 256)]);
+    p.post_recv(A, 200, &[sge(&r.src, SRC + RES, 64)]);
+    p.post_recv(A, 201, &[sge(&r.src, SRC + RES + 64, 64)]);
+    p.post_send(A, send(1, &[sge(&r.src, SRC, 8)]));
+    let (pkt, encap) = p.transmit(A).unwrap();
+    p.deliver(B, &pkt, encap);
+    // B owes A an ACK and now has two SENDs of its own to go.
+    p.post_send(B, send(10, &[sge(&r.rcv, RCV + 1024, 8)]));
+    p.post_send(B, send(11, &[sge(&r.rcv, RCV + 2048, 8)]));
+    while p.transmit(B).is_some() {}
+    let t = p.trace();
+    let ops: Vec<Opcode> = wire(&p, B).into_iter().map(|(op, _)| op).collect();
+    assert_eq!(
+        ops,
+        vec![
+            Opcode::RcSendOnly,
+            Opcode::RcAcknowledge,
+            Opcode::RcSendOnly
+        ],
+        "{t}"
+    );
+    assert_eq!(acks(&p, B), vec![(ps(0), Syndrome::ACK)], "{t}");
+
+    // A PSN gap: B's NAK leaves before its next request.
+    let mut p = rc();
+    let r = regions(&mut p);
+    p.post_recv(B, 100, &[sge(&r.rcv, RCV, 256)]);
+    p.post_recv(B, 101, &[sge(&r.rcv, RCV + 256, 256)]);
+    p.post_recv(A, 200, &[sge(&r.src, SRC + RES, 64)]);
+    p.post_send(A, send(1, &[sge(&r.src, SRC, 8)]));
+    p.post_send(A, send(2, &[sge(&r.src, SRC, 8)]));
+    let _lost = p.transmit(A).unwrap();
+    let (pkt, encap) = p.transmit(A).unwrap();
+    p.deliver(B, &pkt, encap);
+    p.post_send(B, send(10, &[sge(&r.rcv, RCV + 1024, 8)]));
+    while p.transmit(B).is_some() {}
+    let t = p.trace();
+    let ops: Vec<Opcode> = wire(&p, B).into_iter().map(|(op, _)| op).collect();
+    assert_eq!(ops, vec![Opcode::RcAcknowledge, Opcode::RcSendOnly], "{t}");
+    assert_eq!(
+        acks(&p, B),
+        vec![(ps(0), nak(NakCode::PsnSequenceError))],
+        "{t}"
+    );
+}

@@ -231,7 +231,8 @@ impl Pd {
                 recv_cq: init.recv_cq.clone(),
                 srq: init.srq.as_ref().map(|s| s.inner.id),
                 ack_rides_send: 0,
-                recv_flushed_at: 0,
+                ack_flushed_at: 0,
+                deferred_at: 0,
             },
         );
         drop(st);
@@ -420,16 +421,16 @@ impl Qp {
                 .qps
                 .get_mut(&qpn)
                 .expect("a live Qp handle keeps its slot");
-            if slot.recv_flushed_at != 0 {
+            if slot.ack_flushed_at != 0 {
                 let now = dev.h.shared.now().as_nanos() as u64;
-                slot.ack_rides_send = if now.saturating_sub(slot.recv_flushed_at)
+                slot.ack_rides_send = if now.saturating_sub(slot.ack_flushed_at)
                     < crate::engine::ACK_RIDE_WINDOW.as_nanos() as u64
                 {
                     slot.ack_rides_send.saturating_add(1)
                 } else {
                     0
                 };
-                slot.recv_flushed_at = 0;
+                slot.ack_flushed_at = 0;
             }
             for wr in wrs {
                 // A UD destination this device cannot reach would otherwise "complete" unsent.
@@ -442,6 +443,10 @@ impl Qp {
                     break;
                 }
             }
+        }
+        // What a receive held back leaves now, behind the request (see `poll_transmit`).
+        if let Some(i) = st.deferred.iter().position(|&q| q == qpn) {
+            st.deferred.swap_remove(i);
         }
         dev.flush(&mut st, qpn);
         res
@@ -466,7 +471,7 @@ impl Qp {
             dev.flush_if_deferred(&mut st, qpn);
             let now = dev.h.shared.now().as_nanos() as u64;
             if let Some(s) = st.qps.get_mut(&qpn) {
-                s.recv_flushed_at = now.max(1);
+                s.ack_flushed_at = now.max(1);
             }
         }
         let s = st

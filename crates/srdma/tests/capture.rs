@@ -92,3 +92,127 @@ fn devices_capture_what_they_send_and_receive() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// In a SEND ping-pong whose application polls its CQ between replenishing its receive and
+/// posting its reply (as perftest and `srdma perf` do), the ACK of the peer's message does
+/// not leave ahead of the reply: once the device has learned the pattern it waits through
+/// those polls and goes right behind the reply. Both captures are read for what each side
+/// sent; after a warm-up, most replies must be followed (not preceded) by their ACK. (The
+/// learning gives up after a slow turn, which a loaded machine may cause now and then,
+/// hence "most".)
+#[test]
+fn in_a_send_ping_pong_the_ack_leaves_behind_the_reply() {
+    const ROUNDS: usize = 300;
+    let dir = std::env::temp_dir().join(format!("srdma-ack-order-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let open = |ip: &str, name: &str| {
+        let mut c = DeviceConfig::new(ip.parse().unwrap());
+        c.pcap = Some(dir.join(name));
+        c.share_port = false;
+        Device::open(c).unwrap()
+    };
+    let (a, b) = (open("127.0.31.1", "a.pcap"), open("127.0.31.2", "b.pcap"));
+    let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
+    let (ca, cb) = (
+        a.create_cq(64, None).unwrap(),
+        b.create_cq(64, None).unwrap(),
+    );
+    let qa = pa.create_qp(&QpInit::new(QpType::Rc, &ca, &ca)).unwrap();
+    let qb = pb.create_qp(&QpInit::new(QpType::Rc, &cb, &cb)).unwrap();
+    let at = |d: &Device, q: &srdma::Qp, psn| RemoteQp {
+        qpn: q.qpn(),
+        psn: Psn::new(psn),
+        gid: d.local_gid(),
+        port: d.local_addr().port(),
+    };
+    let params = |psn| ConnectParams::new(Mtu::Mtu1024, Psn::new(psn));
+    qa.connect(&at(&b, &qb, 7), &params(5)).unwrap();
+    qb.connect(&at(&a, &qa, 5), &params(7)).unwrap();
+    let ma = pa.reg_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let mb = pb.reg_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    // One side's loop: wait for a receive, replenish, poll once more, answer (the client
+    // starts with a send).
+    let run = |qp: &srdma::Qp, cq: &srdma::Cq, mr: &srdma::Mr, client: bool| {
+        let recv = || srdma::RecvWr {
+            wr_id: 0,
+            sges: SgeList::one(mr.sge(0, 64)),
+        };
+        let send = || SendWr::new(1, SendOp::Send, SgeList::one(mr.sge(64, 8)));
+        qp.post_recv(recv()).unwrap();
+        let mut wcs = Vec::new();
+        if client {
+            qp.post_send(send()).unwrap();
+        }
+        for i in 0..ROUNDS {
+            let t = std::time::Instant::now();
+            loop {
+                wcs.clear();
+                cq.poll_into(&mut wcs, 8);
+                for wc in &wcs {
+                    assert_eq!(wc.status, WcStatus::Success);
+                }
+                if wcs.iter().any(|w| w.opcode == srdma::WcOpcode::Recv) {
+                    break;
+                }
+                assert!(t.elapsed().as_secs() < 10, "round {i}: no message");
+            }
+            qp.post_recv(recv()).unwrap();
+            wcs.clear();
+            cq.poll_into(&mut wcs, 8);
+            if client && i + 1 == ROUNDS {
+                break;
+            }
+            qp.post_send(send()).unwrap();
+        }
+    };
+    std::thread::scope(|s| {
+        s.spawn(|| run(&qb, &cb, &mb, false));
+        run(&qa, &ca, &ma, true);
+    });
+    drop((qa, qb, ma, mb, ca, cb, pa, pb, a, b)); // closes and flushes the captures
+    // Each capture in order, sent and received: (sent by this side, opcode).
+    let packets = |name: &str, me: [u8; 4]| -> Vec<(bool, Opcode)> {
+        let data = std::fs::read(dir.join(name)).unwrap();
+        let reader = pcap::Reader::new(&data).unwrap();
+        let lt = reader.linktype();
+        reader
+            .filter_map(|rec| {
+                let rec = rec.unwrap();
+                let f = frame::roce_in_frame(lt, rec.data).unwrap()?;
+                let p = PacketRepr::parse_bytes(f.roce).unwrap();
+                Some((f.ip_header[12..16] == me, p.bth.opcode))
+            })
+            .collect()
+    };
+    for (name, me) in [("a.pcap", [127, 0, 31, 1]), ("b.pcap", [127, 0, 31, 2])] {
+        let pkts = packets(name, me);
+        let sends = pkts
+            .iter()
+            .filter(|&&(out, o)| out && o == Opcode::RcSendOnly)
+            .count();
+        assert!(sends >= ROUNDS - 1, "{name}: {sends} SENDs");
+        // After the warm-up: what this side sent first after each SEND it received, its
+        // reply or the ACK of what it received.
+        let (mut reply_first, mut ack_first) = (0, 0);
+        let mut answering = false;
+        for &(out, op) in &pkts[pkts.len() / 3..] {
+            match (out, op) {
+                (false, Opcode::RcSendOnly) => answering = true,
+                (true, Opcode::RcSendOnly) if answering => {
+                    reply_first += 1;
+                    answering = false;
+                }
+                (true, Opcode::RcAcknowledge) if answering => {
+                    ack_first += 1;
+                    answering = false;
+                }
+                _ => {}
+            }
+        }
+        assert!(
+            reply_first > 2 * ack_first,
+            "{name}: the reply left first {reply_first} times, the ACK {ack_first} times"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -242,6 +242,9 @@ pub struct Qp {
     inbound: Inbound,
     resources: VecDeque<Resource>,
     resp_out: VecDeque<RespOut>,
+    /// The lone positive ACK in `resp_out` let one request packet go first (see
+    /// [`Qp::poll_transmit`]); it goes next.
+    ack_yielded: bool,
 }
 
 impl Qp {
@@ -289,6 +292,7 @@ impl Qp {
             msn: 0,
             nak_sent: false,
             uc_drop: false,
+            ack_yielded: false,
             inbound: Inbound::Idle,
             resources: VecDeque::new(),
             resp_out: VecDeque::new(),
@@ -631,8 +635,27 @@ impl Qp {
     }
 
     /// Writes the next packet into `buf` (at least [`MAX_PACKET_LEN`] bytes): responses
-    /// before requests, as a responder must not starve behind its own sends.
+    /// before requests, as a responder must not starve behind its own sends, except that a
+    /// lone positive ACK lets one request packet go first. The peer is waiting for that
+    /// request (in a ping-pong it is the reply) more than for the ACK, which is cumulative
+    /// and leaves right behind it (the engine sends both in one `sendmmsg`).
     pub fn poll_transmit(&mut self, ctx: &mut Ctx<'_>, buf: &mut [u8]) -> Option<Transmit> {
+        let lone_ack = self.resp_out.len() == 1
+            && matches!(
+                self.resp_out.front(),
+                Some(RespOut::Ack {
+                    syndrome: srdma_wire::Syndrome::Ack { .. },
+                    ..
+                })
+            );
+        if lone_ack && !self.ack_yielded {
+            if let Some(t) = self.next_request(ctx, buf) {
+                self.ack_yielded = true;
+                self.counters.sent_pkts += 1;
+                return Some(t);
+            }
+        }
+        self.ack_yielded = false;
         let t = self
             .next_response(ctx, buf)
             .or_else(|| self.next_request(ctx, buf))?;
