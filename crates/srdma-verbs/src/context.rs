@@ -332,12 +332,18 @@ fn drain(fd: c_int) {
     }
 }
 
+/// True when the application made `fd` non-blocking (`O_NONBLOCK`), as rdma-core's
+/// event calls then return EAGAIN instead of waiting.
+pub(crate) fn is_nonblocking(fd: c_int) -> bool {
+    // SAFETY: F_GETFL on a descriptor the caller owns has no memory effects.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    flags >= 0 && flags & libc::O_NONBLOCK != 0
+}
+
 /// Waits until `fd` is readable, unless it is in non-blocking mode: then returns false at
 /// once (the caller answers EAGAIN).
 pub(crate) fn wait_readable(fd: c_int) -> bool {
-    // SAFETY: F_GETFL on a descriptor the caller owns has no memory effects.
-    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-    if flags >= 0 && flags & libc::O_NONBLOCK != 0 {
+    if is_nonblocking(fd) {
         return false;
     }
     let mut p = libc::pollfd {

@@ -19,7 +19,7 @@ use srdma_proto::{RKey, RecvWr, SendFlags, SendOp, SendWr, Sge, SgeList, UdDest,
 use srdma_wire::{Psn, Qpn};
 
 use crate::abi_core::*;
-use crate::context::{Context, wait_readable};
+use crate::context::{Context, is_nonblocking};
 use crate::{errno_of, guard, set_errno};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -567,10 +567,16 @@ pub unsafe extern "C" fn ibv_get_cq_event(
             return -1;
         }
         loop {
-            let id = match ch.ch.get_event(Some(Duration::ZERO)) {
+            // A blocking channel waits in srdma's own `get_event`, which also watches the
+            // device's socket (the message wakes this thread, not the progress thread).
+            let blocking = !is_nonblocking(ch.c.fd);
+            let id = match ch
+                .ch
+                .get_event(if blocking { None } else { Some(Duration::ZERO) })
+            {
                 Ok(Some(id)) => id,
                 Ok(None) => {
-                    if !wait_readable(ch.c.fd) {
+                    if !blocking {
                         set_errno(libc::EAGAIN);
                         return -1;
                     }

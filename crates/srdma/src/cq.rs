@@ -23,6 +23,8 @@ pub struct CompChannel {
 struct ChannelInner {
     fd: OwnedFd,
     events: Mutex<VecDeque<u32>>,
+    /// The device of the channel's first CQ: [`CompChannel::get_event`] watches its socket.
+    dev: Mutex<Weak<crate::engine::Shared>>,
 }
 
 impl CompChannel {
@@ -33,6 +35,7 @@ impl CompChannel {
             inner: Arc::new(ChannelInner {
                 fd,
                 events: Mutex::new(VecDeque::new()),
+                dev: Mutex::new(Weak::new()),
             }),
         })
     }
@@ -45,15 +48,28 @@ impl CompChannel {
     /// `ibv_get_cq_event`: waits up to `timeout` (forever with `None`) for a CQ event and
     /// returns the id of the CQ that fired. Re-arm the CQ with [`Cq::req_notify`] before
     /// polling it empty, as with verbs.
+    ///
+    /// While it waits, the calling thread also watches the device's socket and receives
+    /// what arrives itself (the device's progress thread leaves the socket to it), so a
+    /// message wakes the waiting application directly.
     pub fn get_event(&self, timeout: Option<Duration>) -> Result<Option<u32>> {
+        let deadline = timeout.map(|t| std::time::Instant::now() + t);
         loop {
             if let Some(id) = lock(&self.inner.events).pop_front() {
                 return Ok(Some(id));
             }
-            let ready = sys::poll_readable([self.inner.fd.as_raw_fd()], timeout)
-                .map_err(io_err("waiting on a completion channel"))?;
-            sys::drain_polled(&self.inner.fd);
-            if !ready[0] {
+            let left = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
+            let fd = self.inner.fd.as_raw_fd();
+            let dev = lock(&self.inner.dev).upgrade();
+            let ready = match dev {
+                Some(dev) => dev.wait_with_socket(fd, left),
+                None => sys::poll_readable([fd], left).map(|r| [r[0], false]),
+            }
+            .map_err(io_err("waiting on a completion channel"))?;
+            if ready[0] {
+                sys::drain_polled(&self.inner.fd);
+            }
+            if ready == [false; 2] || left == Some(Duration::ZERO) {
                 return Ok(lock(&self.inner.events).pop_front());
             }
         }
@@ -113,6 +129,12 @@ impl Cq {
         channel: Option<CompChannel>,
         dev: Weak<crate::engine::Shared>,
     ) -> Cq {
+        if let Some(ch) = &channel {
+            let mut d = lock(&ch.inner.dev);
+            if d.strong_count() == 0 {
+                *d = dev.clone();
+            }
+        }
         Cq {
             inner: Arc::new(CqInner {
                 id,

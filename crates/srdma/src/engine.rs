@@ -8,7 +8,7 @@ use std::fs::File;
 use std::io::BufWriter;
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -129,6 +129,16 @@ pub(crate) struct Shared {
     pub(crate) hooked: Mutex<Vec<std::sync::Weak<crate::cq::CqInner>>>,
     /// Some hooked CQ got completions: whoever releases the device lock next runs the hooks.
     pub(crate) hooks_due: AtomicBool,
+    /// Application threads asleep in [`Shared::wait_with_socket`] (`CompChannel::get_event`),
+    /// watching the socket themselves: a datagram wakes the thread that waits for it, with
+    /// no hand-off from the progress thread, which leaves the socket to them.
+    pub(crate) app_waiters: AtomicUsize,
+    /// When (ns since `epoch`) such a thread last woke (0: never): for [`APP_GRACE`] after it,
+    /// the progress thread still leaves the socket alone, as the application is expected back.
+    pub(crate) wait_woke_at: AtomicU64,
+    /// The progress thread sleeps without watching the socket and without a deadline
+    /// (applications wait on it): a waiter that wakes must wake it.
+    pub(crate) sleeps_deep: AtomicBool,
 }
 
 /// Keeps the progress thread alive exactly as long as some handle needs the device.
@@ -388,11 +398,61 @@ impl Shared {
     }
 
     /// The application stops polling (it armed a CQ to sleep on its channel): the progress
-    /// thread takes over at once.
+    /// thread takes over at once, unless the application waits in `get_event` (now, or
+    /// within the grace period: it is coming back to it), watching the socket itself.
     pub(crate) fn app_sleeps(&self) {
-        if self.app_active_until.swap(0, Ordering::Relaxed) > self.now().as_nanos() as u64 {
+        let now = self.now().as_nanos() as u64;
+        if self.app_active_until.swap(0, Ordering::Relaxed) > now && !self.app_watches(now) {
             sys::signal(&self.wake);
         }
+    }
+
+    /// True while an application thread waits in [`Shared::wait_with_socket`] or woke from
+    /// it less than [`APP_GRACE`] ago.
+    fn app_watches(&self, now: u64) -> bool {
+        let woke = self.wait_woke_at.load(Ordering::SeqCst);
+        self.app_waiters.load(Ordering::SeqCst) > 0
+            || (woke != 0 && now < woke + APP_GRACE.as_nanos() as u64)
+    }
+
+    /// Sleeps until `fd` (a completion channel's) or the device's socket is readable or
+    /// `timeout` passes; a readable socket is received from on this thread, which delivers
+    /// the completions (and channel events) they bring. Returns which of the two were
+    /// readable (neither: timeout, or a signal).
+    ///
+    /// This is what takes the progress thread out of an event-driven application's round
+    /// trip: the datagram wakes the application's thread directly, as a blocking `recv`
+    /// would, instead of waking the progress thread, which then wakes the application.
+    pub(crate) fn wait_with_socket(
+        &self,
+        fd: std::os::fd::RawFd,
+        timeout: Option<Duration>,
+    ) -> std::io::Result<[bool; 2]> {
+        if self.fatal.load(Ordering::Acquire) || self.stop.load(Ordering::Acquire) {
+            return sys::poll_readable([fd], timeout).map(|r| [r[0], false]);
+        }
+        self.app_waiters.fetch_add(1, Ordering::SeqCst);
+        let r = sys::poll_readable([fd, self.socket.as_raw_fd()], timeout);
+        self.app_waiters.fetch_sub(1, Ordering::SeqCst);
+        let now = self.now().as_nanos() as u64;
+        self.wait_woke_at.store(now.max(1), Ordering::SeqCst);
+        // The progress thread went to sleep trusting us with the socket (see `progress`):
+        // from now on it must watch it again unless we come back within the grace period.
+        if self.sleeps_deep.load(Ordering::SeqCst) {
+            sys::signal(&self.wake);
+        }
+        let ready = r?;
+        if ready[1] {
+            let mut st = self.lock();
+            self.flush_deferred(&mut st);
+            self.receive(&mut st, RX_BUDGET, false);
+            if now >= st.next_timer {
+                self.run_timers(&mut st);
+            }
+            drop(st);
+            self.run_hooks();
+        }
+        Ok(ready)
     }
 
     /// What an application's poll sends of what earlier application-driven receives held
@@ -791,10 +851,35 @@ fn progress(shared: &Shared) {
             (Some(k), true) => k.as_raw_fd(),
             _ => -1,
         };
-        let fds = [shared.socket.as_raw_fd(), shared.wake.as_raw_fd(), keeper];
-        if sys::poll_readable(fds, timeout).is_err() {
+        // An application thread waiting on its completion channel watches the socket (see
+        // `Shared::wait_with_socket`): while one does, or woke less than the grace period
+        // ago, leave the socket to it, looking again when the grace period ends; once it
+        // has waited that long, sleep on timers alone and let it wake us when it wakes.
+        let mut sock = shared.socket.as_raw_fd();
+        let mut wait = timeout;
+        let woke = shared.wait_woke_at.load(Ordering::SeqCst);
+        let grace_end = woke + APP_GRACE.as_nanos() as u64;
+        if woke != 0 && now < grace_end {
+            sock = -1;
+            let rest = Duration::from_nanos(grace_end - now);
+            wait = Some(wait.map_or(rest, |t| t.min(rest)));
+        } else if shared.app_waiters.load(Ordering::SeqCst) > 0 {
+            shared.sleeps_deep.store(true, Ordering::SeqCst);
+            // Checked again after saying so: a waiter that woke in between either is seen
+            // here or sees `sleeps_deep` and wakes us.
+            if shared.app_waiters.load(Ordering::SeqCst) > 0
+                && shared.wait_woke_at.load(Ordering::SeqCst) == woke
+            {
+                sock = -1;
+            } else {
+                shared.sleeps_deep.store(false, Ordering::SeqCst);
+            }
+        }
+        let fds = [sock, shared.wake.as_raw_fd(), keeper];
+        if sys::poll_readable(fds, wait).is_err() {
             std::thread::sleep(Duration::from_millis(1));
         }
+        shared.sleeps_deep.store(false, Ordering::SeqCst);
         sys::drain(&shared.wake);
         let mut st = shared.lock();
         // The application left held-back ACKs for this thread to send: it did not post a
@@ -888,6 +973,9 @@ pub(crate) fn start(cfg: DeviceConfig, sock: crate::udp::Socket) -> Result<Arc<D
         epoch: Instant::now(),
         cfg,
         hooked: Mutex::new(Vec::new()),
+        app_waiters: AtomicUsize::new(0),
+        wait_woke_at: AtomicU64::new(0),
+        sleeps_deep: AtomicBool::new(false),
         hooks_due: AtomicBool::new(false),
     });
     let s2 = Arc::clone(&shared);
