@@ -50,8 +50,9 @@ impl CompChannel {
     /// polling it empty, as with verbs.
     ///
     /// While it waits, the calling thread also watches the device's socket and receives
-    /// what arrives itself (the device's progress thread leaves the socket to it), so a
-    /// message wakes the waiting application directly.
+    /// what arrives itself (the device's progress thread leaves the socket to it, and for a
+    /// millisecond after, expecting it back), so a message wakes the waiting application
+    /// directly. A zero `timeout` only looks.
     pub fn get_event(&self, timeout: Option<Duration>) -> Result<Option<u32>> {
         let deadline = timeout.map(|t| std::time::Instant::now() + t);
         loop {
@@ -60,7 +61,12 @@ impl CompChannel {
             }
             let left = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
             let fd = self.inner.fd.as_raw_fd();
-            let dev = lock(&self.inner.dev).upgrade();
+            // A look without waiting (an application that waits in epoll and calls this
+            // when the fd is readable) leaves the socket to the progress thread.
+            let dev = match left {
+                Some(Duration::ZERO) => None,
+                _ => lock(&self.inner.dev).upgrade(),
+            };
             let ready = match dev {
                 Some(dev) => dev.wait_with_socket(fd, left),
                 None => sys::poll_readable([fd], left).map(|r| [r[0], false]),
