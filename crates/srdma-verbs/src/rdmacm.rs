@@ -340,7 +340,20 @@ impl Queue {
     }
 
     fn push(&self, ev: Box<Event>) {
-        lock(&self.events).push_back(EventBox(ev));
+        self.push_unless(ev, None);
+    }
+
+    /// Queues `ev` unless `closed` (its id's `Shared::closed`) is set, checked under the
+    /// queue's lock: `rdma_destroy_id` sets it and forgets the id's events under the same
+    /// lock, so no event of a destroyed id (naming freed memory) is queued after.
+    fn push_unless(&self, ev: Box<Event>, closed: Option<&AtomicBool>) {
+        {
+            let mut events = lock(&self.events);
+            if closed.is_some_and(|c| c.load(Ordering::Acquire)) {
+                return;
+            }
+            events.push_back(EventBox(ev));
+        }
         let one: u64 = 1;
         // SAFETY: writes 8 bytes from a live local to our eventfd.
         unsafe { libc::write(self.fd.as_raw_fd(), (&raw const one).cast(), 8) };
@@ -365,9 +378,12 @@ impl Queue {
         }
     }
 
-    /// Drops the queued events of `id` (being destroyed).
-    fn forget(&self, id: usize) {
-        lock(&self.events).retain(|e| e.0.c.id as usize != id);
+    /// Marks `id` destroyed (`closed`) and drops its queued events, at once for
+    /// [`Queue::push_unless`].
+    fn forget(&self, id: usize, closed: &AtomicBool) {
+        let mut events = lock(&self.events);
+        closed.store(true, Ordering::Release);
+        events.retain(|e| e.0.c.id as usize != id);
     }
 }
 
@@ -486,7 +502,7 @@ struct State {
 impl Shared {
     fn push(&self, ev: Box<Event>) {
         let q = lock(&self.queue).clone();
-        q.push(ev);
+        q.push_unless(ev, Some(&self.closed));
     }
 
     fn report_disconnected(&self) {
@@ -1084,7 +1100,10 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
             return err(libc::EINVAL);
         };
         crate::unregister(id);
-        me.sh.closed.store(true, Ordering::Release);
+        // From here on the id reports nothing (its connection's thread may still be
+        // finishing a disconnect), and what it queued goes.
+        let q = lock(&me.sh.queue).clone();
+        q.forget(id as usize, &me.sh.closed);
         let (conn, req) = {
             let mut st = lock(&me.sh.st);
             (st.conn.take(), st.request.take())
@@ -1101,7 +1120,6 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
                 let _ = conn.disconnect();
             }
         }
-        lock(&me.sh.queue).forget(id as usize);
         if !me.c.event.is_null() {
             free_event(me.c.event);
         }

@@ -64,17 +64,18 @@ static struct rdma_cm_id *connect_to(struct rdma_event_channel *ch, struct socka
 		.cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1 },
 	};
 	struct rdma_conn_param cp = { .retry_count = 7, .rnr_retry_count = 7 };
+	int type, status = 0;
 
 	if (rdma_create_id(ch, &c, NULL, RDMA_PS_TCP))
 		FAIL("rdma_create_id: %m");
 	if (rdma_resolve_addr(c, NULL, (struct sockaddr *)a, 2000))
 		FAIL("rdma_resolve_addr: %m");
-	if (next_event(ch, 2000, NULL, NULL) != RDMA_CM_EVENT_ADDR_RESOLVED)
-		FAIL("no ADDR_RESOLVED");
+	if ((type = next_event(ch, 2000, &status, NULL)) != RDMA_CM_EVENT_ADDR_RESOLVED)
+		FAIL("no ADDR_RESOLVED but %s (status %d)", type < 0 ? "nothing" : rdma_event_str(type), status);
 	if (rdma_resolve_route(c, 2000))
 		FAIL("rdma_resolve_route: %m");
-	if (next_event(ch, 2000, NULL, NULL) != RDMA_CM_EVENT_ROUTE_RESOLVED)
-		FAIL("no ROUTE_RESOLVED");
+	if ((type = next_event(ch, 2000, &status, NULL)) != RDMA_CM_EVENT_ROUTE_RESOLVED)
+		FAIL("no ROUTE_RESOLVED but %s (status %d)", type < 0 ? "nothing" : rdma_event_str(type), status);
 	if (rdma_create_qp(c, NULL, &qa))
 		FAIL("rdma_create_qp: %m");
 	if (rdma_connect(c, &cp))
