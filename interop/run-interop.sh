@@ -17,7 +17,8 @@
 #                   rdmacm-utils and perftest -R through the drop-in librdmacm.so.1 against
 #                   rdma-core's librdmacm on rxe
 # for SIZE in 64, 4096, 65536 (multi-packet at the path MTU 1024). Every scenario must exit 0
-# on both sides, and the guest's rxe hw counters must show no sequence error and no retry.
+# on both sides, and the guest's rxe hw counters must show no sequence error and no retry
+# (duplicate_request only as many as the copies of srdma's GSO path probe in the capture).
 #
 # Usage: interop/run-interop.sh [SCENARIO...]   (root; installs what it needs with apt-get)
 # Exit status: 0 all passed, 1 a scenario failed, 77 the lab cannot run here (no qemu/root).
@@ -64,10 +65,22 @@ scenario() { # name guest-command host-command
   host=${host//@/$name}
   local gcmd="rxe-counters > /lab/cnt-before; $guest; rc=\$?; rxe-counters-diff /lab/cnt-before > /lab/cnt-diff; exit \$rc"
   if "$LAB/run.sh" -q -o "$out" -t 90 -w "$out/capture.pcap" -a "$gcmd" -H "$host" > "$out/run.log" 2>&1; then
-    if grep -E "^($COUNTERS_BAD):" "$out/cnt-diff" > "$out/bad-counters"; then
+    grep -E "^($COUNTERS_BAD):" "$out/cnt-diff" > "$out/bad-counters" || true
+    # srdma's UDP GSO path probe sends two copies of a duplicate request (a SEND_ONLY
+    # without payload, AckReq set, a PSN rxe has seen) that rxe counts in duplicate_request:
+    # allow exactly as many as the capture shows probe copies from the host, nothing else.
+    local probes dups
+    probes=$("$SRDMA" decode "$out/capture.pcap" 2>/dev/null |
+      grep -cE '10\.77\.0\.1:[0-9]+ > 10\.77\.0\.2:4791 RC_SEND_ONLY .* ack=1 len=0 ' || true)
+    dups=$(sed -n 's/^duplicate_request: .*(+\([0-9]*\))$/\1/p' "$out/bad-counters")
+    if [ -n "$dups" ] && [ "$dups" -le "${probes:-0}" ]; then
+      sed -i '/^duplicate_request:/d' "$out/bad-counters"
+    fi
+    if [ -s "$out/bad-counters" ]; then
       log "FAIL $name: rxe counters show errors: $(tr '\n' ' ' < "$out/bad-counters")"
       return 1
     fi
+    [ -n "$dups" ] && echo "gso probe copies: $probes" >> "$out/cnt-diff"
     log "ok   $name ($(tr '\n' ' ' < "$out/cnt-diff"))"
   else
     log "FAIL $name: see $out (guest: out-A.txt, host: host.txt, capture.pcap)"

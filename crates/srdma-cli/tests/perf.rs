@@ -536,4 +536,12 @@ fn between_two_namespaces() {
         .as_u64()
         .unwrap_or(0);
     assert!(gso > 0, "no GSO sends between namespaces: {}", c.stdout);
+    // ... once the path probe found that the peer takes cut GSO messages.
+    let path = |k: &str| v["device_counters"][k].as_u64().unwrap_or(u64::MAX);
+    assert_eq!(
+        (path("gso_paths_verified"), path("gso_paths_refused")),
+        (1, 0),
+        "{}",
+        c.stdout
+    );
 }

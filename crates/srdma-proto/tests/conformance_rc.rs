@@ -3007,3 +3007,64 @@ fn a_lone_ack_follows_one_request_of_the_responders_own_and_a_nak_goes_first() {
         "{t}"
     );
 }
+
+/// A's GSO path probe (`Qp::gso_probe`, srdma's): a SEND_ONLY without payload at the PSN
+/// before A's oldest unacknowledged one. B treats each copy as a duplicate (executes nothing,
+/// consumes no receive) and answers each with its own ACK, as rxe's `duplicate_request`
+/// does, and A counts both as ACKs that acknowledged nothing. The probe exists only while A
+/// has nothing unacknowledged, right after connecting as after traffic.
+#[test]
+fn each_copy_of_a_gso_probe_draws_an_ack_that_acknowledges_nothing() {
+    let mut p = rc();
+    let r = regions(&mut p);
+    p.post_recv(B, 100, &[sge(&r.rcv, RCV, 256)]);
+    p.post_recv(B, 101, &[sge(&r.rcv, RCV + 256, 256)]);
+    let probe_twice = |p: &mut Pair| -> u64 {
+        let before = p.a.qp.unproductive_acks();
+        for _ in 0..2 {
+            let mut buf = vec![0u8; srdma_proto::transport::MAX_PACKET_LEN];
+            let t = p.a.qp.gso_probe(&mut buf).expect("an idle RTS QP probes");
+            buf.truncate(t.len);
+            let e = encap(
+                p.a.ip,
+                ip_of(t.dest.dgid),
+                t.dest.udp_sport,
+                t.dest.udp_dport,
+            );
+            srdma_wire::Packet::new_unchecked(&mut buf[..])
+                .fill_icrc(&e)
+                .unwrap();
+            let repr = PacketRepr::parse_bytes(&buf).unwrap();
+            assert_eq!(repr.bth.opcode, Opcode::RcSendOnly);
+            assert_eq!(repr.bth.psn, p.a.qp.psn_state().1.sub(1));
+            assert!(repr.payload.is_empty());
+            p.deliver(B, &buf, e);
+        }
+        p.pump();
+        p.a.qp.unproductive_acks() - before
+    };
+    // Right after connecting: nothing sent yet.
+    assert_eq!(probe_twice(&mut p), 2, "{}", p.trace());
+    assert_eq!(p.b.qp.counters().duplicate_request, 2);
+    // After a message, and while one is unacknowledged.
+    p.post_send(A, send(1, &[sge(&r.src, SRC, 100)]));
+    let (pkt, encap) = p.transmit(A).unwrap();
+    let mut buf = vec![0u8; srdma_proto::transport::MAX_PACKET_LEN];
+    assert!(
+        p.a.qp.gso_probe(&mut buf).is_none(),
+        "no probe while a PSN is unacknowledged"
+    );
+    p.deliver(B, &pkt, encap);
+    p.pump();
+    assert_eq!(st(&p.completions(A)), vec![(1, WcStatus::Success)]);
+    assert_eq!(probe_twice(&mut p), 2, "{}", p.trace());
+    assert_eq!(p.b.qp.counters().duplicate_request, 4);
+    let b = p.completions(B);
+    assert_eq!(
+        st(&b),
+        vec![(100, WcStatus::Success)],
+        "probes complete nothing"
+    );
+    assert_eq!(p.b.qp.recv_queue_len(), 1, "nor take a receive");
+    assert!(p.completions(A).is_empty());
+}

@@ -56,10 +56,16 @@ pub struct DeviceConfig {
 /// device send one datagram per send from then on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Gso {
-    /// Every peer (the default; `SRDMA_GSO=always` is the same).
+    /// IPv6 peers and this host's addresses; an IPv4 peer elsewhere once a probe showed its
+    /// path takes cut GSO messages (the default). The probe: ahead of an RC QP's first
+    /// message to (or answer from) a new peer address, two copies of a duplicate request
+    /// (a SEND without payload at a PSN the peer has seen) go as one GSO message; the peer
+    /// must ACK each. Two ACKs verify the path; one, twice running, or no answer after five
+    /// tries refuse it (one datagram per send). Until verified, one datagram per send.
+    /// Counted in [`DeviceCounters::gso_paths_verified`] and `gso_paths_refused`.
     #[default]
     Auto,
-    /// Every peer.
+    /// Every peer, unverified (`SRDMA_GSO=always`).
     Always,
     /// Only IPv6 peers and IPv4 peers on this host (loopback or a local address): for paths
     /// whose segmentation gives every datagram of a buffer the same IPv4 ID (`SRDMA_GSO=local`).
@@ -294,11 +300,16 @@ pub struct DeviceCounters {
     pub tx_gso_messages: u64,
     /// Receive buffers that held a GRO-coalesced run of datagrams.
     pub rx_gro_buffers: u64,
+    /// Peer addresses whose path the GSO probe found to take cut GSO messages.
+    pub gso_paths_verified: u64,
+    /// Peer addresses whose path rejected the second datagram of a cut GSO message (or
+    /// never answered the probe): sent one datagram per send since.
+    pub gso_paths_refused: u64,
 }
 
 impl DeviceCounters {
     /// Every counter with its name, in declaration order (for devinfo and stats files).
-    pub fn entries(&self) -> [(&'static str, u64); 11] {
+    pub fn entries(&self) -> [(&'static str, u64); 13] {
         [
             ("rx_datagrams", self.rx_datagrams),
             ("rx_malformed", self.rx_malformed),
@@ -311,6 +322,8 @@ impl DeviceCounters {
             ("tx_errors", self.tx_errors),
             ("tx_gso_messages", self.tx_gso_messages),
             ("rx_gro_buffers", self.rx_gro_buffers),
+            ("gso_paths_verified", self.gso_paths_verified),
+            ("gso_paths_refused", self.gso_paths_refused),
         ]
     }
 }

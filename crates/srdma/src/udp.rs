@@ -250,6 +250,12 @@ impl TxBatch {
         self.first[self.n] = self.np;
     }
 
+    /// Drops every queued datagram unsent.
+    pub(crate) fn discard(&mut self) {
+        self.n = 0;
+        self.np = 0;
+    }
+
     /// Groups the queued datagrams into messages; returns the message count.
     fn prepare(&mut self) -> usize {
         let mut m = 0;

@@ -17,6 +17,9 @@ impl Qp {
         // A response for a PSN never sent is a ghost (IBA 9.7.5.1.2): drop it.
         if !psn.before(self.max_sent_psn) {
             self.counters.dropped_pkts += 1;
+            if pkt.bth.opcode == srdma_wire::Opcode::RcAcknowledge {
+                self.unproductive_acks += 1;
+            }
             return;
         }
         self.counters.rcvd_pkts += 1;
@@ -28,6 +31,7 @@ impl Qp {
                 // An ACK or NAK for a PSN already acknowledged is stale (a delayed duplicate, or
                 // a forgery): it changes nothing (rxe `check_psn`).
                 if psn.before(self.comp_psn) {
+                    self.unproductive_acks += 1;
                     return;
                 }
                 match aeth.syndrome {

@@ -201,6 +201,9 @@ enum RespOut {
     },
     /// ATOMIC ACKNOWLEDGE.
     Atomic { psn: Psn, orig: u64 },
+    /// The positive ACK of one duplicate request: sent as it is, never merged with the ACKs
+    /// around it (the requester may be counting them, see [`Qp::gso_probe`]).
+    DupAck { psn: Psn },
 }
 
 /// One queue pair.
@@ -245,6 +248,8 @@ pub struct Qp {
     /// The lone positive ACK in `resp_out` let one request packet go first (see
     /// [`Qp::poll_transmit`]); it goes next.
     ack_yielded: bool,
+    /// ACKs received that acknowledged nothing new (ghosts and stale ones).
+    unproductive_acks: u64,
 }
 
 impl Qp {
@@ -293,6 +298,7 @@ impl Qp {
             nak_sent: false,
             uc_drop: false,
             ack_yielded: false,
+            unproductive_acks: 0,
             inbound: Inbound::Idle,
             resources: VecDeque::new(),
             resp_out: VecDeque::new(),
@@ -661,6 +667,47 @@ impl Qp {
             .or_else(|| self.next_request(ctx, buf))?;
         self.counters.sent_pkts += 1;
         Some(t)
+    }
+
+    /// A probe of the path to the peer for UDP GSO: writes into `buf` a SEND_ONLY without
+    /// payload whose PSN the peer has already seen (the one before the oldest it has not
+    /// acknowledged), so the peer's responder answers it with an ACK that acknowledges
+    /// nothing new (IBA C9-105; rxe `duplicate_request` ACKs every duplicate that starts a
+    /// message) and executes nothing. Sent twice in one GSO message, two such ACKs back
+    /// ([`Qp::unproductive_acks`]) mean both datagrams the message was cut into reached
+    /// the peer's transport with a valid ICRC. `None` unless this is an RC QP in RTS with
+    /// nothing unacknowledged (an ACK to the probe could otherwise acknowledge something).
+    pub fn gso_probe(&mut self, buf: &mut [u8]) -> Option<Transmit> {
+        if self.cfg.qp_type != QpType::Rc
+            || self.state != QpState::Rts
+            || self.req_psn != self.comp_psn
+        {
+            return None;
+        }
+        let mut bth = bth(
+            srdma_wire::Opcode::RcSendOnly,
+            self.attr.dest_qp_num,
+            self.comp_psn.sub(1),
+        );
+        bth.ack_req = true;
+        let len = PacketRepr::new(bth, &[]).emit(buf).ok()?;
+        self.counters.sent_pkts += 1;
+        Some(Transmit {
+            len,
+            dest: self.connected_dest(),
+        })
+    }
+
+    /// ACKs received that acknowledged nothing new: for a PSN not sent yet (ghosts) or
+    /// already acknowledged (duplicates, and the answers to [`Qp::gso_probe`]).
+    pub fn unproductive_acks(&self) -> u64 {
+        self.unproductive_acks
+    }
+
+    /// The PSNs this requester is at: (next to send, oldest unacknowledged). Unchanged
+    /// across a probe, the QP sent and completed nothing meanwhile.
+    pub fn psn_state(&self) -> (Psn, Psn) {
+        (self.req_psn, self.comp_psn)
     }
 
     /// True when the requester has request packets ready to send right now (responses and

@@ -411,6 +411,19 @@ impl Qp {
             // C9-105: re-ACK with the PSN of the last SEND/WRITE executed (rxe `ack_psn`).
             // Not ePSN-1: that may be a READ's PSN, and an ACK past a READ whose responses
             // are still on their way reads as an implied NAK.
+            // Each duplicate that starts a message gets its own ACK, as from rxe
+            // (`duplicate_request`), not one merged with the previous: a requester may count
+            // them (the UDP GSO path probe, `Qp::gso_probe`).
+            Kind::Send | Kind::Write
+                if matches!(
+                    pkt.bth.opcode.position(),
+                    Some(Position::First | Position::Only)
+                ) =>
+            {
+                self.resp_out.push_back(RespOut::DupAck {
+                    psn: self.ack_psn.sub(1),
+                });
+            }
             Kind::Send | Kind::Write => self.queue_ack(self.ack_psn.sub(1), Syndrome::ACK),
             Kind::ReadRequest => {
                 let Some(reth) = pkt.reth else { return };
@@ -536,7 +549,11 @@ impl Qp {
             };
             let dest = self.connected_dest();
             match out {
-                RespOut::Ack { psn, syndrome } => {
+                RespOut::Ack { psn, .. } | RespOut::DupAck { psn } => {
+                    let syndrome = match out {
+                        RespOut::Ack { syndrome, .. } => syndrome,
+                        _ => Syndrome::ACK,
+                    };
                     bth.psn = psn;
                     let mut r = PacketRepr::new(bth, &[]);
                     r.aeth = aeth(syndrome);
