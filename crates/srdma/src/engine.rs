@@ -461,7 +461,10 @@ impl Shared {
                 continue;
             }
             let (got, idle) = st.qps.get(&q).map_or((0, false), |s| {
-                (s.qp.unproductive_acks() - acks, s.qp.psn_state() == psns)
+                (
+                    s.qp.unproductive_acks().saturating_sub(acks),
+                    s.qp.psn_state() == psns,
+                )
             });
             let Some(v) = probe_verdict(got, idle, ns >= deadline, tries, ones) else {
                 continue;
