@@ -555,8 +555,7 @@ impl Device {
 
     /// Sends `qpn`'s packets if an application-driven receive held them back.
     pub(crate) fn flush_if_deferred(&self, st: &mut State, qpn: u32) {
-        if let Some(i) = st.deferred.iter().position(|&q| q == qpn) {
-            st.deferred.swap_remove(i);
+        if st.undefer(qpn) {
             self.h.shared.flush(st, qpn);
         }
     }

@@ -103,6 +103,20 @@ pub(crate) struct State {
     pub(crate) probing: usize,
 }
 
+impl State {
+    /// Takes QP `qpn` off the list of QPs whose packets a receive held back; true if it was
+    /// on it.
+    pub(crate) fn undefer(&mut self, qpn: u32) -> bool {
+        match self.deferred.iter().position(|&q| q == qpn) {
+            Some(i) => {
+                self.deferred.swap_remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
 /// What a device knows of the path to a peer address for UDP GSO (`Gso::Auto`, IPv4 peers
 /// off this host): whether a GSO message cut into datagrams on the way reaches the peer's
 /// transport whole (each datagram's ICRC covers the IPv4 ID the cutting gives it).

@@ -445,9 +445,7 @@ impl Qp {
             }
         }
         // What a receive held back leaves now, behind the request (see `poll_transmit`).
-        if let Some(i) = st.deferred.iter().position(|&q| q == qpn) {
-            st.deferred.swap_remove(i);
-        }
+        st.undefer(qpn);
         dev.flush(&mut st, qpn);
         res
     }
