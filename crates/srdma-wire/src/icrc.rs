@@ -296,15 +296,15 @@ const fn div_x(a: u32) -> u32 {
     ((a ^ (POLY & c.wrapping_neg())) << 1) | c
 }
 
-/// `a * b mod P`, branch-free (zlib's `multmodp`).
-const fn mul_mod(a: u32, mut b: u32) -> u32 {
+/// `a * b mod P` (zlib's `multmodp`): one step per coefficient of `a`, from `x^0` up to its
+/// highest one, so a factor with only low powers (an Identification, below) takes few.
+const fn mul_mod(mut a: u32, mut b: u32) -> u32 {
     let mut p = 0;
-    let mut i = 0;
-    while i < 32 {
+    while a != 0 {
         // All ones when the coefficient of x^i in `a` is set; `b` holds the input times x^i.
-        p ^= b & (((a << i) as i32) >> 31) as u32;
+        p ^= b & ((a as i32) >> 31) as u32;
+        a <<= 1;
         b = mul_x(b);
-        i += 1;
     }
     p
 }
@@ -320,12 +320,25 @@ const fn mul_mod(a: u32, mut b: u32) -> u32 {
 /// `icrc_id0 ^ x^(32+8k) * D(ident) mod P`, one carry-less multiplication: no second pass
 /// over the packet. Lengths past one IPv4 datagram wrap (no such packet exists).
 pub fn ipv4_icrc_with_ident(icrc_id0: u32, roce_len: usize, ident: u16) -> u32 {
+    ipv4_icrc_with_ident_factor(icrc_id0, ipv4_ident_factor(roce_len), ident)
+}
+
+/// The factor [`ipv4_icrc_with_ident_factor`] needs for packets of `roce_len` bytes (BTH to
+/// ICRC inclusive): `x^(32+8k) mod P`, `k` being the bytes the ICRC covers after the
+/// Identification. Computed once for a run of same-sized datagrams.
+pub fn ipv4_ident_factor(roce_len: usize) -> u32 {
     let covered = roce_len.saturating_sub(ICRC_LEN);
     let k = (IPV4_LEN - 6) + UDP_LEN + covered;
-    let xk = mul_mod(X_LOW[k & 0xFF], X_HIGH[(k >> 8) & 0xFF]);
+    mul_mod(X_LOW[k & 0xFF], X_HIGH[(k >> 8) & 0xFF])
+}
+
+/// [`ipv4_icrc_with_ident`] with the length's factor from [`ipv4_ident_factor`]: the ICRC
+/// for Identification `ident` of a packet whose ICRC for ID 0 is `icrc_id0`. An ID below 256
+/// costs eight steps of the CRC register.
+pub fn ipv4_icrc_with_ident_factor(icrc_id0: u32, factor: u32, ident: u16) -> u32 {
     // Reflected: the low ID byte in bits 31..24, the high one in bits 23..16.
     let d = u32::from(ident.swap_bytes()) << 16;
-    icrc_id0 ^ mul_mod(d, xk)
+    icrc_id0 ^ mul_mod(d, factor)
 }
 
 /// `X_LOW[i] = x^(32 + 8 i) mod P`: [`INV_X_LOW`]'s inverses.

@@ -749,18 +749,19 @@ impl Shared {
         }
         for _ in 0..budget {
             let n = rx.recv(fd).unwrap_or(0);
+            let now = self.now();
             for i in 0..n {
                 match rx.get(i) {
                     // An empty datagram is one (malformed) packet too.
                     Some((data, from, _)) if data.is_empty() => {
-                        self.handle_datagram(st, from, data);
+                        self.handle_datagram(st, now, from, data);
                     }
                     Some((data, from, seg)) => {
                         if seg < data.len() {
                             st.counters.rx_gro_buffers += 1;
                         }
                         for pkt in data.chunks(seg.max(1)) {
-                            self.handle_datagram(st, from, pkt);
+                            self.handle_datagram(st, now, from, pkt);
                         }
                     }
                     None => st.counters.rx_malformed += 1,
@@ -801,7 +802,7 @@ impl Shared {
         let mut buf = std::mem::take(&mut st.fwd_buf);
         buf.resize(crate::portshare::FWD_HDR + 65536, 0);
         while let Some((from, n)) = crate::portshare::recv_forwarded(conn, &mut buf) {
-            self.handle_datagram(st, from, &buf[..n]);
+            self.handle_datagram(st, self.now(), from, &buf[..n]);
         }
         let mut touched = std::mem::take(&mut st.touched);
         for qpn in touched.drain(..) {
@@ -811,8 +812,15 @@ impl Shared {
         st.fwd_buf = buf;
     }
 
-    pub(crate) fn handle_datagram(&self, st: &mut State, from: SocketAddr, data: &[u8]) {
-        let now = self.now();
+    /// Handles one received datagram; `now` is when its receive batch arrived (one clock
+    /// read per batch, not per packet).
+    pub(crate) fn handle_datagram(
+        &self,
+        st: &mut State,
+        now: Duration,
+        from: SocketAddr,
+        data: &[u8],
+    ) {
         st.counters.rx_datagrams += 1;
         let Some(encap) = self.encap_from(from) else {
             st.counters.rx_malformed += 1;

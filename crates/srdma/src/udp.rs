@@ -379,6 +379,8 @@ impl TxBatch {
         if i32::from(self.addrs[i].ss_family) != libc::AF_INET {
             return;
         }
+        // The segments share one length but the last: one factor per length.
+        let mut factor = (0, 0);
         for j in 1..k {
             let d = i + j;
             // The ICRC is the last four bytes of the datagram's last piece, which is in its
@@ -394,7 +396,13 @@ impl TxBatch {
             let at = end - base - 4;
             let b = &mut self.bufs[d][at..at + 4];
             let icrc = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-            let icrc = srdma_wire::icrc::ipv4_icrc_with_ident(icrc, self.lens[d], j as u16);
+            if factor.0 != self.lens[d] {
+                factor = (
+                    self.lens[d],
+                    srdma_wire::icrc::ipv4_ident_factor(self.lens[d]),
+                );
+            }
+            let icrc = srdma_wire::icrc::ipv4_icrc_with_ident_factor(icrc, factor.1, j as u16);
             b.copy_from_slice(&icrc.to_le_bytes());
         }
     }
