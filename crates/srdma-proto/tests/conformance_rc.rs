@@ -22,7 +22,7 @@ use std::time::Duration;
 use common::*;
 use srdma_proto::qp::AhAttr;
 use srdma_proto::timer::{local_ack_timeout, rnr_timer};
-use srdma_proto::transport::MAX_UNACKED_PSNS;
+use srdma_proto::transport::{MAX_UNACKED_PSNS, MAX_WINDOW_PSNS};
 use srdma_proto::{
     AccessFlags, AttrMask, DeviceLimits, MrKeys, Mtu, PdId, PostError, Qp, QpAttr, QpConfig,
     QpState, QpType, RKey, RecvWr, SendFlags, SendOp, SendWr, Wc, WcFlags, WcOpcode, WcStatus,
@@ -1259,7 +1259,7 @@ fn timeout_zero_never_retransmits() {
     assert_eq!(p.a.qp.state(), QpState::Rts);
 }
 
-/// Rule: the RC requester never has more than `RXE_MAX_UNACKED_PSNS` (128) PSNs outstanding
+/// Rule: the RC requester starts with at most `RXE_MAX_UNACKED_PSNS` (128) PSNs outstanding
 /// (rxe `rxe_req.c`: `wait_psn`). With every ACK lost, a 200-packet WRITE stops after 128.
 /// (rxe's test `psn_compare(req.psn, comp.psn + 128) > 0` lets one more through: 129.)
 #[test]
@@ -1280,6 +1280,125 @@ fn at_most_128_unacknowledged_psns() {
     p.pump_with(|from, _| if from == B { Fate::Drop } else { Fate::Deliver });
     assert_eq!(p.sent_by(A).len(), MAX_UNACKED_PSNS as usize);
     assert_eq!(p.sent_by(A).last().unwrap().pkt.bth.psn, ps(127));
+}
+
+/// A WRITE of `packets` packets of 256 bytes from A into B, posted; returns (A's source, B's
+/// target) regions.
+fn post_big_write(p: &mut Pair, wr_id: u64, packets: u32) -> (MrKeys, MrKeys) {
+    let len = packets as usize * 256;
+    let src = p.reg(A, SRC, len, 0x5A, all_remote());
+    let dst = p.reg(B, DST, len, 0, all_remote());
+    p.post_send(
+        A,
+        wr(
+            wr_id,
+            SendOp::Write {
+                remote_addr: DST,
+                rkey: rkey(&dst),
+            },
+            &[sge(&src, SRC, len as u32)],
+        ),
+    );
+    (src, dst)
+}
+
+/// Rule (srdma; rxe's window is fixed): the window doubles, up to `MAX_WINDOW_PSNS`, after two
+/// rounds in a row in which it held a packet back and the responder then acknowledged
+/// everything sent; a PSN-sequence NAK puts it back to 128.
+#[test]
+fn the_psn_window_grows_while_the_responder_drains_it_and_falls_back_on_a_loss() {
+    let mut p = rc_with(|a| a.path_mtu = Mtu::Mtu256);
+    let n = 4 * MAX_WINDOW_PSNS;
+    let (_, dst) = post_big_write(&mut p, 1, n);
+    // Rounds: A sends all it may, B takes all of it and answers with one cumulative ACK.
+    let mut bursts = vec![];
+    loop {
+        let mut k = 0;
+        while let Some((pkt, e)) = p.transmit(A) {
+            p.deliver(B, &pkt, e);
+            k += 1;
+        }
+        if k == 0 {
+            break;
+        }
+        bursts.push(k);
+        while let Some((pkt, e)) = p.transmit(B) {
+            p.deliver(A, &pkt, e);
+        }
+    }
+    assert_eq!(
+        bursts,
+        [128, 128, 256, 256, 512, 512, 1024, 1024, 256],
+        "packets per round"
+    );
+    assert_eq!(st(&p.completions(A)), [(1, WcStatus::Success)]);
+    assert!(p.bytes(B, &dst).iter().all(|&b| b == 0x5A));
+
+    // At 1024, the tenth packet of the next WRITE is lost: B NAKs the eleventh, and A resends
+    // from the tenth with 128 PSNs in flight, growing again only after more evidence.
+    let base = p.sent_by(A).len();
+    let (_, _) = post_big_write(&mut p, 2, n);
+    let mut k = 0;
+    while let Some((pkt, e)) = p.transmit(A) {
+        if k != 9 {
+            p.deliver(B, &pkt, e);
+        }
+        k += 1;
+    }
+    assert_eq!(k, 1024);
+    while let Some((pkt, e)) = p.transmit(B) {
+        p.deliver(A, &pkt, e);
+    }
+    let resent: Vec<Psn> = std::iter::from_fn(|| p.transmit(A))
+        .map(|(pkt, _)| PacketRepr::parse_bytes(&pkt).unwrap().bth.psn)
+        .collect();
+    let first = p.sent_by(A)[base].pkt.bth.psn;
+    assert_eq!(resent.len(), 128, "window after the NAK");
+    assert_eq!(
+        resent[0],
+        first.add(9),
+        "the retry starts at the lost packet"
+    );
+    assert_eq!(p.a.qp.counters().rcvd_seq_err, 1);
+}
+
+/// Rule (srdma): a responder that acknowledges part of what was sent while the rest waits in
+/// its queue (rxe ACKs the AckReq of every 64th packet as it reaches it) never lets the
+/// window grow: the requester keeps at most 128 PSNs outstanding, as toward rxe.
+#[test]
+fn the_psn_window_stays_at_128_toward_a_responder_that_lags() {
+    let mut p = rc_with(|a| a.path_mtu = Mtu::Mtu256);
+    let n = 4 * MAX_WINDOW_PSNS;
+    let (_, dst) = post_big_write(&mut p, 1, n);
+    // Each step A sends up to 64 packets and B handles them; B's ACKs reach A two steps later.
+    let mut late: std::collections::VecDeque<Vec<(Vec<u8>, srdma_wire::Encap)>> =
+        Default::default();
+    let mut next_unacked = Psn::new(PSN_A);
+    let mut most = 0;
+    for _ in 0..100_000 {
+        let mut k = 0;
+        while k < 64 {
+            let Some((pkt, e)) = p.transmit(A) else { break };
+            let psn = PacketRepr::parse_bytes(&pkt).unwrap().bth.psn;
+            most = most.max(psn.diff(next_unacked) + 1);
+            p.deliver(B, &pkt, e);
+            k += 1;
+        }
+        late.push_back(std::iter::from_fn(|| p.transmit(B)).collect());
+        if late.len() > 2 {
+            for (ack, e) in late.pop_front().unwrap() {
+                let psn = PacketRepr::parse_bytes(&ack).unwrap().bth.psn;
+                next_unacked = psn.add(1);
+                p.deliver(A, &ack, e);
+            }
+        }
+        if k == 0 && late.iter().all(Vec::is_empty) {
+            break;
+        }
+    }
+    assert_eq!(most, 128, "most PSNs outstanding");
+    assert_eq!(st(&p.completions(A)), [(1, WcStatus::Success)]);
+    assert!(p.bytes(B, &dst).iter().all(|&b| b == 0x5A));
 }
 
 // ---------------------------------------------------------------------------------------

@@ -144,6 +144,8 @@ impl Qp {
         if self.comp_psn == before {
             return;
         }
+        self.window
+            .acked(self.max_sent_psn.diff(self.comp_psn).max(0) as u32);
         self.retry_left = self.attr.retry_cnt;
         self.rnr_retry_left = self.attr.rnr_retry;
         self.retry_started_at = None;
@@ -297,6 +299,7 @@ impl Qp {
         }
         self.retry_left -= 1;
         self.counters.completer_retry_err += 1;
+        self.window.lost();
         self.retry_started_at = Some(self.comp_psn);
         self.rewind();
         self.rearm(now);

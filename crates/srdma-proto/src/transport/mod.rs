@@ -13,6 +13,9 @@
 mod completer;
 mod requester;
 mod responder;
+mod window;
+
+pub use window::MAX_WINDOW_PSNS;
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -28,7 +31,9 @@ use crate::srq::Srq;
 use crate::wc::{SendFlags, Wc, WcOpcode, WcStatus};
 use crate::wr::{PostError, RecvWr, SendOp, SendWr};
 
-/// Most PSNs an RC requester keeps unacknowledged (rxe `RXE_MAX_UNACKED_PSNS`).
+/// The PSNs an RC requester keeps unacknowledged at first and after a loss (rxe
+/// `RXE_MAX_UNACKED_PSNS`, fixed there); the window grows toward a responder that keeps up,
+/// up to [`MAX_WINDOW_PSNS`].
 pub const MAX_UNACKED_PSNS: u32 = 128;
 /// The requester sets AckReq at least every this many packets (rxe `RXE_MAX_PKT_PER_ACK`).
 pub const MAX_PKT_PER_ACK: u32 = 64;
@@ -225,6 +230,7 @@ pub struct Qp {
     max_sent_psn: Psn,
     noack_pkts: u32,
     rd_atomic: u32,
+    window: window::Window,
 
     // Completer.
     comp_psn: Psn,
@@ -286,6 +292,7 @@ impl Qp {
             max_sent_psn: Psn::new(0),
             noack_pkts: 0,
             rd_atomic: 0,
+            window: window::Window::default(),
             comp_psn: Psn::new(0),
             retry_left: 0,
             rnr_retry_left: 0,

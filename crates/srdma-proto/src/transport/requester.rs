@@ -4,9 +4,7 @@ use srdma_wire::{
     AtomicEthRepr, DethRepr, Kind, Opcode, PacketRepr, Position, RethRepr, Transport,
 };
 
-use super::{
-    Ctx, Dest, MAX_PKT_PER_ACK, MAX_UNACKED_PSNS, Qp, Transmit, WqeState, packets, send_wc,
-};
+use super::{Ctx, Dest, MAX_PKT_PER_ACK, Qp, Transmit, WqeState, packets, send_wc};
 use crate::access::AccessFlags;
 use crate::qp::{QpState, QpType};
 use crate::wc::{SendFlags, WcStatus};
@@ -65,7 +63,8 @@ impl Qp {
         if rd_atomic && self.rd_atomic >= max_rd_atomic {
             return false;
         }
-        if rc && self.req_psn.diff(self.comp_psn) >= MAX_UNACKED_PSNS as i32 {
+        if rc && self.req_psn.diff(self.comp_psn) >= self.window.psns() as i32 {
+            self.window.held();
             return false;
         }
         let npkts = match wqe.wr.op {
@@ -104,7 +103,8 @@ impl Qp {
         };
         let wqe = &self.sq[idx];
         let psn = wqe.first_psn.add(wqe.next_pkt);
-        if ty == QpType::Rc && psn.diff(self.comp_psn) >= MAX_UNACKED_PSNS as i32 {
+        if ty == QpType::Rc && psn.diff(self.comp_psn) >= self.window.psns() as i32 {
+            self.window.held();
             return Ok(None);
         }
         let k = wqe.next_pkt;
