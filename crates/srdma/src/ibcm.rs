@@ -615,7 +615,7 @@ impl IbConnection {
     #[allow(clippy::too_many_arguments)]
     fn new(
         reg: CommIdReg,
-        qp: Qp,
+        qp: Option<Qp>,
         gsi: &Gsi,
         peer: Gid,
         remote: RemoteQp,
@@ -625,7 +625,7 @@ impl IbConnection {
     ) -> IbConnection {
         IbConnection {
             _reg: reg,
-            qp: Mutex::new(Some(qp)),
+            qp: Mutex::new(qp),
             gsi: gsi.clone(),
             peer,
             remote,
@@ -645,11 +645,17 @@ impl IbConnection {
     /// The connected QP.
     ///
     /// # Panics
-    /// After [`IbConnection::release_qp`].
+    /// After [`IbConnection::release_qp`], or for a connection made without one
+    /// ([`start_connect_unmanaged`], [`IbRequest::start_accept_unmanaged`]).
     pub fn qp(&self) -> Qp {
         lock(&self.qp)
             .clone()
-            .expect("the QP of this connection was released")
+            .expect("this connection has no QP (released, or made without one)")
+    }
+
+    /// The connected QP, if the connection has one.
+    pub fn try_qp(&self) -> Option<Qp> {
+        lock(&self.qp).clone()
     }
 
     /// Lets go of the QP (its owner destroyed it); the connection can still be
@@ -886,15 +892,45 @@ pub fn start_connect(
     srq: bool,
     opts: &ConnectOptions,
 ) -> Result<Connecting, CmError> {
+    if !qp.device().same(gsi.device()) {
+        return Err(Error::WrongDevice.into());
+    }
+    let local = (Some(qp.clone()), qp.qpn(), qp.qp_type());
+    start(gsi, local, server, src_port, srq, opts)
+}
+
+/// [`start_connect`] for a QP the application moves through RTR and RTS itself
+/// (`rdma_connect` without a QP on the id): the REQ names QP `qpn` of type `qp_type` (RC or
+/// UC); [`Connecting::wait_response`] then returns at the REP, with the attributes for the
+/// QP, and [`Responded::establish`] sends the RTU. The CM never touches that QP.
+pub fn start_connect_unmanaged(
+    gsi: &Gsi,
+    qpn: Qpn,
+    qp_type: QpType,
+    server: SocketAddr,
+    src_port: u16,
+    srq: bool,
+    opts: &ConnectOptions,
+) -> Result<Connecting, CmError> {
+    if qp_type == QpType::Ud {
+        return Err(Error::InvalidArgument("UD has no connection (SIDR)".into()).into());
+    }
+    start(gsi, (None, qpn, qp_type), server, src_port, srq, opts)
+}
+
+fn start(
+    gsi: &Gsi,
+    (qp, qpn, qp_type): (Option<Qp>, Qpn, QpType),
+    server: SocketAddr,
+    src_port: u16,
+    srq: bool,
+    opts: &ConnectOptions,
+) -> Result<Connecting, CmError> {
     opts.check()?;
     let dev = gsi.device();
     if opts.private_data.len() > 92 - wire::CMA_HDR_LEN {
         return Err(CmError::PrivateDataTooLong(opts.private_data.len()));
     }
-    if !qp.device().same(dev) {
-        return Err(Error::WrongDevice.into());
-    }
-    let qp = qp.clone();
     let local = dev.local_gid();
     let peer = Gid::from_ip(server.ip());
     let mtu = opts.offered_mtu(dev);
@@ -919,13 +955,13 @@ pub fn start_connect(
         service_id: wire::service_id(wire::port_space::TCP, server.port()),
         local_ca_guid: dev.query().node_guid,
         local_qkey: 0,
-        local_qpn: qp.qpn().value(),
+        local_qpn: qpn.value(),
         responder_resources: responder,
         local_eecn: 0,
         initiator_depth: initiator,
         remote_eecn: 0,
         remote_cm_response_timeout: 20,
-        transport_service_type: if qp.qp_type() == QpType::Uc { 1 } else { 0 },
+        transport_service_type: if qp_type == QpType::Uc { 1 } else { 0 },
         end_to_end_flow_control: false,
         starting_psn: rq_psn.value(),
         local_cm_response_timeout: 20,
@@ -956,6 +992,7 @@ pub fn start_connect(
     Ok(Connecting {
         gsi: gsi.clone(),
         qp,
+        qp_type,
         peer,
         hdr,
         req,
@@ -972,7 +1009,9 @@ pub fn start_connect(
 /// An active connection whose REQ is on its way ([`start_connect`]).
 pub struct Connecting {
     gsi: Gsi,
-    qp: Qp,
+    /// The QP the CM connects (`None`: the application does, see [`Responded`]).
+    qp: Option<Qp>,
+    qp_type: QpType,
     peer: Gid,
     hdr: MadHdr,
     req: CmMsg,
@@ -999,9 +1038,17 @@ impl Connecting {
     /// Waits for the REP (sending the REQ again while none comes), connects the QP and
     /// sends the RTU. The QP is moved to ERR if the exchange fails.
     pub fn finish(self) -> Result<IbConnection, CmError> {
+        self.wait_response()?.establish()
+    }
+
+    /// Waits for the REP, sending the REQ again while none comes (`rdma_connect` up to
+    /// RDMA_CM_EVENT_CONNECT_RESPONSE). A QP the CM connects is moved to ERR if the exchange
+    /// fails.
+    pub fn wait_response(self) -> Result<Responded, CmError> {
         let Connecting {
             gsi,
             qp,
+            qp_type,
             peer,
             hdr,
             req,
@@ -1013,6 +1060,12 @@ impl Connecting {
             started,
             opts,
         } = self;
+        let fail = |e: CmError| {
+            if let Some(qp) = &qp {
+                let _ = to_error(qp);
+            }
+            Err(e)
+        };
         // The first REQ is out (`start_connect`).
         let mut sends = 1;
         let rep = loop {
@@ -1035,8 +1088,7 @@ impl Connecting {
                     sends -= 1;
                 }
                 Some(CmMsg::Rej(m)) => {
-                    let _ = to_error(&qp);
-                    return Err(CmError::Rejected {
+                    return fail(CmError::Rejected {
                         reason: m.reason,
                         private_data: m.private_data.to_vec(),
                     });
@@ -1045,8 +1097,7 @@ impl Connecting {
                 _ => {}
             }
             if sends >= MAX_SENDS || started.elapsed() >= opts.timeout {
-                let _ = to_error(&qp);
-                return Err(CmError::Timeout);
+                return fail(CmError::Timeout);
             }
             gsi.send(peer, &hdr, &req)?;
             sends += 1;
@@ -1059,22 +1110,87 @@ impl Connecting {
         };
         let initiator = initiator.min(rep.responder_resources);
         let params = opts.params(mtu, Psn::new(rep.starting_psn), initiator, responder);
-        qp.connect(&remote, &params)?;
+        Ok(Responded {
+            gsi,
+            qp,
+            qp_type,
+            peer,
+            tid: hdr.tid,
+            comm_id,
+            reg,
+            remote,
+            params,
+            rep,
+        })
+    }
+}
+
+/// An active connection whose REP came ([`Connecting::wait_response`]): the RTU is still
+/// to be sent ([`Responded::establish`]).
+pub struct Responded {
+    gsi: Gsi,
+    qp: Option<Qp>,
+    qp_type: QpType,
+    peer: Gid,
+    tid: u64,
+    comm_id: u32,
+    reg: CommIdReg,
+    remote: RemoteQp,
+    params: crate::ConnectParams,
+    rep: wire::Rep,
+}
+
+impl std::fmt::Debug for Responded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Responded")
+            .field("comm_id", &self.comm_id)
+            .field("peer", &self.peer)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Responded {
+    /// What the peer's REP asked for.
+    pub fn peer_params(&self) -> PeerParams {
+        PeerParams::of_rep(&self.rep)
+    }
+
+    /// The private data of the peer's REP.
+    pub fn private_data(&self) -> &[u8] {
+        &self.rep.private_data
+    }
+
+    /// The attributes of the local QP for RTR and RTS, with their masks: what the CM gives
+    /// a QP it connects (`rdma_init_qp_attr`).
+    pub fn qp_attrs(&self) -> [(crate::QpAttr, crate::AttrMask); 2] {
+        crate::connect_attrs(self.qp_type, &self.remote, &self.params)
+    }
+
+    /// Connects the QP (if the CM has one) and sends the RTU (`rdma_establish`). The QP is
+    /// moved to ERR if it cannot be connected.
+    pub fn establish(self) -> Result<IbConnection, CmError> {
+        if let Some(qp) = &self.qp {
+            if let Err(e) = qp.connect(&self.remote, &self.params) {
+                let _ = to_error(qp);
+                return Err(e.into());
+            }
+        }
         let rtu = CmMsg::Rtu(wire::Rtu {
-            local_comm_id: comm_id,
-            remote_comm_id: rep.local_comm_id,
+            local_comm_id: self.comm_id,
+            remote_comm_id: self.rep.local_comm_id,
             private_data: [0; 224],
         });
-        gsi.send(peer, &MadHdr::cm(wire::attr::RTU, hdr.tid), &rtu)?;
+        self.gsi
+            .send(self.peer, &MadHdr::cm(wire::attr::RTU, self.tid), &rtu)?;
         Ok(IbConnection::new(
-            reg,
-            qp,
-            &gsi,
-            peer,
-            remote,
-            (comm_id, rep.local_comm_id),
-            rep.private_data.to_vec(),
-            PeerParams::of_rep(&rep),
+            self.reg,
+            self.qp,
+            &self.gsi,
+            self.peer,
+            self.remote,
+            (self.comm_id, self.rep.local_comm_id),
+            self.rep.private_data.to_vec(),
+            PeerParams::of_rep(&self.rep),
         ))
     }
 }
@@ -1107,6 +1223,9 @@ pub struct IbRequest {
     hdr: MadHdr,
     req: wire::Req,
     from: Gid,
+    /// The receive PSN the REP will offer (chosen when the REQ came, so that the attributes
+    /// for the QP are known before the accept: `rdma_init_qp_attr`).
+    psn: Psn,
 }
 
 impl IbListener {
@@ -1152,6 +1271,7 @@ impl IbListener {
                 hdr: got.hdr,
                 req,
                 from: got.from,
+                psn: crate::random_psn(),
             }),
             _ => Err(CmError::Protocol("not a REQ".into())),
         }
@@ -1349,7 +1469,7 @@ pub fn sidr_resolve(
 /// A passive connection whose REP is on its way ([`IbRequest::start_accept`]).
 pub struct Accepting {
     request: IbRequest,
-    qp: Qp,
+    qp: Option<Qp>,
     hdr: MadHdr,
     rep: CmMsg,
     comm_id: u32,
@@ -1414,7 +1534,9 @@ impl Accepting {
                     ));
                 }
                 Some(CmMsg::Rej(m)) => {
-                    let _ = to_error(&qp);
+                    if let Some(qp) = &qp {
+                        let _ = to_error(qp);
+                    }
                     return Err(CmError::Rejected {
                         reason: m.reason,
                         private_data: m.private_data.to_vec(),
@@ -1425,7 +1547,9 @@ impl Accepting {
                 _ => {}
             }
         }
-        let _ = to_error(&qp);
+        if let Some(qp) = &qp {
+            let _ = to_error(qp);
+        }
         Err(CmError::Timeout)
     }
 }
@@ -1497,32 +1621,69 @@ impl IbRequest {
     /// and sends the REP from the calling thread; [`Accepting::finish`] waits for the RTU.
     /// A QP that cannot be connected gets the REQ rejected (no resources).
     pub fn start_accept(self, qp: &Qp, opts: &ConnectOptions) -> Result<Accepting, CmError> {
-        opts.check()?;
-        let dev = self.gsi.device().clone();
+        let qpn = qp.qpn();
+        self.accept_start(Some(qp.clone()), qpn, opts)
+    }
+
+    /// [`IbRequest::start_accept`] for a QP the application moves through RTR and RTS itself
+    /// (`rdma_accept` without a QP on the id): the REP names QP `qpn`; the attributes for
+    /// that QP come from [`IbRequest::qp_attrs`]. The CM never touches the QP.
+    pub fn start_accept_unmanaged(
+        self,
+        qpn: Qpn,
+        opts: &ConnectOptions,
+    ) -> Result<Accepting, CmError> {
+        self.accept_start(None, qpn, opts)
+    }
+
+    /// What accepting with `opts` connects the QP to, and with which parameters.
+    fn plan(&self, opts: &ConnectOptions) -> (RemoteQp, crate::ConnectParams, u8, u8) {
+        let dev = self.gsi.device();
         let req = &self.req;
         // The REQ's path MTU is the path's, and both ends use it (the REP cannot tell the
         // active side of a smaller one), as kernel IB CM does.
-        let mtu = crate::Mtu::from_u32(u32::from(req.path_mtu)).unwrap_or(opts.offered_mtu(&dev));
-        let (responder, initiator) = opts.depths(&dev);
-        let qp = qp.clone();
-        let rq_psn = crate::random_psn();
-        let comm_id = dev.comm_id_prefix() | (random_u32() >> 8);
-        let reg = CommIdReg::new(&self.gsi, comm_id);
+        let mtu = crate::Mtu::from_u32(u32::from(req.path_mtu)).unwrap_or(opts.offered_mtu(dev));
+        let (responder, initiator) = opts.depths(dev);
         let remote = RemoteQp {
             qpn: Qpn::new(req.local_qpn),
-            psn: rq_psn,
+            psn: self.psn,
             gid: self.from,
             port: crate::ROCEV2_PORT,
         };
-        let params = opts.params(
-            mtu,
-            Psn::new(req.starting_psn),
-            initiator.min(req.responder_resources),
-            responder,
-        );
-        if let Err(e) = qp.connect(&remote, &params) {
-            let _ = self.reject_with(reason::NO_RESOURCES);
-            return Err(e.into());
+        let initiator = initiator.min(req.responder_resources);
+        let params = opts.params(mtu, Psn::new(req.starting_psn), initiator, responder);
+        (remote, params, responder, initiator)
+    }
+
+    /// The attributes for an RC or UC QP of `qp_type` accepting this request with `opts`,
+    /// for RTR and RTS, with their masks (`rdma_init_qp_attr` on the passive side).
+    pub fn qp_attrs(
+        &self,
+        qp_type: QpType,
+        opts: &ConnectOptions,
+    ) -> [(crate::QpAttr, crate::AttrMask); 2] {
+        let (remote, params, _, _) = self.plan(opts);
+        crate::connect_attrs(qp_type, &remote, &params)
+    }
+
+    fn accept_start(
+        self,
+        qp: Option<Qp>,
+        qpn: Qpn,
+        opts: &ConnectOptions,
+    ) -> Result<Accepting, CmError> {
+        opts.check()?;
+        let dev = self.gsi.device().clone();
+        let (remote, params, responder, initiator) = self.plan(opts);
+        let req = &self.req;
+        let rq_psn = self.psn;
+        let comm_id = dev.comm_id_prefix() | (random_u32() >> 8);
+        let reg = CommIdReg::new(&self.gsi, comm_id);
+        if let Some(qp) = &qp {
+            if let Err(e) = qp.connect(&remote, &params) {
+                let _ = self.reject_with(reason::NO_RESOURCES);
+                return Err(e.into());
+            }
         }
         let mut private = [0u8; 196];
         let n = opts.private_data.len().min(196);
@@ -1531,11 +1692,11 @@ impl IbRequest {
             local_comm_id: comm_id,
             remote_comm_id: req.local_comm_id,
             local_qkey: 0,
-            local_qpn: qp.qpn().value(),
+            local_qpn: qpn.value(),
             local_eecn: 0,
             starting_psn: rq_psn.value(),
             responder_resources: responder,
-            initiator_depth: initiator.min(req.responder_resources),
+            initiator_depth: initiator,
             target_ack_delay: 15,
             failover_accepted: 0,
             end_to_end_flow_control: false,

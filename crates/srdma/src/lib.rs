@@ -70,7 +70,7 @@ pub use device::{
 pub use error::{Error, Result};
 pub use event::{AsyncEvent, EventHandler};
 pub use lease::{Buf, BufPool, LeasedQp, RawPost};
-pub use qp::{ConnectParams, Qp, QpInit, RemoteQp, Srq, ah};
+pub use qp::{ConnectParams, Qp, QpInit, RemoteQp, Srq, ah, connect_attrs};
 pub use random::{random_psn, random_u64};
 pub use srdma_proto::qp::AhAttr;
 pub use srdma_proto::{

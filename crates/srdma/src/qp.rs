@@ -350,42 +350,9 @@ impl Qp {
             ));
         }
         check_family(&self.inner.dev, remote.gid)?;
-        let mut attr = QpAttr {
-            qp_state: QpState::Rtr,
-            path_mtu: p.mtu,
-            dest_qp_num: remote.qpn,
-            rq_psn: remote.psn,
-            max_dest_rd_atomic: p.max_dest_rd_atomic,
-            min_rnr_timer: p.min_rnr_timer,
-            ah_attr: AhAttr {
-                dgid: remote.gid.0,
-                hop_limit: p.hop_limit,
-                udp_dport: remote.port,
-                ..AhAttr::default()
-            },
-            ..QpAttr::default()
-        };
-        let mut rtr = AttrMask::STATE
-            | AttrMask::AV
-            | AttrMask::PATH_MTU
-            | AttrMask::DEST_QPN
-            | AttrMask::RQ_PSN;
-        let mut rts = AttrMask::STATE | AttrMask::SQ_PSN;
-        if self.inner.qp_type == QpType::Rc {
-            rtr |= AttrMask::MAX_DEST_RD_ATOMIC | AttrMask::MIN_RNR_TIMER;
-            rts |= AttrMask::TIMEOUT
-                | AttrMask::RETRY_CNT
-                | AttrMask::RNR_RETRY
-                | AttrMask::MAX_QP_RD_ATOMIC;
-        }
-        self.modify(&attr, rtr)?;
-        attr.qp_state = QpState::Rts;
-        attr.sq_psn = p.sq_psn;
-        attr.timeout = p.timeout;
-        attr.retry_cnt = p.retry_cnt;
-        attr.rnr_retry = p.rnr_retry;
-        attr.max_rd_atomic = p.max_rd_atomic;
-        self.modify(&attr, rts)
+        let [(rtr, rtr_mask), (rts, rts_mask)] = connect_attrs(self.inner.qp_type, remote, p);
+        self.modify(&rtr, rtr_mask)?;
+        self.modify(&rts, rts_mask)
     }
 
     /// UD: INIT → RTR → RTS with send PSN `sq_psn`.
@@ -552,4 +519,46 @@ pub fn ah(gid: Gid) -> AhAttr {
         dgid: gid.0,
         ..AhAttr::default()
     }
+}
+
+/// The attributes [`Qp::connect`] gives an RC or UC QP of `qp_type` for RTR and for RTS,
+/// with their masks (for a caller that moves the QP itself: `rdma_init_qp_attr`).
+pub fn connect_attrs(
+    qp_type: QpType,
+    remote: &RemoteQp,
+    p: &ConnectParams,
+) -> [(QpAttr, AttrMask); 2] {
+    let mut attr = QpAttr {
+        qp_state: QpState::Rtr,
+        path_mtu: p.mtu,
+        dest_qp_num: remote.qpn,
+        rq_psn: remote.psn,
+        max_dest_rd_atomic: p.max_dest_rd_atomic,
+        min_rnr_timer: p.min_rnr_timer,
+        ah_attr: AhAttr {
+            dgid: remote.gid.0,
+            hop_limit: p.hop_limit,
+            udp_dport: remote.port,
+            ..AhAttr::default()
+        },
+        ..QpAttr::default()
+    };
+    let mut rtr =
+        AttrMask::STATE | AttrMask::AV | AttrMask::PATH_MTU | AttrMask::DEST_QPN | AttrMask::RQ_PSN;
+    let mut rts = AttrMask::STATE | AttrMask::SQ_PSN;
+    if qp_type == QpType::Rc {
+        rtr |= AttrMask::MAX_DEST_RD_ATOMIC | AttrMask::MIN_RNR_TIMER;
+        rts |= AttrMask::TIMEOUT
+            | AttrMask::RETRY_CNT
+            | AttrMask::RNR_RETRY
+            | AttrMask::MAX_QP_RD_ATOMIC;
+    }
+    let rtr_attr = attr;
+    attr.qp_state = QpState::Rts;
+    attr.sq_psn = p.sq_psn;
+    attr.timeout = p.timeout;
+    attr.retry_cnt = p.retry_cnt;
+    attr.rnr_retry = p.rnr_retry;
+    attr.max_rd_atomic = p.max_rd_atomic;
+    [(rtr_attr, rtr), (attr, rts)]
 }
