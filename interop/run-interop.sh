@@ -52,6 +52,7 @@ for b in "$SRDMA" "$CLIENT"; do [ -x "$b" ] || { log "FAIL: $b was not built"; e
 mkdir -p "$RUNS"
 gcc -O2 -Wall -o "$RUNS/verbs_target" "$HERE/verbs_target.c" -libverbs
 gcc -O2 -Wall -o "$RUNS/chain" "$ROOT/crates/srdma-verbs/tests/c/chain.c" -libverbs
+gcc -O2 -Wall -o "$RUNS/qpless" "$ROOT/crates/srdma-verbs/tests/c/qpless.c" -lrdmacm -libverbs -lpthread
 
 # The host side runs in the lab namespace as 10.77.0.1; the guest is 10.77.0.2.
 HOST_RETRY='for i in $(seq 80); do "$@" && exit 0; sleep 0.5; done; exit 1'
@@ -60,7 +61,7 @@ COUNTERS_BAD='rcvd_seq_err|out_of_seq_request|completer_retry_err|retry_exceeded
 scenario() { # name guest-command host-command
   local name=$1 guest=$2 host=$3 out="$RUNS/$1"
   rm -rf "$out"; mkdir -p "$out"
-  cp "$RUNS/verbs_target" "$RUNS/chain" "$out/"
+  cp "$RUNS/verbs_target" "$RUNS/chain" "$RUNS/qpless" "$out/"
   printf '#!/bin/sh\n%s\n' "$HOST_RETRY" > "$out/retry-host"; chmod +x "$out/retry-host"
   host=${host//@/$name}
   local gcmd="rxe-counters > /lab/cnt-before; $guest; rc=\$?; rxe-counters-diff /lab/cnt-before > /lab/cnt-diff; exit \$rc"
@@ -195,6 +196,14 @@ selected dropin-rdma-server-on-rxe && { scenario dropin-rdma-server-on-rxe \
 selected dropin-rdma-client-on-rxe && { scenario dropin-rdma-client-on-rxe \
   "retry 80 0.5 rdma_client -s 10.77.0.1" \
   "$EXEC rdma_server" || fail=1; }
+# Ids without a QP (tests/c/qpless.c: conn_param->qp_num, rdma_init_qp_attr for INIT/RTR/RTS,
+# CONNECT_RESPONSE and rdma_establish, as UCX connects), the same program on both sides.
+selected dropin-qpless-server-on-rxe && { scenario dropin-qpless-server-on-rxe \
+  "/lab/qpless server 10.77.0.2 7471" \
+  "$RUNS/@/retry-host $EXEC $RUNS/@/qpless client 10.77.0.2 7471" || fail=1; }
+selected dropin-qpless-client-on-rxe && { scenario dropin-qpless-client-on-rxe \
+  "retry 80 0.5 /lab/qpless client 10.77.0.1 7471" \
+  "$EXEC $RUNS/@/qpless server 10.77.0.1 7471" || fail=1; }
 
 # UDP GSO toward rxe (SRDMA_GSO=always): a 64 KiB message leaves as one GSO buffer, the
 # kernel cuts it into datagrams numbered 0, 1, 2, … and srdma computed each one's ICRC for

@@ -20,6 +20,8 @@ pub const RDMA_CM_EVENT_ADDR_RESOLVED: rdma_cm_event_type = 0;
 pub const RDMA_CM_EVENT_ROUTE_RESOLVED: rdma_cm_event_type = 2;
 /// `RDMA_CM_EVENT_CONNECT_REQUEST`.
 pub const RDMA_CM_EVENT_CONNECT_REQUEST: rdma_cm_event_type = 4;
+/// `RDMA_CM_EVENT_CONNECT_RESPONSE`: the REP came for an id without a QP.
+pub const RDMA_CM_EVENT_CONNECT_RESPONSE: rdma_cm_event_type = 5;
 /// `RDMA_CM_EVENT_CONNECT_ERROR`.
 pub const RDMA_CM_EVENT_CONNECT_ERROR: rdma_cm_event_type = 6;
 /// `RDMA_CM_EVENT_UNREACHABLE`.

@@ -30,13 +30,19 @@
 //!   `rdma_get_request`, `rdma_migrate_id`, `rdma_set_option` (accepted and ignored: TOS,
 //!   REUSEADDR, AFONLY, ACK_TIMEOUT, IB_PATH), `rdma_notify`, `rdma_getaddrinfo`,
 //!   `rdma_freeaddrinfo`, `rdma_get_devices`, `rdma_free_devices`, `rdma_get_src_port`,
-//!   `rdma_get_dst_port`, `rdma_init_qp_attr` (INIT), `rdma_set_local_ece`,
-//!   `rdma_get_remote_ece` (no ECE: zeroes); `rpoll` and `rselect` on ordinary descriptors
-//!   (what rping, ucmatose and udaddy call them for).
-//! - Stubbed with ENOSYS: `rdma_establish` (connecting without a QP), `rdma_create_srq_ex`,
-//!   multicast (`rdma_join_multicast`, `rdma_join_multicast_ex`, `rdma_leave_multicast`), and
-//!   rsockets (`rsocket` … `riounmap`).
-//! - Missing: LAP/APR (path migration), `rdma_init_qp_attr` for RTR and RTS (EINVAL).
+//!   `rdma_get_dst_port`, `rdma_init_qp_attr` (INIT, RTR, RTS), `rdma_establish`,
+//!   `rdma_set_local_ece`, `rdma_get_remote_ece` (no ECE: zeroes); `rpoll` and `rselect` on
+//!   ordinary descriptors (what rping, ucmatose and udaddy call them for).
+//! - Ids without a QP (UCX's way): `rdma_connect` and `rdma_accept` name
+//!   `conn_param->qp_num` in the REQ/REP and leave the QP to the application, which moves
+//!   it with `rdma_init_qp_attr`; the active side gets RDMA_CM_EVENT_CONNECT_RESPONSE and
+//!   sends the RTU with `rdma_establish` (tests/c/qpless.c, also against kernel rxe in the
+//!   lab). Before the peer is known, RTR/RTS attributes are EINVAL (kernel rdma_cm hands
+//!   out the INIT ones again).
+//! - Stubbed with ENOSYS: `rdma_create_srq_ex`, multicast (`rdma_join_multicast`,
+//!   `rdma_join_multicast_ex`, `rdma_leave_multicast`), and rsockets (`rsocket` …
+//!   `riounmap`).
+//! - Missing: LAP/APR (path migration).
 //!
 //! # Where this differs from kernel rdma_cm, and why
 //!
@@ -497,6 +503,12 @@ struct State {
     want_disconnect: bool,
     /// DISCONNECTED was reported.
     disconnected: bool,
+    /// `rdma_connect` without a QP: the REP came (CONNECT_RESPONSE), the RTU waits for
+    /// `rdma_establish`.
+    responded: Option<ibcm::Responded>,
+    /// An id without a QP: the RTR and RTS attributes for the application's QP, once the
+    /// connection's parameters are known (`rdma_init_qp_attr`).
+    qp_attrs: Option<[(QpAttr, AttrMask); 2]>,
 }
 
 impl Shared {
@@ -829,17 +841,20 @@ fn failure(id: usize, e: &CmError, ud: bool) -> Box<Event> {
     }
 }
 
-/// An established connection: reports ESTABLISHED, then watches for the peer's DREQ or the
+/// An established connection: reports ESTABLISHED (if given: the active side of a
+/// connection made without a QP gets none after `rdma_establish`), then watches for the peer's DREQ or the
 /// application's `rdma_disconnect`, and reports DISCONNECTED once.
-fn run_connection(sh: Arc<Shared>, conn: IbConnection, established: Box<Event>) {
+fn run_connection(sh: Arc<Shared>, conn: IbConnection, established: Option<Box<Event>>) {
     let conn = Arc::new(conn);
-    {
+    if let Some(qp) = conn.try_qp() {
         let mut all = lock(&CONNS);
         all.retain(|(_, w)| w.strong_count() > 0);
-        all.push((conn.qp().qpn().value(), Arc::downgrade(&conn)));
+        all.push((qp.qpn().value(), Arc::downgrade(&conn)));
     }
     lock(&sh.st).conn = Some(conn.clone());
-    sh.push(established);
+    if let Some(ev) = established {
+        sh.push(ev);
+    }
     loop {
         if sh.closed.load(Ordering::Acquire) {
             return;
@@ -1445,8 +1460,7 @@ pub unsafe extern "C" fn rdma_connect(
             return me.complete();
         }
         if me.c.qp.is_null() {
-            // Connecting without a QP (rdma_establish) is not supported.
-            return err(libc::EINVAL);
+            return connect_unmanaged(me, &gsi, src.port(), dst, conn_param);
         }
         let o = match options(conn_param, REQ_PRIVATE, None) {
             Ok(o) => o,
@@ -1476,7 +1490,7 @@ pub unsafe extern "C" fn rdma_connect(
                         &conn.remote_private_data()
                             [..REP_PRIVATE.min(conn.remote_private_data().len())],
                     );
-                    run_connection(sh, conn, ev);
+                    run_connection(sh, conn, Some(ev));
                 }
                 Err(e) => sh.push(failure(idp, &e, false)),
             }
@@ -1486,6 +1500,118 @@ pub unsafe extern "C" fn rdma_connect(
         }
         me.complete()
     })
+}
+
+/// The transport of a connected id's QP.
+fn conn_qp_type(me: &Id) -> srdma::QpType {
+    if me.c.qp_type == IBV_QPT_UC {
+        srdma::QpType::Uc
+    } else {
+        srdma::QpType::Rc
+    }
+}
+
+/// `rdma_connect` on an id without a QP: the REQ names `conn_param->qp_num`, the REP brings
+/// RDMA_CM_EVENT_CONNECT_RESPONSE (and the attributes for `rdma_init_qp_attr`), and
+/// `rdma_establish` sends the RTU, as librdmacm does; the application moves its QP.
+fn connect_unmanaged(
+    me: &mut Id,
+    gsi: &Gsi,
+    src_port: u16,
+    dst: SocketAddr,
+    conn_param: *mut rdma_conn_param,
+) -> c_int {
+    if conn_param.is_null() {
+        return err(libc::EINVAL);
+    }
+    // SAFETY: valid per the caller's contract.
+    let (qpn, srq) = unsafe { ((*conn_param).qp_num, (*conn_param).srq != 0) };
+    if qpn == 0 || qpn > 0xFF_FFFF {
+        return err(libc::EINVAL);
+    }
+    let o = match options(conn_param, REQ_PRIVATE, None) {
+        Ok(o) => o,
+        Err(e) => return err(e),
+    };
+    let qpn = srdma_wire::Qpn::new(qpn);
+    let connecting =
+        match ibcm::start_connect_unmanaged(gsi, qpn, conn_qp_type(me), dst, src_port, srq, &o) {
+            Ok(c) => c,
+            Err(e) => return err(cm_errno(&e)),
+        };
+    lock(&me.sh.st).connecting = true;
+    let idp = me.ptr() as usize;
+    let sh = me.sh.clone();
+    let r = run_job(move || match connecting.wait_response() {
+        Ok(resp) => {
+            let data = resp.private_data();
+            let ev = with_conn(
+                event(idp, RDMA_CM_EVENT_CONNECT_RESPONSE, 0),
+                &resp.peer_params(),
+                &data[..REP_PRIVATE.min(data.len())],
+            );
+            {
+                let mut st = lock(&sh.st);
+                st.qp_attrs = Some(resp.qp_attrs());
+                st.responded = Some(resp);
+            }
+            sh.push(ev);
+        }
+        Err(e) => sh.push(failure(idp, &e, false)),
+    });
+    if let Err(e) = r {
+        return err(e);
+    }
+    me.complete()
+}
+
+/// `rdma_accept` on an id without a QP: the REP names `conn_param->qp_num`, which the
+/// application moved to RTR first (`rdma_init_qp_attr`); ESTABLISHED follows the RTU.
+fn accept_unmanaged(me: &mut Id, r: IbRequest, conn_param: *mut rdma_conn_param) -> c_int {
+    // SAFETY: NULL or valid per the caller's contract.
+    let qpn = (!conn_param.is_null()).then(|| unsafe { (*conn_param).qp_num });
+    let Some(qpn) = qpn.filter(|&q| q != 0 && q <= 0xFF_FFFF) else {
+        lock(&me.sh.st).request = Some(Pending::Conn(r));
+        return err(libc::EINVAL);
+    };
+    let o = match options(conn_param, REP_PRIVATE, Some(r.peer_params())) {
+        Ok(o) => o,
+        Err(e) => {
+            lock(&me.sh.st).request = Some(Pending::Conn(r));
+            return err(e);
+        }
+    };
+    let attrs = r.qp_attrs(conn_qp_type(me), &o);
+    let accepting = match r.start_accept_unmanaged(srdma_wire::Qpn::new(qpn), &o) {
+        Ok(a) => a,
+        Err(e) => return err(cm_errno(&e)),
+    };
+    lock(&me.sh.st).qp_attrs = Some(attrs);
+    wait_rtu(me, accepting, None)
+}
+
+/// The rest of `rdma_accept` once the REP is out: a CM worker waits for the RTU and reports
+/// ESTABLISHED (or the failure). `qp`, the id's QP if it has one, is held until then.
+fn wait_rtu(me: &mut Id, accepting: ibcm::Accepting, qp: Option<srdma::Qp>) -> c_int {
+    lock(&me.sh.st).connecting = true;
+    let idp = me.ptr() as usize;
+    let sh = me.sh.clone();
+    let r = run_job(move || {
+        let r = accepting.finish();
+        // The connection holds the QP until the application destroys it.
+        drop(qp);
+        match r {
+            Ok(conn) => {
+                let ev = event(idp, RDMA_CM_EVENT_ESTABLISHED, 0);
+                run_connection(sh, conn, Some(ev));
+            }
+            Err(e) => sh.push(failure(idp, &e, false)),
+        }
+    });
+    if let Err(e) = r {
+        return err(e);
+    }
+    me.complete()
 }
 
 /// `rdma_accept`: for a connection request, the REP (the QP connected first) and, when the
@@ -1528,8 +1654,7 @@ pub unsafe extern "C" fn rdma_accept(
             }
             Some(Pending::Conn(r)) => {
                 if me.c.qp.is_null() {
-                    lock(&me.sh.st).request = Some(Pending::Conn(r));
-                    return err(libc::EINVAL);
+                    return accept_unmanaged(me, r, conn_param);
                 }
                 let o = match options(conn_param, REP_PRIVATE, Some(r.peer_params())) {
                     Ok(o) => o,
@@ -1549,25 +1674,7 @@ pub unsafe extern "C" fn rdma_accept(
                     Ok(a) => a,
                     Err(e) => return err(cm_errno(&e)),
                 };
-                lock(&me.sh.st).connecting = true;
-                let idp = me.ptr() as usize;
-                let sh = me.sh.clone();
-                let r = run_job(move || {
-                    let r = accepting.finish();
-                    // The connection holds the QP until the application destroys it.
-                    drop(qp);
-                    match r {
-                        Ok(conn) => {
-                            let ev = event(idp, RDMA_CM_EVENT_ESTABLISHED, 0);
-                            run_connection(sh, conn, ev);
-                        }
-                        Err(e) => sh.push(failure(idp, &e, false)),
-                    }
-                });
-                if let Err(e) = r {
-                    return err(e);
-                }
-                me.complete()
+                wait_rtu(me, accepting, Some(qp))
             }
             None => err(libc::EINVAL),
         }
@@ -2280,8 +2387,9 @@ pub unsafe extern "C" fn rdma_notify(id: *mut rdma_cm_id, _event: c_int) -> c_in
     }
 }
 
-/// `rdma_init_qp_attr`: the attributes kernel rdma_cm gives a QP for INIT (the other
-/// states are set by the connection exchange itself: ENOSYS).
+/// `rdma_init_qp_attr`: the attributes kernel rdma_cm gives a QP for INIT, RTR and RTS
+/// (RTR/RTS once the peer is known: a request to accept, a REP; EINVAL before, and for
+/// other states).
 ///
 /// # Safety
 /// `id` NULL or live; `qp_attr` and `qp_attr_mask` valid.
@@ -2301,8 +2409,19 @@ pub unsafe extern "C" fn rdma_init_qp_attr(
         }
         // SAFETY: valid per the contract.
         let a = unsafe { &mut *qp_attr };
+        let rtr = a.qp_state == QpState::Rtr as u32;
+        if rtr || a.qp_state == QpState::Rts as u32 {
+            let (attr, mask) = match later_attrs(me, rtr) {
+                Ok(am) => am,
+                Err(e) => return err(e),
+            };
+            crate::verbs::qp_attr_to_c(&attr, a);
+            // SAFETY: valid per the contract.
+            unsafe { *qp_attr_mask = mask.bits() as c_int };
+            return 0;
+        }
         if a.qp_state != QpState::Init as u32 {
-            return err(libc::ENOSYS);
+            return err(libc::EINVAL);
         }
         a.pkey_index = 0;
         a.port_num = 1;
@@ -2322,10 +2441,66 @@ pub unsafe extern "C" fn rdma_init_qp_attr(
     })
 }
 
-/// `rdma_establish`: connecting without a QP is not supported (ENOSYS).
+/// The RTR (`rtr`) or RTS attributes of `me`'s connection, for `rdma_init_qp_attr`: UD's
+/// as librdmacm sets them (the state; the send PSN 0 for RTS); a connected id's once its
+/// peer is known (a request being accepted, a REP received), EINVAL before.
+fn later_attrs(me: &Id, rtr: bool) -> Result<(QpAttr, AttrMask), c_int> {
+    let i = if rtr { 0 } else { 1 };
+    if me.is_ud() {
+        let attr = QpAttr {
+            qp_state: if rtr { QpState::Rtr } else { QpState::Rts },
+            ..QpAttr::default()
+        };
+        let mask = if rtr {
+            AttrMask::STATE
+        } else {
+            AttrMask::STATE | AttrMask::SQ_PSN
+        };
+        return Ok((attr, mask));
+    }
+    let st = lock(&me.sh.st);
+    if let Some(a) = &st.qp_attrs {
+        return Ok(a[i]);
+    }
+    match &st.request {
+        Some(Pending::Conn(r)) => {
+            let o = options(std::ptr::null(), REP_PRIVATE, Some(r.peer_params()))?;
+            Ok(r.qp_attrs(conn_qp_type(me), &o)[i])
+        }
+        _ => Err(libc::EINVAL),
+    }
+}
+
+/// `rdma_establish`: after CONNECT_RESPONSE on an id without a QP (the application moved
+/// its QP to RTR and RTS), the RTU; the passive side then reports ESTABLISHED. EINVAL on an
+/// id with a QP or without a response.
+///
+/// # Safety
+/// `id` NULL or live.
 #[unsafe(no_mangle)]
-pub extern "C" fn rdma_establish(_id: *mut rdma_cm_id) -> c_int {
-    err(libc::ENOSYS)
+pub unsafe extern "C" fn rdma_establish(id: *mut rdma_cm_id) -> c_int {
+    guard(err(libc::EIO), || {
+        leave_data_path();
+        // SAFETY: per the contract.
+        let Some(me) = (unsafe { id_of(id) }) else {
+            return err(libc::EINVAL);
+        };
+        if !me.c.qp.is_null() {
+            return err(libc::EINVAL);
+        }
+        let Some(resp) = lock(&me.sh.st).responded.take() else {
+            return err(libc::EINVAL);
+        };
+        let conn = match resp.establish() {
+            Ok(c) => c,
+            Err(e) => return err(cm_errno(&e)),
+        };
+        let sh = me.sh.clone();
+        match run_job(move || run_connection(sh, conn, None)) {
+            Ok(()) => 0,
+            Err(e) => err(e),
+        }
+    })
 }
 
 /// `rdma_get_src_port`: the id's source port, network order.

@@ -1428,27 +1428,8 @@ pub unsafe extern "C" fn ibv_query_qp(
             *attr = std::mem::zeroed();
             &mut *attr
         };
-        a.qp_state = s.qp_state as u32;
-        a.cur_qp_state = s.qp_state as u32;
-        a.path_mtu = s.path_mtu.as_u32();
-        a.path_mig_state = IBV_MIG_MIGRATED;
-        a.qkey = s.qkey;
-        a.rq_psn = s.rq_psn.value();
-        a.sq_psn = s.sq_psn.value();
-        a.dest_qp_num = s.dest_qp_num.value();
-        a.qp_access_flags = s.qp_access_flags.bits();
+        qp_attr_to_c(&s, a);
         a.cap = cap;
-        ah_attr_to_c(&s.ah_attr, &mut a.ah_attr);
-        a.pkey_index = s.pkey_index;
-        a.en_sqd_async_notify = u8::from(s.en_sqd_async_notify);
-        a.sq_draining = u8::from(s.sq_draining);
-        a.max_rd_atomic = s.max_rd_atomic;
-        a.max_dest_rd_atomic = s.max_dest_rd_atomic;
-        a.min_rnr_timer = s.min_rnr_timer;
-        a.port_num = s.port_num;
-        a.timeout = s.timeout;
-        a.retry_cnt = s.retry_cnt;
-        a.rnr_retry = s.rnr_retry;
         // SAFETY: writable per the contract.
         let i = unsafe { &mut *init_attr };
         i.qp_context = q.c.qp_base.qp_context;
@@ -1462,6 +1443,30 @@ pub unsafe extern "C" fn ibv_query_qp(
         unsafe { (*qp).state = s.qp_state as u32 };
         0
     })
+}
+
+/// Writes `s` into the C attributes `a` (every field `QpAttr` has but the capabilities).
+pub(crate) fn qp_attr_to_c(s: &QpAttr, a: &mut ibv_qp_attr) {
+    a.qp_state = s.qp_state as u32;
+    a.cur_qp_state = s.qp_state as u32;
+    a.path_mtu = s.path_mtu.as_u32();
+    a.path_mig_state = IBV_MIG_MIGRATED;
+    a.qkey = s.qkey;
+    a.rq_psn = s.rq_psn.value();
+    a.sq_psn = s.sq_psn.value();
+    a.dest_qp_num = s.dest_qp_num.value();
+    a.qp_access_flags = s.qp_access_flags.bits();
+    ah_attr_to_c(&s.ah_attr, &mut a.ah_attr);
+    a.pkey_index = s.pkey_index;
+    a.en_sqd_async_notify = u8::from(s.en_sqd_async_notify);
+    a.sq_draining = u8::from(s.sq_draining);
+    a.max_rd_atomic = s.max_rd_atomic;
+    a.max_dest_rd_atomic = s.max_dest_rd_atomic;
+    a.min_rnr_timer = s.min_rnr_timer;
+    a.port_num = s.port_num;
+    a.timeout = s.timeout;
+    a.retry_cnt = s.retry_cnt;
+    a.rnr_retry = s.rnr_retry;
 }
 
 /// `ibv_destroy_qp`: outstanding work is dropped with the QP, as with rxe.

@@ -446,6 +446,51 @@ fn a_request_between_two_listeners_waits_for_the_second() {
     assert!(String::from_utf8_lossy(&o.stdout).contains("relisten: ok"));
 }
 
+/// Ids without a QP (tests/c/qpless.c, the way UCX connects): each side names its own QP in
+/// `conn_param->qp_num` and moves it with `rdma_init_qp_attr`; the active side gets
+/// CONNECT_RESPONSE and completes with `rdma_establish`. In one process, then between two
+/// processes on two addresses. (The lab runs the same program against kernel rxe.)
+#[test]
+fn connecting_ids_without_a_qp() {
+    let _serial = serial();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/qpless.c");
+    let out = lib_dir().join("qpless");
+    let o = Command::new("cc")
+        .args(["-O1", "-Wall", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .args(["-lrdmacm", "-libverbs", "-lpthread"])
+        .output()
+        .expect("running cc: install gcc");
+    assert!(o.status.success(), "compiling: {}", text(&o));
+    let o = wait(
+        cmd(&out, "127.0.124.1", &["both", "127.0.124.1"])
+            .spawn()
+            .unwrap(),
+        Duration::from_secs(60),
+        "qpless both",
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("qpless: ok"));
+
+    let srv = cmd(&out, "127.0.125.1", &["server", "127.0.125.1", "7471"])
+        .spawn()
+        .unwrap();
+    wait_thread(srv.id(), "srdma-cm-listen");
+    let s = std::thread::spawn(move || wait(srv, Duration::from_secs(60), "qpless server"));
+    let c = wait(
+        cmd(&out, "127.0.125.2", &["client", "127.0.125.1", "7471"])
+            .spawn()
+            .unwrap(),
+        Duration::from_secs(60),
+        "qpless client",
+    );
+    let s = s.join().expect("server wait");
+    assert!(c.status.success(), "client: {}", text(&c));
+    assert!(s.status.success(), "server: {}", text(&s));
+    assert!(String::from_utf8_lossy(&c.stdout).contains("qpless: ok"));
+}
+
 #[test]
 fn bad_input_through_the_cm_api() {
     let _serial = serial();

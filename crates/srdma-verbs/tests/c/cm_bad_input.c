@@ -62,6 +62,13 @@ int main(int argc, char **argv)
 	EXPECT_ERR(rdma_get_cm_event(NULL, &ev), EINVAL);
 	EXPECT_ERR(rdma_resolve_route(NULL, 100), EINVAL);
 	EXPECT_ERR(rdma_create_qp(NULL, NULL, NULL), EINVAL);
+	EXPECT_ERR(rdma_establish(NULL), EINVAL);
+	{
+		struct ibv_qp_attr qattr = { .qp_state = IBV_QPS_INIT };
+		int qmask;
+
+		EXPECT_ERR(rdma_init_qp_attr(NULL, &qattr, &qmask), EINVAL);
+	}
 	rdma_destroy_qp(NULL);
 	rdma_destroy_event_channel(NULL);
 	rdma_freeaddrinfo(NULL);
@@ -84,6 +91,17 @@ int main(int argc, char **argv)
 	EXPECT_ERR(rdma_disconnect(id), EINVAL);
 	EXPECT_ERR(rdma_resolve_route(id, 100), EINVAL);
 	EXPECT_ERR(rdma_create_qp(id, NULL, NULL), EINVAL);
+	/* No connection: nothing to establish, no RTR/RTS attributes; no such state. */
+	EXPECT_ERR(rdma_establish(id), EINVAL);
+	{
+		struct ibv_qp_attr qattr = { .qp_state = IBV_QPS_RTS };
+		int qmask;
+
+		EXPECT_ERR(rdma_init_qp_attr(id, &qattr, &qmask), EINVAL);
+		EXPECT_ERR(rdma_init_qp_attr(id, NULL, &qmask), EINVAL);
+		qattr.qp_state = IBV_QPS_SQD;
+		EXPECT_ERR(rdma_init_qp_attr(id, &qattr, &qmask), EINVAL);
+	}
 
 	/* An address no srdma device has. */
 	memset(&sin, 0, sizeof sin);
@@ -145,6 +163,14 @@ int main(int argc, char **argv)
 	CHECK(rdma_get_cm_event(ch, &ev) == 0 && ev->event == RDMA_CM_EVENT_ROUTE_RESOLVED,
 	      "ROUTE_RESOLVED");
 	rdma_ack_cm_event(ev);
+	{
+		struct rdma_conn_param p;
+
+		/* No QP on the id and no QP number to name in the REQ. */
+		memset(&p, 0, sizeof p);
+		EXPECT_ERR(rdma_connect(id2, &p), EINVAL);
+		EXPECT_ERR(rdma_connect(id2, NULL), EINVAL);
+	}
 	{
 		struct ibv_qp_init_attr qa;
 
