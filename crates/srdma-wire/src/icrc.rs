@@ -236,6 +236,51 @@ pub fn verify(encap: &Encap, packet: &[u8]) -> Result<()> {
 /// [`Error::OutOfRange`] when it cannot fit one IPv4 datagram, and [`Error::MalformedIp`]
 /// for an IPv6 `encap` (IPv6 has no such field: use [`verify`]). Never panics.
 pub fn verify_ipv4_unknown_ident(encap: &Encap, packet: &[u8]) -> Result<u16> {
+    let (carried, computed, k) = ident_check(encap, packet)?;
+    solve_ident(carried, computed, k)
+}
+
+/// A cache for [`verify_ipv4_ident_guess`]: the factor of the last packet length seen.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct IdentFactor {
+    len: usize,
+    factor: u32,
+}
+
+/// [`verify_ipv4_unknown_ident`], cheaper when the caller can guess the Identification:
+/// a packet that carries ID 0 (srdma's single datagrams) or `guess` (srdma's GSO messages
+/// number their datagrams 0, 1, 2, …: a datagram's place in a GRO buffer that arrived uncut)
+/// is checked with the CRC pass and at most one short multiplication (an ID below 256; the
+/// length's factor is kept in `cache` from one packet to the next). Any other ID is solved
+/// for as [`verify_ipv4_unknown_ident`] does. The same packets pass and the same errors come
+/// back as from [`verify_ipv4_unknown_ident`] (the solution is unique).
+pub fn verify_ipv4_ident_guess(
+    encap: &Encap,
+    packet: &[u8],
+    guess: u16,
+    cache: &mut IdentFactor,
+) -> Result<u16> {
+    let (carried, computed, k) = ident_check(encap, packet)?;
+    if carried == computed {
+        return Ok(0);
+    }
+    if guess != 0 {
+        if cache.len != packet.len() {
+            *cache = IdentFactor {
+                len: packet.len(),
+                factor: ipv4_ident_factor(packet.len()),
+            };
+        }
+        if carried == ipv4_icrc_with_ident_factor(computed, cache.factor, guess) {
+            return Ok(guess);
+        }
+    }
+    solve_ident(carried, computed, k)
+}
+
+/// The checks and the CRC pass of the unknown-ID verification: (carried ICRC, ICRC for ID 0,
+/// bytes covered after the ID field).
+fn ident_check(encap: &Encap, packet: &[u8]) -> Result<(u32, u32, usize)> {
     let crate::IpRepr::V4(mut h) = encap.ip else {
         return Err(Error::MalformedIp(
             "IPv6 (no Identification to solve for: verify the ICRC with icrc::verify)",
@@ -259,16 +304,22 @@ pub fn verify_ipv4_unknown_ident(encap: &Encap, packet: &[u8]) -> Result<u16> {
         ..*encap
     };
     let covered = &packet[..packet.len() - ICRC_LEN];
-    // Bytes after the ID field (IPv4 bytes 4-5): IPv4 bytes 6..20, UDP, the covered packet.
-    // `total` < 2^16 bounds it below 2^16, so the masks only make the indexing visibly safe.
-    // Computed before the CRC, which it does not depend on, so the two can overlap.
+    // Bytes after the ID field (IPv4 bytes 4-5): IPv4 bytes 6..20, UDP, the covered packet;
+    // below 2^16 since `total` is.
     let k = (IPV4_LEN - 6) + UDP_LEN + covered.len();
+    let computed = compute(&zero, covered)?;
+    Ok((carried, computed, k))
+}
+
+/// Solves `carried ^ computed = x^(32+8k) * D(id)` for the ID (see
+/// [`verify_ipv4_unknown_ident`]).
+fn solve_ident(carried: u32, computed: u32, k: usize) -> Result<u16> {
+    // `k` < 2^16: the masks only make the indexing visibly safe.
     let inv = if k < 256 {
         INV_X_LOW[k & 0xFF] // INV_X_HIGH[0] is 1: packets up to 237 bytes (ACKs) skip a step
     } else {
         mul_mod(INV_X_LOW[k & 0xFF], INV_X_HIGH[(k >> 8) & 0xFF])
     };
-    let computed = compute(&zero, covered)?;
     let r = mul_mod(carried ^ computed, inv);
     if r & 0xFFFF == 0 {
         // Reflected: x^0..x^7 (the low ID byte) sit in bits 31..24, x^8..x^15 in bits 23..16.

@@ -101,6 +101,8 @@ pub(crate) struct State {
     pub(crate) paths: std::collections::HashMap<std::net::IpAddr, PathGso>,
     /// How many of `paths` are [`PathGso::Probing`]: flushes look at them only then.
     pub(crate) probing: usize,
+    /// The receive path's cache for checking IPv4 ICRCs (see `handle_datagram`).
+    pub(crate) ident_factor: srdma_wire::icrc::IdentFactor,
 }
 
 impl State {
@@ -754,14 +756,14 @@ impl Shared {
                 match rx.get(i) {
                     // An empty datagram is one (malformed) packet too.
                     Some((data, from, _)) if data.is_empty() => {
-                        self.handle_datagram(st, now, from, data);
+                        self.handle_datagram(st, now, from, data, 0);
                     }
                     Some((data, from, seg)) => {
                         if seg < data.len() {
                             st.counters.rx_gro_buffers += 1;
                         }
-                        for pkt in data.chunks(seg.max(1)) {
-                            self.handle_datagram(st, now, from, pkt);
+                        for (j, pkt) in data.chunks(seg.max(1)).enumerate() {
+                            self.handle_datagram(st, now, from, pkt, j as u16);
                         }
                     }
                     None => st.counters.rx_malformed += 1,
@@ -802,7 +804,7 @@ impl Shared {
         let mut buf = std::mem::take(&mut st.fwd_buf);
         buf.resize(crate::portshare::FWD_HDR + 65536, 0);
         while let Some((from, n)) = crate::portshare::recv_forwarded(conn, &mut buf) {
-            self.handle_datagram(st, self.now(), from, &buf[..n]);
+            self.handle_datagram(st, self.now(), from, &buf[..n], 0);
         }
         let mut touched = std::mem::take(&mut st.touched);
         for qpn in touched.drain(..) {
@@ -813,13 +815,14 @@ impl Shared {
     }
 
     /// Handles one received datagram; `now` is when its receive batch arrived (one clock
-    /// read per batch, not per packet).
+    /// read per batch, not per packet); `place`: its place in its GRO buffer.
     pub(crate) fn handle_datagram(
         &self,
         st: &mut State,
         now: Duration,
         from: SocketAddr,
         data: &[u8],
+        place: u16,
     ) {
         st.counters.rx_datagrams += 1;
         let Some(encap) = self.encap_from(from) else {
@@ -827,10 +830,14 @@ impl Shared {
             return;
         };
         // IPv6: every covered field is known. IPv4: the ID is not (a UDP socket cannot see
-        // it); one pass solves for it — srdma peers send 0 (or 0, 1, 2, … across a GSO run),
+        // it); one pass solves for it — srdma peers send 0 (or 0, 1, 2, … across a GSO run,
+        // which reaches us uncut over veth: the place in the GRO buffer is the likely ID),
         // rxe and NICs others.
         let ident = match encap.ip {
-            IpRepr::V4(_) => srdma_wire::icrc::verify_ipv4_unknown_ident(&encap, data).ok(),
+            IpRepr::V4(_) => {
+                srdma_wire::icrc::verify_ipv4_ident_guess(&encap, data, place, &mut st.ident_factor)
+                    .ok()
+            }
             IpRepr::V6(_) => srdma_wire::icrc::verify(&encap, data).ok().map(|()| 0),
         };
         if let Some(w) = st.capture.as_mut() {
@@ -1216,6 +1223,7 @@ pub(crate) fn start(cfg: DeviceConfig, sock: crate::udp::Socket) -> Result<Arc<D
         deferred: Vec::with_capacity(64),
         paths: std::collections::HashMap::new(),
         probing: 0,
+        ident_factor: Default::default(),
         due: Vec::with_capacity(64),
         next_timer: u64::MAX,
         stats_next: 0,
