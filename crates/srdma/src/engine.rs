@@ -972,6 +972,10 @@ enum ZeroCopy {
 /// registered memory (noted by the store while the packet was built) — computing its ICRC
 /// across the pieces. When it cannot go out that way (too many pieces) the pieces are
 /// copied into the slot instead.
+/// Payloads up to this many bytes are copied into the packet rather than sent from the
+/// registered memory (see `commit_zero_copy`).
+const COPY_BELOW: usize = 512;
+
 fn commit_zero_copy(
     tx: &mut crate::udp::TxBatch,
     mem: &Store,
@@ -983,6 +987,11 @@ fn commit_zero_copy(
     const ICRC: usize = srdma_wire::icrc::ICRC_LEN;
     let slot = tx.slot();
     let base = slot.as_ptr() as usize;
+    // A small payload is cheaper copied than sent as iovecs of its own (the kernel imports
+    // and copies each piece separately).
+    if mem.pieces.iter().map(|p| p.len).sum::<usize>() <= COPY_BELOW {
+        return materialize(slot, base, mem);
+    }
     let mut parts = [(std::ptr::null::<u8>(), 0usize); crate::udp::MAX_PARTS];
     let mut n = 0;
     let fits =

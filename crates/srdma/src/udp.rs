@@ -330,12 +330,19 @@ impl TxBatch {
             // batch's live iovecs, control buffers and addresses, and the iovecs into live
             // slots or locked registered memory.
             let r = unsafe {
-                libc::sendmmsg(
-                    fd,
-                    self.hdrs[done..].as_mut_ptr(),
-                    (count - done) as libc::c_uint,
-                    libc::MSG_DONTWAIT,
-                )
+                if count - done == 1 {
+                    // One message (a ping-pong's request or reply): `sendmsg` skips
+                    // `sendmmsg`'s per-call bookkeeping.
+                    let sent = libc::sendmsg(fd, &self.hdrs[done].msg_hdr, libc::MSG_DONTWAIT);
+                    if sent >= 0 { 1 } else { -1 }
+                } else {
+                    libc::sendmmsg(
+                        fd,
+                        self.hdrs[done..].as_mut_ptr(),
+                        (count - done) as libc::c_uint,
+                        libc::MSG_DONTWAIT,
+                    )
+                }
             };
             if r > 0 {
                 for m in done..done + r as usize {
