@@ -801,6 +801,43 @@ pub struct ibv_srq_init_attr {
     pub attr: ibv_srq_attr,
 }
 
+/// `struct ibv_tm_cap`: tag matching capabilities.
+#[repr(C)]
+pub struct ibv_tm_cap {
+    /// Tags.
+    pub max_num_tags: u32,
+    /// Outstanding tag operations.
+    pub max_ops: u32,
+}
+
+/// `struct ibv_srq_init_attr_ex`.
+#[repr(C)]
+pub struct ibv_srq_init_attr_ex {
+    /// The application's pointer.
+    pub srq_context: *mut c_void,
+    /// Attributes.
+    pub attr: ibv_srq_attr,
+    /// Which of the fields below are valid (`IBV_SRQ_INIT_ATTR_*`).
+    pub comp_mask: u32,
+    /// `IBV_SRQT_BASIC`, `IBV_SRQT_XRC`, `IBV_SRQT_TM`.
+    pub srq_type: u32,
+    /// Protection domain.
+    pub pd: *mut ibv_pd,
+    /// XRC domain.
+    pub xrcd: *mut c_void,
+    /// XRC completion queue.
+    pub cq: *mut ibv_cq,
+    /// Tag matching.
+    pub tm_cap: ibv_tm_cap,
+}
+
+/// `IBV_SRQ_INIT_ATTR_TYPE`.
+pub const IBV_SRQ_INIT_ATTR_TYPE: u32 = 1 << 0;
+/// `IBV_SRQ_INIT_ATTR_PD`.
+pub const IBV_SRQ_INIT_ATTR_PD: u32 = 1 << 1;
+/// `IBV_SRQT_BASIC`.
+pub const IBV_SRQT_BASIC: u32 = 0;
+
 /// `struct ibv_sge`.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -1200,6 +1237,7 @@ mod tests {
             }
             struct ibv_srq_attr { max_wr, max_sge, srq_limit }
             struct ibv_srq_init_attr { srq_context, attr }
+            struct ibv_srq_init_attr_ex { srq_context, attr, comp_mask, srq_type, pd, xrcd, cq, tm_cap }
             struct ibv_sge { addr, length, lkey }
             struct ibv_recv_wr { wr_id, next, sg_list, num_sge }
             struct ibv_send_wr {

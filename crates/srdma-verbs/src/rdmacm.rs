@@ -39,9 +39,9 @@
 //!   sends the RTU with `rdma_establish` (tests/c/qpless.c, also against kernel rxe in the
 //!   lab). Before the peer is known, RTR/RTS attributes are EINVAL (kernel rdma_cm hands
 //!   out the INIT ones again).
-//! - Stubbed with ENOSYS: `rdma_create_srq_ex`, multicast (`rdma_join_multicast`,
-//!   `rdma_join_multicast_ex`, `rdma_leave_multicast`), and rsockets (`rsocket` …
-//!   `riounmap`).
+//! - `rdma_create_srq_ex` for basic SRQs (XRC and tag matching: EOPNOTSUPP).
+//! - Stubbed with ENOSYS: multicast (`rdma_join_multicast`, `rdma_join_multicast_ex`,
+//!   `rdma_leave_multicast`), and rsockets (`rsocket` … `riounmap`).
 //! - Missing: LAP/APR (path migration).
 //!
 //! # Where this differs from kernel rdma_cm, and why
@@ -2105,6 +2105,54 @@ pub unsafe extern "C" fn rdma_create_srq(
     })
 }
 
+/// `rdma_create_srq_ex`: [`rdma_create_srq`] from the extended attributes, for a basic SRQ
+/// (the PD from `attr->pd` when `IBV_SRQ_INIT_ATTR_PD` says so, else the id's); XRC and
+/// tag-matching SRQs are not supported (EOPNOTSUPP), as `ibv_create_srq_ex` is not.
+///
+/// # Safety
+/// `id` NULL or live; `attr` NULL or valid.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdma_create_srq_ex(
+    id: *mut rdma_cm_id,
+    attr: *mut ibv_srq_init_attr_ex,
+) -> c_int {
+    guard(err(libc::EIO), || {
+        // SAFETY: per the contract.
+        if attr.is_null() || unsafe { id_of(id) }.is_none() {
+            return err(libc::EINVAL);
+        }
+        // SAFETY: valid per the contract.
+        let a = unsafe { &*attr };
+        let known = IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_TYPE;
+        if a.comp_mask & !known != 0
+            || (a.comp_mask & IBV_SRQ_INIT_ATTR_TYPE != 0 && a.srq_type != IBV_SRQT_BASIC)
+        {
+            return err(libc::EOPNOTSUPP);
+        }
+        let pd = if a.comp_mask & IBV_SRQ_INIT_ATTR_PD != 0 {
+            a.pd
+        } else {
+            std::ptr::null_mut()
+        };
+        let mut basic = ibv_srq_init_attr {
+            srq_context: a.srq_context,
+            attr: ibv_srq_attr {
+                max_wr: a.attr.max_wr,
+                max_sge: a.attr.max_sge,
+                srq_limit: a.attr.srq_limit,
+            },
+        };
+        // SAFETY: per the contract; `basic` lives across the call.
+        let r = unsafe { rdma_create_srq(id, pd, &raw mut basic) };
+        // SAFETY: valid per the contract: the limits ibv_create_srq granted, as there.
+        unsafe {
+            (*attr).attr.max_wr = basic.attr.max_wr;
+            (*attr).attr.max_sge = basic.attr.max_sge;
+        }
+        r
+    })
+}
+
 /// `rdma_destroy_srq`.
 ///
 /// # Safety
@@ -2948,10 +2996,5 @@ pub extern "C" fn rdma_join_multicast_ex() -> c_int {
 /// `rdma_leave_multicast`: multicast is not implemented (-1, ENOSYS).
 #[unsafe(no_mangle)]
 pub extern "C" fn rdma_leave_multicast() -> c_int {
-    nosys()
-}
-/// `rdma_create_srq_ex`: extended SRQs are not implemented (-1, ENOSYS).
-#[unsafe(no_mangle)]
-pub extern "C" fn rdma_create_srq_ex() -> c_int {
     nosys()
 }

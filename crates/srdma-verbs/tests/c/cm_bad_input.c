@@ -131,6 +131,25 @@ int main(int argc, char **argv)
 	CHECK(rdma_ack_cm_event(ev) == 0, "ack");
 	EXPECT_ERR(rdma_ack_cm_event(ev), EINVAL); /* twice */
 	{
+		/* rdma_create_srq_ex: basic SRQs only. */
+		struct ibv_srq_init_attr_ex sx;
+
+		memset(&sx, 0, sizeof sx);
+		sx.attr.max_wr = 4;
+		sx.attr.max_sge = 1;
+		sx.comp_mask = IBV_SRQ_INIT_ATTR_TYPE;
+		sx.srq_type = IBV_SRQT_XRC;
+		EXPECT_ERR(rdma_create_srq_ex(id2, &sx), EOPNOTSUPP);
+		EXPECT_ERR(rdma_create_srq_ex(NULL, &sx), EINVAL);
+		EXPECT_ERR(rdma_create_srq_ex(id2, NULL), EINVAL);
+		sx.srq_type = IBV_SRQT_BASIC;
+		CHECK(rdma_create_srq_ex(id2, &sx) == 0 && id2->srq != NULL, "rdma_create_srq_ex");
+		CHECK(sx.attr.max_wr >= 4, "granted SRQ depth");
+		EXPECT_ERR(rdma_create_srq_ex(id2, &sx), EINVAL); /* a second SRQ */
+		rdma_destroy_srq(id2);
+		CHECK(id2->srq == NULL, "rdma_destroy_srq");
+	}
+	{
 		struct rdma_conn_param p;
 		char big[200];
 		struct ibv_qp_init_attr qa;
