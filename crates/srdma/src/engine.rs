@@ -751,6 +751,9 @@ impl Shared {
         }
         for _ in 0..budget {
             let n = rx.recv(fd).unwrap_or(0);
+            if n == 0 {
+                break;
+            }
             let now = self.now();
             for i in 0..n {
                 match rx.get(i) {
@@ -780,7 +783,7 @@ impl Shared {
                     deliver_completions(slot);
                     note_timer(&mut st.next_timer, slot);
                     if !st.deferred.contains(&qpn) {
-                        slot.deferred_at = self.now().as_nanos() as u64;
+                        slot.deferred_at = now.as_nanos() as u64;
                         st.deferred.push(qpn);
                     }
                 }
