@@ -971,14 +971,14 @@ enum ZeroCopy {
     Failed,
 }
 
-/// Queues the packet in the current slot of `tx` — headers and pad there, payload pieces in
-/// registered memory (noted by the store while the packet was built) — computing its ICRC
-/// across the pieces. When it cannot go out that way (too many pieces) the pieces are
-/// copied into the slot instead.
 /// Payloads up to this many bytes are copied into the packet rather than sent from the
 /// registered memory (see `commit_zero_copy`).
 const COPY_BELOW: usize = 512;
 
+/// Queues the packet in the current slot of `tx` — headers and pad there, payload pieces in
+/// registered memory (noted by the store while the packet was built) — computing its ICRC
+/// across the pieces. When it cannot go out that way (too many pieces), or the payload is
+/// at most [`COPY_BELOW`] bytes, the pieces are copied into the slot instead.
 fn commit_zero_copy(
     tx: &mut crate::udp::TxBatch,
     mem: &Store,
