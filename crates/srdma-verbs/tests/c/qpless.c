@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define FAIL(...) do { fprintf(stderr, "qpless: " __VA_ARGS__); fprintf(stderr, "\n"); exit(1); } while (0)
@@ -106,26 +107,32 @@ static void send_text(struct side *s, const char *text)
 		FAIL("ibv_post_send: %m");
 }
 
-/* Polls until the completion with wr_id arrives (within 10 s); fails on an error status. */
-static void wait_wc(struct side *s, uint64_t wr_id)
+/* Polls until the completions of the wr_ids in `want` (a bit per wr_id: 1 << id) have all
+ * arrived, in any order (a reply's receive may complete before the ACK of the request
+ * completes its send), within 30 s; fails on an error status. */
+static void wait_wcs(struct side *s, unsigned want)
 {
+	struct timespec start, now;
+	unsigned seen = 0;
 	struct ibv_wc wc;
 
-	for (int i = 0; i < 10000000; i++) {
+	clock_gettime(CLOCK_MONOTONIC, &start);
+	while ((seen & want) != want) {
 		int n = ibv_poll_cq(s->cq, 1, &wc);
 		if (n < 0)
 			FAIL("ibv_poll_cq");
 		if (n == 0) {
-			usleep(1);
+			clock_gettime(CLOCK_MONOTONIC, &now);
+			if (now.tv_sec - start.tv_sec > 30)
+				FAIL("completions %#x of %#x after 30 s", seen, want);
+			usleep(10);
 			continue;
 		}
 		if (wc.status != IBV_WC_SUCCESS)
 			FAIL("completion %llu: %s", (unsigned long long)wc.wr_id,
 			     ibv_wc_status_str(wc.status));
-		if (wc.wr_id == wr_id)
-			return;
+		seen |= 1u << wc.wr_id;
 	}
-	FAIL("no completion %llu", (unsigned long long)wr_id);
 }
 
 static void teardown(struct rdma_cm_id *id, struct side *s)
@@ -191,11 +198,11 @@ static void *server(void *arg)
 	/* rdma_establish is the active side's. */
 	if (rdma_establish(id) == 0 || errno != EINVAL)
 		FAIL("rdma_establish on the passive side did not fail with EINVAL");
-	wait_wc(&s, 1);
+	wait_wcs(&s, 1 << 1);
 	if (strcmp(s.buf[0], "ping"))
 		FAIL("server received \"%s\"", s.buf[0]);
 	send_text(&s, "pong");
-	wait_wc(&s, 2);
+	wait_wcs(&s, 1 << 2);
 	expect(ch, RDMA_CM_EVENT_DISCONNECTED, NULL, 0, NULL);
 	(void)mask;
 	teardown(id, &s);
@@ -249,8 +256,7 @@ static void client(const char *addr, int port)
 	if (rdma_establish(id))
 		FAIL("rdma_establish: %m");
 	send_text(&s, "ping");
-	wait_wc(&s, 2);
-	wait_wc(&s, 1);
+	wait_wcs(&s, 1 << 1 | 1 << 2);
 	if (strcmp(s.buf[0], "pong"))
 		FAIL("client received \"%s\"", s.buf[0]);
 	if (rdma_disconnect(id))
