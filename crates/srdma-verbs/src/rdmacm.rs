@@ -842,8 +842,8 @@ fn failure(id: usize, e: &CmError, ud: bool) -> Box<Event> {
 }
 
 /// An established connection: reports ESTABLISHED (if given: the active side of a
-/// connection made without a QP gets none after `rdma_establish`), then watches for the peer's DREQ or the
-/// application's `rdma_disconnect`, and reports DISCONNECTED once.
+/// connection made without a QP gets none after `rdma_establish`), then watches for the
+/// peer's DREQ or the application's `rdma_disconnect`, and reports DISCONNECTED once.
 fn run_connection(sh: Arc<Shared>, conn: IbConnection, established: Option<Box<Event>>) {
     let conn = Arc::new(conn);
     if let Some(qp) = conn.try_qp() {
