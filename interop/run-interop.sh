@@ -40,6 +40,7 @@ mkdir -p "$RUNS"
 "$LAB/setup.sh" > "$RUNS/setup.log" 2>&1 || { tail -20 "$RUNS/setup.log"; exit 1; }
 command -v gcc >/dev/null || apt-get install -y -qq gcc >/dev/null
 [ -f /usr/include/infiniband/verbs.h ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libibverbs-dev >/dev/null
+[ -f /usr/include/rdma/rdma_cma.h ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq librdmacm-dev >/dev/null
 
 log "building srdma and verbs_target"
 (cd "$ROOT" && cargo build --release -q -p srdma-cli -p srdma-verbs && cargo build --release -q -p srdma --example verbs_target_client)
