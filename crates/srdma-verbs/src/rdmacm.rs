@@ -1345,6 +1345,12 @@ fn options(
 ) -> Result<ConnectOptions, c_int> {
     let mut o = ConnectOptions {
         timeout: CONNECT_TIMEOUT,
+        // What kernel rdma_cm puts in a RoCE REQ as the local ACK timeout (the packet
+        // lifetime it assumes for RoCE, 18, plus one: 19, 2.1 s; the REQ in
+        // shared/pcaps/rdma_cm_rping.pcap). A passive rxe derives its QP's retransmission
+        // timeout from it: with 14 (67 ms) a guest starved that long retransmitted a SEND
+        // whose ACK was already waiting for it (dropin-send-lat-R-server, once in a CI run).
+        ack_timeout: 19,
         // A client whose server is about to listen again (perftest -R's second connection;
         // Debian's perftest cannot retry it) is not lost to the race: our connect can be
         // faster than a kernel's, and faster than a server in a slow VM.
