@@ -12,7 +12,7 @@
 //! free UDP port and queried (`query`, `query_port`, `gids`), in the layout of `ibv_devinfo`
 //! (tabs included). The node GUID, and so the link-local GID, depends on the UDP port. Fields
 //! `ibv_devinfo -v` prints that srdma has no counterpart for are printed as a real device
-//! without the feature prints them: 0 (memory windows, multicast, raw QPs, EE contexts, FMRs,
+//! without the feature prints them: 0 (memory windows, raw QPs, EE contexts, FMRs,
 //! ODP, TSO, RSS); objects whose number srdma does not bound (CQs, PDs, SRQs, address handles)
 //! show 2147483647, the largest value the field holds. `device_cap_flags` names what srdma
 //! does: P_Key and Q_Key violation counters, a system image GUID, RNR NAKs. `port_cap_flags`
@@ -221,9 +221,12 @@ fn print_device(dev: &Device, args: &Args, out: &mut impl Write) -> anyhow::Resu
             ("max_mw", "0".into()),
             ("max_raw_ipv6_qp", "0".into()),
             ("max_raw_ethy_qp", "0".into()),
-            ("max_mcast_grp", "0".into()),
-            ("max_mcast_qp_attach", "0".into()),
-            ("max_total_mcast_qp_attach", "0".into()),
+            ("max_mcast_grp", attr.max_mcast_grp.to_string()),
+            ("max_mcast_qp_attach", attr.max_mcast_qp_attach.to_string()),
+            (
+                "max_total_mcast_qp_attach",
+                attr.max_total_mcast_qp_attach.to_string(),
+            ),
             ("max_ah", UNLIMITED.to_string()),
             ("max_fmr", "0".into()),
             ("max_srq", UNLIMITED.to_string()),

@@ -169,9 +169,9 @@ fn loopback_device_verbose() {
 \tmax_mw:\t\t\t\t0
 \tmax_raw_ipv6_qp:\t\t0
 \tmax_raw_ethy_qp:\t\t0
-\tmax_mcast_grp:\t\t\t0
-\tmax_mcast_qp_attach:\t\t0
-\tmax_total_mcast_qp_attach:\t0
+\tmax_mcast_grp:\t\t\t8192
+\tmax_mcast_qp_attach:\t\t56
+\tmax_total_mcast_qp_attach:\t458752
 \tmax_ah:\t\t\t\t2147483647
 \tmax_fmr:\t\t\t0
 \tmax_srq:\t\t\t2147483647

@@ -165,6 +165,10 @@ impl DeviceConfig {
             atomic_cap: 1,
             phys_port_cnt: 1,
             max_inline_data: l.max_inline_data,
+            max_mcast_grp: crate::engine::MAX_MCAST_GRP,
+            max_mcast_qp_attach: crate::engine::MAX_MCAST_QP_ATTACH,
+            max_total_mcast_qp_attach: crate::engine::MAX_MCAST_GRP
+                * crate::engine::MAX_MCAST_QP_ATTACH,
         }
     }
 
@@ -249,6 +253,12 @@ pub struct DeviceAttr {
     pub phys_port_cnt: u8,
     /// Largest inline send.
     pub max_inline_data: u32,
+    /// Multicast groups a device joins at most (rxe's limit).
+    pub max_mcast_grp: u32,
+    /// QPs attached to one multicast group at most (rxe's limit).
+    pub max_mcast_qp_attach: u32,
+    /// Attachments of QPs to groups at most, all groups together.
+    pub max_total_mcast_qp_attach: u32,
 }
 
 /// Port attributes (`ibv_query_port`).
@@ -551,6 +561,23 @@ impl Device {
 
     pub(crate) fn same(&self, other: &Device) -> bool {
         Arc::ptr_eq(&self.h, &other.h)
+    }
+
+    /// Attaches QP `qpn` to multicast group `ip` (see [`crate::Qp::attach_mcast`]).
+    pub(crate) fn attach_group(&self, st: &mut State, qpn: u32, ip: IpAddr) -> Result<()> {
+        self.h.shared.attach_group(st, qpn, ip)
+    }
+
+    /// Detaches QP `qpn` from group `ip`; whether it was attached.
+    pub(crate) fn detach_group(&self, st: &mut State, qpn: u32, ip: Option<IpAddr>) -> bool {
+        self.h.shared.detach_group(st, qpn, ip)
+    }
+
+    /// Detaches QP `qpn` from every group (it is being destroyed).
+    pub(crate) fn detach_all_groups(&self, st: &mut State, qpn: u32) {
+        if !st.groups.is_empty() {
+            self.h.shared.detach_group(st, qpn, None);
+        }
     }
 
     /// Sends `qpn`'s packets if an application-driven receive held them back.

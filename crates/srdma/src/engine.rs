@@ -6,9 +6,9 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::BufWriter;
-use std::net::{SocketAddr, UdpSocket};
+use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -30,6 +30,12 @@ const RX_BATCH: usize = 32;
 /// Receive batches handled before timers and the stop flag are looked at again: a flood of
 /// datagrams must not starve retransmissions or block the device's drop.
 const RX_BUDGET: usize = 8;
+/// Datagrams taken from one multicast group's socket per receive pass.
+const GROUP_BUDGET: usize = 64;
+/// Multicast groups a device joins at most (rxe's `RXE_MAX_MCAST_GRP`).
+pub const MAX_MCAST_GRP: u32 = 8192;
+/// QPs attached to one multicast group at most (rxe's `RXE_MAX_MCAST_QP_ATTACH`).
+pub const MAX_MCAST_QP_ATTACH: u32 = 56;
 /// How long after an application's last poll the progress thread keeps out of the way:
 /// while an application polls, its polls drive the device (no thread hand-off on the hot
 /// path); when it stops, the thread takes over within this time.
@@ -103,6 +109,23 @@ pub(crate) struct State {
     pub(crate) probing: usize,
     /// The receive path's cache for checking IPv4 ICRCs (see `handle_datagram`).
     pub(crate) ident_factor: srdma_wire::icrc::IdentFactor,
+    /// The multicast groups this device's UD QPs are attached to.
+    pub(crate) groups: Vec<Group>,
+    /// Receive buffer for the groups' sockets (allocated on first use).
+    pub(crate) group_buf: Vec<u8>,
+}
+
+/// A multicast group UD QPs of this device are attached to ([`crate::Qp::attach_mcast`]),
+/// as rxe keeps one per multicast GID: a socket that is a member of the group on the
+/// device's interface and receives its datagrams, and the attached QPs, each of which gets a
+/// copy of every datagram sent to QPN 0xFFFFFF (its Q_Key and receive queue decide the rest).
+pub(crate) struct Group {
+    /// The group's address.
+    pub(crate) ip: IpAddr,
+    /// Bound to the group's address and the device's port (see `udp::join_group`).
+    pub(crate) socket: UdpSocket,
+    /// The attached QPs.
+    pub(crate) qpns: Vec<u32>,
 }
 
 impl State {
@@ -213,6 +236,11 @@ pub(crate) struct Shared {
     /// The progress thread sleeps without watching the socket and without a deadline
     /// (applications wait on it): a waiter that wakes must wake it.
     pub(crate) sleeps_deep: AtomicBool,
+    /// An epoll instance holding the sockets of `State::groups` (made at the first attach).
+    pub(crate) groups_ep: std::sync::OnceLock<OwnedFd>,
+    /// `groups_ep`'s descriptor while some group is joined, else -1: whoever watches the
+    /// device's socket watches it too.
+    pub(crate) groups_fd: AtomicI32,
 }
 
 /// Keeps the progress thread alive exactly as long as some handle needs the device.
@@ -662,10 +690,10 @@ impl Shared {
             || (woke != 0 && now < woke + APP_GRACE.as_nanos() as u64)
     }
 
-    /// Sleeps until `fd` (a completion channel's) or the device's socket is readable or
-    /// `timeout` passes; a readable socket is received from on this thread, which delivers
-    /// the completions (and channel events) they bring. Returns which of the two were
-    /// readable (neither: timeout, or a signal).
+    /// Sleeps until `fd` (a completion channel's) or the device's socket (or a multicast
+    /// group's) is readable or `timeout` passes; a readable socket is received from on this
+    /// thread, which delivers the completions (and channel events) they bring. Returns which
+    /// of the two were readable (neither: timeout, or a signal).
     ///
     /// This is what takes the progress thread out of an event-driven application's round
     /// trip: the datagram wakes the application's thread directly, as a blocking `recv`
@@ -679,7 +707,9 @@ impl Shared {
             return sys::poll_readable([fd], timeout).map(|r| [r[0], false]);
         }
         self.app_waiters.fetch_add(1, Ordering::SeqCst);
-        let r = sys::poll_readable([fd, self.socket.as_raw_fd()], timeout);
+        let groups = self.groups_fd.load(Ordering::SeqCst);
+        let r = sys::poll_readable([fd, self.socket.as_raw_fd(), groups], timeout)
+            .map(|[c, s, g]| [c, s || g]);
         self.app_waiters.fetch_sub(1, Ordering::SeqCst);
         let now = self.now().as_nanos() as u64;
         self.wait_woke_at.store(now.max(1), Ordering::SeqCst);
@@ -749,6 +779,9 @@ impl Shared {
         if self.cm_forwarded.load(Ordering::Relaxed) {
             self.receive_forwarded(st);
         }
+        if !st.groups.is_empty() {
+            self.receive_groups(st);
+        }
         for _ in 0..budget {
             let n = rx.recv(fd).unwrap_or(0);
             if n == 0 {
@@ -817,8 +850,33 @@ impl Shared {
         st.fwd_buf = buf;
     }
 
-    /// Handles one received datagram; `now` is when its receive batch arrived (one clock
-    /// read per batch, not per packet); `place`: its place in its GRO buffer.
+    /// Handles what the sockets of the multicast groups received: at most [`GROUP_BUDGET`]
+    /// datagrams per group and pass, so that a flood cannot starve the rest.
+    fn receive_groups(&self, st: &mut State) {
+        let mut buf = std::mem::take(&mut st.group_buf);
+        buf.resize(crate::udp::RX_BUF, 0);
+        let mut now = None;
+        for i in 0..st.groups.len() {
+            let to = st.groups[i].ip;
+            for _ in 0..GROUP_BUDGET {
+                let Ok((n, from)) = st.groups[i].socket.recv_from(&mut buf) else {
+                    break;
+                };
+                let now = *now.get_or_insert_with(|| self.now());
+                self.handle_datagram_to(st, now, from, to, &buf[..n], 0);
+            }
+        }
+        let mut touched = std::mem::take(&mut st.touched);
+        for qpn in touched.drain(..) {
+            self.flush(st, qpn);
+        }
+        st.touched = touched;
+        st.group_buf = buf;
+    }
+
+    /// Handles one datagram the device's socket received; `now` is when its receive batch
+    /// arrived (one clock read per batch, not per packet); `place`: its place in its GRO
+    /// buffer.
     pub(crate) fn handle_datagram(
         &self,
         st: &mut State,
@@ -827,8 +885,22 @@ impl Shared {
         data: &[u8],
         place: u16,
     ) {
+        self.handle_datagram_to(st, now, from, self.local.ip(), data, place);
+    }
+
+    /// Handles one datagram sent to address `to` (the device's, or a multicast group's).
+    #[inline]
+    fn handle_datagram_to(
+        &self,
+        st: &mut State,
+        now: Duration,
+        from: SocketAddr,
+        to: IpAddr,
+        data: &[u8],
+        place: u16,
+    ) {
         st.counters.rx_datagrams += 1;
-        let Some(encap) = self.encap_from(from) else {
+        let Some(encap) = self.encap_between(from, to) else {
             st.counters.rx_malformed += 1;
             return;
         };
@@ -874,6 +946,10 @@ impl Shared {
             return;
         }
         let qpn = repr.bth.dest_qpn.value();
+        if qpn == srdma_wire::Qpn::MULTICAST.value() {
+            self.deliver_to_group(st, now, from, to, &repr, encap);
+            return;
+        }
         let State {
             mrs,
             mem,
@@ -902,8 +978,120 @@ impl Shared {
         }
     }
 
-    pub(crate) fn encap_from(&self, from: SocketAddr) -> Option<Encap> {
-        let ip = IpRepr::between(from.ip(), self.local.ip()).ok()?;
+    /// A datagram to the multicast QPN: a copy for every QP attached to the group it was
+    /// sent to (rxe_rcv_mcast_pkt; each QP's type, state and Q_Key checks apply), except
+    /// the QP that sent it from this device (rxe does not loop a QP's multicast back to
+    /// it). A group this device has not joined (or a datagram to the device's own address)
+    /// reaches no QP.
+    fn deliver_to_group(
+        &self,
+        st: &mut State,
+        now: Duration,
+        from: SocketAddr,
+        to: IpAddr,
+        repr: &PacketRepr<'_>,
+        encap: Encap,
+    ) {
+        let State {
+            mrs,
+            mem,
+            qps,
+            srqs,
+            counters,
+            touched,
+            groups,
+            ..
+        } = st;
+        let Some(g) = groups.iter().find(|g| g.ip == to) else {
+            counters.rx_unknown_qp += 1;
+            return;
+        };
+        let sender = repr
+            .deth
+            .filter(|_| from == self.local)
+            .map(|d| d.src_qpn.value());
+        for &qpn in &g.qpns {
+            if sender == Some(qpn) {
+                continue;
+            }
+            let Some(slot) = qps.get_mut(&qpn) else {
+                continue;
+            };
+            let srq = slot.srq.and_then(|id| srqs.get_mut(&id));
+            let mut ctx = Ctx { now, mrs, mem, srq };
+            slot.qp.handle_packet(&mut ctx, repr, &RecvMeta { encap });
+            if !touched.contains(&qpn) {
+                touched.push(qpn);
+            }
+        }
+    }
+
+    /// Attaches UD QP `qpn` to multicast group `ip`, joining the group on the device's
+    /// interface when it is the first of the device's QPs in it. Attaching twice is no
+    /// error (rxe).
+    pub(crate) fn attach_group(&self, st: &mut State, qpn: u32, ip: IpAddr) -> Result<()> {
+        if let Some(g) = st.groups.iter_mut().find(|g| g.ip == ip) {
+            if !g.qpns.contains(&qpn) {
+                if g.qpns.len() >= MAX_MCAST_QP_ATTACH as usize {
+                    return Err(crate::Error::Exhausted(
+                        "QPs attached to the multicast group",
+                    ));
+                }
+                g.qpns.push(qpn);
+            }
+            return Ok(());
+        }
+        if st.groups.len() >= MAX_MCAST_GRP as usize {
+            return Err(crate::Error::Exhausted("multicast groups"));
+        }
+        let socket = crate::udp::join_group(ip, self.local)
+            .map_err(io_err(format!("joining multicast group {ip}")))?;
+        let ep = match self.groups_ep.get() {
+            Some(ep) => ep,
+            None => {
+                let ep = sys::epoll().map_err(io_err("epoll_create1"))?;
+                self.groups_ep.get_or_init(|| ep)
+            }
+        };
+        sys::epoll_add(ep, socket.as_raw_fd()).map_err(io_err("epoll_ctl"))?;
+        st.groups.push(Group {
+            ip,
+            socket,
+            qpns: vec![qpn],
+        });
+        self.groups_fd.store(ep.as_raw_fd(), Ordering::SeqCst);
+        // The progress thread may be asleep in a poll that does not watch the groups yet.
+        sys::signal(&self.wake);
+        Ok(())
+    }
+
+    /// Detaches QP `qpn` from group `ip` (every group: `None`), leaving a group no QP of the
+    /// device is attached to any more. Returns whether it was attached.
+    pub(crate) fn detach_group(&self, st: &mut State, qpn: u32, ip: Option<IpAddr>) -> bool {
+        let mut found = false;
+        st.groups.retain_mut(|g| {
+            if ip.is_none_or(|ip| ip == g.ip) {
+                let before = g.qpns.len();
+                g.qpns.retain(|&q| q != qpn);
+                found |= g.qpns.len() != before;
+            }
+            // Closing the socket leaves the group (and the epoll set).
+            !g.qpns.is_empty()
+        });
+        if st.groups.is_empty() {
+            self.groups_fd.store(-1, Ordering::SeqCst);
+        }
+        found
+    }
+
+    /// Whether QP `qpn` is attached to some multicast group.
+    pub(crate) fn in_group(st: &State, qpn: u32) -> bool {
+        st.groups.iter().any(|g| g.qpns.contains(&qpn))
+    }
+
+    /// The RoCEv2 encapsulation of a datagram from `from` to `to` on the device's port.
+    pub(crate) fn encap_between(&self, from: SocketAddr, to: IpAddr) -> Option<Encap> {
+        let ip = IpRepr::between(from.ip(), to).ok()?;
         Some(Encap {
             ip,
             src_port: from.port(),
@@ -1157,7 +1345,13 @@ fn progress(shared: &Shared) {
                 shared.sleeps_deep.store(false, Ordering::SeqCst);
             }
         }
-        let fds = [sock, shared.wake.as_raw_fd(), keeper];
+        // The multicast groups' sockets go with the device's.
+        let groups = if sock < 0 {
+            -1
+        } else {
+            shared.groups_fd.load(Ordering::SeqCst)
+        };
+        let fds = [sock, shared.wake.as_raw_fd(), keeper, groups];
         if sys::poll_readable(fds, wait).is_err() {
             std::thread::sleep(Duration::from_millis(1));
         }
@@ -1236,6 +1430,8 @@ pub(crate) fn start(cfg: DeviceConfig, sock: crate::udp::Socket) -> Result<Arc<D
         paths: std::collections::HashMap::new(),
         probing: 0,
         ident_factor: Default::default(),
+        groups: Vec::new(),
+        group_buf: Vec::new(),
         due: Vec::with_capacity(64),
         next_timer: u64::MAX,
         stats_next: 0,
@@ -1262,6 +1458,8 @@ pub(crate) fn start(cfg: DeviceConfig, sock: crate::udp::Socket) -> Result<Arc<D
         wait_woke_at: AtomicU64::new(0),
         sleeps_deep: AtomicBool::new(false),
         hooks_due: AtomicBool::new(false),
+        groups_ep: std::sync::OnceLock::new(),
+        groups_fd: AtomicI32::new(-1),
     });
     let s2 = Arc::clone(&shared);
     let thread = std::thread::Builder::new()

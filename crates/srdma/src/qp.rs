@@ -146,6 +146,7 @@ impl Drop for QpInner {
         // ACKs an application-driven receive held back still go out: the peer's last
         // message must not be left unacknowledged because this side destroyed its QP.
         self.dev.flush_if_deferred(&mut st, self.qpn.value());
+        self.dev.detach_all_groups(&mut st, self.qpn.value());
         st.qps.remove(&self.qpn.value());
     }
 }
@@ -330,6 +331,69 @@ impl Qp {
         // the QP has and deliver its completions.
         self.inner.dev.flush(&mut st, self.inner.qpn.value());
         Ok(())
+    }
+
+    /// `ibv_attach_mcast`: from the next datagram on, this UD QP gets a copy of every
+    /// datagram sent to QPN 0xFFFFFF at multicast group `gid`: an IPv4 group as its
+    /// IPv4-mapped GID (`::ffff:239.1.1.1`, how rdma_cm names it on RoCEv2) on an IPv4
+    /// device, an IPv6 group (`ff00::/8`) on an IPv6 one. The device joins the group on its
+    /// interface for its first QP in it and leaves it after its last. Attaching twice is no
+    /// error, as with rxe.
+    ///
+    /// Errors: [`Error::InvalidArgument`] for a QP that is not UD or a GID that is no
+    /// multicast address of the device's family; [`Error::Exhausted`] beyond rxe's limits
+    /// ([`DeviceAttr::max_mcast_grp`](crate::DeviceAttr) groups,
+    /// `max_mcast_qp_attach` QPs per group); [`Error::Io`] when the kernel refuses the
+    /// membership.
+    pub fn attach_mcast(&self, gid: Gid) -> Result<()> {
+        let ip = self.mcast_group(gid)?;
+        let mut st = self.inner.dev.lock();
+        self.inner
+            .dev
+            .attach_group(&mut st, self.inner.qpn.value(), ip)
+    }
+
+    /// `ibv_detach_mcast`: undoes [`Qp::attach_mcast`]. Errors: [`Error::InvalidArgument`]
+    /// when the QP is not attached to `gid`.
+    pub fn detach_mcast(&self, gid: Gid) -> Result<()> {
+        let ip = self.mcast_group(gid)?;
+        let mut st = self.inner.dev.lock();
+        if self
+            .inner
+            .dev
+            .detach_group(&mut st, self.inner.qpn.value(), Some(ip))
+        {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument(format!(
+                "QP {} is not attached to multicast group {gid}",
+                self.inner.qpn
+            )))
+        }
+    }
+
+    /// Whether the QP is attached to some multicast group (`ibv_destroy_qp` refuses to
+    /// destroy such a QP with EBUSY, as the kernel does; dropping the last handle detaches it).
+    pub fn is_attached(&self) -> bool {
+        let st = self.inner.dev.lock();
+        crate::engine::Shared::in_group(&st, self.inner.qpn.value())
+    }
+
+    /// The group address of multicast GID `gid`, checked for this QP.
+    fn mcast_group(&self, gid: Gid) -> Result<std::net::IpAddr> {
+        if self.inner.qp_type != QpType::Ud {
+            return Err(Error::InvalidArgument(format!(
+                "only UD QPs join multicast groups, QP {} is {:?}",
+                self.inner.qpn, self.inner.qp_type
+            )));
+        }
+        let ip = gid.ip();
+        if !ip.is_multicast() || ip.is_ipv4() != self.inner.dev.local_addr().is_ipv4() {
+            return Err(Error::InvalidArgument(format!(
+                "{gid} is no multicast group of the device's address family"
+            )));
+        }
+        Ok(ip)
     }
 
     /// The protection domain the QP was created in.

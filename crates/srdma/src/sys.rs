@@ -1,32 +1,19 @@
 //! The few Linux calls std does not expose, shared by the engine and the UDP driver: raw
-//! socket options, socket addresses, eventfd and poll; the interface MTU. The UDP socket
+//! socket options, socket addresses, eventfd, poll and epoll; the interface MTU. The UDP socket
 //! itself, its options and batches are `udp`.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
+/// `setsockopt` with an int as the value.
 pub(crate) fn setsockopt(
     fd: RawFd,
     level: libc::c_int,
     name: libc::c_int,
     value: libc::c_int,
 ) -> io::Result<()> {
-    // SAFETY: `value` is a live c_int and its size is passed; the kernel validates `fd`.
-    let r = unsafe {
-        libc::setsockopt(
-            fd,
-            level,
-            name,
-            (&raw const value).cast(),
-            size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    setsockopt_struct(fd, level, name, &value)
 }
 
 /// A non-blocking eventfd: the wake-up line of the progress thread and of completion channels.
@@ -38,6 +25,33 @@ pub(crate) fn eventfd() -> io::Result<OwnedFd> {
     }
     // SAFETY: `fd` was just returned by eventfd and is owned by no one else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// An epoll instance: one descriptor that polls readable while any descriptor added to it
+/// ([`epoll_add`]) is (level-triggered). A descriptor leaves it when it is closed.
+pub(crate) fn epoll() -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall with a constant flag.
+    let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just returned by epoll_create1 and is owned by no one else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Adds `fd` to epoll instance `ep`, watched for input.
+pub(crate) fn epoll_add(ep: &OwnedFd, fd: RawFd) -> io::Result<()> {
+    let mut ev = libc::epoll_event {
+        events: libc::EPOLLIN as u32,
+        u64: fd as u64,
+    };
+    // SAFETY: `ev` is a live epoll_event; the kernel validates both descriptors.
+    let r = unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 /// A blocking eventfd, for a completion channel whose descriptor the application owns in
@@ -111,6 +125,31 @@ pub(crate) fn poll_readable<const N: usize>(
         return Err(e);
     }
     Ok(p.map(|x| x.revents & (libc::POLLIN | libc::POLLERR | libc::POLLHUP) != 0))
+}
+
+/// `setsockopt` with a C struct as the value.
+pub(crate) fn setsockopt_struct<T>(
+    fd: RawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: &T,
+) -> io::Result<()> {
+    // SAFETY: `value` is a live T and its size is passed; the kernel validates `fd` and reads
+    // no more than that.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (value as *const T).cast(),
+            size_of::<T>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 pub(crate) fn to_sockaddr(
