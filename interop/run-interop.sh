@@ -15,7 +15,8 @@
 #                   the same tools on rxe in the guest, both roles; dropin-rping-*,
 #                   dropin-udaddy-*, dropin-ucmatose-*, dropin-rdma-*, dropin-*-R-*:
 #                   rdmacm-utils and perftest -R through the drop-in librdmacm.so.1 against
-#                   rdma-core's librdmacm on rxe
+#                   rdma-core's librdmacm on rxe; dropin-mckey-*: UD multicast (mckey),
+#                   each side receiving
 # for SIZE in 64, 4096, 65536 (multi-packet at the path MTU 1024). Every scenario must exit 0
 # on both sides, and the guest's rxe hw counters must show no sequence error and no retry
 # (duplicate_request only as many as the copies of srdma's GSO path probe in the capture).
@@ -197,6 +198,17 @@ selected dropin-rdma-server-on-rxe && { scenario dropin-rdma-server-on-rxe \
 selected dropin-rdma-client-on-rxe && { scenario dropin-rdma-client-on-rxe \
   "retry 80 0.5 rdma_client -s 10.77.0.1" \
   "$EXEC rdma_server" || fail=1; }
+# UD multicast (mckey: rdma_join_multicast_ex, ibv_attach_mcast, a UD SEND to QPN 0xFFFFFF at
+# 239.77.0.1). The receiver must have joined before the sender's one burst leaves: it runs in
+# the background until the group shows in its /proc/net/igmp, then says so through a file
+# in the shared folder, which the sender waits for.
+JOINED='until grep -q 01004DEF /proc/net/igmp; do sleep 0.1; done'
+selected dropin-mckey-receiver-on-rxe && { scenario dropin-mckey-receiver-on-rxe \
+  "mckey -m 239.77.0.1 -b 10.77.0.2 -C 5 & $JOINED; touch /lab/joined; wait \$!" \
+  "while [ ! -e \$RUNDIR/joined ]; do sleep 0.1; done; $EXEC mckey -m 239.77.0.1 -b 10.77.0.1 -s -C 5" || fail=1; }
+selected dropin-mckey-sender-on-rxe && { scenario dropin-mckey-sender-on-rxe \
+  "waitfile /lab/joined 60 && mckey -m 239.77.0.1 -b 10.77.0.2 -s -C 5" \
+  "$EXEC mckey -m 239.77.0.1 -b 10.77.0.1 -C 5 & $JOINED; touch \$RUNDIR/joined; wait \$!" || fail=1; }
 # Ids without a QP (tests/c/qpless.c: conn_param->qp_num, rdma_init_qp_attr for INIT/RTR/RTS,
 # CONNECT_RESPONSE and rdma_establish, as UCX connects), the same program on both sides.
 selected dropin-qpless-server-on-rxe && { scenario dropin-qpless-server-on-rxe \

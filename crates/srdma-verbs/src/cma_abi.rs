@@ -32,6 +32,10 @@ pub const RDMA_CM_EVENT_REJECTED: rdma_cm_event_type = 8;
 pub const RDMA_CM_EVENT_ESTABLISHED: rdma_cm_event_type = 9;
 /// `RDMA_CM_EVENT_DISCONNECTED`.
 pub const RDMA_CM_EVENT_DISCONNECTED: rdma_cm_event_type = 10;
+/// `RDMA_CM_EVENT_MULTICAST_JOIN`.
+pub const RDMA_CM_EVENT_MULTICAST_JOIN: rdma_cm_event_type = 12;
+/// `RDMA_CM_EVENT_MULTICAST_ERROR`.
+pub const RDMA_CM_EVENT_MULTICAST_ERROR: rdma_cm_event_type = 13;
 /// `RDMA_CM_EVENT_TIMEWAIT_EXIT`.
 pub const RDMA_CM_EVENT_TIMEWAIT_EXIT: rdma_cm_event_type = 15;
 
@@ -225,6 +229,30 @@ pub struct rdma_cm_event {
     pub param: rdma_cm_event_param,
 }
 
+/// `struct rdma_cm_join_mc_attr_ex`.
+#[repr(C)]
+pub struct rdma_cm_join_mc_attr_ex {
+    /// Which fields are set (`RDMA_CM_JOIN_MC_ATTR_*`).
+    pub comp_mask: u32,
+    /// `RDMA_MC_JOIN_FLAG_*`.
+    pub join_flags: u32,
+    /// The group's address.
+    pub addr: *mut sockaddr,
+}
+
+/// `rdma_cm_join_mc_attr_ex.addr` is set.
+pub const RDMA_CM_JOIN_MC_ATTR_ADDRESS: u32 = 1 << 0;
+/// `rdma_cm_join_mc_attr_ex.join_flags` is set.
+pub const RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS: u32 = 1 << 1;
+/// The first `comp_mask` bit librdmacm does not know.
+pub const RDMA_CM_JOIN_MC_ATTR_RESERVED: u32 = 1 << 2;
+/// Join to send and receive.
+pub const RDMA_MC_JOIN_FLAG_FULLMEMBER: u32 = 0;
+/// Join to send only (the QP is not attached).
+pub const RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER: u32 = 1;
+/// The first join flag librdmacm does not know.
+pub const RDMA_MC_JOIN_FLAG_RESERVED: u32 = 2;
+
 /// `struct rdma_addrinfo`.
 #[repr(C)]
 pub struct rdma_addrinfo {
@@ -289,6 +317,7 @@ mod tests {
             }
             struct rdma_ud_param { private_data, private_data_len, ah_attr, qp_num, qkey }
             struct rdma_cm_event { id, listen_id, event, status, param }
+            struct rdma_cm_join_mc_attr_ex { comp_mask, join_flags, addr }
             struct rdma_addrinfo {
                 ai_flags, ai_family, ai_qp_type, ai_port_space, ai_src_len, ai_dst_len,
                 ai_src_addr, ai_dst_addr, ai_src_canonname, ai_dst_canonname, ai_route_len,

@@ -554,6 +554,9 @@ fn fill_device_attr(ctx: &Context, attr: &mut ibv_device_attr) {
     attr.max_qp_init_rd_atom = a.max_qp_init_rd_atom as c_int;
     attr.atomic_cap = a.atomic_cap;
     attr.max_ah = UNLIMITED;
+    attr.max_mcast_grp = a.max_mcast_grp as c_int;
+    attr.max_mcast_qp_attach = a.max_mcast_qp_attach as c_int;
+    attr.max_total_mcast_qp_attach = a.max_total_mcast_qp_attach as c_int;
     attr.max_srq = UNLIMITED;
     attr.max_srq_wr = a.max_srq_wr as c_int;
     attr.max_srq_sge = a.max_srq_sge as c_int;

@@ -34,16 +34,17 @@
 //!   `ibv_create_ah_from_wc`, `ibv_get_async_event`, `ibv_ack_async_event` (CQ error, QP
 //!   fatal, last WQE reached, device fatal, port active), `ibv_fork_init`,
 //!   `ibv_is_fork_initialized`, `ibv_dontfork_range`, `ibv_dofork_range`,
-//!   `ibv_query_qp_data_in_order`, the `*_str` functions and the rate conversions; through
+//!   `ibv_query_qp_data_in_order`, `ibv_attach_mcast`/`ibv_detach_mcast` (UD multicast:
+//!   the device joins the group, see [`srdma::Qp::attach_mcast`]), the `*_str` functions and
+//!   the rate conversions; through
 //!   `verbs_context`, `ibv_create_cq_ex` (standard `IBV_WC_EX_WITH_*` fields) with
 //!   `ibv_start_poll`/`ibv_next_poll`/`ibv_end_poll` and the `ibv_wc_read_*` functions, and
 //!   `ibv_create_qp_ex` with `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`, `ibv_qp_to_qp_ex` and the
 //!   `ibv_wr_*` API (WRITE, WRITE with immediate, SEND, SEND with immediate, READ,
 //!   compare-and-swap, fetch-and-add; SGEs, inline data, UD addresses).
 //! - Stubbed, with rdma-core's answer for a provider without the feature: `ibv_resize_cq`
-//!   (EOPNOTSUPP unless the size is unchanged), `ibv_attach_mcast`/`ibv_detach_mcast`,
-//!   `ibv_rereg_mr`,
-//!   `ibv_reg_dmabuf_mr`, `ibv_query_ece`/`ibv_set_ece`, `ibv_import_*`,
+//!   (EOPNOTSUPP unless the size is unchanged), `ibv_rereg_mr`, `ibv_reg_dmabuf_mr`,
+//!   `ibv_query_ece`/`ibv_set_ece`, `ibv_import_*`,
 //!   `ibv_resolve_eth_l2_from_gid` (EOPNOTSUPP); `ibv_read_sysfs_file` (-1, ENOENT); the
 //!   `ibv_copy_*_kern` conversions (no-ops: only librdmacm's kernel path calls them); every
 //!   `IBVERBS_PRIVATE_34` provider helper (`ibv_cmd_*` EOPNOTSUPP, registration no-ops) so

@@ -3,7 +3,7 @@
 //! - Real: the `*_str` functions (rdma-core's strings), the rate conversions (rdma-core's
 //!   tables), `ibv_get_sysfs_path`.
 //! - Unsupported, with rdma-core's errno for a provider without the feature: memory windows'
-//!   and multicast's entry points, `ibv_rereg_mr`, dma-buf MRs, ECE, importing objects from
+//!   entry points, `ibv_rereg_mr`, dma-buf MRs, ECE, importing objects from
 //!   another process, resolving a RoCE L2 address (EOPNOTSUPP; NULL with errno for pointers).
 //! - Provider-only (`IBVERBS_PRIVATE_34`): the kernel command and ioctl helpers a provider
 //!   library calls (`ibv_cmd_*`, `execute_ioctl`, …). They exist so that libmlx5.so.1 and
@@ -192,18 +192,6 @@ pub extern "C" fn ibv_rate_to_mbps(rate: c_int) -> c_int {
 #[unsafe(no_mangle)]
 pub extern "C" fn mbps_to_ibv_rate(mbps: c_int) -> c_int {
     RATES.iter().find(|r| r.2 == mbps).map_or(0, |r| r.0)
-}
-
-/// `ibv_attach_mcast`: srdma has no multicast: EOPNOTSUPP.
-#[unsafe(no_mangle)]
-pub extern "C" fn ibv_attach_mcast(_qp: *mut c_void, _gid: *const c_void, _lid: u16) -> c_int {
-    libc::EOPNOTSUPP
-}
-
-/// `ibv_detach_mcast`: EOPNOTSUPP.
-#[unsafe(no_mangle)]
-pub extern "C" fn ibv_detach_mcast(_qp: *mut c_void, _gid: *const c_void, _lid: u16) -> c_int {
-    libc::EOPNOTSUPP
 }
 
 /// `ibv_rereg_mr`: not supported: EOPNOTSUPP (deregister and register again).

@@ -1469,7 +1469,8 @@ pub(crate) fn qp_attr_to_c(s: &QpAttr, a: &mut ibv_qp_attr) {
     a.rnr_retry = s.rnr_retry;
 }
 
-/// `ibv_destroy_qp`: outstanding work is dropped with the QP, as with rxe.
+/// `ibv_destroy_qp`: outstanding work is dropped with the QP, as with rxe. A QP still
+/// attached to a multicast group is not destroyed: EBUSY, as the kernel answers.
 ///
 /// # Safety
 /// `qp` NULL or live, destroyed once.
@@ -1480,6 +1481,9 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         let Some(q) = (unsafe { back::<Qp, _>(qp) }) else {
             return libc::EINVAL;
         };
+        if q.qp.is_attached() {
+            return libc::EBUSY;
+        }
         // SAFETY: a QP's context outlives it.
         if let Some(ctx) = unsafe { Context::from_c(q.c.qp_base.context) } {
             lock(&ctx.sink.qps).remove(&q.c.qp_base.qp_num);
@@ -1490,6 +1494,65 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         // SAFETY: live objects came from hand_out::<Qp>.
         drop(unsafe { take_back::<Qp, _>(qp) });
         0
+    })
+}
+
+/// `ibv_attach_mcast`: UD QP `qp` receives what is sent to QPN 0xFFFFFF at multicast group
+/// `gid` (on RoCEv2 an IPv4 group is its IPv4-mapped GID, as rdma_cm hands it out); `lid`
+/// is unused on RoCE. The srdma device joins the group on its interface (one socket per
+/// group and process). Attaching twice is no error (rxe). Errors: EINVAL for NULL, a QP that
+/// is not UD or a GID that is no multicast address of the device's family; ENOMEM beyond
+/// rxe's limits (8192 groups, 56 QPs per group).
+///
+/// # Safety
+/// `qp` NULL or live; `gid` NULL or valid for reading.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ibv_attach_mcast(
+    qp: *mut ibv_qp,
+    gid: *const ibv_gid,
+    _lid: u16,
+) -> c_int {
+    // SAFETY: per the contract.
+    unsafe { mcast(qp, gid, true) }
+}
+
+/// `ibv_detach_mcast`: undoes `ibv_attach_mcast`; EINVAL when `qp` is not attached to
+/// `gid` (or for NULL).
+///
+/// # Safety
+/// `qp` NULL or live; `gid` NULL or valid for reading.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ibv_detach_mcast(
+    qp: *mut ibv_qp,
+    gid: *const ibv_gid,
+    _lid: u16,
+) -> c_int {
+    // SAFETY: per the contract.
+    unsafe { mcast(qp, gid, false) }
+}
+
+/// # Safety
+/// As `ibv_attach_mcast`.
+unsafe fn mcast(qp: *mut ibv_qp, gid: *const ibv_gid, attach: bool) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: per the contract.
+        let Some(q) = (unsafe { back::<Qp, _>(qp) }) else {
+            return libc::EINVAL;
+        };
+        if gid.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: non-NULL, readable per the contract.
+        let g = srdma::Gid(unsafe { (*gid).raw });
+        let r = if attach {
+            q.qp.attach_mcast(g)
+        } else {
+            q.qp.detach_mcast(g)
+        };
+        match r {
+            Ok(()) => 0,
+            Err(e) => errno_of(&e),
+        }
     })
 }
 

@@ -1,6 +1,7 @@
 //! Debian's unmodified rdmacm-utils and perftest binaries on the drop-in librdmacm.so.1
 //! (the same file as the drop-in libibverbs.so.1): rping, rdma_server/rdma_client,
-//! ucmatose, udaddy (UD through SIDR), ib_write_bw -R and ib_send_lat -R, on one address,
+//! ucmatose, udaddy (UD through SIDR), mckey (multicast), ib_write_bw -R and ib_send_lat -R,
+//! on one address,
 //! on two, and between network namespaces; and bad input through the C API.
 
 use std::path::{Path, PathBuf};
@@ -489,6 +490,93 @@ fn connecting_ids_without_a_qp() {
     assert!(c.status.success(), "client: {}", text(&c));
     assert!(s.status.success(), "server: {}", text(&s));
     assert!(String::from_utf8_lossy(&c.stdout).contains("qpless: ok"));
+}
+
+/// Waits (15 s at most) until process `pid`'s network namespace is a member of IPv4
+/// multicast group `group` (its `/proc/PID/net/igmp`).
+fn wait_joined(pid: u32, group: std::net::Ipv4Addr) {
+    let hex = format!("{:08X}", u32::from_le_bytes(group.octets()));
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(15) {
+        let igmp = std::fs::read_to_string(format!("/proc/{pid}/net/igmp")).unwrap_or_default();
+        if igmp.contains(&hex) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("process {pid} never joined {group}");
+}
+
+/// mckey: a receiver joins an IPv4 group (rdma_join_multicast_ex: its UD QP is attached) and
+/// a sender's SENDs to QPN 0xFFFFFF at the group reach it. One address (the processes share
+/// UDP 4791), two addresses, two network namespaces. (The lab runs mckey against kernel
+/// rxe, both roles.)
+#[test]
+fn mckey_multicast() {
+    let _serial = serial();
+    let run = |recv: Command, send: Command, group: &str, what: &str| {
+        let mut recv = recv;
+        let r = recv.spawn().unwrap();
+        wait_joined(r.id(), group.parse().unwrap());
+        let what_r = format!("{what}: mckey receiver");
+        let r = std::thread::spawn(move || wait(r, Duration::from_secs(60), &what_r));
+        let mut send = send;
+        let s = wait(send.spawn().unwrap(), Duration::from_secs(60), what);
+        let r = r.join().expect("receiver wait");
+        for o in [&s, &r] {
+            assert!(o.status.success(), "{what}: {}", text(o));
+            assert!(
+                String::from_utf8_lossy(&o.stdout).contains("data transfers complete"),
+                "{what}: {}",
+                text(o)
+            );
+        }
+        let out = String::from_utf8_lossy(&r.stdout).into_owned();
+        assert!(out.contains("joined dgid: ::ffff:"), "{what}: {out}");
+    };
+    for (net, group) in [(126u8, "239.126.0.1"), (127, "239.127.0.1")] {
+        let ra = format!("127.0.{net}.1");
+        let sa = if net % 2 == 0 {
+            ra.clone()
+        } else {
+            format!("127.0.{net}.2")
+        };
+        let recv = cmd(
+            &tool("mckey"),
+            &ra,
+            &["-m", group, "-b", &ra, "-C", "10", "-S", "500"],
+        );
+        let send = cmd(
+            &tool("mckey"),
+            &sa,
+            &["-m", group, "-b", &sa, "-s", "-C", "10", "-S", "500"],
+        );
+        run(recv, send, group, &format!("net {net}"));
+    }
+
+    if let Some(why) = srdma_netlab::skip_reason() {
+        eprintln!("namespaces skipped: {why}");
+        return;
+    }
+    let lab = srdma_netlab::Lab::star("mckey", 2, 94, 1500).expect("creating namespaces");
+    let in_ns = |h: &srdma_netlab::Host, args: &[&str]| {
+        let mut c = h.command(tool("mckey"));
+        c.args(args)
+            .env("LD_LIBRARY_PATH", lib_dir())
+            .env_remove("SRDMA_DEVICES")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c
+    };
+    let (a0, a1) = (lab.hosts[0].addr.to_string(), lab.hosts[1].addr.to_string());
+    let group = "239.94.0.1";
+    run(
+        in_ns(&lab.hosts[0], &["-m", group, "-b", &a0, "-C", "10"]),
+        in_ns(&lab.hosts[1], &["-m", group, "-b", &a1, "-s", "-C", "10"]),
+        group,
+        "namespaces",
+    );
 }
 
 #[test]

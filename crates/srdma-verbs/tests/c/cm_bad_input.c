@@ -8,6 +8,7 @@
 #include <string.h>
 #include <arpa/inet.h>
 #include <rdma/rdma_cma.h>
+#include <rdma/rdma_verbs.h>
 
 static int failures;
 
@@ -206,6 +207,78 @@ int main(int argc, char **argv)
 	rdma_ack_cm_event(ev);
 	rdma_destroy_qp(id2);
 	rdma_destroy_id(id2);
+
+	/* Multicast: a join needs a device and known flags; an IPv6 group is ENOTSUPP (524, the
+	 * kernel's answer on RoCEv2); a group not joined cannot be left; ibv_attach_mcast checks
+	 * its QP and GID, and an attached QP cannot be destroyed (EBUSY, as the kernel). */
+	{
+		struct sockaddr_in grp, self;
+		struct sockaddr_in6 grp6;
+		struct rdma_cm_join_mc_attr_ex mx;
+		struct ibv_qp_init_attr qa;
+		union ibv_gid gid;
+
+		memset(&grp, 0, sizeof grp);
+		grp.sin_family = AF_INET;
+		inet_pton(AF_INET, "239.9.9.9", &grp.sin_addr);
+		memset(&self, 0, sizeof self);
+		self.sin_family = AF_INET;
+		inet_pton(AF_INET, argv[1], &self.sin_addr);
+		memset(&grp6, 0, sizeof grp6);
+		grp6.sin6_family = AF_INET6;
+		inet_pton(AF_INET6, "ff0e::9", &grp6.sin6_addr);
+		EXPECT_ERR(rdma_join_multicast(NULL, (struct sockaddr *)&grp, NULL), EINVAL);
+		CHECK(rdma_create_id(ch, &id2, NULL, RDMA_PS_UDP) == 0, "UDP id");
+		/* No device yet. */
+		EXPECT_ERR(rdma_join_multicast(id2, (struct sockaddr *)&grp, NULL), EINVAL);
+		CHECK(rdma_bind_addr(id2, (struct sockaddr *)&self) == 0, "bind the UDP id");
+		EXPECT_ERR(rdma_join_multicast(id2, NULL, NULL), EINVAL);
+		memset(&mx, 0, sizeof mx);
+		mx.addr = (struct sockaddr *)&grp;
+		mx.comp_mask = RDMA_CM_JOIN_MC_ATTR_ADDRESS;
+		EXPECT_ERR(rdma_join_multicast_ex(id2, &mx, NULL), EINVAL); /* no flags */
+		mx.comp_mask |= RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS;
+		mx.join_flags = RDMA_MC_JOIN_FLAG_RESERVED;
+		EXPECT_ERR(rdma_join_multicast_ex(id2, &mx, NULL), EINVAL);
+		mx.join_flags = RDMA_MC_JOIN_FLAG_FULLMEMBER;
+		mx.comp_mask |= RDMA_CM_JOIN_MC_ATTR_RESERVED;
+		EXPECT_ERR(rdma_join_multicast_ex(id2, &mx, NULL), EOPNOTSUPP);
+		EXPECT_ERR(rdma_join_multicast_ex(id2, NULL, NULL), EINVAL);
+		EXPECT_ERR(rdma_join_multicast(id2, (struct sockaddr *)&grp6, NULL), 524);
+		EXPECT_ERR(rdma_join_multicast(id2, (struct sockaddr *)&self, NULL), EINVAL);
+		EXPECT_ERR(rdma_leave_multicast(id2, (struct sockaddr *)&grp), EADDRNOTAVAIL);
+
+		/* A good join: MULTICAST_JOIN toward the group's GID, QPN 0xFFFFFF, the UDP
+		 * Q_Key, the join's context as private data; the id's QP is attached. */
+		memset(&qa, 0, sizeof qa);
+		qa.cap.max_send_wr = qa.cap.max_recv_wr = 4;
+		qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+		qa.qp_type = IBV_QPT_UD;
+		CHECK(rdma_create_qp(id2, NULL, &qa) == 0, "UD QP");
+		CHECK(rdma_join_multicast(id2, (struct sockaddr *)&grp, junk) == 0, "join");
+		CHECK(rdma_get_cm_event(ch, &ev) == 0 && ev->event == RDMA_CM_EVENT_MULTICAST_JOIN &&
+			      ev->id == id2 && ev->param.ud.qp_num == 0xffffff &&
+			      ev->param.ud.qkey == 0x01234567 && ev->param.ud.private_data == junk &&
+			      ev->param.ud.ah_attr.is_global &&
+			      ev->param.ud.ah_attr.grh.dgid.raw[10] == 0xff &&
+			      ev->param.ud.ah_attr.grh.dgid.raw[12] == 239,
+		      "MULTICAST_JOIN");
+		memcpy(&gid, &ev->param.ud.ah_attr.grh.dgid, sizeof gid);
+		rdma_ack_cm_event(ev);
+		CHECK(ibv_attach_mcast(id2->qp, &gid, 0) == 0, "attaching twice");
+		CHECK(ibv_destroy_qp(id2->qp) == EBUSY, "destroying an attached QP");
+		CHECK(ibv_attach_mcast(NULL, &gid, 0) == EINVAL, "attach NULL QP");
+		CHECK(ibv_attach_mcast(id2->qp, NULL, 0) == EINVAL, "attach NULL GID");
+		gid.raw[12] = 10;
+		CHECK(ibv_attach_mcast(id2->qp, &gid, 0) == EINVAL, "attach a unicast GID");
+		gid.raw[12] = 239;
+		CHECK(rdma_leave_multicast(id2, (struct sockaddr *)&grp) == 0, "leave");
+		EXPECT_ERR(rdma_leave_multicast(id2, (struct sockaddr *)&grp), EADDRNOTAVAIL);
+		CHECK(ibv_detach_mcast(id2->qp, &gid, 0) == EINVAL, "detach after leaving");
+		rdma_destroy_qp(id2);
+		CHECK(id2->qp == NULL, "rdma_destroy_qp");
+		CHECK(rdma_destroy_id(id2) == 0, "destroy UDP id");
+	}
 
 	/* rdma_getaddrinfo of a name that does not resolve: an error, no result. */
 	memset(&hints, 0, sizeof hints);
