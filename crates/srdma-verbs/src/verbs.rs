@@ -1497,12 +1497,12 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     })
 }
 
-/// `ibv_attach_mcast`: UD QP `qp` receives what is sent to QPN 0xFFFFFF at multicast group
-/// `gid` (on RoCEv2 an IPv4 group is its IPv4-mapped GID, as rdma_cm hands it out); `lid`
-/// is unused on RoCE. The srdma device joins the group on its interface (one socket per
-/// group and process). Attaching twice is no error (rxe). Errors: EINVAL for NULL, a QP that
-/// is not UD or a GID that is no multicast address of the device's family; ENOMEM beyond
-/// rxe's limits (8192 groups, 56 QPs per group).
+/// `ibv_attach_mcast`: UD QP `qp` receives what is sent to QPN 0xFFFFFF at IPv4 multicast
+/// group `gid` (its IPv4-mapped GID, as rdma_cm hands it out on RoCEv2); `lid` is unused on
+/// RoCE. The srdma device joins the group on its interface (one socket per group and
+/// process). Attaching twice is no error (rxe). Errors: EINVAL for NULL, a QP that is not
+/// UD, a GID that is no IPv4 multicast address (IPv6 groups are not supported); ENOMEM
+/// beyond rxe's limits (8192 groups, 56 QPs per group).
 ///
 /// # Safety
 /// `qp` NULL or live; `gid` NULL or valid for reading.

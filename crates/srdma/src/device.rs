@@ -564,7 +564,12 @@ impl Device {
     }
 
     /// Attaches QP `qpn` to multicast group `ip` (see [`crate::Qp::attach_mcast`]).
-    pub(crate) fn attach_group(&self, st: &mut State, qpn: u32, ip: IpAddr) -> Result<()> {
+    pub(crate) fn attach_group(
+        &self,
+        st: &mut State,
+        qpn: u32,
+        ip: std::net::Ipv4Addr,
+    ) -> Result<()> {
         self.h.shared.attach_group(st, qpn, ip)
     }
 

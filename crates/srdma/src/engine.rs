@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::BufWriter;
-use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -1026,10 +1026,16 @@ impl Shared {
         }
     }
 
-    /// Attaches UD QP `qpn` to multicast group `ip`, joining the group on the device's
-    /// interface when it is the first of the device's QPs in it. Attaching twice is no
+    /// Attaches UD QP `qpn` to IPv4 multicast group `group`, joining the group on the
+    /// device's interface when it is the first of the device's QPs in it. Attaching twice is no
     /// error (rxe).
-    pub(crate) fn attach_group(&self, st: &mut State, qpn: u32, ip: IpAddr) -> Result<()> {
+    pub(crate) fn attach_group(&self, st: &mut State, qpn: u32, group: Ipv4Addr) -> Result<()> {
+        let IpAddr::V4(local) = self.local.ip() else {
+            return Err(crate::Error::InvalidArgument(
+                "multicast needs an IPv4 device".into(),
+            ));
+        };
+        let ip = IpAddr::V4(group);
         if let Some(g) = st.groups.iter_mut().find(|g| g.ip == ip) {
             if !g.qpns.contains(&qpn) {
                 if g.qpns.len() >= MAX_MCAST_QP_ATTACH as usize {
@@ -1044,7 +1050,7 @@ impl Shared {
         if st.groups.len() >= MAX_MCAST_GRP as usize {
             return Err(crate::Error::Exhausted("multicast groups"));
         }
-        let socket = crate::udp::join_group(ip, self.local)
+        let socket = crate::udp::join_group(group, local, self.local.port())
             .map_err(io_err(format!("joining multicast group {ip}")))?;
         let ep = match self.groups_ep.get() {
             Some(ep) => ep,

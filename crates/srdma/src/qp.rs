@@ -334,34 +334,34 @@ impl Qp {
     }
 
     /// `ibv_attach_mcast`: from the next datagram on, this UD QP gets a copy of every
-    /// datagram sent to QPN 0xFFFFFF at multicast group `gid`: an IPv4 group as its
-    /// IPv4-mapped GID (`::ffff:239.1.1.1`, how rdma_cm names it on RoCEv2) on an IPv4
-    /// device, an IPv6 group (`ff00::/8`) on an IPv6 one. The device joins the group on its
-    /// interface for its first QP in it and leaves it after its last. Attaching twice is no
-    /// error, as with rxe.
+    /// datagram sent to QPN 0xFFFFFF at IPv4 multicast group `gid`, named by its
+    /// IPv4-mapped GID (`::ffff:239.1.1.1`, how rdma_cm names it on RoCEv2). The device
+    /// joins the group on its interface for its first QP in it and leaves it after its
+    /// last. Attaching twice is no error, as with rxe. IPv6 groups are not supported (kernel
+    /// rdma_cm does not join them on RoCEv2 either).
     ///
-    /// Errors: [`Error::InvalidArgument`] for a QP that is not UD or a GID that is no
-    /// multicast address of the device's family; [`Error::Exhausted`] beyond rxe's limits
-    /// ([`DeviceAttr::max_mcast_grp`](crate::DeviceAttr) groups,
+    /// Errors: [`Error::InvalidArgument`] for a QP that is not UD, a device that is not
+    /// IPv4 or a GID that is no IPv4 multicast address; [`Error::Exhausted`] beyond rxe's
+    /// limits ([`DeviceAttr::max_mcast_grp`](crate::DeviceAttr) groups,
     /// `max_mcast_qp_attach` QPs per group); [`Error::Io`] when the kernel refuses the
     /// membership.
     pub fn attach_mcast(&self, gid: Gid) -> Result<()> {
-        let ip = self.mcast_group(gid)?;
+        let group = self.mcast_group(gid)?;
         let mut st = self.inner.dev.lock();
         self.inner
             .dev
-            .attach_group(&mut st, self.inner.qpn.value(), ip)
+            .attach_group(&mut st, self.inner.qpn.value(), group)
     }
 
     /// `ibv_detach_mcast`: undoes [`Qp::attach_mcast`]. Errors: [`Error::InvalidArgument`]
     /// when the QP is not attached to `gid`.
     pub fn detach_mcast(&self, gid: Gid) -> Result<()> {
-        let ip = self.mcast_group(gid)?;
+        let group = self.mcast_group(gid)?;
         let mut st = self.inner.dev.lock();
         if self
             .inner
             .dev
-            .detach_group(&mut st, self.inner.qpn.value(), Some(ip))
+            .detach_group(&mut st, self.inner.qpn.value(), Some(group.into()))
         {
             Ok(())
         } else {
@@ -379,21 +379,20 @@ impl Qp {
         crate::engine::Shared::in_group(&st, self.inner.qpn.value())
     }
 
-    /// The group address of multicast GID `gid`, checked for this QP.
-    fn mcast_group(&self, gid: Gid) -> Result<std::net::IpAddr> {
+    /// The IPv4 group of multicast GID `gid`, checked for this QP.
+    fn mcast_group(&self, gid: Gid) -> Result<std::net::Ipv4Addr> {
         if self.inner.qp_type != QpType::Ud {
             return Err(Error::InvalidArgument(format!(
                 "only UD QPs join multicast groups, QP {} is {:?}",
                 self.inner.qpn, self.inner.qp_type
             )));
         }
-        let ip = gid.ip();
-        if !ip.is_multicast() || ip.is_ipv4() != self.inner.dev.local_addr().is_ipv4() {
-            return Err(Error::InvalidArgument(format!(
-                "{gid} is no multicast group of the device's address family"
-            )));
+        match gid.ip() {
+            std::net::IpAddr::V4(g) if g.is_multicast() => Ok(g),
+            _ => Err(Error::InvalidArgument(format!(
+                "{gid} is no IPv4 multicast group"
+            ))),
         }
-        Ok(ip)
     }
 
     /// The protection domain the QP was created in.

@@ -2,11 +2,11 @@
 //! other srdma processes on the RoCEv2 port (see `portshare`), with the options the engine
 //! relies on (DF, zero IPv6 checksums accepted, large buffers, GRO, non-blocking), and the
 //! batches the engine sends and receives with: `sendmmsg` with UDP GSO ([`TxBatch`]),
-//! `recvmmsg` with UDP GRO ([`RxBatch`]); and the socket of each multicast group the
+//! `recvmmsg` with UDP GRO ([`RxBatch`]); and the socket of each IPv4 multicast group the
 //! device's UD QPs are attached to ([`join_group`]).
 
 use std::io;
-use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use crate::device::{DeviceConfig, ROCEV2_PORT};
@@ -50,13 +50,11 @@ pub(crate) fn open(cfg: &DeviceConfig) -> Result<Socket> {
         set_no_check6_rx(fd).map_err(io_err("setting UDP_NO_CHECK6_RX"))?;
     }
     set_buffers(fd, 8 << 20);
-    // Multicast leaves with the hop limit of unicast (64, what rdma_cm's address handles
-    // say and rxe puts in the header), not the socket default of 1.
-    let _ = if v6 {
-        setsockopt(fd, libc::IPPROTO_IPV6, libc::IPV6_MULTICAST_HOPS, 64)
-    } else {
-        setsockopt(fd, libc::IPPROTO_IP, libc::IP_MULTICAST_TTL, 64)
-    };
+    // Multicast (IPv4 only) leaves with the TTL of unicast (64, what rdma_cm's address
+    // handles say and rxe puts in the header), not the socket default of 1.
+    if !v6 {
+        let _ = setsockopt(fd, libc::IPPROTO_IP, libc::IP_MULTICAST_TTL, 64);
+    }
     // Best effort: without GRO every datagram is its own buffer, as before.
     set_gro(fd);
     socket
@@ -73,19 +71,13 @@ pub(crate) fn open(cfg: &DeviceConfig) -> Result<Socket> {
     })
 }
 
-/// Opens a socket that receives multicast group `group` on the device at `local`: bound to
-/// GROUP:PORT (so it takes that group's datagrams and no one else's; `SO_REUSEADDR`, as every
-/// process of the host that joins the group binds the same), a member of the group on the
-/// interface of the device's address, non-blocking. Leaving the group is closing it.
-pub(crate) fn join_group(group: IpAddr, local: SocketAddr) -> io::Result<UdpSocket> {
-    let domain = if group.is_ipv4() {
-        libc::AF_INET
-    } else {
-        libc::AF_INET6
-    };
-    let bind = SocketAddr::new(group, local.port());
+/// Opens a socket that receives IPv4 multicast group `group` on the device at `local`: bound
+/// to GROUP:PORT (so it takes that group's datagrams and no one else's; `SO_REUSEADDR`, as
+/// every process of the host that joins the group binds the same), a member of the group on
+/// the interface of the device's address, non-blocking. Leaving the group is closing it.
+pub(crate) fn join_group(group: Ipv4Addr, local: Ipv4Addr, port: u16) -> io::Result<UdpSocket> {
     // SAFETY: plain socket(2); the descriptor is owned below.
-    let fd = unsafe { libc::socket(domain, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -94,43 +86,21 @@ pub(crate) fn join_group(group: IpAddr, local: SocketAddr) -> io::Result<UdpSock
     setsockopt(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
     // SAFETY: sockaddr_storage is plain bytes; all zeroes is valid.
     let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let len = to_sockaddr(bind, &mut ss);
+    let len = to_sockaddr(SocketAddr::new(IpAddr::V4(group), port), &mut ss);
     // SAFETY: `ss` holds a sockaddr of `len` bytes.
     if unsafe { libc::bind(fd, (&raw const ss).cast(), len) } != 0 {
         return Err(io::Error::last_os_error());
     }
-    match (group, local.ip()) {
-        (IpAddr::V4(g), IpAddr::V4(a)) => {
-            let m = libc::ip_mreqn {
-                imr_multiaddr: libc::in_addr {
-                    s_addr: u32::from(g).to_be(),
-                },
-                imr_address: libc::in_addr {
-                    s_addr: u32::from(a).to_be(),
-                },
-                imr_ifindex: 0,
-            };
-            setsockopt_struct(fd, libc::IPPROTO_IP, libc::IP_ADD_MEMBERSHIP, &m)?;
-        }
-        (IpAddr::V6(g), a) => {
-            let ifindex = crate::netdev::local_device(a)
-                .and_then(|d| {
-                    let name = std::ffi::CString::new(d.ifname).ok()?;
-                    // SAFETY: a NUL-terminated name.
-                    Some(unsafe { libc::if_nametoindex(name.as_ptr()) })
-                })
-                .unwrap_or(0);
-            let m = libc::ipv6_mreq {
-                ipv6mr_multiaddr: libc::in6_addr {
-                    s6_addr: g.octets(),
-                },
-                ipv6mr_interface: ifindex,
-            };
-            setsockopt_struct(fd, libc::IPPROTO_IPV6, libc::IPV6_ADD_MEMBERSHIP, &m)?;
-            set_no_check6_rx(fd)?;
-        }
-        _ => return Err(io::Error::from_raw_os_error(libc::EAFNOSUPPORT)),
-    }
+    let m = libc::ip_mreqn {
+        imr_multiaddr: libc::in_addr {
+            s_addr: u32::from(group).to_be(),
+        },
+        imr_address: libc::in_addr {
+            s_addr: u32::from(local).to_be(),
+        },
+        imr_ifindex: 0,
+    };
+    setsockopt_struct(fd, libc::IPPROTO_IP, libc::IP_ADD_MEMBERSHIP, &m)?;
     set_buffers(fd, 1 << 20);
     socket.set_nonblocking(true)?;
     Ok(socket)

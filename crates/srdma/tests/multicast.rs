@@ -192,3 +192,29 @@ fn bad_attaches_are_refused() {
     );
     assert!(!ud.qp.is_attached());
 }
+
+#[test]
+fn junk_sent_to_a_group_is_counted_and_dropped() {
+    let d = dev("127.0.61.6", 0);
+    let port = d.local_addr().port();
+    let group = group_gid("239.61.0.4");
+    let m = member(&d, QKEY);
+    m.qp.attach_mcast(group).unwrap();
+    let before = d.counters();
+    let junk = std::net::UdpSocket::bind("127.0.61.7:0").unwrap();
+    let mut bth = [0u8; 60];
+    bth[0] = 0x64; // UD SEND_ONLY
+    bth[5..8].copy_from_slice(&[0xff, 0xff, 0xff]); // to the multicast QPN; no valid ICRC
+    for d in [&[][..], &[0x5a; 7][..], &bth[..]] {
+        junk.send_to(d, ("239.61.0.4", port)).unwrap();
+    }
+    let sender = member(&dev("127.0.61.8", 0), QKEY);
+    send_to_group(&sender, group, port, 11, b"after the junk");
+    let wc = wait(&m.cq, Duration::from_secs(5)).expect("the group still works");
+    assert_eq!((wc.status, wc.imm_data), (WcStatus::Success, Some(11)));
+    let after = d.counters();
+    let dropped =
+        (after.rx_malformed + after.rx_bad_icrc) - (before.rx_malformed + before.rx_bad_icrc);
+    assert_eq!(dropped, 3, "{after:?}");
+    assert_eq!(after.rx_datagrams - before.rx_datagrams, 4);
+}
