@@ -50,7 +50,9 @@
 //!   not attached here; `rdma_destroy_qp` detaches the id's groups first (with rdma-core
 //!   the QP stays attached, its destroy fails with EBUSY and it leaks).
 //! - Stubbed with ENOSYS: rsockets (`rsocket` … `riounmap`).
-//! - Missing: LAP/APR (path migration).
+//! - LAP/APR (alternate paths): nothing in librdmacm sends them, and a received one is
+//!   dropped (counted as malformed), as kernel ib_cm drops them on RoCE ports ("Alternate
+//!   path messages are not supported for RoCE link layer").
 //!
 //! # Where this differs from kernel rdma_cm, and why
 //!

@@ -218,9 +218,9 @@ fn ib_cm_through_the_port_keeper() {
     server.join().unwrap();
 }
 
-/// Hostile traffic on QP1: truncated MADs, MADs of other classes and versions, a flood of
-/// REQs for another service, a stray DREQ: nothing crashes, the backlog stays bounded, the
-/// flood does not hide the real request, the stray DREQ disconnects nothing. (It also
+/// Hostile traffic on QP1: truncated MADs, MADs of other classes and versions, LAP and APR
+/// (dropped, as kernel ib_cm drops them on RoCE), a flood of REQs for another service, a
+/// stray DREQ: nothing crashes, the backlog stays bounded, the flood does not hide the real request, the stray DREQ disconnects nothing. (It also
 /// caught signaled MAD sends overrunning the GSI CQ in a burst, which killed QP1.)
 #[test]
 fn hostile_mads_are_ignored_and_bounded() {
@@ -241,6 +241,12 @@ fn hostile_mads_are_ignored_and_bounded() {
     let mut m = mad;
     m[17] = 0x99;
     ga.send_raw(to_b, &m).unwrap();
+    // LAP and APR (alternate paths): kernel ib_cm drops them on RoCE ports, and so do we.
+    for attr in [0x0019u16, 0x001A] {
+        let mut m = [0u8; wire::MAD_LEN];
+        MadHdr::cm(attr, 2).emit(&mut m);
+        ga.send_raw(to_b, &m).unwrap();
+    }
     // A flood of REQs for a service nobody listens on.
     for i in 0..600u32 {
         let mut req = [0u8; wire::MAD_LEN];
@@ -252,7 +258,7 @@ fn hostile_mads_are_ignored_and_bounded() {
     std::thread::sleep(Duration::from_millis(300));
     assert!(gb.backlog_len() <= ibcm::BACKLOG, "{}", gb.backlog_len());
     let c = gb.counters();
-    assert_eq!(c.malformed, 4, "{c:?}");
+    assert_eq!(c.malformed, 6, "{c:?}");
     // Loopback may drop some of the flood; each one that arrived was answered.
     assert!(c.unknown_service > 0 && c.unknown_service <= 600, "{c:?}");
     assert_eq!(c.mads_received, c.malformed + c.unknown_service, "{c:?}");
