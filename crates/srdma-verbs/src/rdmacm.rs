@@ -44,11 +44,11 @@
 //!   `rdma_join_multicast_ex` (full and send-only members), `rdma_leave_multicast`, for
 //!   IPv4 groups (IPv6: ENOTSUPP, as the kernel); the id's QP is attached with
 //!   `ibv_attach_mcast` (the srdma device joins the group on its interface) and
-//!   MULTICAST_JOIN carries the kernel's UD parameters. Debian's `mckey` runs on it and
-//!   against kernel rxe. Where it differs: the QP is attached when the application joins,
-//!   not when it reads the event (librdmacm attaches then), so a QP created in between is
-//!   not attached here; `rdma_destroy_qp` detaches the id's groups first (with rdma-core
-//!   the QP stays attached, its destroy fails with EBUSY and it leaks).
+//!   MULTICAST_JOIN carries the kernel's UD parameters; as with librdmacm, the QP the id has
+//!   when the application takes that event is attached then. Debian's `mckey` runs on it
+//!   and against kernel rxe. Where it differs: `rdma_destroy_qp` detaches the id's groups
+//!   first (with rdma-core the QP stays attached, its destroy fails with EBUSY and it
+//!   leaks).
 //! - Stubbed with ENOSYS: rsockets (`rsocket` … `riounmap`).
 //! - LAP/APR (alternate paths): nothing in librdmacm sends them, and a received one is
 //!   dropped (counted as malformed), as kernel ib_cm drops them on RoCE ports ("Alternate
@@ -415,6 +415,9 @@ struct Channel {
 struct Event {
     c: rdma_cm_event,
     data: [u8; 256],
+    /// MULTICAST_JOIN of a full member: the group whose GID the id's QP is attached to when
+    /// the application takes the event, as librdmacm attaches it ([`taken`]).
+    attach: Option<Gid>,
 }
 
 fn event(id: usize, kind: rdma_cm_event_type, status: c_int) -> Box<Event> {
@@ -422,6 +425,7 @@ fn event(id: usize, kind: rdma_cm_event_type, status: c_int) -> Box<Event> {
     let mut ev = Box::new(Event {
         c: unsafe { std::mem::zeroed() },
         data: [0; 256],
+        attach: None,
     });
     ev.c.id = id as *mut rdma_cm_id;
     ev.c.event = kind;
@@ -721,10 +725,11 @@ impl Id {
             self.c.event = std::ptr::null_mut();
         }
         let q = lock(&self.sh.queue).clone();
-        let ev = match q.take() {
+        let mut ev = match q.take() {
             Ok(ev) => ev,
             Err(e) => return err(e),
         };
+        taken(&mut ev);
         let (kind, status) = (ev.c.event, ev.c.status);
         let p = Box::into_raw(ev);
         crate::register(p.cast::<rdma_cm_event>());
@@ -736,6 +741,29 @@ impl Id {
             return err(status.abs());
         }
         0
+    }
+}
+
+/// What happens as the application takes event `ev` (librdmacm's `ucma_process_join`): a
+/// full member's MULTICAST_JOIN attaches the id's QP, if it has one by then, to the group;
+/// when that fails the event becomes MULTICAST_ERROR with status -errno.
+fn taken(ev: &mut Event) {
+    let Some(gid) = ev.attach.take() else {
+        return;
+    };
+    // SAFETY: the queue forgets a destroyed id's events, so `id` is live or not ours.
+    let Some(me) = (unsafe { id_of(ev.c.id) }) else {
+        return;
+    };
+    if me.c.qp.is_null() {
+        return;
+    }
+    let g = ibv_gid { raw: gid.0 };
+    // SAFETY: the id's live QP and a live GID.
+    let e = unsafe { crate::verbs::ibv_attach_mcast(me.c.qp, &g, 0) };
+    if e != 0 {
+        ev.c.event = RDMA_CM_EVENT_MULTICAST_ERROR;
+        ev.c.status = -e;
     }
 }
 
@@ -1812,7 +1840,8 @@ pub unsafe extern "C" fn rdma_get_cm_event(
             return err(libc::EINVAL);
         }
         match q.take() {
-            Ok(ev) => {
+            Ok(mut ev) => {
+                taken(&mut ev);
                 let p = Box::into_raw(ev);
                 crate::register(p.cast::<rdma_cm_event>());
                 // SAFETY: writable per the contract.
@@ -2887,12 +2916,13 @@ pub unsafe extern "C" fn rdma_join_multicast(
 /// `rdma_join_multicast_ex`: joins an IPv4 multicast group on the id's device, as kernel
 /// rdma_cm does on a RoCEv2 port. The id must have a device (bound to an address or
 /// resolved) and be neither listening nor connecting (EINVAL). The group's GID is its
-/// IPv4-mapped address; a full member's QP (`id->qp`, if it has one) is attached to it
-/// (`ibv_attach_mcast`: the device joins the group on its interface), a send-only member's
-/// is not. RDMA_CM_EVENT_MULTICAST_JOIN follows, with `param.ud` as the kernel gives it
-/// (address handle attributes toward the group, hop limit 64, QPN 0xFFFFFF, Q_Key
-/// 0x01234567 in the UDP port space) and `private_data` = `context`; a QP that cannot be
-/// attached makes it RDMA_CM_EVENT_MULTICAST_ERROR with status -errno. Errors: a
+/// IPv4-mapped address. RDMA_CM_EVENT_MULTICAST_JOIN follows, with `param.ud` as the
+/// kernel gives it (address handle attributes toward the group, hop limit 64, QPN
+/// 0xFFFFFF, Q_Key 0x01234567 in the UDP port space) and `private_data` = `context`; when
+/// the application takes it, a full member's QP (`id->qp`, if it has one by then) is
+/// attached to the group (`ibv_attach_mcast`: the device joins the group on its
+/// interface), a send-only member's is not; a QP that cannot be attached makes the event
+/// RDMA_CM_EVENT_MULTICAST_ERROR with status -errno. Errors: a
 /// `comp_mask` bit librdmacm does not know: EOPNOTSUPP; no address or join flags, an
 /// unknown flag, the zero address, a unicast address: EINVAL; an IPv6 group: ENOTSUPP
 /// (524, the kernel's answer on RoCEv2).
@@ -2966,18 +2996,10 @@ fn join(me: &mut Id, ip: IpAddr, send_only: bool, context: *mut c_void) -> c_int
     );
     // librdmacm hands the join's context back as the event's private data.
     ev.c.param.ud.private_data = context.cast_const();
-    if !send_only && !me.c.qp.is_null() {
-        let g = ibv_gid { raw: gid.0 };
-        // SAFETY: the id's live QP and a live GID.
-        let e = unsafe { crate::verbs::ibv_attach_mcast(me.c.qp, &g, 0) };
-        if e != 0 {
-            ev.c.event = RDMA_CM_EVENT_MULTICAST_ERROR;
-            ev.c.status = -e;
-        }
+    if !send_only {
+        ev.attach = Some(gid);
     }
-    if ev.c.status == 0 {
-        lock(&me.sh.st).joined.push(Joined { ip, send_only });
-    }
+    lock(&me.sh.st).joined.push(Joined { ip, send_only });
     me.sh.push(ev);
     me.complete()
 }

@@ -277,6 +277,16 @@ int main(int argc, char **argv)
 		CHECK(ibv_detach_mcast(id2->qp, &gid, 0) == EINVAL, "detach after leaving");
 		rdma_destroy_qp(id2);
 		CHECK(id2->qp == NULL, "rdma_destroy_qp");
+		/* As librdmacm: the QP the id has when the event is taken is the one attached. */
+		CHECK(rdma_join_multicast(id2, (struct sockaddr *)&grp, NULL) == 0, "join, no QP");
+		qa.send_cq = qa.recv_cq = NULL; /* the first QP's, destroyed with it */
+		CHECK(rdma_create_qp(id2, NULL, &qa) == 0, "UD QP after the join");
+		CHECK(rdma_get_cm_event(ch, &ev) == 0 && ev->event == RDMA_CM_EVENT_MULTICAST_JOIN,
+		      "MULTICAST_JOIN 2");
+		rdma_ack_cm_event(ev);
+		CHECK(ibv_detach_mcast(id2->qp, &gid, 0) == 0, "the later QP was attached");
+		CHECK(rdma_leave_multicast(id2, (struct sockaddr *)&grp) == 0, "leave 2");
+		rdma_destroy_qp(id2);
 		CHECK(rdma_destroy_id(id2) == 0, "destroy UDP id");
 	}
 
