@@ -1351,12 +1351,9 @@ fn progress(shared: &Shared) {
                 shared.sleeps_deep.store(false, Ordering::SeqCst);
             }
         }
-        // The multicast groups' sockets go with the device's.
-        let groups = if sock < 0 {
-            -1
-        } else {
-            shared.groups_fd.load(Ordering::SeqCst)
-        };
+        // The multicast groups' sockets are always watched here: an application thread
+        // that went to sleep on its channel before an attach does not watch them.
+        let groups = shared.groups_fd.load(Ordering::SeqCst);
         let fds = [sock, shared.wake.as_raw_fd(), keeper, groups];
         if sys::poll_readable(fds, wait).is_err() {
             std::thread::sleep(Duration::from_millis(1));

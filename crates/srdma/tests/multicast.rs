@@ -218,3 +218,45 @@ fn junk_sent_to_a_group_is_counted_and_dropped() {
     assert_eq!(dropped, 3, "{after:?}");
     assert_eq!(after.rx_datagrams - before.rx_datagrams, 4);
 }
+
+/// A thread asleep on a completion channel since before the attach (it watches the device's
+/// socket, not the group's, and the progress thread leaves the device to it) still gets the
+/// group's datagram's completion.
+#[test]
+fn a_thread_waiting_on_its_channel_gets_a_group_datagram() {
+    let d = dev("127.0.61.9", 0);
+    let port = d.local_addr().port();
+    let group = group_gid("239.61.0.5");
+    let ch = srdma::CompChannel::new().unwrap();
+    let pd = d.alloc_pd();
+    let cq = d.create_cq(16, Some(&ch)).unwrap();
+    let mut init = QpInit::new(QpType::Ud, &cq, &cq);
+    init.qkey = QKEY;
+    let qp = pd.create_qp(&init).unwrap();
+    qp.activate(Psn::new(0)).unwrap();
+    let mr = pd.reg_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    qp.post_recv(RecvWr {
+        wr_id: 1,
+        sges: SgeList::one(mr.sge(0, 1024)),
+    })
+    .unwrap();
+    cq.req_notify(false);
+    let sender = member(&dev("127.0.61.10", 0), QKEY);
+    std::thread::scope(|s| {
+        let waiter = s.spawn(|| {
+            let t = Instant::now();
+            let ev = ch.get_event(Some(Duration::from_secs(10))).unwrap();
+            (ev, t.elapsed())
+        });
+        // Let the waiter go to sleep first.
+        std::thread::sleep(Duration::from_millis(200));
+        qp.attach_mcast(group).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        send_to_group(&sender, group, port, 12, b"wake up");
+        let (ev, waited) = waiter.join().unwrap();
+        assert!(ev.is_some(), "no completion event in {waited:?}");
+        assert!(waited < Duration::from_secs(5), "{waited:?}");
+    });
+    let wc = cq.poll_one().expect("the completion the event announced");
+    assert_eq!((wc.status, wc.imm_data), (WcStatus::Success, Some(12)));
+}
