@@ -492,38 +492,51 @@ fn connecting_ids_without_a_qp() {
     assert!(String::from_utf8_lossy(&c.stdout).contains("qpless: ok"));
 }
 
-/// Waits (15 s at most) until process `pid`'s network namespace is a member of IPv4
-/// multicast group `group` (its `/proc/PID/net/igmp`).
-fn wait_joined(pid: u32, group: std::net::Ipv4Addr) {
+/// Waits (15 s at most) until `users` sockets in process `pid`'s network namespace are
+/// members of IPv4 multicast group `group` (the Users column of its `/proc/PID/net/igmp`).
+fn wait_joined(pid: u32, group: std::net::Ipv4Addr, users: usize) {
     let hex = format!("{:08X}", u32::from_le_bytes(group.octets()));
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(15) {
         let igmp = std::fs::read_to_string(format!("/proc/{pid}/net/igmp")).unwrap_or_default();
-        if igmp.contains(&hex) {
+        let joined: usize = igmp
+            .lines()
+            .filter_map(|l| {
+                let mut w = l.split_whitespace();
+                (w.next() == Some(hex.as_str())).then(|| w.next()?.parse::<usize>().ok())?
+            })
+            .sum();
+        if joined >= users {
             return;
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    panic!("process {pid} never joined {group}");
+    panic!("process {pid}: fewer than {users} members of {group}");
 }
 
-/// mckey: a receiver joins an IPv4 group (rdma_join_multicast_ex: its UD QP is attached) and
-/// a sender's SENDs to QPN 0xFFFFFF at the group reach it. One address (the processes share
-/// UDP 4791), two addresses, two network namespaces. (The lab runs mckey against kernel
+/// mckey: receivers join an IPv4 group (rdma_join_multicast_ex: their UD QPs are attached)
+/// and a sender's SENDs to QPN 0xFFFFFF at the group reach each. One address (two receivers
+/// and the sender share UDP 4791), two addresses, two network namespaces. (The lab runs mckey against kernel
 /// rxe, both roles.)
 #[test]
 fn mckey_multicast() {
     let _serial = serial();
-    let run = |recv: Command, send: Command, group: &str, what: &str| {
-        let mut recv = recv;
-        let r = recv.spawn().unwrap();
-        wait_joined(r.id(), group.parse().unwrap());
-        let what_r = format!("{what}: mckey receiver");
-        let r = std::thread::spawn(move || wait(r, Duration::from_secs(60), &what_r));
-        let mut send = send;
+    // Receivers first (each must have joined before the sender's one burst), then the
+    // sender; every one must see its 10 messages.
+    let run = |recvs: Vec<Command>, mut send: Command, group: &str, what: &str| {
+        let mut waits = Vec::new();
+        for (i, mut recv) in recvs.into_iter().enumerate() {
+            let r = recv.spawn().unwrap();
+            wait_joined(r.id(), group.parse().unwrap(), i + 1);
+            let what_r = format!("{what}: mckey receiver {i}");
+            waits.push(std::thread::spawn(move || {
+                wait(r, Duration::from_secs(60), &what_r)
+            }));
+        }
         let s = wait(send.spawn().unwrap(), Duration::from_secs(60), what);
-        let r = r.join().expect("receiver wait");
-        for o in [&s, &r] {
+        let mut outs = vec![s];
+        outs.extend(waits.into_iter().map(|r| r.join().expect("receiver wait")));
+        for o in &outs {
             assert!(o.status.success(), "{what}: {}", text(o));
             assert!(
                 String::from_utf8_lossy(&o.stdout).contains("data transfers complete"),
@@ -531,9 +544,11 @@ fn mckey_multicast() {
                 text(o)
             );
         }
-        let out = String::from_utf8_lossy(&r.stdout).into_owned();
+        let out = String::from_utf8_lossy(&outs[1].stdout).into_owned();
         assert!(out.contains("joined dgid: ::ffff:"), "{what}: {out}");
     };
+    // An even net: two receivers and the sender share one address (and UDP 4791); an odd
+    // one: receiver and sender on two.
     for (net, group) in [(126u8, "239.126.0.1"), (127, "239.127.0.1")] {
         let ra = format!("127.0.{net}.1");
         let sa = if net % 2 == 0 {
@@ -541,17 +556,24 @@ fn mckey_multicast() {
         } else {
             format!("127.0.{net}.2")
         };
-        let recv = cmd(
-            &tool("mckey"),
-            &ra,
-            &["-m", group, "-b", &ra, "-C", "10", "-S", "500"],
-        );
+        let receiver = || {
+            cmd(
+                &tool("mckey"),
+                &ra,
+                &["-m", group, "-b", &ra, "-C", "10", "-S", "500"],
+            )
+        };
+        let recvs = if net % 2 == 0 {
+            vec![receiver(), receiver()]
+        } else {
+            vec![receiver()]
+        };
         let send = cmd(
             &tool("mckey"),
             &sa,
             &["-m", group, "-b", &sa, "-s", "-C", "10", "-S", "500"],
         );
-        run(recv, send, group, &format!("net {net}"));
+        run(recvs, send, group, &format!("net {net}"));
     }
 
     if let Some(why) = srdma_netlab::skip_reason() {
@@ -572,7 +594,7 @@ fn mckey_multicast() {
     let (a0, a1) = (lab.hosts[0].addr.to_string(), lab.hosts[1].addr.to_string());
     let group = "239.94.0.1";
     run(
-        in_ns(&lab.hosts[0], &["-m", group, "-b", &a0, "-C", "10"]),
+        vec![in_ns(&lab.hosts[0], &["-m", group, "-b", &a0, "-C", "10"])],
         in_ns(&lab.hosts[1], &["-m", group, "-b", &a1, "-s", "-C", "10"]),
         group,
         "namespaces",
