@@ -516,8 +516,8 @@ fn wait_joined(pid: u32, group: std::net::Ipv4Addr, users: usize) {
 
 /// mckey: receivers join an IPv4 group (rdma_join_multicast_ex: their UD QPs are attached)
 /// and a sender's SENDs to QPN 0xFFFFFF at the group reach each. One address (two receivers
-/// and the sender share UDP 4791), two addresses, two network namespaces. (The lab runs mckey against kernel
-/// rxe, both roles.)
+/// and the sender share UDP 4791), two addresses, two network namespaces. (The lab runs
+/// mckey against kernel rxe, both roles.)
 #[test]
 fn mckey_multicast() {
     let _serial = serial();

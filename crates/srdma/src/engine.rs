@@ -238,8 +238,8 @@ pub(crate) struct Shared {
     pub(crate) sleeps_deep: AtomicBool,
     /// An epoll instance holding the sockets of `State::groups` (made at the first attach).
     pub(crate) groups_ep: std::sync::OnceLock<OwnedFd>,
-    /// `groups_ep`'s descriptor while some group is joined, else -1: whoever watches the
-    /// device's socket watches it too.
+    /// `groups_ep`'s descriptor while some group is joined, else -1: the progress thread
+    /// always watches it, an application thread waiting on its channel too.
     pub(crate) groups_fd: AtomicI32,
 }
 
@@ -1027,8 +1027,8 @@ impl Shared {
     }
 
     /// Attaches UD QP `qpn` to IPv4 multicast group `group`, joining the group on the
-    /// device's interface when it is the first of the device's QPs in it. Attaching twice is no
-    /// error (rxe).
+    /// device's interface when it is the first of the device's QPs in it. Attaching twice
+    /// is no error (rxe).
     pub(crate) fn attach_group(&self, st: &mut State, qpn: u32, group: Ipv4Addr) -> Result<()> {
         let IpAddr::V4(local) = self.local.ip() else {
             return Err(crate::Error::InvalidArgument(

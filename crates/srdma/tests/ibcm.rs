@@ -220,8 +220,9 @@ fn ib_cm_through_the_port_keeper() {
 
 /// Hostile traffic on QP1: truncated MADs, MADs of other classes and versions, LAP and APR
 /// (dropped, as kernel ib_cm drops them on RoCE), a flood of REQs for another service, a
-/// stray DREQ: nothing crashes, the backlog stays bounded, the flood does not hide the real request, the stray DREQ disconnects nothing. (It also
-/// caught signaled MAD sends overrunning the GSI CQ in a burst, which killed QP1.)
+/// stray DREQ: nothing crashes, the backlog stays bounded, the flood does not hide the real
+/// request, the stray DREQ disconnects nothing. (It also caught signaled MAD sends
+/// overrunning the GSI CQ in a burst, which killed QP1.)
 #[test]
 fn hostile_mads_are_ignored_and_bounded() {
     use srdma_wire::cm::{self as wire, CmMsg, MadHdr};
