@@ -209,6 +209,14 @@ selected dropin-mckey-receiver-on-rxe && { scenario dropin-mckey-receiver-on-rxe
 selected dropin-mckey-sender-on-rxe && { scenario dropin-mckey-sender-on-rxe \
   "waitfile /lab/joined 60 && mckey -m 239.77.0.1 -b 10.77.0.2 -s -C 5" \
   "$EXEC mckey -m 239.77.0.1 -b 10.77.0.1 -C 5 & $JOINED; touch \$RUNDIR/joined; wait \$!" || fail=1; }
+# rsockets (librdmacm's socket API: its own protocol over RDMA WRITE WITH IMMEDIATE): rstream
+# with data verification, each side listening once.
+selected dropin-rstream-server-on-rxe && { scenario dropin-rstream-server-on-rxe \
+  "rstream -b 10.77.0.2 -p 7480 -T v -S 100000 -C 50" \
+  "$RUNS/@/retry-host $EXEC rstream -s 10.77.0.2 -p 7480 -T v -S 100000 -C 50" || fail=1; }
+selected dropin-rstream-client-on-rxe && { scenario dropin-rstream-client-on-rxe \
+  "retry 80 0.5 rstream -s 10.77.0.1 -p 7480 -T v -S 100000 -C 50" \
+  "$EXEC rstream -b 10.77.0.1 -p 7480 -T v -S 100000 -C 50" || fail=1; }
 # Ids without a QP (tests/c/qpless.c: conn_param->qp_num, rdma_init_qp_attr for INIT/RTR/RTS,
 # CONNECT_RESPONSE and rdma_establish, as UCX connects), the same program on both sides.
 selected dropin-qpless-server-on-rxe && { scenario dropin-qpless-server-on-rxe \

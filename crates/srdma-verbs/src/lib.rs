@@ -68,6 +68,7 @@ mod context;
 #[cfg(test)]
 mod layout_check;
 mod rdmacm;
+mod rsocket;
 mod unsupported;
 mod verbs;
 

@@ -49,7 +49,17 @@
 //!   and against kernel rxe. Where it differs: `rdma_destroy_qp` detaches the id's groups
 //!   first (with rdma-core the QP stays attached, its destroy fails with EBUSY and it
 //!   leaks).
-//! - Stubbed with ENOSYS: rsockets (`rsocket` … `riounmap`).
+//! - rsockets, stream sockets (`crate::rsocket`): `rsocket`, `rbind`, `rlisten`, `raccept`,
+//!   `rconnect`, `rshutdown`, `rclose`, `rrecv`/`rrecvfrom`/`rrecvmsg`/`rread`/`rreadv`,
+//!   `rsend`/`rsendto`/`rsendmsg`/`rwrite`/`rwritev`, `rpoll`, `rgetpeername`,
+//!   `rgetsockname`, `rsetsockopt`/`rgetsockopt` (int options), `rfcntl`: Debian's `rstream`
+//!   and `rcopy` run on them and `rstream` against kernel rxe's librdmacm. Stubbed with
+//!   ENOSYS: `riomap`, `riounmap`, `riowrite`; datagram rsockets are EOPNOTSUPP (so
+//!   `udpong` and `riostream` still fail). Where they differ from rsocket.c: `rconnect`
+//!   completes before it returns, also on a non-blocking socket; `rpoll` reports a hang-up
+//!   once the data before it is read; a flushed receive (the peer's DREQ, its process gone)
+//!   ends the stream instead of leaving a reader waiting; `rclose` of an unknown socket is
+//!   -1 with EBADF (rsocket.c returns EBADF itself).
 //! - LAP/APR (alternate paths): nothing in librdmacm sends them, and a received one is
 //!   dropped (counted as malformed), as kernel ib_cm drops them on RoCE ports ("Alternate
 //!   path messages are not supported for RoCE link layer").
@@ -129,16 +139,16 @@ fn err(e: c_int) -> c_int {
 // ---------------------------------------------------------------------------------------
 // Devices: one verbs context per srdma device, opened once, as librdmacm opens them all.
 
-struct CmDev {
+pub(crate) struct CmDev {
     ctx: usize,
-    addr: IpAddr,
+    pub(crate) addr: IpAddr,
     /// The device's PD (`id->pd` of ids on it), allocated on first use.
     pd: Mutex<usize>,
 }
 
 static CM_DEVS: OnceLock<Vec<CmDev>> = OnceLock::new();
 
-fn cm_devs() -> &'static [CmDev] {
+pub(crate) fn cm_devs() -> &'static [CmDev] {
     CM_DEVS.get_or_init(|| {
         let mut n: c_int = 0;
         // SAFETY: `n` is a live local.
@@ -180,7 +190,7 @@ impl CmDev {
         self.ctx as *mut ibv_context
     }
 
-    fn context(&self) -> &'static Context {
+    pub(crate) fn context(&self) -> &'static Context {
         // SAFETY: contexts of CM devices are never closed.
         unsafe { Context::from_c(self.ctx()) }.expect("CM device contexts stay open")
     }
@@ -204,7 +214,7 @@ impl CmDev {
 }
 
 /// The device with address `ip` (an IPv4-mapped IPv6 address names the IPv4 one).
-fn dev_for(ip: IpAddr) -> Option<usize> {
+pub(crate) fn dev_for(ip: IpAddr) -> Option<usize> {
     let ip = match ip {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
         v4 => v4,
@@ -274,7 +284,7 @@ fn write_addr(dst: &mut sockaddr_storage, a: SocketAddr) -> socklen_t {
 }
 
 /// The IP address in the 16 bytes of an rdma_cm header (IPv4 as its last 4 for version 4).
-fn ip_of(ip_version: u8, b: [u8; 16]) -> IpAddr {
+pub(crate) fn ip_of(ip_version: u8, b: [u8; 16]) -> IpAddr {
     if ip_version == 4 {
         IpAddr::V4(Ipv4Addr::new(b[12], b[13], b[14], b[15]))
     } else {
@@ -298,7 +308,7 @@ fn route_source(dst: IpAddr) -> Option<IpAddr> {
 /// picks as the source; else, for a destination of this host, its own device; else, for a
 /// loopback destination, a loopback device; else the only device of the family (srdma
 /// devices are often a subset of the host's addresses, e.g. `SRDMA_DEVICES=127.0.0.2`).
-fn source_device(dst: IpAddr) -> Option<usize> {
+pub(crate) fn source_device(dst: IpAddr) -> Option<usize> {
     if let Some(d) = route_source(dst).and_then(dev_for) {
         return Some(d);
     }
@@ -320,7 +330,7 @@ fn source_device(dst: IpAddr) -> Option<usize> {
 }
 
 /// An rdma_cm port for an id bound to port 0, from the kernel's ephemeral range.
-fn any_port() -> u16 {
+pub(crate) fn any_port() -> u16 {
     32768 + (srdma::random_u64() % 28000) as u16
 }
 
@@ -3039,7 +3049,8 @@ fn detach(qp: *mut ibv_qp, ip: IpAddr) {
     unsafe { crate::verbs::ibv_detach_mcast(qp, &g, 0) };
 }
 
-/// `rpoll`: `poll(2)` (no rsockets here, so every descriptor is an ordinary one).
+/// `rpoll`: `poll(2)` over rsockets (their readiness from their completions, see
+/// `rsocket::c_poll`) and ordinary descriptors.
 ///
 /// # Safety
 /// As `poll(2)`.
@@ -3049,8 +3060,25 @@ pub unsafe extern "C" fn rpoll(
     nfds: libc::nfds_t,
     timeout: c_int,
 ) -> c_int {
-    // SAFETY: per the contract.
-    unsafe { libc::poll(fds, nfds, timeout) }
+    guard(err(libc::EIO), || {
+        if nfds == 0 {
+            // SAFETY: a poll of nothing: a sleep.
+            return unsafe { libc::poll(fds, 0, timeout) };
+        }
+        if fds.is_null() {
+            return err(libc::EFAULT);
+        }
+        // SAFETY: per the contract, `nfds` pollfds.
+        let all = unsafe { std::slice::from_raw_parts_mut(fds, nfds as usize) };
+        if !all.iter().any(|p| crate::rsocket::lookup(p.fd).is_some()) {
+            // SAFETY: per the contract.
+            return unsafe { libc::poll(fds, nfds, timeout) };
+        }
+        match crate::rsocket::c_poll(all, timeout) {
+            Ok(n) => n,
+            Err(e) => err(e),
+        }
+    })
 }
 
 /// `rselect`: `select(2)`.
@@ -3075,129 +3103,506 @@ fn nosys<T: From<i8>>() -> T {
     T::from(-1)
 }
 
-// rsockets are not implemented: each fails with ENOSYS. (One
-// line each, so that build.rs sees them defined.)
-/// `rsocket`: rsockets are not implemented (-1, ENOSYS).
-#[unsafe(no_mangle)]
-pub extern "C" fn rsocket() -> c_int {
-    nosys()
+// rsockets: the stream sockets of crate::rsocket; -1 with errno on error.
+
+fn rs_ret(r: Result<(), c_int>) -> c_int {
+    match r {
+        Ok(()) => 0,
+        Err(e) => err(e),
+    }
 }
-/// `rbind`: rsockets are not implemented (-1, ENOSYS).
-#[unsafe(no_mangle)]
-pub extern "C" fn rbind() -> c_int {
-    nosys()
+
+fn rs_len(r: Result<usize, c_int>) -> isize {
+    match r {
+        Ok(n) => n as isize,
+        Err(e) => {
+            set_errno(e);
+            -1
+        }
+    }
 }
-/// `rlisten`: rsockets are not implemented (-1, ENOSYS).
-#[unsafe(no_mangle)]
-pub extern "C" fn rlisten() -> c_int {
-    nosys()
+
+/// Writes `a` to `addr`/`addrlen` as `getsockname` does (truncated to the caller's room).
+///
+/// # Safety
+/// `addr` NULL or valid for `*addrlen` bytes; `addrlen` NULL or valid.
+unsafe fn put_addr(a: SocketAddr, addr: *mut sockaddr, addrlen: *mut socklen_t) {
+    if addr.is_null() || addrlen.is_null() {
+        return;
+    }
+    let mut ss: sockaddr_storage = unsafe { std::mem::zeroed() };
+    let n = write_addr(&mut ss, a);
+    // SAFETY: per the contract.
+    let room = unsafe { *addrlen } as usize;
+    // SAFETY: `addr` has `room` bytes; `ss` at least `n`.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            (&raw const ss).cast::<u8>(),
+            addr.cast::<u8>(),
+            room.min(n as usize),
+        );
+        *addrlen = n;
+    }
 }
-/// `raccept`: rsockets are not implemented (-1, ENOSYS).
-#[unsafe(no_mangle)]
-pub extern "C" fn raccept() -> c_int {
-    nosys()
+
+/// The bytes an iovec array names.
+///
+/// # Safety
+/// `iov` NULL or `iovcnt` valid iovecs, each naming `iov_len` valid bytes.
+unsafe fn iovecs<'a>(iov: *const libc::iovec, iovcnt: c_int) -> Option<Vec<&'a mut [u8]>> {
+    if iovcnt < 0 || (iovcnt > 0 && iov.is_null()) {
+        return None;
+    }
+    let mut v = Vec::with_capacity(iovcnt as usize);
+    for i in 0..iovcnt as usize {
+        // SAFETY: per the contract.
+        let e = unsafe { &*iov.add(i) };
+        if e.iov_len == 0 {
+            continue;
+        }
+        if e.iov_base.is_null() {
+            return None;
+        }
+        // SAFETY: per the contract.
+        v.push(unsafe { std::slice::from_raw_parts_mut(e.iov_base.cast::<u8>(), e.iov_len) });
+    }
+    Some(v)
 }
-/// `rconnect`: rsockets are not implemented (-1, ENOSYS).
-#[unsafe(no_mangle)]
-pub extern "C" fn rconnect() -> c_int {
-    nosys()
+
+/// The bytes at `buf` (empty for a NULL `buf` of length 0).
+///
+/// # Safety
+/// `buf` valid for `len` bytes unless `len` is 0.
+unsafe fn bytes<'a>(buf: *const c_void, len: usize) -> Option<&'a mut [u8]> {
+    if len == 0 {
+        return Some(&mut []);
+    }
+    if buf.is_null() {
+        return None;
+    }
+    // SAFETY: per the contract.
+    Some(unsafe { std::slice::from_raw_parts_mut(buf.cast_mut().cast::<u8>(), len) })
 }
-/// `rshutdown`: rsockets are not implemented (-1, ENOSYS).
+
+/// `rsocket`: a stream rsocket (AF_INET or AF_INET6, SOCK_STREAM, optionally
+/// SOCK_NONBLOCK); datagram rsockets are not implemented (EOPNOTSUPP).
 #[unsafe(no_mangle)]
-pub extern "C" fn rshutdown() -> c_int {
-    nosys()
+pub extern "C" fn rsocket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
+    guard(err(libc::EIO), || {
+        match crate::rsocket::c_socket(domain, ty, protocol) {
+            Ok(fd) => fd,
+            Err(e) => err(e),
+        }
+    })
 }
-/// `rclose`: rsockets are not implemented (-1, ENOSYS).
+
+/// `rbind`: the local address (an srdma device's, or a wildcard) and port.
+///
+/// # Safety
+/// `addr` NULL or a valid sockaddr.
 #[unsafe(no_mangle)]
-pub extern "C" fn rclose() -> c_int {
-    nosys()
+pub unsafe extern "C" fn rbind(socket: c_int, addr: *const sockaddr, _len: socklen_t) -> c_int {
+    // SAFETY: per the contract.
+    guard(err(libc::EIO), || {
+        rs_ret(crate::rsocket::c_bind(socket, unsafe { read_addr(addr) }))
+    })
 }
-/// `rrecv`: rsockets are not implemented (-1, ENOSYS).
+
+/// `rlisten`: accepts connections in the background from now on.
 #[unsafe(no_mangle)]
-pub extern "C" fn rrecv() -> isize {
-    nosys()
+pub extern "C" fn rlisten(socket: c_int, _backlog: c_int) -> c_int {
+    guard(err(libc::EIO), || rs_ret(crate::rsocket::c_listen(socket)))
 }
-/// `rrecvfrom`: rsockets are not implemented (-1, ENOSYS).
+
+/// `raccept`: the next accepted connection (EAGAIN on a non-blocking listener with none).
+///
+/// # Safety
+/// `addr`/`addrlen` NULL or valid.
 #[unsafe(no_mangle)]
-pub extern "C" fn rrecvfrom() -> isize {
-    nosys()
+pub unsafe extern "C" fn raccept(
+    socket: c_int,
+    addr: *mut sockaddr,
+    addrlen: *mut socklen_t,
+) -> c_int {
+    guard(err(libc::EIO), || match crate::rsocket::c_accept(socket) {
+        Ok((fd, peer)) => {
+            if let Some(p) = peer {
+                // SAFETY: per the contract.
+                unsafe { put_addr(p, addr, addrlen) };
+            }
+            fd
+        }
+        Err(e) => err(e),
+    })
 }
-/// `rrecvmsg`: rsockets are not implemented (-1, ENOSYS).
+
+/// `rconnect`: connects (also on a non-blocking socket, before returning: 0, never
+/// EINPROGRESS); ECONNREFUSED when rejected, ETIMEDOUT without an answer.
+///
+/// # Safety
+/// `addr` NULL or a valid sockaddr.
 #[unsafe(no_mangle)]
-pub extern "C" fn rrecvmsg() -> isize {
-    nosys()
+pub unsafe extern "C" fn rconnect(socket: c_int, addr: *const sockaddr, _len: socklen_t) -> c_int {
+    guard(err(libc::EIO), || {
+        leave_data_path();
+        // SAFETY: per the contract.
+        rs_ret(crate::rsocket::c_connect(socket, unsafe {
+            read_addr(addr)
+        }))
+    })
 }
-/// `rsend`: rsockets are not implemented (-1, ENOSYS).
+
+/// `rshutdown`.
 #[unsafe(no_mangle)]
-pub extern "C" fn rsend() -> isize {
-    nosys()
+pub extern "C" fn rshutdown(socket: c_int, how: c_int) -> c_int {
+    guard(err(libc::EIO), || {
+        rs_ret(crate::rsocket::c_shutdown(socket, how))
+    })
 }
-/// `rsendto`: rsockets are not implemented (-1, ENOSYS).
+
+/// `rclose`: shuts the connection down (a disconnect message, then the CM's DREQ) and frees
+/// the socket.
 #[unsafe(no_mangle)]
-pub extern "C" fn rsendto() -> isize {
-    nosys()
+pub extern "C" fn rclose(socket: c_int) -> c_int {
+    guard(err(libc::EIO), || rs_ret(crate::rsocket::c_close(socket)))
 }
-/// `rsendmsg`: rsockets are not implemented (-1, ENOSYS).
+
+/// `rrecv`: 0 at the end of the peer's data.
+///
+/// # Safety
+/// `buf` valid for `len` bytes.
 #[unsafe(no_mangle)]
-pub extern "C" fn rsendmsg() -> isize {
-    nosys()
+pub unsafe extern "C" fn rrecv(socket: c_int, buf: *mut c_void, len: usize, flags: c_int) -> isize {
+    guard(-1, || {
+        // SAFETY: per the contract.
+        let Some(b) = (unsafe { bytes(buf, len) }) else {
+            return rs_len(Err(libc::EFAULT));
+        };
+        rs_len(crate::rsocket::c_recv(socket, b, flags))
+    })
 }
-/// `rread`: rsockets are not implemented (-1, ENOSYS).
+
+/// `rrecvfrom`: `rrecv`, and the peer's address.
+///
+/// # Safety
+/// `buf` valid for `len` bytes; `src_addr`/`addrlen` NULL or valid.
 #[unsafe(no_mangle)]
-pub extern "C" fn rread() -> isize {
-    nosys()
+pub unsafe extern "C" fn rrecvfrom(
+    socket: c_int,
+    buf: *mut c_void,
+    len: usize,
+    flags: c_int,
+    src_addr: *mut sockaddr,
+    addrlen: *mut socklen_t,
+) -> isize {
+    // SAFETY: per the contract.
+    let n = unsafe { rrecv(socket, buf, len, flags) };
+    if n >= 0 {
+        if let Ok(a) = crate::rsocket::c_name(socket, true) {
+            // SAFETY: per the contract.
+            unsafe { put_addr(a, src_addr, addrlen) };
+        }
+    }
+    n
 }
-/// `rreadv`: rsockets are not implemented (-1, ENOSYS).
+
+/// Receives into the iovecs in order.
+///
+/// # Safety
+/// As [`iovecs`].
+unsafe fn recvv(socket: c_int, iov: *const libc::iovec, iovcnt: c_int, flags: c_int) -> isize {
+    // SAFETY: per the contract.
+    let Some(parts) = (unsafe { iovecs(iov, iovcnt) }) else {
+        return rs_len(Err(libc::EINVAL));
+    };
+    let mut total = 0usize;
+    for p in parts {
+        let want = p.len();
+        match crate::rsocket::c_recv(socket, p, flags) {
+            Ok(n) => {
+                total += n;
+                if n < want {
+                    break;
+                }
+            }
+            Err(e) if total == 0 => return rs_len(Err(e)),
+            Err(_) => break,
+        }
+    }
+    total as isize
+}
+
+/// Sends the iovecs in order.
+///
+/// # Safety
+/// As [`iovecs`].
+unsafe fn sendv(socket: c_int, iov: *const libc::iovec, iovcnt: c_int, flags: c_int) -> isize {
+    // SAFETY: per the contract.
+    let Some(parts) = (unsafe { iovecs(iov, iovcnt) }) else {
+        return rs_len(Err(libc::EINVAL));
+    };
+    let mut total = 0usize;
+    for p in parts {
+        match crate::rsocket::c_send(socket, p, flags) {
+            Ok(n) => {
+                total += n;
+                if n < p.len() {
+                    break;
+                }
+            }
+            Err(e) if total == 0 => return rs_len(Err(e)),
+            Err(_) => break,
+        }
+    }
+    total as isize
+}
+
+/// `rrecvmsg` (the data only: no control messages, no address).
+///
+/// # Safety
+/// `msg` NULL or a valid msghdr.
 #[unsafe(no_mangle)]
-pub extern "C" fn rreadv() -> isize {
-    nosys()
+pub unsafe extern "C" fn rrecvmsg(socket: c_int, msg: *mut libc::msghdr, flags: c_int) -> isize {
+    guard(-1, || {
+        if msg.is_null() {
+            return rs_len(Err(libc::EINVAL));
+        }
+        // SAFETY: per the contract.
+        let m = unsafe { &*msg };
+        // SAFETY: the msghdr's iovecs, per the contract.
+        unsafe { recvv(socket, m.msg_iov, m.msg_iovlen as c_int, flags) }
+    })
 }
-/// `rwrite`: rsockets are not implemented (-1, ENOSYS).
+
+/// `rsend`.
+///
+/// # Safety
+/// `buf` valid for `len` bytes.
 #[unsafe(no_mangle)]
-pub extern "C" fn rwrite() -> isize {
-    nosys()
+pub unsafe extern "C" fn rsend(
+    socket: c_int,
+    buf: *const c_void,
+    len: usize,
+    flags: c_int,
+) -> isize {
+    guard(-1, || {
+        // SAFETY: per the contract.
+        let Some(b) = (unsafe { bytes(buf, len) }) else {
+            return rs_len(Err(libc::EFAULT));
+        };
+        rs_len(crate::rsocket::c_send(socket, b, flags))
+    })
 }
-/// `rwritev`: rsockets are not implemented (-1, ENOSYS).
+
+/// `rsendto`: a stream socket ignores the address, as rsockets do.
+///
+/// # Safety
+/// `buf` valid for `len` bytes.
 #[unsafe(no_mangle)]
-pub extern "C" fn rwritev() -> isize {
-    nosys()
+pub unsafe extern "C" fn rsendto(
+    socket: c_int,
+    buf: *const c_void,
+    len: usize,
+    flags: c_int,
+    _dest_addr: *const sockaddr,
+    _addrlen: socklen_t,
+) -> isize {
+    // SAFETY: per the contract.
+    unsafe { rsend(socket, buf, len, flags) }
 }
-/// `rgetpeername`: rsockets are not implemented (-1, ENOSYS).
+
+/// `rsendmsg` (the data only).
+///
+/// # Safety
+/// `msg` NULL or a valid msghdr.
 #[unsafe(no_mangle)]
-pub extern "C" fn rgetpeername() -> c_int {
-    nosys()
+pub unsafe extern "C" fn rsendmsg(socket: c_int, msg: *const libc::msghdr, flags: c_int) -> isize {
+    guard(-1, || {
+        if msg.is_null() {
+            return rs_len(Err(libc::EINVAL));
+        }
+        // SAFETY: per the contract.
+        let m = unsafe { &*msg };
+        // SAFETY: the msghdr's iovecs, per the contract.
+        unsafe { sendv(socket, m.msg_iov, m.msg_iovlen as c_int, flags) }
+    })
 }
-/// `rgetsockname`: rsockets are not implemented (-1, ENOSYS).
+
+/// `rread`: `rrecv` without flags.
+///
+/// # Safety
+/// `buf` valid for `count` bytes.
 #[unsafe(no_mangle)]
-pub extern "C" fn rgetsockname() -> c_int {
-    nosys()
+pub unsafe extern "C" fn rread(socket: c_int, buf: *mut c_void, count: usize) -> isize {
+    // SAFETY: per the contract.
+    unsafe { rrecv(socket, buf, count, 0) }
 }
-/// `rsetsockopt`: rsockets are not implemented (-1, ENOSYS).
+
+/// `rreadv`.
+///
+/// # Safety
+/// `iov` NULL or `iovcnt` valid iovecs.
 #[unsafe(no_mangle)]
-pub extern "C" fn rsetsockopt() -> c_int {
-    nosys()
+pub unsafe extern "C" fn rreadv(socket: c_int, iov: *const libc::iovec, iovcnt: c_int) -> isize {
+    // SAFETY: per the contract.
+    guard(-1, || unsafe { recvv(socket, iov, iovcnt, 0) })
 }
-/// `rgetsockopt`: rsockets are not implemented (-1, ENOSYS).
+
+/// `rwrite`: `rsend` without flags.
+///
+/// # Safety
+/// `buf` valid for `count` bytes.
 #[unsafe(no_mangle)]
-pub extern "C" fn rgetsockopt() -> c_int {
-    nosys()
+pub unsafe extern "C" fn rwrite(socket: c_int, buf: *const c_void, count: usize) -> isize {
+    // SAFETY: per the contract.
+    unsafe { rsend(socket, buf, count, 0) }
 }
-/// `rfcntl`: rsockets are not implemented (-1, ENOSYS).
+
+/// `rwritev`.
+///
+/// # Safety
+/// `iov` NULL or `iovcnt` valid iovecs.
 #[unsafe(no_mangle)]
-pub extern "C" fn rfcntl() -> c_int {
-    nosys()
+pub unsafe extern "C" fn rwritev(socket: c_int, iov: *const libc::iovec, iovcnt: c_int) -> isize {
+    // SAFETY: per the contract.
+    guard(-1, || unsafe { sendv(socket, iov, iovcnt, 0) })
 }
-/// `riomap`: rsockets are not implemented (-1, ENOSYS).
+
+/// `rgetpeername`.
+///
+/// # Safety
+/// `addr`/`addrlen` NULL or valid.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rgetpeername(
+    socket: c_int,
+    addr: *mut sockaddr,
+    addrlen: *mut socklen_t,
+) -> c_int {
+    guard(err(libc::EIO), || {
+        if addr.is_null() || addrlen.is_null() {
+            return err(libc::EFAULT);
+        }
+        match crate::rsocket::c_name(socket, true) {
+            // SAFETY: per the contract.
+            Ok(a) => unsafe {
+                put_addr(a, addr, addrlen);
+                0
+            },
+            Err(e) => err(e),
+        }
+    })
+}
+
+/// `rgetsockname`.
+///
+/// # Safety
+/// `addr`/`addrlen` NULL or valid.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rgetsockname(
+    socket: c_int,
+    addr: *mut sockaddr,
+    addrlen: *mut socklen_t,
+) -> c_int {
+    guard(err(libc::EIO), || {
+        if addr.is_null() || addrlen.is_null() {
+            return err(libc::EFAULT);
+        }
+        match crate::rsocket::c_name(socket, false) {
+            // SAFETY: per the contract.
+            Ok(a) => unsafe {
+                put_addr(a, addr, addrlen);
+                0
+            },
+            Err(e) => err(e),
+        }
+    })
+}
+
+/// `rsetsockopt`: int options (SO_REUSEADDR, SO_KEEPALIVE, SO_SNDBUF, SO_RCVBUF,
+/// SO_LINGER, TCP_NODELAY, TCP_KEEPIDLE, TCP_MAXSEG, SOL_RDMA's sizes); others EOPNOTSUPP.
+///
+/// # Safety
+/// `optval` NULL or valid for `optlen` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rsetsockopt(
+    socket: c_int,
+    level: c_int,
+    optname: c_int,
+    optval: *const c_void,
+    optlen: socklen_t,
+) -> c_int {
+    guard(err(libc::EIO), || {
+        // RDMA_ROUTE carries a path record, SO_LINGER a struct: neither is read.
+        let v = if !optval.is_null() && optlen as usize >= std::mem::size_of::<c_int>() {
+            // SAFETY: per the contract, at least an int.
+            unsafe { optval.cast::<c_int>().read_unaligned() }
+        } else if optval.is_null() && optlen > 0 {
+            return err(libc::EFAULT);
+        } else {
+            0
+        };
+        rs_ret(crate::rsocket::c_setsockopt(socket, level, optname, v))
+    })
+}
+
+/// `rgetsockopt`: int options, as `rsetsockopt`, and SO_ERROR.
+///
+/// # Safety
+/// `optval`/`optlen` NULL or valid.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rgetsockopt(
+    socket: c_int,
+    level: c_int,
+    optname: c_int,
+    optval: *mut c_void,
+    optlen: *mut socklen_t,
+) -> c_int {
+    guard(err(libc::EIO), || {
+        if optval.is_null() || optlen.is_null() {
+            return err(libc::EFAULT);
+        }
+        // SAFETY: per the contract.
+        if (unsafe { *optlen } as usize) < std::mem::size_of::<c_int>() {
+            return err(libc::EINVAL);
+        }
+        match crate::rsocket::c_getsockopt(socket, level, optname) {
+            Ok(v) => {
+                // SAFETY: per the contract, room for an int.
+                unsafe {
+                    optval.cast::<c_int>().write_unaligned(v);
+                    *optlen = std::mem::size_of::<c_int>() as socklen_t;
+                }
+                0
+            }
+            Err(e) => err(e),
+        }
+    })
+}
+
+/// `rfcntl(socket, F_GETFL)` / `rfcntl(socket, F_SETFL, flags)`: only O_NONBLOCK means
+/// anything. (Declared variadic in C; its one integer argument arrives as a named one
+/// would on x86-64 and aarch64 Linux.)
+#[unsafe(no_mangle)]
+pub extern "C" fn rfcntl(socket: c_int, cmd: c_int, arg: c_int) -> c_int {
+    guard(err(libc::EIO), || {
+        match crate::rsocket::c_fcntl(socket, cmd, arg) {
+            Ok(v) => v,
+            Err(e) => err(e),
+        }
+    })
+}
+
+/// `riomap`: not implemented (-1, ENOSYS).
 #[unsafe(no_mangle)]
 pub extern "C" fn riomap() -> i64 {
     nosys()
 }
-/// `riounmap`: rsockets are not implemented (-1, ENOSYS).
+/// `riounmap`: not implemented (-1, ENOSYS).
 #[unsafe(no_mangle)]
 pub extern "C" fn riounmap() -> c_int {
     nosys()
 }
-/// `riowrite`: rsockets are not implemented (-1, ENOSYS).
+/// `riowrite`: not implemented (-1, ENOSYS).
 #[unsafe(no_mangle)]
 pub extern "C" fn riowrite() -> isize {
     nosys()

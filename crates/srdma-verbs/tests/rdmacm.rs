@@ -1,8 +1,8 @@
 //! Debian's unmodified rdmacm-utils and perftest binaries on the drop-in librdmacm.so.1
 //! (the same file as the drop-in libibverbs.so.1): rping, rdma_server/rdma_client,
-//! ucmatose, udaddy (UD through SIDR), mckey (multicast), ib_write_bw -R and ib_send_lat -R,
-//! on one address,
-//! on two, and between network namespaces; and bad input through the C API.
+//! ucmatose, udaddy (UD through SIDR), mckey (multicast), rstream and rcopy (rsockets),
+//! ib_write_bw -R and ib_send_lat -R, on one address, on two, and between network
+//! namespaces; and bad input through the C API.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -147,6 +147,17 @@ fn wait_thread(pid: u32, name: &str) {
 /// both on one address (sharing UDP 4791 as processes share a kernel device), an odd one on
 /// two. `{server}` in the client's arguments is the server's address.
 fn pair(prog: &str, net: u8, server: &[&str], client: &[&str]) -> (Output, Output) {
+    pair_on("srdma-cm-listen", prog, net, server, client)
+}
+
+/// [`pair`], the server being ready once it has a thread named `listen_thread`.
+fn pair_on(
+    listen_thread: &str,
+    prog: &str,
+    net: u8,
+    server: &[&str],
+    client: &[&str],
+) -> (Output, Output) {
     let sa = format!("127.0.{net}.1");
     let ca = if net % 2 == 0 {
         sa.clone()
@@ -156,7 +167,7 @@ fn pair(prog: &str, net: u8, server: &[&str], client: &[&str]) -> (Output, Outpu
     let sargs: Vec<String> = server.iter().map(|a| a.replace("{server}", &sa)).collect();
     let sargs: Vec<&str> = sargs.iter().map(String::as_str).collect();
     let srv = cmd(&tool(prog), &sa, &sargs).spawn().unwrap();
-    wait_thread(srv.id(), "srdma-cm-listen");
+    wait_thread(srv.id(), listen_thread);
     let cargs: Vec<String> = client.iter().map(|a| a.replace("{server}", &sa)).collect();
     let cargs: Vec<&str> = cargs.iter().map(String::as_str).collect();
     // The server's output is read while the client runs: rping -V fills a pipe.
@@ -358,7 +369,12 @@ fn rdma_cm_between_two_namespaces() {
             .stderr(Stdio::piped());
         c
     };
-    let runs: [(&str, &str, &str); 5] = [
+    let runs: [(&str, &str, &str); 6] = [
+        (
+            "rstream",
+            "-b {server} -p 7494 -T v -S 100000 -C 50",
+            "-s {server} -p 7494 -T v -S 100000 -C 50",
+        ),
         (
             "rping",
             "-s -a {server} -p 7301 -V -C 20 -S 20000",
@@ -388,7 +404,12 @@ fn rdma_cm_between_two_namespaces() {
                 .collect()
         };
         let srv = in_ns(h0, prog, &split(s)).spawn().unwrap();
-        wait_thread(srv.id(), "srdma-cm-listen");
+        let listen = if prog == "rstream" {
+            "srdma-rs-listen"
+        } else {
+            "srdma-cm-listen"
+        };
+        wait_thread(srv.id(), listen);
         let s = std::thread::spawn(move || wait(srv, Duration::from_secs(60), prog));
         let cli = in_ns(h1, prog, &split(c)).spawn().unwrap();
         let c = wait(cli, Duration::from_secs(60), prog);
@@ -599,6 +620,73 @@ fn mckey_multicast() {
         group,
         "namespaces",
     );
+}
+
+/// rsockets (librdmacm's socket API over RC QPs): Debian's rstream, its whole default test
+/// set with data verification on one address and a set of sizes on two, in its default
+/// non-blocking mode, blocking (`-T b`) and with rpoll (`-T a`); rcopy copies a file
+/// intact. (The lab runs rstream against kernel rxe's librdmacm, both roles.)
+#[test]
+fn rsockets_rstream_and_rcopy() {
+    let _serial = serial();
+    // The listener's thread name, as the kernel truncates it (15 bytes).
+    const LISTEN: &str = "srdma-rs-listen";
+    let (s, c) = pair_on(
+        LISTEN,
+        "rstream",
+        128,
+        &["-b", "{server}", "-p", "7495", "-T", "v"],
+        &["-s", "{server}", "-p", "7495", "-T", "v"],
+    );
+    for o in [&s, &c] {
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            out.contains("1m_bw") && out.contains("64_lat"),
+            "{}",
+            text(o)
+        );
+    }
+    for mode in ["b", "a"] {
+        pair_on(
+            LISTEN,
+            "rstream",
+            129,
+            &[
+                "-b", "{server}", "-p", "7496", "-T", mode, "-S", "100000", "-C", "100",
+            ],
+            &[
+                "-s", "{server}", "-p", "7496", "-T", mode, "-S", "100000", "-C", "100",
+            ],
+        );
+    }
+
+    // rcopy: the server serves until killed.
+    let dir = std::env::temp_dir().join(format!("srdma-rcopy-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (src, dst) = (dir.join("src.bin"), dir.join("dst.bin"));
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 + i / 13) as u8).collect();
+    std::fs::write(&src, &data).unwrap();
+    let mut srv = cmd(&tool("rcopy"), "127.0.130.1", &["-p", "7497"])
+        .spawn()
+        .unwrap();
+    wait_thread(srv.id(), LISTEN);
+    let target = format!("127.0.130.1:{}", dst.display());
+    let c = wait(
+        cmd(
+            &tool("rcopy"),
+            "127.0.130.2",
+            &[src.to_str().unwrap(), &target, "-p", "7497"],
+        )
+        .spawn()
+        .unwrap(),
+        Duration::from_secs(60),
+        "rcopy client",
+    );
+    let _ = srv.kill();
+    let _ = srv.wait();
+    assert!(c.status.success(), "{}", text(&c));
+    assert!(std::fs::read(&dst).unwrap() == data, "the copy differs");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

@@ -9,6 +9,10 @@
 #include <arpa/inet.h>
 #include <rdma/rdma_cma.h>
 #include <rdma/rdma_verbs.h>
+#include <rdma/rsocket.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
 
 static int failures;
 
@@ -288,6 +292,53 @@ int main(int argc, char **argv)
 		CHECK(rdma_leave_multicast(id2, (struct sockaddr *)&grp) == 0, "leave 2");
 		rdma_destroy_qp(id2);
 		CHECK(rdma_destroy_id(id2) == 0, "destroy UDP id");
+	}
+
+	/* rsockets: what is not there, wrong order, bad arguments; a connect nobody answers is
+	 * refused, a non-blocking listener with nobody waiting says EAGAIN. */
+	{
+		int s, c, one = 1;
+		char b[8];
+		socklen_t len = sizeof sin;
+		struct pollfd pfd;
+
+		EXPECT_ERR(rsocket(AF_UNIX, SOCK_STREAM, 0), EOPNOTSUPP);
+		EXPECT_ERR(rsocket(AF_INET, SOCK_DGRAM, 0), EOPNOTSUPP);
+		EXPECT_ERR(rsend(4242, b, 1, 0), EBADF);
+		EXPECT_ERR(rrecv(4242, b, 1, 0), EBADF);
+		EXPECT_ERR(rclose(4242), EBADF);
+		s = rsocket(AF_INET, SOCK_STREAM, 0);
+		CHECK(s >= 0, "rsocket");
+		EXPECT_ERR(rsend(s, b, 1, 0), ENOTCONN);
+		EXPECT_ERR(rrecv(s, b, 1, 0), ENOTCONN);
+		EXPECT_ERR(rsend(s, NULL, 10, 0), EFAULT);
+		EXPECT_ERR(rshutdown(s, SHUT_RDWR), ENOTCONN);
+		EXPECT_ERR(rgetpeername(s, (struct sockaddr *)&sin, &len), ENOTCONN);
+		EXPECT_ERR(rsetsockopt(s, SOL_SOCKET, SO_BROADCAST, &one, sizeof one), EOPNOTSUPP);
+		CHECK(rsetsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) == 0, "TCP_NODELAY");
+		CHECK(rfcntl(s, F_SETFL, O_NONBLOCK) == 0 && (rfcntl(s, F_GETFL) & O_NONBLOCK),
+		      "rfcntl O_NONBLOCK");
+		memset(&sin, 0, sizeof sin);
+		sin.sin_family = AF_INET;
+		inet_pton(AF_INET, "192.0.2.77", &sin.sin_addr);
+		EXPECT_ERR(rbind(s, (struct sockaddr *)&sin, sizeof sin), EADDRNOTAVAIL);
+		inet_pton(AF_INET, argv[1], &sin.sin_addr);
+		sin.sin_port = htons(7996);
+		CHECK(rbind(s, (struct sockaddr *)&sin, sizeof sin) == 0, "rbind");
+		CHECK(rlisten(s, 4) == 0, "rlisten");
+		EXPECT_ERR(raccept(s, NULL, NULL), EAGAIN);
+		pfd.fd = s;
+		pfd.events = POLLIN;
+		CHECK(rpoll(&pfd, 1, 0) == 0, "rpoll of an idle listener");
+		len = sizeof sin;
+		CHECK(rgetsockname(s, (struct sockaddr *)&sin, &len) == 0 &&
+			      sin.sin_port == htons(7996),
+		      "rgetsockname");
+		c = rsocket(AF_INET, SOCK_STREAM, 0);
+		sin.sin_port = htons(7995);
+		EXPECT_ERR(rconnect(c, (struct sockaddr *)&sin, sizeof sin), ECONNREFUSED);
+		CHECK(rclose(c) == 0 && rclose(s) == 0, "rclose");
+		EXPECT_ERR(rclose(s), EBADF); /* twice */
 	}
 
 	/* rdma_getaddrinfo of a name that does not resolve: an error, no result. */
