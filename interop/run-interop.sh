@@ -16,7 +16,8 @@
 #                   dropin-udaddy-*, dropin-ucmatose-*, dropin-rdma-*, dropin-*-R-*:
 #                   rdmacm-utils and perftest -R through the drop-in librdmacm.so.1 against
 #                   rdma-core's librdmacm on rxe; dropin-mckey-*: UD multicast (mckey),
-#                   each side receiving
+#                   each side receiving; dropin-rstream-*: rsockets (rstream, data
+#                   verified), each side listening
 # for SIZE in 64, 4096, 65536 (multi-packet at the path MTU 1024). Every scenario must exit 0
 # on both sides, and the guest's rxe hw counters must show no sequence error and no retry
 # (duplicate_request only as many as the copies of srdma's GSO path probe in the capture).

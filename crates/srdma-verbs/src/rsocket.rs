@@ -391,7 +391,13 @@ impl Conn {
         }
     }
 
-    fn set_target(&self, i: usize, (a, k, l): (u64, u32, u32)) {
+    fn set_target(&self, i: usize, sge: (u64, u32, u32)) {
+        let _ = self.target.write(i * SGE_LEN, &self.sge_bytes(sge));
+    }
+
+    /// An `rs_sge` as it lies in memory: host order, swapped for a peer of the other
+    /// byte order.
+    fn sge_bytes(&self, (a, k, l): (u64, u32, u32)) -> [u8; SGE_LEN] {
         let (a, k, l) = if self.swap {
             (a.swap_bytes(), k.swap_bytes(), l.swap_bytes())
         } else {
@@ -401,7 +407,7 @@ impl Conn {
         b[0..8].copy_from_slice(&a.to_ne_bytes());
         b[8..12].copy_from_slice(&k.to_ne_bytes());
         b[12..16].copy_from_slice(&l.to_ne_bytes());
-        let _ = self.target.write(i * SGE_LEN, &b);
+        b
     }
 
     fn post(&mut self, wr_id: u64, op: SendOp, sges: SgeList) -> Result<(), c_int> {
@@ -451,20 +457,11 @@ impl Conn {
         self.rseq_comp = self.rseq_no.wrapping_add(self.sizes.rq >> 1);
         let m = msg(OP_SGL, u32::from(self.rseq_no.wrapping_add(self.sizes.rq)));
         if self.rbuf_bytes_avail >= half {
-            let (a, k, l) = (
+            let b = self.sge_bytes((
                 self.rbuf.addr() + u64::from(self.rbuf_free_offset),
                 rkey(&self.rbuf),
                 half,
-            );
-            let (a, k, l) = if self.swap {
-                (a.swap_bytes(), k.swap_bytes(), l.swap_bytes())
-            } else {
-                (a, k, l)
-            };
-            let mut b = [0u8; SGE_LEN];
-            b[0..8].copy_from_slice(&a.to_ne_bytes());
-            b[8..12].copy_from_slice(&k.to_ne_bytes());
-            b[12..16].copy_from_slice(&l.to_ne_bytes());
+            ));
             let slot = self.sizes.sbuf as usize + (self.ctrl_seqno % CTRL_SIZE) as usize * SGE_LEN;
             let _ = self.sbuf.write(slot, &b);
             let op = SendOp::WriteWithImm {
