@@ -52,7 +52,8 @@
 //! - rsockets, stream sockets (`crate::rsocket`): `rsocket`, `rbind`, `rlisten`, `raccept`,
 //!   `rconnect`, `rshutdown`, `rclose`, `rrecv`/`rrecvfrom`/`rrecvmsg`/`rread`/`rreadv`,
 //!   `rsend`/`rsendto`/`rsendmsg`/`rwrite`/`rwritev`, `rpoll`, `rgetpeername`,
-//!   `rgetsockname`, `rsetsockopt`/`rgetsockopt` (int options), `rfcntl`: Debian's `rstream`
+//!   `rgetsockname`, `rsetsockopt`/`rgetsockopt` (int options), `rfcntl`, `rselect` (through
+//!   `rpoll` when rsockets are among its descriptors): Debian's `rstream`
 //!   and `rcopy` run on them and `rstream` against kernel rxe's librdmacm. Stubbed with
 //!   ENOSYS: `riomap`, `riounmap`, `riowrite`; datagram rsockets are EOPNOTSUPP (so
 //!   `udpong` and `riostream` still fail). Where they differ from rsocket.c: `rconnect`
@@ -3081,7 +3082,8 @@ pub unsafe extern "C" fn rpoll(
     })
 }
 
-/// `rselect`: `select(2)`.
+/// `rselect`: `select(2)`; with rsockets among the descriptors, as rsocket.c does it: the
+/// sets become an `rpoll` and its answer the sets.
 ///
 /// # Safety
 /// As `select(2)`.
@@ -3093,8 +3095,71 @@ pub unsafe extern "C" fn rselect(
     exceptfds: *mut libc::fd_set,
     timeout: *mut libc::timeval,
 ) -> c_int {
-    // SAFETY: per the contract.
-    unsafe { libc::select(nfds, readfds, writefds, exceptfds, timeout) }
+    guard(err(libc::EIO), || {
+        let n = nfds.clamp(0, libc::FD_SETSIZE as c_int);
+        // SAFETY: each set NULL or valid, per the contract.
+        let isset =
+            |set: *mut libc::fd_set, fd| !set.is_null() && unsafe { libc::FD_ISSET(fd, set) };
+        let mut fds = Vec::new();
+        let mut any_rsocket = false;
+        for fd in 0..n {
+            let mut events = 0;
+            if isset(readfds, fd) {
+                events |= libc::POLLIN;
+            }
+            if isset(writefds, fd) {
+                events |= libc::POLLOUT;
+            }
+            if isset(exceptfds, fd) {
+                events |= libc::POLLPRI;
+            }
+            if events != 0 {
+                any_rsocket |= crate::rsocket::lookup(fd).is_some();
+                fds.push(libc::pollfd {
+                    fd,
+                    events,
+                    revents: 0,
+                });
+            }
+        }
+        if !any_rsocket {
+            // SAFETY: per the contract.
+            return unsafe { libc::select(nfds, readfds, writefds, exceptfds, timeout) };
+        }
+        let ms = if timeout.is_null() {
+            -1
+        } else {
+            // SAFETY: non-NULL, valid per the contract.
+            let t = unsafe { *timeout };
+            (t.tv_sec.max(0).saturating_mul(1000) + t.tv_usec.max(0) / 1000).min(c_int::MAX.into())
+                as c_int
+        };
+        if let Err(e) = crate::rsocket::c_poll(&mut fds, ms) {
+            return err(e);
+        }
+        let mut count = 0;
+        for set in [readfds, writefds, exceptfds] {
+            if !set.is_null() {
+                // SAFETY: valid per the contract.
+                unsafe { libc::FD_ZERO(set) };
+            }
+        }
+        for p in &fds {
+            let hit = |set: *mut libc::fd_set, mask: i16| {
+                if !set.is_null() && p.revents & mask != 0 {
+                    // SAFETY: valid per the contract; `p.fd` < FD_SETSIZE.
+                    unsafe { libc::FD_SET(p.fd, set) };
+                    1
+                } else {
+                    0
+                }
+            };
+            count += hit(readfds, libc::POLLIN | libc::POLLHUP | libc::POLLERR);
+            count += hit(writefds, libc::POLLOUT | libc::POLLERR);
+            count += hit(exceptfds, libc::POLLPRI);
+        }
+        count
+    })
 }
 
 /// -1 with errno ENOSYS: what the entry points below return.

@@ -340,6 +340,36 @@ int main(int argc, char **argv)
 		CHECK(rclose(c) == 0 && rclose(s) == 0, "rclose");
 		EXPECT_ERR(rclose(s), EBADF); /* twice */
 	}
+	/* An rsocket pair in this process: rselect sees nothing, then the data; the reader
+	 * gets the end of the stream once the writer closed. */
+	{
+		int l, c, a;
+		char b[16];
+		fd_set rd;
+		struct timeval tv = { 0, 0 };
+
+		l = rsocket(AF_INET, SOCK_STREAM, 0);
+		sin.sin_port = htons(7994);
+		CHECK(rbind(l, (struct sockaddr *)&sin, sizeof sin) == 0 && rlisten(l, 1) == 0,
+		      "rlisten 2");
+		c = rsocket(AF_INET, SOCK_STREAM, 0);
+		CHECK(rconnect(c, (struct sockaddr *)&sin, sizeof sin) == 0, "rconnect");
+		a = raccept(l, NULL, NULL);
+		CHECK(a >= 0, "raccept");
+		FD_ZERO(&rd);
+		FD_SET(a, &rd);
+		CHECK(rselect(a + 1, &rd, NULL, NULL, &tv) == 0, "rselect: nothing yet");
+		CHECK(rsend(c, "ping", 4, 0) == 4, "rsend");
+		FD_ZERO(&rd);
+		FD_SET(a, &rd);
+		tv.tv_sec = 5;
+		CHECK(rselect(a + 1, &rd, NULL, NULL, &tv) == 1 && FD_ISSET(a, &rd),
+		      "rselect: readable");
+		CHECK(rrecv(a, b, sizeof b, 0) == 4 && !memcmp(b, "ping", 4), "rrecv");
+		CHECK(rclose(c) == 0, "rclose the writer");
+		CHECK(rrecv(a, b, sizeof b, 0) == 0, "the end of the stream");
+		CHECK(rclose(a) == 0 && rclose(l) == 0, "rclose the rest");
+	}
 
 	/* rdma_getaddrinfo of a name that does not resolve: an error, no result. */
 	memset(&hints, 0, sizeof hints);
