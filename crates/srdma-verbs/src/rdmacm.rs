@@ -3195,6 +3195,7 @@ unsafe fn put_addr(a: SocketAddr, addr: *mut sockaddr, addrlen: *mut socklen_t) 
     if addr.is_null() || addrlen.is_null() {
         return;
     }
+    // SAFETY: sockaddr_storage is plain bytes; all zeroes is valid.
     let mut ss: sockaddr_storage = unsafe { std::mem::zeroed() };
     let n = write_addr(&mut ss, a);
     // SAFETY: per the contract.
