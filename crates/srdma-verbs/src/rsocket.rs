@@ -174,7 +174,12 @@ pub(crate) fn lookup(fd: c_int) -> Option<Arc<Rsock>> {
 
 fn new_sock(sizes: Sizes, nonblock: bool) -> Result<Arc<Rsock>, c_int> {
     // SAFETY: plain syscall with constant flags.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    let fd = unsafe {
+        libc::eventfd(
+            0,
+            libc::EFD_CLOEXEC | libc::EFD_NONBLOCK | libc::EFD_SEMAPHORE,
+        )
+    };
     if fd < 0 {
         return Err(std::io::Error::last_os_error()
             .raw_os_error()
@@ -225,16 +230,11 @@ fn signal(fd: &OwnedFd) {
     let _ = unsafe { libc::write(fd.as_raw_fd(), (&raw const one).cast(), 8) };
 }
 
+/// Takes one from a socket's (semaphore) eventfd.
 fn unsignal(fd: &OwnedFd) {
     let mut v = 0u64;
     // SAFETY: reads 8 bytes into a live u64 from our own (non-blocking) eventfd.
     let _ = unsafe { libc::read(fd.as_raw_fd(), (&raw mut v).cast(), 8) };
-    if v > 1 {
-        // Not a semaphore eventfd: put back what this read took beyond one.
-        let rest = v - 1;
-        // SAFETY: as in `signal`.
-        let _ = unsafe { libc::write(fd.as_raw_fd(), (&raw const rest).cast(), 8) };
-    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -292,6 +292,14 @@ fn make_parts(dev: &srdma::Device, sizes: Sizes) -> Result<Parts, c_int> {
         sbuf,
         target,
     })
+}
+
+/// Copies `dst.len()` bytes at `offset` out of `mr` (always in range here). Not
+/// `Mr::read`, which first runs the device's receive path as a polling application would:
+/// every completion this module waits for has already been taken from its CQ, and
+/// `can_send` looks at the target SGL on every check.
+fn copy_out(mr: &Mr, offset: usize, dst: &mut [u8]) {
+    mr.with_bytes_mut(|b| dst.copy_from_slice(&b[offset..offset + dst.len()]));
 }
 
 fn rkey(mr: &Mr) -> u32 {
@@ -378,7 +386,7 @@ impl Conn {
     /// Entry `i` of our target SGL: (address, key, length), as the peer wrote it.
     fn target_entry(&self, i: usize) -> (u64, u32, u32) {
         let mut b = [0u8; SGE_LEN];
-        let _ = self.target.read(i * SGE_LEN, &mut b);
+        copy_out(&self.target, i * SGE_LEN, &mut b);
         let (a, k, l) = (
             u64::from_ne_bytes(b[0..8].try_into().expect("8")),
             u32::from_ne_bytes(b[8..12].try_into().expect("4")),
@@ -925,9 +933,7 @@ fn recv(rs: &Rsock, out: &mut [u8], flags: c_int) -> Result<usize, c_int> {
             while left > 0 {
                 let end = c.sizes.rbuf - offset;
                 let n = left.min(end);
-                let _ = c
-                    .rbuf
-                    .read(offset as usize, &mut out[done..done + n as usize]);
+                copy_out(&c.rbuf, offset as usize, &mut out[done..done + n as usize]);
                 done += n as usize;
                 left -= n;
                 offset = if n == end { 0 } else { offset + n };
