@@ -3372,11 +3372,16 @@ pub unsafe extern "C" fn rrecvfrom(
     n
 }
 
-/// Receives into the iovecs in order.
+/// Runs `xfer` (a receive or a send) over the iovecs in order, as far as each goes whole:
+/// the bytes moved, or -1 with errno when the first moved nothing.
 ///
 /// # Safety
 /// As [`iovecs`].
-unsafe fn recvv(socket: c_int, iov: *const libc::iovec, iovcnt: c_int, flags: c_int) -> isize {
+unsafe fn each_iov(
+    iov: *const libc::iovec,
+    iovcnt: c_int,
+    mut xfer: impl FnMut(&mut [u8]) -> Result<usize, c_int>,
+) -> isize {
     // SAFETY: per the contract.
     let Some(parts) = (unsafe { iovecs(iov, iovcnt) }) else {
         return rs_len(Err(libc::EINVAL));
@@ -3384,7 +3389,7 @@ unsafe fn recvv(socket: c_int, iov: *const libc::iovec, iovcnt: c_int, flags: c_
     let mut total = 0usize;
     for p in parts {
         let want = p.len();
-        match crate::rsocket::c_recv(socket, p, flags) {
+        match xfer(p) {
             Ok(n) => {
                 total += n;
                 if n < want {
@@ -3398,29 +3403,22 @@ unsafe fn recvv(socket: c_int, iov: *const libc::iovec, iovcnt: c_int, flags: c_
     total as isize
 }
 
+/// Receives into the iovecs in order.
+///
+/// # Safety
+/// As [`iovecs`].
+unsafe fn recvv(socket: c_int, iov: *const libc::iovec, iovcnt: c_int, flags: c_int) -> isize {
+    // SAFETY: per the contract.
+    unsafe { each_iov(iov, iovcnt, |p| crate::rsocket::c_recv(socket, p, flags)) }
+}
+
 /// Sends the iovecs in order.
 ///
 /// # Safety
 /// As [`iovecs`].
 unsafe fn sendv(socket: c_int, iov: *const libc::iovec, iovcnt: c_int, flags: c_int) -> isize {
     // SAFETY: per the contract.
-    let Some(parts) = (unsafe { iovecs(iov, iovcnt) }) else {
-        return rs_len(Err(libc::EINVAL));
-    };
-    let mut total = 0usize;
-    for p in parts {
-        match crate::rsocket::c_send(socket, p, flags) {
-            Ok(n) => {
-                total += n;
-                if n < p.len() {
-                    break;
-                }
-            }
-            Err(e) if total == 0 => return rs_len(Err(e)),
-            Err(_) => break,
-        }
-    }
-    total as isize
+    unsafe { each_iov(iov, iovcnt, |p| crate::rsocket::c_send(socket, p, flags)) }
 }
 
 /// `rrecvmsg` (the data only: no control messages, no address).
@@ -3534,6 +3532,26 @@ pub unsafe extern "C" fn rwritev(socket: c_int, iov: *const libc::iovec, iovcnt:
     guard(-1, || unsafe { sendv(socket, iov, iovcnt, 0) })
 }
 
+/// `rgetpeername` and `rgetsockname`: the peer's or the local address.
+///
+/// # Safety
+/// `addr`/`addrlen` NULL or valid.
+unsafe fn name(socket: c_int, addr: *mut sockaddr, addrlen: *mut socklen_t, peer: bool) -> c_int {
+    guard(err(libc::EIO), || {
+        if addr.is_null() || addrlen.is_null() {
+            return err(libc::EFAULT);
+        }
+        match crate::rsocket::c_name(socket, peer) {
+            // SAFETY: per the contract.
+            Ok(a) => unsafe {
+                put_addr(a, addr, addrlen);
+                0
+            },
+            Err(e) => err(e),
+        }
+    })
+}
+
 /// `rgetpeername`.
 ///
 /// # Safety
@@ -3544,19 +3562,8 @@ pub unsafe extern "C" fn rgetpeername(
     addr: *mut sockaddr,
     addrlen: *mut socklen_t,
 ) -> c_int {
-    guard(err(libc::EIO), || {
-        if addr.is_null() || addrlen.is_null() {
-            return err(libc::EFAULT);
-        }
-        match crate::rsocket::c_name(socket, true) {
-            // SAFETY: per the contract.
-            Ok(a) => unsafe {
-                put_addr(a, addr, addrlen);
-                0
-            },
-            Err(e) => err(e),
-        }
-    })
+    // SAFETY: per the contract.
+    unsafe { name(socket, addr, addrlen, true) }
 }
 
 /// `rgetsockname`.
@@ -3569,19 +3576,8 @@ pub unsafe extern "C" fn rgetsockname(
     addr: *mut sockaddr,
     addrlen: *mut socklen_t,
 ) -> c_int {
-    guard(err(libc::EIO), || {
-        if addr.is_null() || addrlen.is_null() {
-            return err(libc::EFAULT);
-        }
-        match crate::rsocket::c_name(socket, false) {
-            // SAFETY: per the contract.
-            Ok(a) => unsafe {
-                put_addr(a, addr, addrlen);
-                0
-            },
-            Err(e) => err(e),
-        }
-    })
+    // SAFETY: per the contract.
+    unsafe { name(socket, addr, addrlen, false) }
 }
 
 /// `rsetsockopt`: int options (SO_REUSEADDR, SO_KEEPALIVE, SO_SNDBUF, SO_RCVBUF,

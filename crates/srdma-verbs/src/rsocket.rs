@@ -1010,6 +1010,8 @@ fn shutdown(rs: &Rsock, how: c_int) -> Result<(), c_int> {
 fn close(rs: &Arc<Rsock>) -> Result<(), c_int> {
     table().remove(&rs.fd.as_raw_fd());
     rs.stop.store(true, Ordering::Release);
+    // A thread blocked in `raccept` on this socket returns (EINVAL) instead of waiting on.
+    lock(&rs.st).listening = false;
     let connected = lock(&rs.st).conn.as_ref().is_some_and(|c| c.connected);
     if connected {
         let _ = shutdown(rs, libc::SHUT_RDWR);

@@ -13,6 +13,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 
 static int failures;
 
@@ -366,6 +367,15 @@ int main(int argc, char **argv)
 		CHECK(rselect(a + 1, &rd, NULL, NULL, &tv) == 1 && FD_ISSET(a, &rd),
 		      "rselect: readable");
 		CHECK(rrecv(a, b, sizeof b, 0) == 4 && !memcmp(b, "ping", 4), "rrecv");
+		{
+			/* Gather on the way out, scatter on the way in. */
+			struct iovec out[2] = { { "ab", 2 }, { "cde", 3 } };
+			struct iovec in[2] = { { b, 1 }, { b + 1, 4 } };
+
+			CHECK(rwritev(c, out, 2) == 5, "rwritev");
+			CHECK(rreadv(a, in, 2) == 5 && !memcmp(b, "abcde", 5), "rreadv");
+			EXPECT_ERR(rwritev(c, NULL, 2), EINVAL);
+		}
 		CHECK(rclose(c) == 0, "rclose the writer");
 		CHECK(rrecv(a, b, sizeof b, 0) == 0, "the end of the stream");
 		CHECK(rclose(a) == 0 && rclose(l) == 0, "rclose the rest");
