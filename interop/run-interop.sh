@@ -16,8 +16,9 @@
 #                   dropin-udaddy-*, dropin-ucmatose-*, dropin-rdma-*, dropin-*-R-*:
 #                   rdmacm-utils and perftest -R through the drop-in librdmacm.so.1 against
 #                   rdma-core's librdmacm on rxe; dropin-mckey-*: UD multicast (mckey),
-#                   each side receiving; dropin-rstream-*: rsockets (rstream, data
-#                   verified), each side listening
+#                   each side receiving; dropin-rstream-*, dropin-riostream-*: rsockets
+#                   (rstream; riostream's riomap/riowrite), data verified, each side
+#                   listening
 # for SIZE in 64, 4096, 65536 (multi-packet at the path MTU 1024). Every scenario must exit 0
 # on both sides, and the guest's rxe hw counters must show no sequence error and no retry
 # (duplicate_request only as many as the copies of srdma's GSO path probe in the capture).
@@ -218,6 +219,14 @@ selected dropin-rstream-server-on-rxe && { scenario dropin-rstream-server-on-rxe
 selected dropin-rstream-client-on-rxe && { scenario dropin-rstream-client-on-rxe \
   "retry 80 0.5 rstream -s 10.77.0.1 -p 7480 -T v -S 100000 -C 50" \
   "$EXEC rstream -b 10.77.0.1 -p 7480 -T v -S 100000 -C 50" || fail=1; }
+# riostream: riomap'd buffers written by riowrite (plain RDMA WRITEs), the mapping announced
+# through the peer's iomap table.
+selected dropin-riostream-server-on-rxe && { scenario dropin-riostream-server-on-rxe \
+  "riostream -b 10.77.0.2 -p 7481 -T v -S 100000 -C 50" \
+  "$RUNS/@/retry-host $EXEC riostream -s 10.77.0.2 -p 7481 -T v -S 100000 -C 50" || fail=1; }
+selected dropin-riostream-client-on-rxe && { scenario dropin-riostream-client-on-rxe \
+  "retry 80 0.5 riostream -s 10.77.0.1 -p 7481 -T v -S 100000 -C 50" \
+  "$EXEC riostream -b 10.77.0.1 -p 7481 -T v -S 100000 -C 50" || fail=1; }
 # Ids without a QP (tests/c/qpless.c: conn_param->qp_num, rdma_init_qp_attr for INIT/RTR/RTS,
 # CONNECT_RESPONSE and rdma_establish, as UCX connects), the same program on both sides.
 selected dropin-qpless-server-on-rxe && { scenario dropin-qpless-server-on-rxe \

@@ -53,10 +53,11 @@
 //!   `rconnect`, `rshutdown`, `rclose`, `rrecv`/`rrecvfrom`/`rrecvmsg`/`rread`/`rreadv`,
 //!   `rsend`/`rsendto`/`rsendmsg`/`rwrite`/`rwritev`, `rpoll`, `rgetpeername`,
 //!   `rgetsockname`, `rsetsockopt`/`rgetsockopt` (int options), `rfcntl`, `rselect` (through
-//!   `rpoll` when rsockets are among its descriptors): Debian's `rstream`
-//!   and `rcopy` run on them and `rstream` against kernel rxe's librdmacm. Stubbed with
-//!   ENOSYS: `riomap`, `riounmap`, `riowrite`; datagram rsockets are EOPNOTSUPP (so
-//!   `udpong` and `riostream` still fail). Where they differ from rsocket.c: `rconnect`
+//!   `rpoll` when rsockets are among its descriptors), `riomap`/`riounmap`/`riowrite`:
+//!   Debian's `rstream`, `rcopy` and `riostream` run on them, `rstream` and `riostream`
+//!   against kernel rxe's librdmacm. Datagram rsockets are EOPNOTSUPP (so `udpong` still
+//!   fails). `riowrite` to an offset the peer has not mapped returns the bytes written
+//!   before it (0), as rsocket.c does. Where they differ from rsocket.c: `rconnect`
 //!   completes before it returns, also on a non-blocking socket; `rpoll` reports a hang-up
 //!   once the data before it is read; a flushed receive (the peer's DREQ, its process gone)
 //!   ends the stream instead of leaving a reader waiting; `rclose` of an unknown socket is
@@ -3162,12 +3163,6 @@ pub unsafe extern "C" fn rselect(
     })
 }
 
-/// -1 with errno ENOSYS: what the entry points below return.
-fn nosys<T: From<i8>>() -> T {
-    set_errno(libc::ENOSYS);
-    T::from(-1)
-}
-
 // rsockets: the stream sockets of crate::rsocket; -1 with errno on error.
 
 fn rs_ret(r: Result<(), c_int>) -> c_int {
@@ -3654,18 +3649,62 @@ pub extern "C" fn rfcntl(socket: c_int, cmd: c_int, arg: c_int) -> c_int {
     })
 }
 
-/// `riomap`: not implemented (-1, ENOSYS).
+/// `riomap`: registers `len` bytes at `buf` on a connected rsocket; with `PROT_WRITE` the
+/// peer may `riowrite` into them at `offset` (-1: the buffer's address), which is returned.
+/// -1 with errno: EBADF, EINVAL (not connected, other protection bits, NULL `buf`),
+/// ENOMEM (the peer's iomap table is full or it has none).
+///
+/// # Safety
+/// `buf..buf + len` stays mapped until `riounmap` of it or `rclose` of the socket.
 #[unsafe(no_mangle)]
-pub extern "C" fn riomap() -> i64 {
-    nosys()
+pub unsafe extern "C" fn riomap(
+    socket: c_int,
+    buf: *mut c_void,
+    len: usize,
+    prot: c_int,
+    _flags: c_int,
+    offset: libc::off_t,
+) -> libc::off_t {
+    guard(-1, || {
+        if buf.is_null() {
+            return libc::off_t::from(err(libc::EINVAL));
+        }
+        // SAFETY: per the contract.
+        match unsafe { crate::rsocket::c_iomap(socket, buf.cast(), len, prot, offset) } {
+            Ok(o) => o,
+            Err(e) => libc::off_t::from(err(e)),
+        }
+    })
 }
-/// `riounmap`: not implemented (-1, ENOSYS).
+
+/// `riounmap`: drops the mapping of `len` bytes at `buf` (EINVAL if there is none).
 #[unsafe(no_mangle)]
-pub extern "C" fn riounmap() -> c_int {
-    nosys()
+pub extern "C" fn riounmap(socket: c_int, buf: *mut c_void, len: usize) -> c_int {
+    guard(-1, || {
+        rs_ret(crate::rsocket::c_iounmap(socket, buf.cast(), len))
+    })
 }
-/// `riowrite`: not implemented (-1, ENOSYS).
+
+/// `riowrite`: writes `count` bytes at `offset` of the peer's mappings (plain RDMA WRITEs);
+/// the bytes written, which stop short at the first offset the peer has not mapped (0 if
+/// none is), or -1 with errno (EBADF, ENOTCONN, EFAULT for a NULL `buf`, EAGAIN,
+/// ECONNRESET).
+///
+/// # Safety
+/// `buf` valid for `count` bytes.
 #[unsafe(no_mangle)]
-pub extern "C" fn riowrite() -> isize {
-    nosys()
+pub unsafe extern "C" fn riowrite(
+    socket: c_int,
+    buf: *const c_void,
+    count: usize,
+    offset: libc::off_t,
+    flags: c_int,
+) -> isize {
+    guard(-1, || {
+        // SAFETY: per the contract.
+        let Some(b) = (unsafe { bytes(buf, count) }) else {
+            return rs_len(Err(libc::EFAULT));
+        };
+        rs_len(crate::rsocket::c_iowrite(socket, b, offset, flags))
+    })
 }

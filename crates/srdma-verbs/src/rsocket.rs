@@ -18,8 +18,12 @@
 //! rsockets and ordinary descriptors, the socket options rstream and rcopy set. Connecting
 //! completes before `rconnect` returns, also on a non-blocking socket (0, not EINPROGRESS);
 //! a listener accepts in the background, `raccept` takes what it accepted (EAGAIN on a
-//! non-blocking listener with none waiting). Not here: datagram rsockets (`SOCK_DGRAM`:
-//! EOPNOTSUPP), `riomap`/`riowrite` (ENOSYS), keepalive messages (the option is kept).
+//! non-blocking listener with none waiting). `riomap`/`riounmap`/`riowrite`: a mapping is a
+//! region the peer may RDMA WRITE into at an offset; it goes out as a 32-byte `rs_iomap`
+//! written into the peer's iomap table (which follows its target SGL; its size,
+//! `RDMA_IOMAPSIZE`, is in the connection data), immediate op 6 and the entry, on the next
+//! send or `riowrite`; `riowrite` is then plain RDMA WRITEs from the send ring. Not here:
+//! datagram rsockets (`SOCK_DGRAM`: EOPNOTSUPP), keepalive messages (the option is kept).
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::c_int;
@@ -43,6 +47,8 @@ const CTRL_SIZE: u32 = 4;
 const SGL_SIZE: u32 = 2;
 /// An `rs_sge` on the wire: address, key, length.
 const SGE_LEN: usize = 16;
+/// An `rs_iomap` on the wire: the mapping's offset, then its `rs_sge`.
+const IOMAP_LEN: usize = 8 + SGE_LEN;
 /// Sends wait for this much room in the send ring (`RS_SNDLOWAT`).
 const SNDLOWAT: u32 = 2048;
 const OLAP_START: u32 = 2048;
@@ -73,6 +79,25 @@ fn msg(op: u32, data: u32) -> u32 {
     (op << 29) | (data & 0x1FFF_FFFF)
 }
 
+/// rsocket.c's one-byte encoding of a table size: values up to 128 as they are, larger
+/// ones as 128 | value / 256 (`rs_value_to_scale`, 8 bits).
+fn value_to_scale(v: u32) -> u8 {
+    if v <= 128 {
+        v as u8
+    } else {
+        (128 | (v >> 8)).min(255) as u8
+    }
+}
+
+/// The inverse of [`value_to_scale`] (`rs_scale_to_value`).
+fn scale_to_value(s: u8) -> u32 {
+    if s <= 128 {
+        u32::from(s)
+    } else {
+        u32::from(s & 127) << 8
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -84,6 +109,8 @@ struct Sizes {
     rq: u16,
     sbuf: u32,
     rbuf: u32,
+    /// Entries of our iomap table, the mappings the peer may tell us of (`RDMA_IOMAPSIZE`).
+    iomap: u16,
 }
 
 impl Default for Sizes {
@@ -93,6 +120,7 @@ impl Default for Sizes {
             rq: RQ_SIZE,
             sbuf: BUF_SIZE,
             rbuf: BUF_SIZE,
+            iomap: 0,
         }
     }
 }
@@ -159,6 +187,21 @@ struct Conn {
     sbuf_pos: u32,
     sbuf_bytes_avail: u32,
     sqe_avail: u32,
+    /// The peer's iomap table: address, key, entries (0: it has none).
+    remote_iomap: (u64, u32, u32),
+    /// Our mappings the peer may write (`riomap` with `PROT_WRITE`), by their entry in its
+    /// table.
+    iomaps: Vec<Option<IoMap>>,
+    /// Entries of `iomaps` not yet written into the peer's table.
+    iomap_queue: VecDeque<usize>,
+    /// Mappings without remote access (`PROT_NONE`): registered, never announced.
+    local_maps: Vec<IoMap>,
+}
+
+/// A region `riomap` registered, known to the peer by `offset`.
+struct IoMap {
+    offset: u64,
+    mr: Mr,
 }
 
 static TABLE: OnceLock<Mutex<HashMap<c_int, Arc<Rsock>>>> = OnceLock::new();
@@ -240,7 +283,8 @@ fn unsignal(fd: &OwnedFd) {
 // ---------------------------------------------------------------------------------------
 // Setting up a connection.
 
-/// A QP, its CQ on a channel of its own, the three rings, receives posted.
+/// A QP, its CQ on a channel of its own, the three rings (the target SGL followed by the
+/// iomap table in one region), receives posted.
 struct Parts {
     pd: Pd,
     qp: Qp,
@@ -275,7 +319,8 @@ fn make_parts(dev: &srdma::Device, sizes: Sizes) -> Result<Parts, c_int> {
     let sbuf = pd
         .reg_mr(sizes.sbuf as usize + ctrl, AccessFlags::LOCAL_WRITE)
         .map_err(io)?;
-    let target = pd.reg_mr(SGL_SIZE as usize * SGE_LEN, remote).map_err(io)?;
+    let table = SGL_SIZE as usize * SGE_LEN + usize::from(sizes.iomap) * IOMAP_LEN;
+    let target = pd.reg_mr(table, remote).map_err(io)?;
     for _ in 0..sizes.rq {
         qp.post_recv(RecvWr {
             wr_id: RECV_FLAG,
@@ -317,7 +362,8 @@ fn conn_data(p: &Parts, sizes: Sizes) -> [u8; CONN_DATA_LEN] {
             0
         };
     d[2..4].copy_from_slice(&sizes.rq.to_be_bytes());
-    // reserved[3], target_iomap_size 0 (scale of no iomap).
+    // reserved[3], then the size of our iomap table.
+    d[7] = value_to_scale(u32::from(sizes.iomap));
     d[8..16].copy_from_slice(&p.target.addr().to_be_bytes());
     d[16..20].copy_from_slice(&rkey(&p.target).to_be_bytes());
     d[20..24].copy_from_slice(&SGL_SIZE.to_be_bytes());
@@ -342,7 +388,7 @@ impl Conn {
             return None;
         }
         let peer_net = peer[1] & CONN_FLAG_NET != 0;
-        let c = Conn {
+        let mut c = Conn {
             ib,
             qp: p.qp,
             cq: p.cq,
@@ -374,9 +420,20 @@ impl Conn {
             sbuf_pos: 0,
             sbuf_bytes_avail: sizes.sbuf,
             sqe_avail: u32::from(sizes.sq) - CTRL_SIZE,
+            remote_iomap: (0, 0, 0),
+            iomaps: Vec::new(),
+            iomap_queue: VecDeque::new(),
+            local_maps: Vec::new(),
         };
         if c.remote_sgl.2 == 0 {
             return None;
+        }
+        // The peer's iomap table follows its target SGL, under the same key.
+        if peer[1] & CONN_FLAG_IOMAP != 0 {
+            let (addr, key, n) = c.remote_sgl;
+            let entries = scale_to_value(peer[7]);
+            c.remote_iomap = (addr + u64::from(n) * SGE_LEN as u64, key, entries);
+            c.iomaps = (0..entries).map(|_| None).collect();
         }
         // The first buffer the peer gives is in its connection data.
         c.set_target(0, (be64(peer, 24), be32(peer, 32), be32(peer, 36)));
@@ -416,6 +473,81 @@ impl Conn {
         b[8..12].copy_from_slice(&k.to_ne_bytes());
         b[12..16].copy_from_slice(&l.to_ne_bytes());
         b
+    }
+
+    /// Copies `bytes` into the send ring at its current position, wrapping at its end, and
+    /// gives the (one or two) SGEs that hold them. The caller has checked the room.
+    fn stage(&mut self, bytes: &[u8]) -> SgeList {
+        let len = bytes.len() as u32;
+        let pos = self.sbuf_pos;
+        let first = len.min(self.sizes.sbuf - pos);
+        let _ = self.sbuf.write(pos as usize, &bytes[..first as usize]);
+        let mut sges = SgeList::one(self.sbuf.sge(pos as usize, first as usize));
+        if first < len {
+            let _ = self.sbuf.write(0, &bytes[first as usize..]);
+            sges.push(self.sbuf.sge(0, (len - first) as usize));
+            self.sbuf_pos = len - first;
+        } else {
+            self.sbuf_pos = if pos + len == self.sizes.sbuf {
+                0
+            } else {
+                pos + len
+            };
+        }
+        sges
+    }
+
+    /// The peer's mapping that holds `offset`, from our iomap table as it wrote it:
+    /// (mapping's offset, address, key, length).
+    fn find_iomap(&self, offset: u64) -> Option<(u64, u64, u32, u32)> {
+        let base = SGL_SIZE as usize * SGE_LEN;
+        (0..usize::from(self.sizes.iomap)).find_map(|i| {
+            let mut b = [0u8; IOMAP_LEN];
+            copy_out(&self.target, base + i * IOMAP_LEN, &mut b);
+            let mut o = u64::from_ne_bytes(b[0..8].try_into().expect("8"));
+            let mut a = u64::from_ne_bytes(b[8..16].try_into().expect("8"));
+            let mut k = u32::from_ne_bytes(b[16..20].try_into().expect("4"));
+            let mut l = u32::from_ne_bytes(b[20..24].try_into().expect("4"));
+            if self.swap {
+                (o, a, k, l) = (
+                    o.swap_bytes(),
+                    a.swap_bytes(),
+                    k.swap_bytes(),
+                    l.swap_bytes(),
+                );
+            }
+            (offset >= o && offset - o < u64::from(l)).then_some((o, a, k, l))
+        })
+    }
+
+    /// Writes the next queued mapping into its entry of the peer's table (rs_write_iomap):
+    /// a 32-byte `rs_iomap` with immediate op 6 and the entry, which uses a credit.
+    fn post_iomap(&mut self) -> Result<(), c_int> {
+        let Some(i) = self.iomap_queue.pop_front() else {
+            return Ok(());
+        };
+        let Some(m) = self.iomaps.get(i).and_then(Option::as_ref) else {
+            return Ok(());
+        };
+        let mut b = [0u8; IOMAP_LEN];
+        let o = if self.swap {
+            m.offset.swap_bytes()
+        } else {
+            m.offset
+        };
+        b[0..8].copy_from_slice(&o.to_ne_bytes());
+        b[8..].copy_from_slice(&self.sge_bytes((m.mr.addr(), rkey(&m.mr), m.mr.len() as u32)));
+        let sges = self.stage(&b);
+        self.sseq_no = self.sseq_no.wrapping_add(1);
+        self.sqe_avail -= 1;
+        self.sbuf_bytes_avail -= IOMAP_LEN as u32;
+        let m = msg(OP_IOMAP_SGL, i as u32);
+        let op = SendOp::WriteWithImm {
+            remote_addr: self.remote_iomap.0 + (i * IOMAP_LEN) as u64,
+            rkey: RKey(self.remote_iomap.1),
+            imm: m,
+        };
+        self.post(u64::from(m), op, sges)
     }
 
     fn post(&mut self, wr_id: u64, op: SendOp, sges: SgeList) -> Result<(), c_int> {
@@ -552,6 +684,10 @@ impl Conn {
                         if m & 0x1FFF_FFFF == CTRL_DISCONNECT {
                             self.disconnected();
                         }
+                    }
+                    OP_IOMAP_SGL => {
+                        self.sqe_avail += 1;
+                        self.sbuf_bytes_avail += IOMAP_LEN as u32;
                     }
                     _ => {
                         self.sqe_avail += 1;
@@ -820,66 +956,90 @@ fn accept(rs: &Rsock) -> Result<Arc<Rsock>, c_int> {
 // ---------------------------------------------------------------------------------------
 // Data.
 
+/// Waits until the connection may send (rs_can_send) and gives it locked; `None` when the
+/// caller should stop and report the `done` bytes it has already sent.
+fn sendable(
+    rs: &Rsock,
+    nonblock: bool,
+    done: usize,
+) -> Result<Option<MutexGuard<'_, Sock>>, c_int> {
+    loop {
+        let ready = lock(&rs.st).conn.as_ref().ok_or(libc::ENOTCONN)?.can_send();
+        if !ready {
+            if let Err(e) = process(rs, nonblock, |c| c.can_send() || !c.writable) {
+                return if done > 0 { Ok(None) } else { Err(e) };
+            }
+        }
+        let st = lock(&rs.st);
+        let c = st.conn.as_ref().ok_or(libc::ENOTCONN)?;
+        if !c.writable {
+            return if done > 0 {
+                Ok(None)
+            } else {
+                Err(if c.error { libc::EIO } else { libc::ECONNRESET })
+            };
+        }
+        if c.can_send() {
+            return Ok(Some(st));
+        }
+    }
+}
+
+/// The size of the next transfer of `left` bytes: transfers start at 2 KiB and double up to
+/// 64 KiB, so that the first bytes leave early and later ones in large writes.
+fn next_xfer(olen: &mut u32, left: usize) -> u32 {
+    if (*olen as usize) < left {
+        let x = *olen;
+        if *olen < MAX_TRANSFER {
+            *olen <<= 1;
+        }
+        x
+    } else {
+        left as u32
+    }
+}
+
+fn nonblocking(rs: &Rsock, flags: c_int) -> bool {
+    lock(&rs.st).nonblock || flags & libc::MSG_DONTWAIT != 0
+}
+
+/// Writes the mappings `riomap` queued into the peer's table (rs_send_iomaps), before any
+/// data that follows them.
+fn send_iomaps(rs: &Rsock, nonblock: bool) -> Result<(), c_int> {
+    loop {
+        if lock(&rs.st)
+            .conn
+            .as_ref()
+            .is_none_or(|c| c.iomap_queue.is_empty())
+        {
+            return Ok(());
+        }
+        let Some(mut st) = sendable(rs, nonblock, 0)? else {
+            return Ok(());
+        };
+        let c = st.conn.as_mut().ok_or(libc::ENOTCONN)?;
+        if let Err(e) = c.post_iomap() {
+            c.fail();
+            return Err(e);
+        }
+    }
+}
+
 fn send(rs: &Rsock, data: &[u8], flags: c_int) -> Result<usize, c_int> {
-    let nonblock = lock(&rs.st).nonblock || flags & libc::MSG_DONTWAIT != 0;
+    let nonblock = nonblocking(rs, flags);
+    send_iomaps(rs, nonblock)?;
     let mut done = 0usize;
     let mut olen = OLAP_START;
     while done < data.len() {
-        let ready = {
-            let st = lock(&rs.st);
-            let c = st.conn.as_ref().ok_or(libc::ENOTCONN)?;
-            c.can_send()
+        let Some(mut st) = sendable(rs, nonblock, done)? else {
+            break;
         };
-        if !ready {
-            match process(rs, nonblock, |c| c.can_send() || !c.writable) {
-                Ok(()) => {}
-                Err(e) if done > 0 => {
-                    let _ = e;
-                    break;
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        let mut st = lock(&rs.st);
         let c = st.conn.as_mut().ok_or(libc::ENOTCONN)?;
-        if !c.writable {
-            if done > 0 {
-                break;
-            }
-            return Err(if c.error { libc::EIO } else { libc::ECONNRESET });
-        }
-        if !c.can_send() {
-            continue;
-        }
-        let left = (data.len() - done) as u32;
-        let mut xfer = if olen < left {
-            let x = olen;
-            if olen < MAX_TRANSFER {
-                olen <<= 1;
-            }
-            x
-        } else {
-            left
-        };
         let (taddr, tkey, tlen) = c.target_entry(c.target_sge);
-        xfer = xfer.min(c.sbuf_bytes_avail).min(tlen);
-        let chunk = &data[done..done + xfer as usize];
-        // Into the send ring (wrapping at its end).
-        let pos = c.sbuf_pos;
-        let first = xfer.min(c.sizes.sbuf - pos);
-        let _ = c.sbuf.write(pos as usize, &chunk[..first as usize]);
-        let mut sges = SgeList::one(c.sbuf.sge(pos as usize, first as usize));
-        if first < xfer {
-            let _ = c.sbuf.write(0, &chunk[first as usize..]);
-            sges.push(c.sbuf.sge(0, (xfer - first) as usize));
-            c.sbuf_pos = xfer - first;
-        } else {
-            c.sbuf_pos = if pos + xfer == c.sizes.sbuf {
-                0
-            } else {
-                pos + xfer
-            };
-        }
+        let xfer = next_xfer(&mut olen, data.len() - done)
+            .min(c.sbuf_bytes_avail)
+            .min(tlen);
+        let sges = c.stage(&data[done..done + xfer as usize]);
         // rs_write_data: the target entry moves on before the write leaves.
         c.sseq_no = c.sseq_no.wrapping_add(1);
         c.sqe_avail -= 1;
@@ -907,8 +1067,49 @@ fn send(rs: &Rsock, data: &[u8], flags: c_int) -> Result<usize, c_int> {
     Ok(done)
 }
 
+/// `riowrite`: writes `data` at `offset` of what the peer mapped with `riomap`, by plain
+/// RDMA WRITEs (the peer's application sees the bytes land; nothing is queued for its
+/// `rrecv`). Stops at the first byte no mapping of the peer's covers, as rsocket.c does:
+/// what was written before it is the result (0 if nothing).
+fn iowrite(rs: &Rsock, data: &[u8], mut offset: u64, flags: c_int) -> Result<usize, c_int> {
+    let nonblock = nonblocking(rs, flags);
+    send_iomaps(rs, nonblock)?;
+    let mut done = 0usize;
+    let mut olen = OLAP_START;
+    while done < data.len() {
+        let Some(mut st) = sendable(rs, nonblock, done)? else {
+            break;
+        };
+        let c = st.conn.as_mut().ok_or(libc::ENOTCONN)?;
+        let Some((moff, addr, key, mlen)) = c.find_iomap(offset) else {
+            break;
+        };
+        let room = (moff + u64::from(mlen) - offset).min(u64::from(u32::MAX)) as u32;
+        let xfer = next_xfer(&mut olen, data.len() - done)
+            .min(c.sbuf_bytes_avail)
+            .min(room);
+        let sges = c.stage(&data[done..done + xfer as usize]);
+        c.sqe_avail -= 1;
+        c.sbuf_bytes_avail -= xfer;
+        let op = SendOp::Write {
+            remote_addr: addr + (offset - moff),
+            rkey: RKey(key),
+        };
+        if let Err(e) = c.post(u64::from(msg(OP_WRITE, xfer)), op, sges) {
+            c.fail();
+            if done > 0 {
+                break;
+            }
+            return Err(e);
+        }
+        done += xfer as usize;
+        offset += u64::from(xfer);
+    }
+    Ok(done)
+}
+
 fn recv(rs: &Rsock, out: &mut [u8], flags: c_int) -> Result<usize, c_int> {
-    let nonblock = lock(&rs.st).nonblock || flags & libc::MSG_DONTWAIT != 0;
+    let nonblock = nonblocking(rs, flags);
     let peek = flags & libc::MSG_PEEK != 0;
     let waitall = flags & libc::MSG_WAITALL != 0;
     let mut done = 0usize;
@@ -1157,6 +1358,89 @@ pub(crate) fn c_send(fd: c_int, data: &[u8], flags: c_int) -> Result<usize, c_in
     send(&*get(fd)?, data, flags)
 }
 
+/// `riowrite`.
+pub(crate) fn c_iowrite(fd: c_int, data: &[u8], offset: i64, flags: c_int) -> Result<usize, c_int> {
+    let rs = get(fd)?;
+    let offset = u64::try_from(offset).map_err(|_| libc::EINVAL)?;
+    iowrite(&rs, data, offset, flags)
+}
+
+/// `riomap`: registers `len` bytes at `buf` on the connection. With `PROT_WRITE` the peer
+/// may `riowrite` into them at `offset` (`-1`: the buffer's address) once the mapping has
+/// gone out, which happens on this socket's next send or `riowrite` (as rsocket.c does);
+/// with `PROT_NONE` the region is only registered. Not connected, or other protection
+/// bits: EINVAL; the peer's table full (or it has none): ENOMEM.
+///
+/// # Safety
+/// `buf..buf + len` stays mapped until `riounmap` of it or `rclose` of the socket.
+pub(crate) unsafe fn c_iomap(
+    fd: c_int,
+    buf: *mut u8,
+    len: usize,
+    prot: c_int,
+    offset: i64,
+) -> Result<i64, c_int> {
+    let rs = get(fd)?;
+    let mut st = lock(&rs.st);
+    let c = st.conn.as_mut().ok_or(libc::EINVAL)?;
+    if prot & !libc::PROT_WRITE != 0 {
+        return Err(libc::EINVAL);
+    }
+    let remote = prot & libc::PROT_WRITE != 0;
+    let slot = if remote {
+        Some(
+            c.iomaps
+                .iter()
+                .position(Option::is_none)
+                .ok_or(libc::ENOMEM)?,
+        )
+    } else {
+        None
+    };
+    let access = if remote {
+        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE
+    } else {
+        AccessFlags::LOCAL_WRITE
+    };
+    // SAFETY: the caller keeps the range mapped until riounmap or rclose, which drop the
+    // region (this function's contract, riomap's).
+    let mr = unsafe { c._pd.reg_user_mr(buf, len, buf as u64, access) }
+        .map_err(|e| crate::errno_of(&e))?;
+    let offset = if offset == -1 { buf as i64 } else { offset };
+    let map = IoMap {
+        offset: offset as u64,
+        mr,
+    };
+    match slot {
+        Some(i) => {
+            c.iomaps[i] = Some(map);
+            c.iomap_queue.push_back(i);
+        }
+        None => c.local_maps.push(map),
+    }
+    Ok(offset)
+}
+
+/// `riounmap`: drops the mapping of exactly `len` bytes at `buf` (EINVAL if there is none).
+/// The peer is not told; its later writes there fail the connection, as with rsocket.c.
+pub(crate) fn c_iounmap(fd: c_int, buf: *mut u8, len: usize) -> Result<(), c_int> {
+    let rs = get(fd)?;
+    let mut st = lock(&rs.st);
+    let c = st.conn.as_mut().ok_or(libc::EINVAL)?;
+    let is = |m: &IoMap| m.mr.addr() == buf as u64 && m.mr.len() == len;
+    if let Some(i) = c.iomaps.iter().position(|m| m.as_ref().is_some_and(is)) {
+        c.iomaps[i] = None;
+        c.iomap_queue.retain(|&q| q != i);
+        return Ok(());
+    }
+    let n = c.local_maps.len();
+    c.local_maps.retain(|m| !is(m));
+    if c.local_maps.len() == n {
+        return Err(libc::EINVAL);
+    }
+    Ok(())
+}
+
 /// `rrecv` and friends.
 pub(crate) fn c_recv(fd: c_int, out: &mut [u8], flags: c_int) -> Result<usize, c_int> {
     recv(&*get(fd)?, out, flags)
@@ -1184,7 +1468,8 @@ pub(crate) fn c_name(fd: c_int, peer: bool) -> Result<SocketAddr, c_int> {
 pub(crate) fn c_setsockopt(fd: c_int, level: c_int, name: c_int, v: c_int) -> Result<(), c_int> {
     let rs = get(fd)?;
     let mut st = lock(&rs.st);
-    let before_connect = st.conn.is_none() && !st.listening;
+    // A listener's sizes are its connections' (rsocket.c takes them until the rings exist).
+    let before_connect = st.conn.is_none();
     match (level, name) {
         (libc::SOL_SOCKET, libc::SO_REUSEADDR) | (libc::SOL_SOCKET, libc::SO_LINGER) => {}
         (libc::SOL_SOCKET, libc::SO_KEEPALIVE) => st.keepalive = v,
@@ -1204,8 +1489,14 @@ pub(crate) fn c_setsockopt(fd: c_int, level: c_int, name: c_int, v: c_int) -> Re
         (SOL_RDMA, RDMA_RQSIZE) if before_connect => {
             st.sizes.rq = v.clamp(16, 0xFFFE) as u16;
         }
-        (SOL_RDMA, RDMA_INLINE | RDMA_IOMAPSIZE | RDMA_ROUTE) => {}
-        (SOL_RDMA, RDMA_SQSIZE | RDMA_RQSIZE) => return Err(libc::EINVAL),
+        (SOL_RDMA, RDMA_IOMAPSIZE) if before_connect => {
+            // As rsocket.c: through its one-byte encoding (so 300 becomes 256).
+            st.sizes.iomap = scale_to_value(value_to_scale(v.max(0) as u32)) as u16;
+        }
+        (SOL_RDMA, RDMA_INLINE | RDMA_ROUTE) if before_connect => {}
+        (SOL_RDMA, RDMA_SQSIZE | RDMA_RQSIZE | RDMA_INLINE | RDMA_IOMAPSIZE | RDMA_ROUTE) => {
+            return Err(libc::EINVAL);
+        }
         _ => return Err(libc::EOPNOTSUPP),
     }
     Ok(())
@@ -1226,7 +1517,7 @@ pub(crate) fn c_getsockopt(fd: c_int, level: c_int, name: c_int) -> Result<c_int
         (SOL_RDMA, RDMA_SQSIZE) => c_int::from(st.sizes.sq),
         (SOL_RDMA, RDMA_RQSIZE) => c_int::from(st.sizes.rq),
         (SOL_RDMA, RDMA_INLINE) => 0,
-        (SOL_RDMA, RDMA_IOMAPSIZE) => 0,
+        (SOL_RDMA, RDMA_IOMAPSIZE) => c_int::from(st.sizes.iomap),
         _ => return Err(libc::EOPNOTSUPP),
     })
 }

@@ -660,6 +660,28 @@ fn rsockets_rstream_and_rcopy() {
         );
     }
 
+    // riostream: riomap'd buffers written by riowrite, in both of its shapes (many transfers
+    // and one ping-pong of a marker byte per transfer), data verified.
+    for (port, args) in [
+        ("7498", ["-S", "100000", "-C", "60", "-I", "1"]),
+        ("7499", ["-S", "4096", "-C", "1", "-I", "100"]),
+    ] {
+        let (s, c) = pair_on(
+            LISTEN,
+            "riostream",
+            131,
+            &[&["-b", "{server}", "-p", port, "-T", "v"][..], &args[..]].concat(),
+            &[&["-s", "{server}", "-p", port, "-T", "v"][..], &args[..]].concat(),
+        );
+        for o in [&s, &c] {
+            assert!(
+                String::from_utf8_lossy(&o.stdout).contains("custom"),
+                "{}",
+                text(o)
+            );
+        }
+    }
+
     // rcopy: the server serves until killed.
     let dir = std::env::temp_dir().join(format!("srdma-rcopy-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

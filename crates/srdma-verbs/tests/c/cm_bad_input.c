@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <arpa/inet.h>
@@ -12,6 +13,7 @@
 #include <rdma/rsocket.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
@@ -379,6 +381,62 @@ int main(int argc, char **argv)
 		CHECK(rclose(c) == 0, "rclose the writer");
 		CHECK(rrecv(a, b, sizeof b, 0) == 0, "the end of the stream");
 		CHECK(rclose(a) == 0 && rclose(l) == 0, "rclose the rest");
+	}
+
+	/* riomap/riowrite on a pair: the reader maps a buffer, the mapping goes out with its
+	 * next send, the writer's riowrite lands in it (no rrecv); unmapping frees the entry of
+	 * the peer's one-entry table for the next mapping; the errors on the way. */
+	{
+		int l, c, a, one = 1, i;
+		char b[16];
+		static char target[8192], src[8192];
+		off_t off;
+
+		l = rsocket(AF_INET, SOCK_STREAM, 0);
+		sin.sin_port = htons(7993);
+		CHECK(rsetsockopt(l, SOL_RDMA, RDMA_IOMAPSIZE, &one, sizeof one) == 0,
+		      "RDMA_IOMAPSIZE on the listener");
+		CHECK(rbind(l, (struct sockaddr *)&sin, sizeof sin) == 0 && rlisten(l, 1) == 0,
+		      "rlisten 3");
+		c = rsocket(AF_INET, SOCK_STREAM, 0);
+		EXPECT_ERR((int)riomap(c, target, sizeof target, PROT_WRITE, 0, 0), EINVAL);
+		CHECK(rconnect(c, (struct sockaddr *)&sin, sizeof sin) == 0, "rconnect 3");
+		a = raccept(l, NULL, NULL);
+		CHECK(a >= 0, "raccept 3");
+		EXPECT_ERR(rsetsockopt(a, SOL_RDMA, RDMA_IOMAPSIZE, &one, sizeof one), EINVAL);
+		/* c advertised no table: a's remote mapping has nowhere to go. */
+		EXPECT_ERR((int)riomap(a, target, sizeof target, PROT_WRITE, 0, 0), ENOMEM);
+		EXPECT_ERR((int)riomap(c, target, sizeof target, PROT_READ, 0, 0), EINVAL);
+		EXPECT_ERR((int)riomap(c, NULL, sizeof target, PROT_WRITE, 0, 0), EINVAL);
+		EXPECT_ERR((int)riomap(4242, target, sizeof target, PROT_WRITE, 0, 0), EBADF);
+		EXPECT_ERR(riounmap(c, target, 1), EINVAL);
+		for (i = 0; i < (int)sizeof src; i++)
+			src[i] = (char)(i * 7 + 1);
+		for (i = 0; i < 2; i++) {
+			/* Twice: after riounmap the entry is free for the next mapping. */
+			memset(target, 0, sizeof target);
+			off = riomap(c, target, sizeof target, PROT_WRITE, 0, 4096);
+			CHECK(off == 4096, "riomap at an offset");
+			EXPECT_ERR((int)riomap(c, target, 16, PROT_WRITE, 0, 0), ENOMEM);
+			CHECK(rsend(c, "m", 1, 0) == 1, "the send that carries the mapping");
+			CHECK(rrecv(a, b, 1, 0) == 1, "rrecv behind the mapping");
+			CHECK(riowrite(a, src, sizeof src, 4096, 0) == sizeof src, "riowrite");
+			/* The last byte shows when the write has landed (as riostream waits). */
+			while (((volatile char *)target)[sizeof target - 1] != src[sizeof src - 1])
+				;
+			CHECK(!memcmp(target, src, sizeof src), "riowrite's bytes landed");
+			CHECK(riowrite(a, src, 100, 4096 + sizeof target - 10, 0) == 10,
+			      "riowrite stops at the mapping's end");
+			CHECK(riowrite(a, src, 100, 100, 0) == 0, "riowrite outside every mapping");
+			CHECK(riounmap(c, target, sizeof target) == 0, "riounmap");
+			EXPECT_ERR(riounmap(c, target, sizeof target), EINVAL);
+		}
+		/* A local mapping is registered, not announced, and unmapped as well. */
+		CHECK(riomap(c, src, 64, PROT_NONE, 0, -1) == (off_t)(uintptr_t)src,
+		      "riomap PROT_NONE at the buffer's address");
+		CHECK(riounmap(c, src, 64) == 0, "riounmap PROT_NONE");
+		EXPECT_ERR((int)riowrite(4242, src, 1, 0, 0), EBADF);
+		CHECK(rclose(c) == 0 && rclose(a) == 0 && rclose(l) == 0, "rclose 3");
 	}
 
 	/* rdma_getaddrinfo of a name that does not resolve: an error, no result. */
