@@ -1025,7 +1025,16 @@ fn send_iomaps(rs: &Rsock, nonblock: bool) -> Result<(), c_int> {
     }
 }
 
-fn send(rs: &Rsock, data: &[u8], flags: c_int) -> Result<usize, c_int> {
+/// The loop `rsend` and `riowrite` share: sends the queued mappings first, then, while
+/// bytes are left and the connection may send, lets `step` stage and post one transfer of
+/// the bytes left, at most the given size; `step` gives how many it sent (`None`: stop here,
+/// as for a `riowrite` past the peer's mappings).
+fn send_loop(
+    rs: &Rsock,
+    data: &[u8],
+    flags: c_int,
+    mut step: impl FnMut(&mut Conn, &[u8], u32) -> Option<Result<u32, c_int>>,
+) -> Result<usize, c_int> {
     let nonblock = nonblocking(rs, flags);
     send_iomaps(rs, nonblock)?;
     let mut done = 0usize;
@@ -1035,11 +1044,27 @@ fn send(rs: &Rsock, data: &[u8], flags: c_int) -> Result<usize, c_int> {
             break;
         };
         let c = st.conn.as_mut().ok_or(libc::ENOTCONN)?;
+        let most = next_xfer(&mut olen, data.len() - done).min(c.sbuf_bytes_avail);
+        match step(c, &data[done..], most) {
+            None => break,
+            Some(Ok(n)) => done += n as usize,
+            Some(Err(e)) => {
+                c.fail();
+                if done > 0 {
+                    break;
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(done)
+}
+
+fn send(rs: &Rsock, data: &[u8], flags: c_int) -> Result<usize, c_int> {
+    send_loop(rs, data, flags, |c, left, most| {
         let (taddr, tkey, tlen) = c.target_entry(c.target_sge);
-        let xfer = next_xfer(&mut olen, data.len() - done)
-            .min(c.sbuf_bytes_avail)
-            .min(tlen);
-        let sges = c.stage(&data[done..done + xfer as usize]);
+        let xfer = most.min(tlen);
+        let sges = c.stage(&left[..xfer as usize]);
         // rs_write_data: the target entry moves on before the write leaves.
         c.sseq_no = c.sseq_no.wrapping_add(1);
         c.sqe_avail -= 1;
@@ -1055,16 +1080,8 @@ fn send(rs: &Rsock, data: &[u8], flags: c_int) -> Result<usize, c_int> {
             rkey: RKey(tkey),
             imm: m,
         };
-        if let Err(e) = c.post(u64::from(m), op, sges) {
-            c.fail();
-            if done > 0 {
-                break;
-            }
-            return Err(e);
-        }
-        done += xfer as usize;
-    }
-    Ok(done)
+        Some(c.post(u64::from(m), op, sges).map(|()| xfer))
+    })
 }
 
 /// `riowrite`: writes `data` at `offset` of what the peer mapped with `riomap`, by plain
@@ -1072,40 +1089,21 @@ fn send(rs: &Rsock, data: &[u8], flags: c_int) -> Result<usize, c_int> {
 /// `rrecv`). Stops at the first byte no mapping of the peer's covers, as rsocket.c does:
 /// what was written before it is the result (0 if nothing).
 fn iowrite(rs: &Rsock, data: &[u8], mut offset: u64, flags: c_int) -> Result<usize, c_int> {
-    let nonblock = nonblocking(rs, flags);
-    send_iomaps(rs, nonblock)?;
-    let mut done = 0usize;
-    let mut olen = OLAP_START;
-    while done < data.len() {
-        let Some(mut st) = sendable(rs, nonblock, done)? else {
-            break;
-        };
-        let c = st.conn.as_mut().ok_or(libc::ENOTCONN)?;
-        let Some((moff, addr, key, mlen)) = c.find_iomap(offset) else {
-            break;
-        };
+    send_loop(rs, data, flags, |c, left, most| {
+        let (moff, addr, key, mlen) = c.find_iomap(offset)?;
         let room = (moff + u64::from(mlen) - offset).min(u64::from(u32::MAX)) as u32;
-        let xfer = next_xfer(&mut olen, data.len() - done)
-            .min(c.sbuf_bytes_avail)
-            .min(room);
-        let sges = c.stage(&data[done..done + xfer as usize]);
+        let xfer = most.min(room);
+        let sges = c.stage(&left[..xfer as usize]);
         c.sqe_avail -= 1;
         c.sbuf_bytes_avail -= xfer;
         let op = SendOp::Write {
             remote_addr: addr + (offset - moff),
             rkey: RKey(key),
         };
-        if let Err(e) = c.post(u64::from(msg(OP_WRITE, xfer)), op, sges) {
-            c.fail();
-            if done > 0 {
-                break;
-            }
-            return Err(e);
-        }
-        done += xfer as usize;
+        let r = c.post(u64::from(msg(OP_WRITE, xfer)), op, sges);
         offset += u64::from(xfer);
-    }
-    Ok(done)
+        Some(r.map(|()| xfer))
+    })
 }
 
 fn recv(rs: &Rsock, out: &mut [u8], flags: c_int) -> Result<usize, c_int> {
