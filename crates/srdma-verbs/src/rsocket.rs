@@ -432,7 +432,11 @@ impl Conn {
         if peer[1] & CONN_FLAG_IOMAP != 0 {
             let (addr, key, n) = c.remote_sgl;
             let entries = scale_to_value(peer[7]);
-            c.remote_iomap = (addr + u64::from(n) * SGE_LEN as u64, key, entries);
+            c.remote_iomap = (
+                addr.wrapping_add(u64::from(n).wrapping_mul(SGE_LEN as u64)),
+                key,
+                entries,
+            );
             c.iomaps = (0..entries).map(|_| None).collect();
         }
         // The first buffer the peer gives is in its connection data.
@@ -501,22 +505,27 @@ impl Conn {
     /// (mapping's offset, address, key, length).
     fn find_iomap(&self, offset: u64) -> Option<(u64, u64, u32, u32)> {
         let base = SGL_SIZE as usize * SGE_LEN;
-        (0..usize::from(self.sizes.iomap)).find_map(|i| {
-            let mut b = [0u8; IOMAP_LEN];
-            copy_out(&self.target, base + i * IOMAP_LEN, &mut b);
-            let mut o = u64::from_ne_bytes(b[0..8].try_into().expect("8"));
-            let mut a = u64::from_ne_bytes(b[8..16].try_into().expect("8"));
-            let mut k = u32::from_ne_bytes(b[16..20].try_into().expect("4"));
-            let mut l = u32::from_ne_bytes(b[20..24].try_into().expect("4"));
-            if self.swap {
-                (o, a, k, l) = (
-                    o.swap_bytes(),
-                    a.swap_bytes(),
-                    k.swap_bytes(),
-                    l.swap_bytes(),
-                );
-            }
-            (offset >= o && offset - o < u64::from(l)).then_some((o, a, k, l))
+        let n = usize::from(self.sizes.iomap);
+        let swap = self.swap;
+        // One pass over the table under one hold of the device lock.
+        self.target.with_bytes_mut(|t| {
+            t[base..base + n * IOMAP_LEN]
+                .chunks_exact(IOMAP_LEN)
+                .find_map(|b| {
+                    let mut o = u64::from_ne_bytes(b[0..8].try_into().expect("8"));
+                    let mut a = u64::from_ne_bytes(b[8..16].try_into().expect("8"));
+                    let mut k = u32::from_ne_bytes(b[16..20].try_into().expect("4"));
+                    let mut l = u32::from_ne_bytes(b[20..24].try_into().expect("4"));
+                    if swap {
+                        (o, a, k, l) = (
+                            o.swap_bytes(),
+                            a.swap_bytes(),
+                            k.swap_bytes(),
+                            l.swap_bytes(),
+                        );
+                    }
+                    (offset >= o && offset - o < u64::from(l)).then_some((o, a, k, l))
+                })
         })
     }
 
@@ -543,7 +552,7 @@ impl Conn {
         self.sbuf_bytes_avail -= IOMAP_LEN as u32;
         let m = msg(OP_IOMAP_SGL, i as u32);
         let op = SendOp::WriteWithImm {
-            remote_addr: self.remote_iomap.0 + (i * IOMAP_LEN) as u64,
+            remote_addr: self.remote_iomap.0.wrapping_add((i * IOMAP_LEN) as u64),
             rkey: RKey(self.remote_iomap.1),
             imm: m,
         };
@@ -605,7 +614,10 @@ impl Conn {
             let slot = self.sizes.sbuf as usize + (self.ctrl_seqno % CTRL_SIZE) as usize * SGE_LEN;
             let _ = self.sbuf.write(slot, &b);
             let op = SendOp::WriteWithImm {
-                remote_addr: self.remote_sgl.0 + u64::from(self.remote_sge) * SGE_LEN as u64,
+                remote_addr: self
+                    .remote_sgl
+                    .0
+                    .wrapping_add(u64::from(self.remote_sge) * SGE_LEN as u64),
                 rkey: RKey(self.remote_sgl.1),
                 imm: m,
             };
@@ -1070,7 +1082,7 @@ fn send(rs: &Rsock, data: &[u8], flags: c_int) -> Result<usize, c_int> {
         c.sqe_avail -= 1;
         c.sbuf_bytes_avail -= xfer;
         let i = c.target_sge;
-        c.set_target(i, (taddr + u64::from(xfer), tkey, tlen - xfer));
+        c.set_target(i, (taddr.wrapping_add(u64::from(xfer)), tkey, tlen - xfer));
         if tlen == xfer {
             c.target_sge = (c.target_sge + 1) % SGL_SIZE as usize;
         }
@@ -1091,13 +1103,14 @@ fn send(rs: &Rsock, data: &[u8], flags: c_int) -> Result<usize, c_int> {
 fn iowrite(rs: &Rsock, data: &[u8], mut offset: u64, flags: c_int) -> Result<usize, c_int> {
     send_loop(rs, data, flags, |c, left, most| {
         let (moff, addr, key, mlen) = c.find_iomap(offset)?;
-        let room = (moff + u64::from(mlen) - offset).min(u64::from(u32::MAX)) as u32;
+        // find_iomap checked moff <= offset < moff + mlen; no sum of the peer's values here.
+        let room = mlen - (offset - moff) as u32;
         let xfer = most.min(room);
         let sges = c.stage(&left[..xfer as usize]);
         c.sqe_avail -= 1;
         c.sbuf_bytes_avail -= xfer;
         let op = SendOp::Write {
-            remote_addr: addr + (offset - moff),
+            remote_addr: addr.wrapping_add(offset - moff),
             rkey: RKey(key),
         };
         let r = c.post(u64::from(msg(OP_WRITE, xfer)), op, sges);
@@ -1141,7 +1154,8 @@ fn recv(rs: &Rsock, out: &mut [u8], flags: c_int) -> Result<usize, c_int> {
                 i += 1;
                 continue;
             }
-            c.rbuf_bytes_avail += take;
+            // Saturating: a hostile peer may claim more than the ring holds.
+            c.rbuf_bytes_avail = c.rbuf_bytes_avail.saturating_add(take);
             if take == len {
                 c.rmsg.pop_front();
                 c.rseq_no = c.rseq_no.wrapping_add(1);
