@@ -557,6 +557,11 @@ fn duplicate_write_is_reacked_not_rewritten() {
     assert!(a.len() >= 2);
     assert_eq!(p.b.qp.counters().duplicate_request, 2);
     assert!(p.completions(B).is_empty());
+    assert_eq!(
+        p.b.qp.silent_writes(),
+        1,
+        "one WRITE message without immediate executed, whatever its packets and duplicates"
+    );
 }
 
 /// Rule: a duplicate RDMA READ is answered from the responder resources (IBA 9.7.5.1.4;
@@ -1106,6 +1111,11 @@ fn write_with_imm_without_receive_is_rnr_naked_then_completes() {
         &p.bytes(B, &r.rcv)[..16],
         &[0xCC; 16],
         "no data in the receive buffer"
+    );
+    assert_eq!(
+        p.b.qp.silent_writes(),
+        0,
+        "a WRITE with immediate completes"
     );
 }
 

@@ -40,6 +40,16 @@ pub const MAX_MCAST_QP_ATTACH: u32 = 56;
 /// while an application polls, its polls drive the device (no thread hand-off on the hot
 /// path); when it stops, the thread takes over within this time.
 const APP_GRACE: Duration = Duration::from_millis(1);
+/// While WRITEs without immediate arrive (see `Shared::silent_writes_until`), a gap this
+/// long since an application's last poll means it stopped polling before its grace ran
+/// out — it spins on its memory for the peer's next WRITE, as perftest's `ib_write_lat`
+/// does after its send completes — and the progress thread takes over at once.
+const POLL_GAP: Duration = Duration::from_micros(20);
+/// The progress thread's first look, while it stands aside, at whether the application
+/// still polls; each look after that waits twice as long, up to the grace.
+const FIRST_LOOK: Duration = Duration::from_micros(25);
+/// How long after the last WRITE without immediate the progress thread keeps looking.
+const SILENT_WRITES_HOLD: Duration = Duration::from_millis(100);
 /// How often an application's polls refresh the device's published statistics at most.
 const STATS_EVERY: Duration = Duration::from_millis(250);
 
@@ -219,6 +229,11 @@ pub(crate) struct Shared {
     pub(crate) sleep_until: AtomicU64,
     /// Until when (ns since `epoch`) an application's polls drive the device.
     pub(crate) app_active_until: AtomicU64,
+    /// Until when (ns since `epoch`) the progress thread, standing aside for an
+    /// application's polls, looks often whether they stopped: some QP executed a WRITE
+    /// without immediate less than [`SILENT_WRITES_HOLD`] ago, so an application may be
+    /// waiting for the next one in its memory instead of on a CQ.
+    pub(crate) silent_writes_until: AtomicU64,
     pub(crate) stop: AtomicBool,
     pub(crate) epoch: Instant,
     pub(crate) cfg: DeviceConfig,
@@ -972,7 +987,13 @@ impl Shared {
         }
         let srq = slot.srq.and_then(|id| srqs.get_mut(&id));
         let mut ctx = Ctx { now, mrs, mem, srq };
+        let silent = slot.qp.silent_writes();
         slot.qp.handle_packet(&mut ctx, &repr, &RecvMeta { encap });
+        if slot.qp.silent_writes() != silent {
+            let until = now + SILENT_WRITES_HOLD;
+            self.silent_writes_until
+                .store(until.as_nanos() as u64, Ordering::Relaxed);
+        }
         if !touched.contains(&qpn) {
             touched.push(qpn);
         }
@@ -1305,24 +1326,34 @@ pub(crate) fn deliver_completions(slot: &mut QpSlot) {
 /// keeps out of the way while an application's CQ polls drive the device.
 fn progress(shared: &Shared) {
     let mut timeout = None;
+    let mut look = FIRST_LOOK;
     while !shared.stop.load(Ordering::Acquire) {
         if shared.inject_failure.load(Ordering::Relaxed) {
             panic!("srdma: injected failure of the progress thread (Device::inject_failure)");
         }
         let now = shared.now().as_nanos() as u64;
         let active = shared.app_active_until.load(Ordering::Relaxed);
-        if now < active {
+        let last_poll = active.saturating_sub(APP_GRACE.as_nanos() as u64);
+        let looking = now < shared.silent_writes_until.load(Ordering::Relaxed);
+        if now < active && (!looking || now.saturating_sub(last_poll) < POLL_GAP.as_nanos() as u64)
+        {
             // Posts need not wake us meanwhile (0: "asleep until the past", so no timer is
             // earlier): the application's polls run the timers, and we run them on return.
+            // Nothing tells us when the application stops polling: while it may wait on its
+            // memory instead, look again soon (it may be polling only for a WRITE's
+            // completion), then less and less often.
             shared.sleep_until.store(0, Ordering::Release);
+            let rest = Duration::from_nanos(active - now);
             let _ = sys::poll_readable(
                 [shared.wake.as_raw_fd()],
-                Some(Duration::from_nanos(active - now)),
+                Some(if looking { rest.min(look) } else { rest }),
             );
+            look = (look * 2).min(APP_GRACE);
             sys::drain(&shared.wake);
             timeout = Some(Duration::ZERO);
             continue;
         }
+        look = FIRST_LOOK;
         let keeper = match (&shared._keeper, shared.cm_forwarded.load(Ordering::Relaxed)) {
             (Some(k), true) => k.as_raw_fd(),
             _ => -1,
@@ -1453,6 +1484,7 @@ pub(crate) fn start(cfg: DeviceConfig, sock: crate::udp::Socket) -> Result<Arc<D
         wake: sys::eventfd().map_err(io_err("eventfd"))?,
         sleep_until: AtomicU64::new(u64::MAX),
         app_active_until: AtomicU64::new(0),
+        silent_writes_until: AtomicU64::new(0),
         stop: AtomicBool::new(false),
         epoch: Instant::now(),
         cfg,

@@ -246,6 +246,8 @@ pub struct Qp {
     /// before it.
     ack_psn: Psn,
     msn: u32,
+    /// RDMA WRITE messages executed without an immediate (see [`Qp::silent_writes`]).
+    silent_writes: u64,
     nak_sent: bool,
     uc_drop: bool,
     inbound: Inbound,
@@ -283,6 +285,7 @@ impl Qp {
             state: QpState::Reset,
             attr,
             counters: Counters::default(),
+            silent_writes: 0,
             sq: VecDeque::with_capacity(cfg.caps.max_send_wr as usize),
             rq: VecDeque::with_capacity(cfg.caps.max_recv_wr as usize),
             send_cq: VecDeque::with_capacity(cfg.caps.max_send_wr as usize),
@@ -335,6 +338,14 @@ impl Qp {
     /// Statistics.
     pub fn counters(&self) -> &Counters {
         &self.counters
+    }
+
+    /// How many RDMA WRITE messages without an immediate this QP executed as a responder:
+    /// no completion tells the target application of them, it learns of them by reading its
+    /// memory (perftest's `ib_write_lat` spins on the last byte), so an engine must place
+    /// them without waiting for a poll.
+    pub fn silent_writes(&self) -> u64 {
+        self.silent_writes
     }
 
     /// Send WQEs posted and not yet completed.

@@ -392,6 +392,8 @@ impl Qp {
                 };
                 self.recv_cq.push_back(wc);
                 self.counters.rdma_recvs += 1;
+            } else {
+                self.silent_writes = self.silent_writes.wrapping_add(1);
             }
         } else {
             self.inbound = Inbound::Write {
