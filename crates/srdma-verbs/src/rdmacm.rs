@@ -55,8 +55,11 @@
 //!   `rgetsockname`, `rsetsockopt`/`rgetsockopt` (int options), `rfcntl`, `rselect` (through
 //!   `rpoll` when rsockets are among its descriptors), `riomap`/`riounmap`/`riowrite`:
 //!   Debian's `rstream`, `rcopy` and `riostream` run on them, `rstream` and `riostream`
-//!   against kernel rxe's librdmacm. Datagram rsockets are EOPNOTSUPP (so `udpong` still
-//!   fails). `riowrite` to an offset the peer has not mapped returns the bytes written
+//!   against kernel rxe's librdmacm. Datagram rsockets are EOPNOTSUPP, so `udpong` fails;
+//!   it fails on kernel rxe too (two lab guests, rdma-core 44: `rconnect: No such file or
+//!   directory`): rsocket.c's datagram path makes the address handle to its own QP without
+//!   a GRH (`ds_add_qp_dest`), which RoCE refuses (`ibv_create_ah` EINVAL, seen through an
+//!   LD_PRELOAD shim), so there is no RoCE peer to build them against. `riowrite` to an offset the peer has not mapped returns the bytes written
 //!   before it (0), as rsocket.c does. Where they differ from rsocket.c: `rconnect`
 //!   completes before it returns, also on a non-blocking socket; `rpoll` reports a hang-up
 //!   once the data before it is read; a flushed receive (the peer's DREQ, its process gone)
