@@ -80,7 +80,12 @@ pub trait Memory {
         self.read(mr, offset, dst)
     }
 
-    /// Copies `src` into region `mr` starting at `offset`.
+    /// Copies `src` into region `mr` starting at `offset`. An implementation whose
+    /// regions an application reads while they are written (an engine over the
+    /// application's own memory) must store the last byte once, after all the others, as a
+    /// NIC places a message: an application polling that byte may write the buffer as soon
+    /// as it changes, and a second store of it (glibc's `memcpy` makes some) would undo that
+    /// write. The default copies with `copy_from_slice`.
     fn write(&mut self, mr: MrHandle, offset: u64, src: &[u8]) -> Result<(), MemoryError> {
         let bytes = self.bytes_mut(mr)?;
         let range = region_range(offset, src.len() as u64, bytes.len() as u64)?;
