@@ -81,6 +81,30 @@ pub(crate) struct QpSlot {
     /// When (ns since the epoch) an application-driven receive last held this QP's packets
     /// back (put it in `State::deferred`).
     pub(crate) deferred_at: u64,
+    /// Whether the QP's send and receive completions go to one CQ.
+    pub(crate) shares_cq: bool,
+    /// Whether the QP takes SENDs: a receive was posted to it, or it uses an SRQ.
+    pub(crate) receives: bool,
+}
+
+impl QpSlot {
+    /// Whether an ACK that rides behind a request (a ping-pong's reply) goes as the short
+    /// tail of the request's GSO message, so that both arrive together, instead of as a
+    /// datagram of its own one send later (loopback: the pair at 3.9 µs, against the request
+    /// at 3.0 µs and the ACK at 6.0 µs).
+    ///
+    /// Which one the peer's application needs first is its business; this side's own
+    /// application is the guess (a ping-pong runs one program at both ends). One whose
+    /// replies and send completions reach it through one CQ takes whichever comes first:
+    /// the reply alone is sooner. One with a separate send CQ can wait for its send's
+    /// completion before it looks for the reply (perftest's `ib_send_lat`), and one that
+    /// takes no SENDs learns of the peer's WRITEs from memory and polls its CQ only for its
+    /// own completions (`ib_write_lat`): both wait for the ACK, and the pair brings the
+    /// peer's next message with it. Figures in benchmarks/README.md ("8 B ping-pong
+    /// latency").
+    pub(crate) fn ack_tail(&self) -> bool {
+        !(self.shares_cq && self.receives)
+    }
 }
 
 /// How soon after a `post_recv` that sent a held-back ACK a send must follow for the next
@@ -331,6 +355,7 @@ impl Shared {
         let Some(slot) = qps.get_mut(&qpn) else {
             return;
         };
+        let ack_tail = slot.ack_tail();
         let fd = self.socket.as_raw_fd();
         // Payload goes to the socket straight from registered memory, except when a capture
         // wants each packet whole.
@@ -358,9 +383,8 @@ impl Shared {
                 counters.tx_errors += 1;
                 continue;
             };
-            // A bare ACK goes as its own datagram, never as the short tail of a GSO message
-            // behind a request: cut or not, that message reaches the peer later than the
-            // request alone would (loopback, 8 B SEND: 3.9 µs against 3.0 µs per send).
+            // A bare ACK is the short tail of a GSO message only where `QpSlot::ack_tail`
+            // says so; otherwise it goes as its own datagram.
             let bare_ack = tx.slot()[0] == srdma_wire::Opcode::RcAcknowledge as u8;
             let dst_gso = match gso_dst {
                 Some((d, g)) if d == dst => g,
@@ -370,7 +394,7 @@ impl Shared {
                     g
                 }
             };
-            let gso = !bare_ack && dst_gso;
+            let gso = dst_gso && (ack_tail || !bare_ack);
             if !mem.pieces.is_empty() {
                 match commit_zero_copy(tx, mem, &encap, t.len, dst, gso) {
                     ZeroCopy::Queued => {
