@@ -30,11 +30,13 @@ const RX_BATCH: usize = 32;
 /// Receive batches handled before timers and the stop flag are looked at again: a flood of
 /// datagrams must not starve retransmissions or block the device's drop.
 const RX_BUDGET: usize = 8;
-/// An application poll this soon after a receive that left the socket empty does not look
-/// at the socket again (once): it comes to collect what that receive completed, and the
-/// application's next step (a post, in a ping-pong) should not wait for a system call that
-/// finds nothing. Loopback, 8 B SEND ping-pong: the client's poll between its receive and
-/// its next send cost ~0.9 µs of the round trip (see benchmarks/README.md).
+/// An application poll this soon after a receive that took all it found (a batch not full,
+/// or the one datagram of a `recvmsg`) does not look at the socket again (once): it comes to
+/// collect what that receive completed, and the application's next step (a post, in a
+/// ping-pong) should not wait for a system call that finds nothing. Loopback, 8 B SEND
+/// ping-pong: the client's poll between its receive and its next send cost ~0.9 µs of the
+/// round trip (see benchmarks/README.md). Should more be waiting (a burst that began with
+/// a single datagram), the poll after this one takes it.
 const RX_REST: Duration = Duration::from_micros(3);
 /// Datagrams taken from one multicast group's socket per receive pass.
 const GROUP_BUDGET: usize = 64;
@@ -140,8 +142,9 @@ pub(crate) struct State {
     pub(crate) due: Vec<u32>,
     /// Earliest QP timer, in ns since the epoch (u64::MAX: none).
     pub(crate) next_timer: u64,
-    /// When (ns since the epoch) a receive last left the socket empty; taken (reset) by the
-    /// next application poll, which skips the socket if it comes within [`RX_REST`].
+    /// When (ns since the epoch) a receive last took all it found (see [`RX_REST`]); taken
+    /// (reset) by the next application poll, which skips the socket if it comes within
+    /// [`RX_REST`].
     pub(crate) drained_at: u64,
     /// When (ns since the epoch) the published statistics may be refreshed next.
     pub(crate) stats_next: u64,
