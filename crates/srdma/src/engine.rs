@@ -39,10 +39,12 @@ const RX_BUDGET: usize = 8;
 /// a single datagram), the poll after this one takes it.
 const RX_REST: Duration = Duration::from_micros(3);
 /// How long the progress thread keeps looking at the socket (without sleeping) after it
-/// answered a one-sided request (READ, atomic): the peer's next one waits on this thread
-/// alone — no application here polls for it — and a wake-up from `poll` costs more than
-/// the round trip (loopback: `ib_read_lat -s 8` 25–32 µs typical while the thread slept
-/// between requests).
+/// answered a one-sided request (READ, atomic) that came alone in its receive batch: the
+/// peer's next one waits on this thread alone — no application here polls for it — and a
+/// wake-up from `poll` costs more than the round trip (loopback: `ib_read_lat -s 8` 24–38 µs
+/// typical while the thread slept between requests, 10–12 µs with it looking on). Requests
+/// that come several to a batch are a stream that keeps the thread busy anyway; looking on
+/// there took a core from the requester (`ib_read_bw -e -s 4096` −20 % on 2 cores).
 const ONE_SIDED_SPIN: Duration = Duration::from_micros(50);
 /// Datagrams taken from one multicast group's socket per receive pass.
 const GROUP_BUDGET: usize = 64;
@@ -151,6 +153,8 @@ pub(crate) struct State {
     /// When (ns since the epoch) a READ or atomic request last arrived (see
     /// [`ONE_SIDED_SPIN`]).
     pub(crate) one_sided_at: u64,
+    /// Whether that request came alone in its receive batch (see [`ONE_SIDED_SPIN`]).
+    pub(crate) one_sided_lone: bool,
     /// When (ns since the epoch) a receive last took all it found (see [`RX_REST`]); taken
     /// (reset) by the next application poll, which skips the socket if it comes within
     /// [`RX_REST`].
@@ -1013,7 +1017,10 @@ impl Shared {
             repr.bth.opcode.kind(),
             Kind::ReadRequest | Kind::CompareSwap | Kind::FetchAdd
         ) {
-            st.one_sided_at = now.as_nanos() as u64;
+            // Several in one receive batch (one clock reading): a stream, not a ping-pong.
+            let t = now.as_nanos() as u64;
+            st.one_sided_lone = st.one_sided_at != t;
+            st.one_sided_at = t;
         }
         let qpn = repr.bth.dest_qpn.value();
         if qpn == srdma_wire::Qpn::MULTICAST.value() {
@@ -1462,7 +1469,7 @@ fn progress(shared: &Shared) {
         let spin_until = st
             .one_sided_at
             .saturating_add(ONE_SIDED_SPIN.as_nanos() as u64);
-        let spin = sock >= 0 && (shared.now().as_nanos() as u64) < spin_until;
+        let spin = sock >= 0 && st.one_sided_lone && (shared.now().as_nanos() as u64) < spin_until;
         if more || spin {
             timeout = Some(Duration::ZERO);
         }
@@ -1529,6 +1536,7 @@ pub(crate) fn start(cfg: DeviceConfig, sock: crate::udp::Socket) -> Result<Arc<D
         due: Vec::with_capacity(64),
         next_timer: u64::MAX,
         one_sided_at: 0,
+        one_sided_lone: false,
         drained_at: 0,
         stats_next: 0,
         stats: crate::stats::Publisher::new(&cfg.name, local),
