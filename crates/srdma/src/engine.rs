@@ -30,13 +30,13 @@ const RX_BATCH: usize = 32;
 /// Receive batches handled before timers and the stop flag are looked at again: a flood of
 /// datagrams must not starve retransmissions or block the device's drop.
 const RX_BUDGET: usize = 8;
-/// An application poll this soon after a receive that took all it found (a batch not full,
-/// or the one datagram of a `recvmsg`) does not look at the socket again (once): it comes to
-/// collect what that receive completed, and the application's next step (a post, in a
-/// ping-pong) should not wait for a system call that finds nothing. Loopback, 8 B SEND
-/// ping-pong: the client's poll between its receive and its next send cost ~0.9 µs of the
-/// round trip (see benchmarks/README.md). Should more be waiting (a burst that began with
-/// a single datagram), the poll after this one takes it.
+/// An application poll this soon after a receive that left the socket empty (a batch not
+/// full) does not look at the socket again (once): it comes to collect what that receive
+/// completed, and the application's next step (a post, in a ping-pong) should not wait for
+/// a system call that finds nothing. Loopback, 8 B SEND ping-pong: the client's poll
+/// between its receive and its next send cost ~0.9 µs of the round trip (see
+/// benchmarks/README.md). A `post_send` in between cancels the rest: what it sent may
+/// already have been answered (a QP of this device answers at once).
 const RX_REST: Duration = Duration::from_micros(3);
 /// How long the progress thread keeps looking at the socket (without sleeping) after it
 /// answered a one-sided request (READ, atomic) that came alone in its receive batch: the
@@ -155,7 +155,7 @@ pub(crate) struct State {
     pub(crate) one_sided_at: u64,
     /// Whether that request came alone in its receive batch (see [`ONE_SIDED_SPIN`]).
     pub(crate) one_sided_lone: bool,
-    /// When (ns since the epoch) a receive last took all it found (see [`RX_REST`]); taken
+    /// When (ns since the epoch) a receive last left the socket empty (see [`RX_REST`]); taken
     /// (reset) by the next application poll, which skips the socket if it comes within
     /// [`RX_REST`].
     pub(crate) drained_at: u64,

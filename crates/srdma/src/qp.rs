@@ -478,6 +478,9 @@ impl Qp {
         }
         // What a receive held back leaves now, behind the request (see `poll_transmit`).
         st.undefer(qpn);
+        // A post may bring answers soon (at once from a QP of this device): the next poll
+        // looks at the socket (see `engine::RX_REST`).
+        st.drained_at = 0;
         dev.flush(&mut st, qpn);
         res
     }

@@ -490,12 +490,6 @@ pub(crate) struct RxBatch {
     n: usize,
     /// Whether every message was armed once (later calls re-arm only the used ones).
     armed: bool,
-    /// Whether the next call receives one datagram with `recvmsg`: a socket that `recvmmsg`
-    /// found empty or left with one datagram sees single datagrams (a ping-pong), for which
-    /// `recvmsg` costs less (loopback: 1.1 against 1.3 µs per datagram received); once
-    /// `recvmsg` returns one, the next call is a batch again, so a burst still goes by
-    /// batches.
-    single: bool,
 }
 
 // SAFETY: as for TxBatch: pointers into own heap buffers only (they never move), re-armed
@@ -525,7 +519,6 @@ impl RxBatch {
             ctrl: vec![Cmsg([0; 32]); count],
             n: 0,
             armed: false,
-            single: false,
         }
     }
 
@@ -564,30 +557,18 @@ impl RxBatch {
             self.arm(i);
         }
         self.armed = true;
-        let single = self.single;
         // SAFETY: `hdrs[..count]` were armed (now or after the call that last used them) and
         // point into live heap buffers, addresses and control buffers of this batch; the
-        // kernel writes at most their lengths (`recvmsg`: message 0's).
+        // kernel writes at most their lengths.
         let r = unsafe {
-            if single {
-                let r = libc::recvmsg(fd, &raw mut self.hdrs[0].msg_hdr, libc::MSG_DONTWAIT);
-                if r >= 0 {
-                    self.hdrs[0].msg_len = r as libc::c_uint;
-                    1
-                } else {
-                    -1
-                }
-            } else {
-                libc::recvmmsg(
-                    fd,
-                    self.hdrs.as_mut_ptr(),
-                    count as libc::c_uint,
-                    libc::MSG_DONTWAIT,
-                    std::ptr::null_mut(),
-                )
-            }
+            libc::recvmmsg(
+                fd,
+                self.hdrs.as_mut_ptr(),
+                count as libc::c_uint,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
         };
-        self.single = if single { r < 0 } else { r <= 1 };
         if r < 0 {
             self.n = 0;
             let e = io::Error::last_os_error();
@@ -619,49 +600,5 @@ impl RxBatch {
             }
         }
         Ok(self.n)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::os::fd::AsRawFd;
-
-    /// The switch between `recvmsg` and `recvmmsg` loses nothing and keeps bursts batched:
-    /// single datagrams go by `recvmsg` once a call saw one, and the call after a `recvmsg`
-    /// that returned one takes a whole burst.
-    #[test]
-    fn single_datagram_receives_keep_bursts_batched() {
-        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
-        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
-        let to = rx.local_addr().unwrap();
-        let fd = rx.as_raw_fd();
-        rx.set_nonblocking(true).unwrap();
-        let mut b = RxBatch::new(8, 2048);
-        let got = |b: &RxBatch, n: usize| -> Vec<Vec<u8>> {
-            (0..n).map(|i| b.get(i).unwrap().0.to_vec()).collect()
-        };
-        assert_eq!(b.recv(fd).unwrap(), 0);
-        // An empty batch call: the next is a `recvmsg`, which returns one datagram.
-        tx.send_to(b"a", to).unwrap();
-        assert!(b.single);
-        assert_eq!(b.recv(fd).unwrap(), 1);
-        assert_eq!(got(&b, 1), [b"a".to_vec()]);
-        // After a `recvmsg` that returned one, a burst comes in one batch.
-        assert!(!b.single);
-        for m in [&b"b"[..], b"cc", b""] {
-            tx.send_to(m, to).unwrap();
-        }
-        assert_eq!(b.recv(fd).unwrap(), 3);
-        assert_eq!(got(&b, 3), [b"b".to_vec(), b"cc".to_vec(), Vec::new()]);
-        // A burst left nothing behind: the next call is a batch again, and finds nothing.
-        assert!(!b.single);
-        assert_eq!(b.recv(fd).unwrap(), 0);
-        // Single mode receives an empty datagram as one (malformed) message, with its sender.
-        assert!(b.single);
-        tx.send_to(b"", to).unwrap();
-        assert_eq!(b.recv(fd).unwrap(), 1);
-        assert_eq!(b.get(0).unwrap().0, b"");
-        assert_eq!(b.get(0).unwrap().1, tx.local_addr().unwrap());
     }
 }
