@@ -91,10 +91,8 @@ pub(crate) struct QpSlot {
     /// When (ns since the epoch) an application-driven receive last held this QP's packets
     /// back (put it in `State::deferred`).
     pub(crate) deferred_at: u64,
-    /// Whether the QP's send and receive completions go to one CQ.
-    pub(crate) shares_cq: bool,
-    /// Whether the QP takes SENDs: a receive was posted to it, or it uses an SRQ.
-    pub(crate) receives: bool,
+    /// Whether a receive was posted to the QP (see [`QpSlot::ack_tail`]).
+    pub(crate) posted_recv: bool,
 }
 
 impl QpSlot {
@@ -113,7 +111,9 @@ impl QpSlot {
     /// peer's next message with it. Figures in benchmarks/README.md ("8 B ping-pong
     /// latency").
     pub(crate) fn ack_tail(&self) -> bool {
-        !(self.shares_cq && self.receives)
+        let shares_cq = Arc::ptr_eq(&self.send_cq.inner, &self.recv_cq.inner);
+        let receives = self.posted_recv || self.srq.is_some();
+        !(shares_cq && receives)
     }
 }
 

@@ -234,8 +234,7 @@ impl Pd {
                 ack_rides_send: 0,
                 ack_flushed_at: 0,
                 deferred_at: 0,
-                shares_cq: std::sync::Arc::ptr_eq(&init.send_cq.inner, &init.recv_cq.inner),
-                receives: init.srq.is_some(),
+                posted_recv: false,
             },
         );
         drop(st);
@@ -512,7 +511,7 @@ impl Qp {
             .get_mut(&qpn)
             .expect("a live Qp handle keeps its slot");
         s.qp.post_recv(wr)?;
-        s.receives = true;
+        s.posted_recv = true;
         deliver_completions(s);
         Ok(())
     }
