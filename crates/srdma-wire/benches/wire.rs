@@ -165,7 +165,11 @@ fn wire(c: &mut Criterion) -> Vec<Row> {
         rows: Vec::new(),
     };
 
-    for (len, copy) in [(64usize, "memcpy/64"), (4096, "memcpy/4096")] {
+    for (len, copy) in [
+        (64usize, "memcpy/64"),
+        (1024, "memcpy/1024"),
+        (4096, "memcpy/4096"),
+    ] {
         let pkt = leak(packet(Opcode::RcRdmaWriteMiddle, &payload(len, 3), &encap));
         let bytes = Some(pkt.len() as u64);
 
@@ -181,6 +185,21 @@ fn wire(c: &mut Criterion) -> Vec<Row> {
             bytes,
             Some(copy),
             move || icrc::compute(black_box(&encap), black_box(covered)).unwrap(),
+        );
+
+        // A stream of one QP's packets, as a sender or receiver sees it: the PSN changes.
+        let mut stream = covered.to_vec();
+        let mut memo = icrc::Memo::default();
+        let mut psn = 0u32;
+        r.run(
+            &format!("icrc/compute_with_memo/{len}"),
+            bytes,
+            Some(copy),
+            move || {
+                psn = psn.wrapping_add(1);
+                stream[9..12].copy_from_slice(&psn.to_be_bytes()[1..]);
+                icrc::compute_with_memo(black_box(&encap), black_box(&stream), &mut memo).unwrap()
+            },
         );
 
         r.run(

@@ -78,6 +78,15 @@ pub fn compute(encap: &Encap, roce: &[u8]) -> Result<u32> {
     Ok(h.finish())
 }
 
+/// [`compute`] with the pseudo header's CRC state kept in `memo` from one packet to the
+/// next (see [`Hasher::with_memo`]): the same ICRC, cheaper for a stream of one QP's packets.
+pub fn compute_with_memo(encap: &Encap, roce: &[u8], memo: &mut Memo) -> Result<u32> {
+    // One pass from the PSN on: it is contiguous with the rest of the packet.
+    let mut h = crc32fast::Hasher::new_with_initial(memo.state_to_psn(encap, roce.len(), roce)?);
+    h.update(&roce[PSN_AT..]);
+    Ok(h.finalize())
+}
+
 /// An ICRC computed piece by piece, for a packet whose bytes are not contiguous (headers in
 /// one buffer, payload straight from registered memory): [`Hasher::new`] takes the BTH,
 /// [`Hasher::update`] everything after it in order, up to the pad; [`Hasher::finish`] gives
@@ -91,51 +100,51 @@ impl Hasher {
     /// Starts the ICRC of a packet of `roce_len` bytes (BTH to pad, without the ICRC) carried
     /// in `encap`; `bth` holds at least its BTH.
     pub fn new(encap: &Encap, roce_len: usize, bth: &[u8]) -> Result<Hasher> {
-        crate::error::need("BTH", bth, BTH_LEN)?;
-        let udp_len = UDP_LEN + roce_len + ICRC_LEN;
-        let udp_len16 = u16::try_from(udp_len).map_err(|_| Error::OutOfRange {
-            field: "UDP length",
-            value: udp_len as u64,
-        })?;
-        let mut pseudo = [0xFFu8; IPV6_LEN + UDP_LEN + BTH_LEN];
-        let iplen = match encap.ip {
-            crate::IpRepr::V4(h) => {
-                let total = u16::try_from(IPV4_LEN + udp_len).map_err(|_| Error::OutOfRange {
-                    field: "IPv4 total length",
-                    value: (IPV4_LEN + udp_len) as u64,
-                })?;
-                let b = &mut pseudo[..IPV4_LEN];
-                b[0] = 0x45;
-                b[2..4].copy_from_slice(&total.to_be_bytes());
-                b[4..6].copy_from_slice(&h.ident.to_be_bytes());
-                b[6..8].copy_from_slice(&h.flags_frag.to_be_bytes());
-                b[9] = crate::ip::IPPROTO_UDP;
-                b[12..16].copy_from_slice(&h.src.octets());
-                b[16..20].copy_from_slice(&h.dst.octets());
-                IPV4_LEN
-            }
-            crate::IpRepr::V6(h) => {
-                let b = &mut pseudo[..IPV6_LEN];
-                b[0] = 0x6F;
-                b[4..6].copy_from_slice(&udp_len16.to_be_bytes());
-                b[6] = crate::ip::IPPROTO_UDP;
-                b[8..24].copy_from_slice(&h.src.octets());
-                b[24..40].copy_from_slice(&h.dst.octets());
-                IPV6_LEN
-            }
-        };
-        let u = &mut pseudo[iplen..iplen + UDP_LEN];
-        u[0..2].copy_from_slice(&encap.src_port.to_be_bytes());
-        u[2..4].copy_from_slice(&encap.dst_port.to_be_bytes());
-        u[4..6].copy_from_slice(&udp_len16.to_be_bytes());
-        let b = &mut pseudo[iplen + UDP_LEN..iplen + UDP_LEN + BTH_LEN];
-        b.copy_from_slice(&bth[..BTH_LEN]);
-        b[4] = 0xFF;
+        let (pseudo, n) = pseudo_header(encap, roce_len, bth)?;
         let mut h = crc32fast::Hasher::new_with_initial(CRC_OF_LRH_PLACEHOLDER);
-        h.update(&pseudo[..iplen + UDP_LEN + BTH_LEN]);
+        h.update(&pseudo[..n]);
         Ok(Hasher { h })
     }
 
+    /// [`Hasher::new`], cheaper for a packet whose pseudo header equals the last one `memo`
+    /// saw but for the PSN (the next packet of a stream of one QP): the CRC state up to the
+    /// PSN is taken from `memo`, and only the PSN's three bytes are added. Otherwise the
+    /// pseudo header is hashed and `memo` remembers it. The same ICRC either way.
+    pub fn with_memo(
+        encap: &Encap,
+        roce_len: usize,
+        bth: &[u8],
+        memo: &mut Memo,
+    ) -> Result<Hasher> {
+        let mut h = crc32fast::Hasher::new_with_initial(memo.state_to_psn(encap, roce_len, bth)?);
+        h.update(&bth[PSN_AT..BTH_LEN]);
+        Ok(Hasher { h })
+    }
+}
+
+impl Memo {
+    /// The CRC state after the masked pseudo header of a packet of `roce_len` bytes carried in
+    /// `encap` up to its PSN, from the memo when the last packet had the same, and remembered
+    /// for the next otherwise.
+    fn state_to_psn(&mut self, encap: &Encap, roce_len: usize, bth: &[u8]) -> Result<u32> {
+        crate::error::need("BTH", bth, BTH_LEN)?;
+        // Keyed by what the pseudo header is made of (BTH byte 4 is masked).
+        let mut head = [0u8; PSN_AT];
+        head.copy_from_slice(&bth[..PSN_AT]);
+        head[4] = 0xFF;
+        let key = Some((*encap, roce_len, head));
+        if self.key != key {
+            let (pseudo, n) = pseudo_header(encap, roce_len, bth)?;
+            let mut h = crc32fast::Hasher::new_with_initial(CRC_OF_LRH_PLACEHOLDER);
+            h.update(&pseudo[..n - (BTH_LEN - PSN_AT)]);
+            self.state = h.finalize();
+            self.key = key;
+        }
+        Ok(self.state)
+    }
+}
+
+impl Hasher {
     /// Adds the next bytes of the packet (after the BTH).
     pub fn update(&mut self, bytes: &[u8]) {
         self.h.update(bytes);
@@ -145,6 +154,75 @@ impl Hasher {
     pub fn finish(self) -> u32 {
         self.h.finalize()
     }
+}
+
+/// The masked pseudo header of a packet of `roce_len` bytes (BTH to pad, without the ICRC)
+/// carried in `encap`, after the LRH placeholder: IP header, UDP header and BTH, masked
+/// bytes as ones (the IPv4 checksum, which the mask hides, is never computed); and its length.
+fn pseudo_header(encap: &Encap, roce_len: usize, bth: &[u8]) -> Result<([u8; PSEUDO_MAX], usize)> {
+    crate::error::need("BTH", bth, BTH_LEN)?;
+    let udp_len = UDP_LEN + roce_len + ICRC_LEN;
+    let udp_len16 = u16::try_from(udp_len).map_err(|_| Error::OutOfRange {
+        field: "UDP length",
+        value: udp_len as u64,
+    })?;
+    let mut pseudo = [0xFFu8; PSEUDO_MAX];
+    let iplen = match encap.ip {
+        crate::IpRepr::V4(h) => {
+            let total = u16::try_from(IPV4_LEN + udp_len).map_err(|_| Error::OutOfRange {
+                field: "IPv4 total length",
+                value: (IPV4_LEN + udp_len) as u64,
+            })?;
+            let b = &mut pseudo[..IPV4_LEN];
+            b[0] = 0x45;
+            b[2..4].copy_from_slice(&total.to_be_bytes());
+            b[4..6].copy_from_slice(&h.ident.to_be_bytes());
+            b[6..8].copy_from_slice(&h.flags_frag.to_be_bytes());
+            b[9] = crate::ip::IPPROTO_UDP;
+            b[12..16].copy_from_slice(&h.src.octets());
+            b[16..20].copy_from_slice(&h.dst.octets());
+            IPV4_LEN
+        }
+        crate::IpRepr::V6(h) => {
+            let b = &mut pseudo[..IPV6_LEN];
+            b[0] = 0x6F;
+            b[4..6].copy_from_slice(&udp_len16.to_be_bytes());
+            b[6] = crate::ip::IPPROTO_UDP;
+            b[8..24].copy_from_slice(&h.src.octets());
+            b[24..40].copy_from_slice(&h.dst.octets());
+            IPV6_LEN
+        }
+    };
+    let u = &mut pseudo[iplen..iplen + UDP_LEN];
+    u[0..2].copy_from_slice(&encap.src_port.to_be_bytes());
+    u[2..4].copy_from_slice(&encap.dst_port.to_be_bytes());
+    u[4..6].copy_from_slice(&udp_len16.to_be_bytes());
+    let b = &mut pseudo[iplen + UDP_LEN..iplen + UDP_LEN + BTH_LEN];
+    b.copy_from_slice(&bth[..BTH_LEN]);
+    b[4] = 0xFF;
+    Ok((pseudo, iplen + UDP_LEN + BTH_LEN))
+}
+
+/// Where the PSN starts in the BTH (its last three bytes).
+const PSN_AT: usize = BTH_LEN - 3;
+
+/// Longest pseudo header after the LRH placeholder: IPv6 + UDP + BTH.
+const PSEUDO_MAX: usize = IPV6_LEN + UDP_LEN + BTH_LEN;
+
+/// What a sender or a receiver keeps from one packet to the next to make the next ICRC
+/// cheaper: the CRC state after the last packet's masked pseudo header up to its PSN (the
+/// packets of one QP's stream differ there only in the PSN), see [`Hasher::with_memo`]; and
+/// the factor of the last IPv4 length whose Identification was guessed, see
+/// [`verify_ipv4_ident_guess`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Memo {
+    /// What the remembered pseudo header was made of: encapsulation, packet length, BTH up
+    /// to the PSN (byte 4 masked).
+    key: Option<(Encap, usize, [u8; PSN_AT])>,
+    /// The CRC state after that pseudo header up to the PSN.
+    state: u32,
+    ident_len: usize,
+    ident_factor: u32,
 }
 
 /// The ICRC carried by a whole RoCEv2 packet (its last four bytes, little-endian).
@@ -175,12 +253,18 @@ pub fn verify_raw(ip_header: &[u8], udp_header: &[u8], packet: &[u8]) -> Result<
 
 /// Verifies a whole RoCEv2 packet (ICRC included) as carried in `encap`.
 pub fn verify(encap: &Encap, packet: &[u8]) -> Result<()> {
+    verify_with_memo(encap, packet, &mut Memo::default())
+}
+
+/// [`verify`] with the pseudo header's CRC state kept in `memo` from one packet to the next
+/// (see [`Hasher::with_memo`]).
+pub fn verify_with_memo(encap: &Encap, packet: &[u8], memo: &mut Memo) -> Result<()> {
     let carried = carried(packet).ok_or(Error::Truncated {
         what: "ICRC",
         needed: 4,
         actual: packet.len(),
     })?;
-    let computed = compute(encap, &packet[..packet.len() - ICRC_LEN])?;
+    let computed = compute_with_memo(encap, &packet[..packet.len() - ICRC_LEN], memo)?;
     if computed == carried {
         Ok(())
     } else {
@@ -236,42 +320,34 @@ pub fn verify(encap: &Encap, packet: &[u8]) -> Result<()> {
 /// [`Error::OutOfRange`] when it cannot fit one IPv4 datagram, and [`Error::MalformedIp`]
 /// for an IPv6 `encap` (IPv6 has no such field: use [`verify`]). Never panics.
 pub fn verify_ipv4_unknown_ident(encap: &Encap, packet: &[u8]) -> Result<u16> {
-    let (carried, computed, k) = ident_check(encap, packet)?;
+    let (carried, computed, k) = ident_check(encap, packet, &mut Memo::default())?;
     solve_ident(carried, computed, k)
-}
-
-/// A cache for [`verify_ipv4_ident_guess`]: the factor of the last packet length seen.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct IdentFactor {
-    len: usize,
-    factor: u32,
 }
 
 /// [`verify_ipv4_unknown_ident`], cheaper when the caller can guess the Identification:
 /// a packet that carries ID 0 (srdma's single datagrams) or `guess` (srdma's GSO messages
 /// number their datagrams 0, 1, 2, …: a datagram's place in a GRO buffer that arrived uncut)
 /// is checked with the CRC pass and at most one short multiplication (an ID below 256; the
-/// length's factor is kept in `cache` from one packet to the next). Any other ID is solved
-/// for as [`verify_ipv4_unknown_ident`] does. The same packets pass and the same errors come
-/// back as from [`verify_ipv4_unknown_ident`] (the solution is unique).
+/// length's factor is kept in `memo` from one packet to the next, as is the pseudo header's
+/// CRC state, see [`Hasher::with_memo`]). Any other ID is solved for as
+/// [`verify_ipv4_unknown_ident`] does. The same packets pass and the same errors come back as
+/// from [`verify_ipv4_unknown_ident`] (the solution is unique).
 pub fn verify_ipv4_ident_guess(
     encap: &Encap,
     packet: &[u8],
     guess: u16,
-    cache: &mut IdentFactor,
+    memo: &mut Memo,
 ) -> Result<u16> {
-    let (carried, computed, k) = ident_check(encap, packet)?;
+    let (carried, computed, k) = ident_check(encap, packet, memo)?;
     if carried == computed {
         return Ok(0);
     }
     if guess != 0 {
-        if cache.len != packet.len() {
-            *cache = IdentFactor {
-                len: packet.len(),
-                factor: ipv4_ident_factor(packet.len()),
-            };
+        if memo.ident_len != packet.len() {
+            memo.ident_len = packet.len();
+            memo.ident_factor = ipv4_ident_factor(packet.len());
         }
-        if carried == ipv4_icrc_with_ident_factor(computed, cache.factor, guess) {
+        if carried == ipv4_icrc_with_ident_factor(computed, memo.ident_factor, guess) {
             return Ok(guess);
         }
     }
@@ -280,7 +356,7 @@ pub fn verify_ipv4_ident_guess(
 
 /// The checks and the CRC pass of the unknown-ID verification: (carried ICRC, ICRC for ID 0,
 /// bytes covered after the ID field).
-fn ident_check(encap: &Encap, packet: &[u8]) -> Result<(u32, u32, usize)> {
+fn ident_check(encap: &Encap, packet: &[u8], memo: &mut Memo) -> Result<(u32, u32, usize)> {
     let crate::IpRepr::V4(mut h) = encap.ip else {
         return Err(Error::MalformedIp(
             "IPv6 (no Identification to solve for: verify the ICRC with icrc::verify)",
@@ -307,7 +383,7 @@ fn ident_check(encap: &Encap, packet: &[u8]) -> Result<(u32, u32, usize)> {
     // Bytes after the ID field (IPv4 bytes 4-5): IPv4 bytes 6..20, UDP, the covered packet;
     // below 2^16 since `total` is.
     let k = (IPV4_LEN - 6) + UDP_LEN + covered.len();
-    let computed = compute(&zero, covered)?;
+    let computed = compute_with_memo(&zero, covered, memo)?;
     Ok((carried, computed, k))
 }
 
@@ -562,6 +638,92 @@ mod tests {
         // The longest packet whose flips all have m < 214,135: 8 * len + 176 < 214,135.
         let longest = first.map(|m| (m - 177) / 8);
         assert_eq!(longest, Some(26_744));
+    }
+
+    /// The memo changes nothing but the cost: a stream of packets where mostly the PSN
+    /// changes, now and then one other thing the pseudo header is made of (any BTH byte, the
+    /// length, an address, a port, the IPv4 ID, the IP version), gives the ICRC a full
+    /// computation gives, whole or piece by piece.
+    #[test]
+    fn a_memo_gives_the_icrc_a_full_computation_gives() {
+        use crate::ip::{Ipv4Repr, Ipv6Repr};
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let v4 = Ipv4Repr {
+            src: [10, 0, 0, 1].into(),
+            dst: [10, 0, 0, 2].into(),
+            tos: 0,
+            ttl: 64,
+            ident: 0,
+            flags_frag: crate::ip::IPV4_DF,
+        };
+        let v6 = Ipv6Repr {
+            src: [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1].into(),
+            dst: [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2].into(),
+            traffic_class: 0,
+            flow_label: 0,
+            hop_limit: 64,
+        };
+        let mut encap = Encap {
+            ip: crate::IpRepr::V4(v4),
+            src_port: 0xC000,
+            dst_port: 4791,
+        };
+        let mut packet = [0u8; 600];
+        for (i, b) in packet.iter_mut().enumerate() {
+            *b = (i * 13 + 5) as u8;
+        }
+        let mut len = 300;
+        let mut memo = Memo::default();
+        let mut hits = 0;
+        for n in 0..20_000 {
+            let r = next();
+            match r % 16 {
+                0 => {
+                    let at = (r >> 8) as usize % PSN_AT;
+                    packet[at] ^= 1 << ((r >> 16) % 8);
+                }
+                1 => len = BTH_LEN + (r >> 8) as usize % (packet.len() - BTH_LEN),
+                2 => match &mut encap.ip {
+                    crate::IpRepr::V4(h) => match (r >> 8) % 4 {
+                        0 => h.ident = (r >> 16) as u16,
+                        1 => h.src = ((r >> 16) as u32).into(),
+                        2 => h.dst = ((r >> 16) as u32).into(),
+                        _ => encap.ip = crate::IpRepr::V6(v6),
+                    },
+                    crate::IpRepr::V6(h) => match (r >> 8) % 3 {
+                        0 => h.src = ((r >> 16) as u128).into(),
+                        1 => h.dst = ((r >> 16) as u128).into(),
+                        _ => encap.ip = crate::IpRepr::V4(v4),
+                    },
+                },
+                3 => encap.src_port = (r >> 8) as u16,
+                4 => encap.dst_port = (r >> 8) as u16,
+                _ => hits += 1,
+            }
+            // A new PSN every time.
+            packet[PSN_AT..BTH_LEN].copy_from_slice(&(n as u32).to_be_bytes()[1..]);
+            let roce = &packet[..len];
+            let want = compute(&encap, roce).unwrap();
+            assert_eq!(
+                compute_with_memo(&encap, roce, &mut memo).unwrap(),
+                want,
+                "packet {n}"
+            );
+            let cut = BTH_LEN + (r >> 40) as usize % (len - BTH_LEN + 1);
+            let mut h = Hasher::with_memo(&encap, len, roce, &mut memo).unwrap();
+            h.update(&roce[BTH_LEN..cut]);
+            h.update(&roce[cut..]);
+            assert_eq!(h.finish(), want, "packet {n} in pieces");
+        }
+        assert!(hits > 10_000, "{hits}");
+        // A packet shorter than a BTH is an error, with or without a memo.
+        assert!(compute_with_memo(&encap, &packet[..BTH_LEN - 1], &mut memo).is_err());
     }
 
     #[test]

@@ -214,11 +214,13 @@ macro_rules! opcodes {
             }
 
             /// What the opcode does.
+            #[inline]
             pub const fn kind(self) -> Kind {
                 match self { $( Opcode::$variant => Kind::$kind, )* }
             }
 
             /// Where a packet with this opcode sits in its message (`None` for CNP).
+            #[inline]
             pub const fn position(self) -> Option<Position> {
                 match self { $( Opcode::$variant => $pos, )* }
             }
@@ -306,6 +308,7 @@ impl Opcode {
     }
 
     /// The transport service (top three bits).
+    #[inline]
     pub const fn transport(self) -> Transport {
         match self.value() >> 5 {
             0 => Transport::Rc,
@@ -316,6 +319,7 @@ impl Opcode {
     }
 
     /// The payload rule of the opcode.
+    #[inline]
     pub const fn payload_rule(self) -> PayloadRule {
         match self.kind() {
             Kind::Send | Kind::Write | Kind::ReadResponse => match self.position() {
@@ -329,6 +333,7 @@ impl Opcode {
     }
 
     /// True for packets a requester sends (the responder processes them).
+    #[inline]
     pub const fn is_request(self) -> bool {
         !matches!(
             self.kind(),
@@ -337,6 +342,7 @@ impl Opcode {
     }
 
     /// True for packets a responder sends (the completer processes them).
+    #[inline]
     pub const fn is_response(self) -> bool {
         matches!(
             self.kind(),
@@ -345,27 +351,32 @@ impl Opcode {
     }
 
     /// First or only packet of a message (rxe `RXE_START_MASK`).
+    #[inline]
     pub const fn is_start(self) -> bool {
         matches!(self.position(), Some(First) | Some(Only))
     }
 
     /// Last or only packet of a message (rxe `RXE_END_MASK`).
+    #[inline]
     pub const fn is_end(self) -> bool {
         matches!(self.position(), Some(Last) | Some(Only))
     }
 
     /// Carries immediate data.
+    #[inline]
     pub const fn has_immediate(self) -> bool {
         self.headers().contains(Headers::IMM_DT)
     }
 
     /// Carries an IETH (SEND with invalidate).
+    #[inline]
     pub const fn has_invalidate(self) -> bool {
         self.headers().contains(Headers::IETH)
     }
 
     /// Consumes a receive WQE (rxe `RXE_RWR_MASK`): SEND first/only, and RDMA WRITE with
     /// immediate on its last/only packet. Without a posted WQE the responder answers RNR NAK.
+    #[inline]
     pub const fn consumes_recv_wqe(self) -> bool {
         match self.kind() {
             Kind::Send => self.is_start(),
@@ -376,6 +387,7 @@ impl Opcode {
 
     /// Generates a receive completion (rxe `RXE_COMP_MASK`): SEND last/only and RDMA WRITE
     /// with immediate last/only.
+    #[inline]
     pub const fn completes_recv(self) -> bool {
         match self.kind() {
             Kind::Send => self.is_end(),
@@ -388,6 +400,7 @@ impl Opcode {
     ///
     /// This is the responder's length check (`rxe_resp_check_length`), not a parse error:
     /// on RC a violation is answered with NAK invalid request.
+    #[inline]
     pub fn check_payload_len(self, len: usize, pmtu: usize) -> crate::Result<()> {
         let reason = match self.payload_rule() {
             PayloadRule::None if len != 0 => "opcode carries no payload",

@@ -198,6 +198,16 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
         b[n - ICRC_LEN..].copy_from_slice(&crc.to_le_bytes());
         Ok(())
     }
+
+    /// [`Packet::fill_icrc`] with the pseudo header's CRC state kept in `memo` from one packet
+    /// to the next (see [`icrc::Hasher::with_memo`]).
+    pub fn fill_icrc_with_memo(&mut self, encap: &Encap, memo: &mut icrc::Memo) -> Result<()> {
+        let crc = icrc::compute_with_memo(encap, self.icrc_covered(), memo)?;
+        let b = self.buffer.as_mut();
+        let n = b.len();
+        b[n - ICRC_LEN..].copy_from_slice(&crc.to_le_bytes());
+        Ok(())
+    }
 }
 
 /// Every field of a RoCEv2 packet: the BTH, whichever extension headers its opcode carries,

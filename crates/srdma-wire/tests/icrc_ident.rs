@@ -442,7 +442,7 @@ fn errors() {
 #[test]
 fn a_guess_changes_nothing_but_the_cost() {
     let mut rng = Rng(0x6e55_0001);
-    let mut cache = icrc::IdentFactor::default();
+    let mut cache = icrc::Memo::default();
     let mut hits = [0usize; 4];
     for n in 0..20_000 {
         let len = match n % 4 {

@@ -203,6 +203,7 @@ impl Gid {
     }
 
     /// The IP address a GID stands for.
+    #[inline]
     pub fn ip(&self) -> IpAddr {
         let v6 = std::net::Ipv6Addr::from(self.0);
         v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)

@@ -166,8 +166,11 @@ pub(crate) struct State {
     pub(crate) paths: std::collections::HashMap<std::net::IpAddr, PathGso>,
     /// How many of `paths` are [`PathGso::Probing`]: flushes look at them only then.
     pub(crate) probing: usize,
-    /// The receive path's cache for checking IPv4 ICRCs (see `handle_datagram`).
-    pub(crate) ident_factor: srdma_wire::icrc::IdentFactor,
+    /// What the receive path keeps from one datagram to the next to check ICRCs faster (see
+    /// `handle_datagram`).
+    pub(crate) rx_icrc: srdma_wire::icrc::Memo,
+    /// The same for the ICRCs the send path computes (see `Shared::flush`).
+    pub(crate) tx_icrc: srdma_wire::icrc::Memo,
     /// The multicast groups this device's UD QPs are attached to.
     pub(crate) groups: Vec<Group>,
     /// Receive buffer for the groups' sockets (allocated on first use).
@@ -366,6 +369,7 @@ impl Shared {
             capture,
             tx,
             paths,
+            tx_icrc,
             ..
         } = st;
         let Some(slot) = qps.get_mut(&qpn) else {
@@ -412,7 +416,7 @@ impl Shared {
             };
             let gso = dst_gso && (ack_tail || !bare_ack);
             if !mem.pieces.is_empty() {
-                match commit_zero_copy(tx, mem, &encap, t.len, dst, gso) {
+                match commit_zero_copy(tx, mem, tx_icrc, &encap, t.len, dst, gso) {
                     ZeroCopy::Queued => {
                         counters.tx_datagrams += 1;
                         continue;
@@ -426,7 +430,10 @@ impl Shared {
                 }
             }
             let pkt = &mut tx.slot()[..t.len];
-            if Packet::new_unchecked(&mut *pkt).fill_icrc(&encap).is_err() {
+            if Packet::new_unchecked(&mut *pkt)
+                .fill_icrc_with_memo(&encap, tx_icrc)
+                .is_err()
+            {
                 counters.tx_errors += 1;
                 continue;
             }
@@ -978,10 +985,11 @@ impl Shared {
         // rxe and NICs others.
         let ident = match encap.ip {
             IpRepr::V4(_) => {
-                srdma_wire::icrc::verify_ipv4_ident_guess(&encap, data, place, &mut st.ident_factor)
-                    .ok()
+                srdma_wire::icrc::verify_ipv4_ident_guess(&encap, data, place, &mut st.rx_icrc).ok()
             }
-            IpRepr::V6(_) => srdma_wire::icrc::verify(&encap, data).ok().map(|()| 0),
+            IpRepr::V6(_) => srdma_wire::icrc::verify_with_memo(&encap, data, &mut st.rx_icrc)
+                .ok()
+                .map(|()| 0),
         };
         if let Some(w) = st.capture.as_mut() {
             // Captured with the Identification the datagram carried, so its ICRC checks.
@@ -1259,6 +1267,7 @@ const COPY_BELOW: usize = 512;
 fn commit_zero_copy(
     tx: &mut crate::udp::TxBatch,
     mem: &Store,
+    memo: &mut srdma_wire::icrc::Memo,
     encap: &Encap,
     len: usize,
     dst: SocketAddr,
@@ -1277,7 +1286,7 @@ fn commit_zero_copy(
     let fits =
         2 * mem.pieces.len() < crate::udp::MAX_PARTS && len >= srdma_wire::bth::BTH_LEN + ICRC;
     let hasher = fits
-        .then(|| srdma_wire::icrc::Hasher::new(encap, len - ICRC, &slot[..len]).ok())
+        .then(|| srdma_wire::icrc::Hasher::with_memo(encap, len - ICRC, &slot[..len], memo).ok())
         .flatten();
     let Some(mut h) = hasher else {
         return materialize(slot, base, mem);
@@ -1530,7 +1539,8 @@ pub(crate) fn start(cfg: DeviceConfig, sock: crate::udp::Socket) -> Result<Arc<D
         deferred: Vec::with_capacity(64),
         paths: std::collections::HashMap::new(),
         probing: 0,
-        ident_factor: Default::default(),
+        rx_icrc: Default::default(),
+        tx_icrc: Default::default(),
         groups: Vec::new(),
         group_buf: Vec::new(),
         due: Vec::with_capacity(64),
