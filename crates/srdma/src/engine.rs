@@ -77,10 +77,11 @@ pub(crate) struct QpSlot {
     pub(crate) send_cq: Cq,
     pub(crate) recv_cq: Cq,
     pub(crate) srq: Option<u32>,
-    /// Learned: how many times in a row the application posted a send right after its
-    /// `post_recv` or poll sent an ACK held back (a SEND or WRITE ping-pong). From
-    /// [`ACK_RIDES_AFTER`] on, an ACK held back by a receive waits past `post_recv` and
-    /// polls (for [`ACK_RIDE_WINDOW`]) for that send and leaves right behind it, in the same
+    /// Learned: how many times in a row the application posted a send while an ACK was
+    /// held back for it, or right after its `post_recv` or poll sent one (a SEND or WRITE
+    /// ping-pong). From [`ACK_RIDES_AFTER`] on, an ACK held back by a receive (the
+    /// progress thread's too: [`Hold::Riding`]) waits past `post_recv` and polls (for
+    /// [`ACK_RIDE_WINDOW`]) for that send and leaves right behind it, in the same
     /// `sendmmsg`. Cleared when the progress thread had to send a held-back ACK because the
     /// application went elsewhere (a peer with a short retransmission timer, rxe in a slow
     /// VM, retries after a millisecond).
@@ -88,8 +89,8 @@ pub(crate) struct QpSlot {
     /// When (ns since the epoch) `post_recv` or a poll last sent a held-back ACK (0: not
     /// since the last send): a send soon after it counts towards `ack_rides_send`.
     pub(crate) ack_flushed_at: u64,
-    /// When (ns since the epoch) an application-driven receive last held this QP's packets
-    /// back (put it in `State::deferred`).
+    /// When (ns since the epoch) a receive last held this QP's packets back (put it in
+    /// `State::deferred`).
     pub(crate) deferred_at: u64,
     /// Whether a receive was posted to the QP (see [`QpSlot::ack_tail`]).
     pub(crate) posted_recv: bool,
@@ -125,6 +126,24 @@ pub(crate) const ACK_RIDE_WINDOW: Duration = Duration::from_micros(100);
 /// How many quick send-after-`post_recv` in a row make a QP's ACKs wait for its sends (a
 /// few hand-shakes in a row must not: perftest's do, then it goes quiet).
 pub(crate) const ACK_RIDES_AFTER: u8 = 8;
+
+/// What a receive holds back of the packets (ACKs, responses) of the QPs it touched, for
+/// the application's next post (see `State::deferred`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Hold {
+    /// Nothing: everything leaves now.
+    Nothing,
+    /// Everything but requests: the receive was the application's poll.
+    All,
+    /// The ACKs of QPs whose application posts a send right after it takes what they
+    /// acknowledge (`QpSlot::ack_rides_send`), for at most [`ACK_RIDE_WINDOW`]: the
+    /// progress thread's receive for an application that waits on its memory, not its CQ
+    /// (perftest's `ib_write_lat`). Sent at once, such an ACK reaches the peer alone; the
+    /// peer's application, which polls its send CQ for it, then turns to its memory, and
+    /// the reply WRITE that follows lands while nothing polls — the progress thread has to
+    /// take over there too, every round.
+    Riding,
+}
 
 pub(crate) struct State {
     pub(crate) mrs: MrTable,
@@ -721,7 +740,11 @@ impl Shared {
         // no post or poll would follow to send it, and it always looks.
         let drained = std::mem::take(&mut st.drained_at);
         if !polling || now >= drained + RX_REST.as_nanos() as u64 {
-            self.receive(&mut st, RX_BUDGET, polling);
+            self.receive(
+                &mut st,
+                RX_BUDGET,
+                if polling { Hold::All } else { Hold::Nothing },
+            );
         }
         if now >= st.next_timer {
             self.run_timers(&mut st);
@@ -734,10 +757,13 @@ impl Shared {
         let held = !st.deferred.is_empty();
         drop(st);
         // Held-back ACKs leave with the application's next post or poll; should it make
-        // neither, the progress thread sends them once the polling grace is over. If that
-        // thread sleeps in `poll` (not standing aside), nothing would wake it before the
-        // peer's retransmission timer fires: wake it.
-        if held && self.sleep_until.load(Ordering::Acquire) != 0 {
+        // neither, the progress thread sends them once the polling grace is over, or when
+        // their window ends. If that thread sleeps in `poll` (not standing aside) past the
+        // window, nothing would wake it before the peer's retransmission timer fires: wake
+        // it (and only then: a wake-up on every poll that holds an ACK takes a core from a
+        // spinning application on a small machine).
+        let window_end = now + ACK_RIDE_WINDOW.as_nanos() as u64;
+        if held && self.sleep_until.load(Ordering::Acquire) > window_end {
             sys::signal(&self.wake);
         }
         self.run_hooks();
@@ -796,7 +822,7 @@ impl Shared {
         if ready[1] {
             let mut st = self.lock();
             self.flush_deferred(&mut st);
-            self.receive(&mut st, RX_BUDGET, false);
+            self.receive(&mut st, RX_BUDGET, Hold::Nothing);
             if now >= st.next_timer {
                 self.run_timers(&mut st);
             }
@@ -832,6 +858,42 @@ impl Shared {
         st.deferred = deferred;
     }
 
+    /// The progress thread's part of what receives held back: packets wait for their
+    /// application's next post or poll until [`ACK_RIDE_WINDOW`] after they were held
+    /// (sent earlier, an ACK would reach the peer alone: see [`Hold::Riding`]); those that
+    /// waited that long leave now, and their QP's application, which neither posted nor
+    /// polled in time, is no longer waited for (`QpSlot::ack_rides_send`).
+    fn flush_deferred_expired(&self, st: &mut State) {
+        if st.deferred.is_empty() {
+            return;
+        }
+        let now = self.now().as_nanos() as u64;
+        let window = ACK_RIDE_WINDOW.as_nanos() as u64;
+        let mut deferred = std::mem::take(&mut st.deferred);
+        deferred.retain(|&qpn| {
+            let Some(slot) = st.qps.get_mut(&qpn) else {
+                return false;
+            };
+            if now < slot.deferred_at.saturating_add(window) {
+                return true;
+            }
+            slot.ack_rides_send = 0;
+            self.flush(st, qpn);
+            false
+        });
+        st.deferred = deferred;
+    }
+
+    /// When the first window of the held-back ACKs ends (ns since the epoch).
+    fn ride_ends(&self, st: &State) -> Option<u64> {
+        let window = ACK_RIDE_WINDOW.as_nanos() as u64;
+        st.deferred
+            .iter()
+            .filter_map(|q| st.qps.get(q))
+            .map(|s| s.deferred_at.saturating_add(window))
+            .min()
+    }
+
     /// Sends what earlier application-driven receives held back.
     pub(crate) fn flush_deferred(&self, st: &mut State) {
         let mut deferred = std::mem::take(&mut st.deferred);
@@ -842,9 +904,9 @@ impl Shared {
     }
 
     /// Receives and handles up to `budget` batches of datagrams, flushing every QP they
-    /// touched (with `defer`, completing their work now but holding their packets back:
-    /// see `State::deferred`); returns true when the budget ran out with more waiting.
-    pub(crate) fn receive(&self, st: &mut State, budget: usize, defer: bool) -> bool {
+    /// touched, except that `hold` may have a QP complete its work now but hold its packets
+    /// back (see `State::deferred`); returns true when the budget ran out with more waiting.
+    pub(crate) fn receive(&self, st: &mut State, budget: usize, hold: Hold) -> bool {
         let Some(mut rx) = st.rx.take() else {
             return false;
         };
@@ -882,9 +944,17 @@ impl Shared {
             let mut touched = std::mem::take(&mut st.touched);
             for qpn in touched.drain(..) {
                 // Requests (a window the ACKs just opened) go now; only ACKs and responses
-                // wait for the application's reply.
-                let ready = st.qps.get(&qpn).is_some_and(|s| s.qp.has_requests_ready());
-                if !defer || ready {
+                // wait for the application's reply (a QP with nothing to send is not held:
+                // a post would find nothing to take along).
+                let held = st.qps.get(&qpn).is_some_and(|s| {
+                    !s.qp.has_requests_ready()
+                        && match hold {
+                            Hold::Nothing => false,
+                            Hold::All => true,
+                            Hold::Riding => s.ack_rides_send >= ACK_RIDES_AFTER,
+                        }
+                });
+                if !held {
                     self.flush(st, qpn);
                 } else if let Some(slot) = st.qps.get_mut(&qpn) {
                     deliver_completions(slot);
@@ -1463,17 +1533,16 @@ fn progress(shared: &Shared) {
         shared.sleeps_deep.store(false, Ordering::SeqCst);
         sys::drain(&shared.wake);
         let mut st = shared.lock();
-        // The application left held-back ACKs for this thread to send: it did not post a
-        // send after replenishing its receives, so the next ACKs leave at `post_recv`.
-        for i in 0..st.deferred.len() {
-            let qpn = st.deferred[i];
-            if let Some(slot) = st.qps.get_mut(&qpn) {
-                slot.ack_rides_send = 0;
-            }
-        }
-        shared.flush_deferred(&mut st);
-        let more = shared.receive(&mut st, RX_BUDGET, false);
+        // Held-back packets the application left for this thread to send once their window
+        // passed.
+        shared.flush_deferred_expired(&mut st);
+        let more = shared.receive(&mut st, RX_BUDGET, Hold::Riding);
         timeout = shared.run_timers(&mut st);
+        // Come back for the held-back ACKs whose window ends first.
+        if let Some(end) = shared.ride_ends(&st) {
+            let rest = Duration::from_nanos(end.saturating_sub(shared.now().as_nanos() as u64));
+            timeout = Some(timeout.map_or(rest, |t| t.min(rest)));
+        }
         // More waiting, or a peer doing one-sided operations: look again without sleeping.
         let spin_until = st
             .one_sided_at

@@ -475,8 +475,13 @@ impl Qp {
                 }
             }
         }
-        // What a receive held back leaves now, behind the request (see `poll_transmit`).
-        st.undefer(qpn);
+        // What a receive held back leaves now, behind the request (see `poll_transmit`):
+        // one more time the application posted while an ACK waited.
+        if st.undefer(qpn) {
+            if let Some(slot) = st.qps.get_mut(&qpn) {
+                slot.ack_rides_send = slot.ack_rides_send.saturating_add(1);
+            }
+        }
         // A post may bring answers soon (at once from a QP of this device): the next poll
         // looks at the socket (see `engine::RX_REST`).
         st.drained_at = 0;
