@@ -120,31 +120,7 @@ impl Hasher {
         h.update(&bth[PSN_AT..BTH_LEN]);
         Ok(Hasher { h })
     }
-}
 
-impl Memo {
-    /// The CRC state after the masked pseudo header of a packet of `roce_len` bytes carried in
-    /// `encap` up to its PSN, from the memo when the last packet had the same, and remembered
-    /// for the next otherwise.
-    fn state_to_psn(&mut self, encap: &Encap, roce_len: usize, bth: &[u8]) -> Result<u32> {
-        crate::error::need("BTH", bth, BTH_LEN)?;
-        // Keyed by what the pseudo header is made of (BTH byte 4 is masked).
-        let mut head = [0u8; PSN_AT];
-        head.copy_from_slice(&bth[..PSN_AT]);
-        head[4] = 0xFF;
-        let key = Some((*encap, roce_len, head));
-        if self.key != key {
-            let (pseudo, n) = pseudo_header(encap, roce_len, bth)?;
-            let mut h = crc32fast::Hasher::new_with_initial(CRC_OF_LRH_PLACEHOLDER);
-            h.update(&pseudo[..n - (BTH_LEN - PSN_AT)]);
-            self.state = h.finalize();
-            self.key = key;
-        }
-        Ok(self.state)
-    }
-}
-
-impl Hasher {
     /// Adds the next bytes of the packet (after the BTH).
     pub fn update(&mut self, bytes: &[u8]) {
         self.h.update(bytes);
@@ -223,6 +199,28 @@ pub struct Memo {
     state: u32,
     ident_len: usize,
     ident_factor: u32,
+}
+
+impl Memo {
+    /// The CRC state after the masked pseudo header of a packet of `roce_len` bytes carried in
+    /// `encap` up to its PSN, from the memo when the last packet had the same, and remembered
+    /// for the next otherwise.
+    fn state_to_psn(&mut self, encap: &Encap, roce_len: usize, bth: &[u8]) -> Result<u32> {
+        crate::error::need("BTH", bth, BTH_LEN)?;
+        // Keyed by what the pseudo header is made of (BTH byte 4 is masked).
+        let mut head = [0u8; PSN_AT];
+        head.copy_from_slice(&bth[..PSN_AT]);
+        head[4] = 0xFF;
+        let key = Some((*encap, roce_len, head));
+        if self.key != key {
+            let (pseudo, n) = pseudo_header(encap, roce_len, bth)?;
+            let mut h = crc32fast::Hasher::new_with_initial(CRC_OF_LRH_PLACEHOLDER);
+            h.update(&pseudo[..n - (BTH_LEN - PSN_AT)]);
+            self.state = h.finalize();
+            self.key = key;
+        }
+        Ok(self.state)
+    }
 }
 
 /// The ICRC carried by a whole RoCEv2 packet (its last four bytes, little-endian).

@@ -77,9 +77,9 @@ pub(crate) struct QpSlot {
     pub(crate) send_cq: Cq,
     pub(crate) recv_cq: Cq,
     pub(crate) srq: Option<u32>,
-    /// Learned: how many times in a row the application posted a send while an ACK was
-    /// held back for it, or right after its `post_recv` or poll sent one (a SEND or WRITE
-    /// ping-pong). From [`ACK_RIDES_AFTER`] on, an ACK held back by a receive (the
+    /// Learned: how many times in a row the application posted a send while what a receive
+    /// brought was held back for it (an ACK, or nothing to send yet), or right after its
+    /// `post_recv` or poll sent a held-back ACK (a SEND or WRITE ping-pong). From [`ACK_RIDES_AFTER`] on, an ACK held back by a receive (the
     /// progress thread's too: [`Hold::Riding`]) waits past `post_recv` and polls (for
     /// [`ACK_RIDE_WINDOW`]) for that send and leaves right behind it, in the same
     /// `sendmmsg`. Cleared when the progress thread had to send a held-back ACK because the
@@ -944,8 +944,7 @@ impl Shared {
             let mut touched = std::mem::take(&mut st.touched);
             for qpn in touched.drain(..) {
                 // Requests (a window the ACKs just opened) go now; only ACKs and responses
-                // wait for the application's reply (a QP with nothing to send is not held:
-                // a post would find nothing to take along).
+                // wait for the application's reply.
                 let held = st.qps.get(&qpn).is_some_and(|s| {
                     !s.qp.has_requests_ready()
                         && match hold {

@@ -476,7 +476,7 @@ impl Qp {
             }
         }
         // What a receive held back leaves now, behind the request (see `poll_transmit`):
-        // one more time the application posted while an ACK waited.
+        // one more time the application answered what it received with a send.
         if st.undefer(qpn) {
             if let Some(slot) = st.qps.get_mut(&qpn) {
                 slot.ack_rides_send = slot.ack_rides_send.saturating_add(1);
