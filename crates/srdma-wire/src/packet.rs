@@ -192,11 +192,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
 
     /// Computes the ICRC for `encap` and writes it into the last four bytes.
     pub fn fill_icrc(&mut self, encap: &Encap) -> Result<()> {
-        let crc = icrc::compute(encap, self.icrc_covered())?;
-        let b = self.buffer.as_mut();
-        let n = b.len();
-        b[n - ICRC_LEN..].copy_from_slice(&crc.to_le_bytes());
-        Ok(())
+        self.fill_icrc_with_memo(encap, &mut icrc::Memo::default())
     }
 
     /// [`Packet::fill_icrc`] with the pseudo header's CRC state kept in `memo` from one packet

@@ -79,10 +79,10 @@ pub(crate) struct QpSlot {
     pub(crate) srq: Option<u32>,
     /// Learned: how many times in a row the application posted a send while what a receive
     /// brought was held back for it (an ACK, or nothing to send yet), or right after its
-    /// `post_recv` or poll sent a held-back ACK (a SEND or WRITE ping-pong). From [`ACK_RIDES_AFTER`] on, an ACK held back by a receive (the
-    /// progress thread's too: [`Hold::Riding`]) waits past `post_recv` and polls (for
-    /// [`ACK_RIDE_WINDOW`]) for that send and leaves right behind it, in the same
-    /// `sendmmsg`. Cleared when the progress thread had to send a held-back ACK because the
+    /// `post_recv` or poll sent a held-back ACK (a SEND or WRITE ping-pong). From
+    /// [`ACK_RIDES_AFTER`] on, an ACK held back by a receive (the progress thread's too:
+    /// [`Hold::Riding`]) waits past `post_recv` and polls (for [`ACK_RIDE_WINDOW`]) for that
+    /// send and leaves right behind it, in the same `sendmmsg`. Cleared when the progress thread had to send a held-back ACK because the
     /// application went elsewhere (a peer with a short retransmission timer, rxe in a slow
     /// VM, retries after a millisecond).
     pub(crate) ack_rides_send: u8,
@@ -115,6 +115,13 @@ impl QpSlot {
         let shares_cq = Arc::ptr_eq(&self.send_cq.inner, &self.recv_cq.inner);
         let receives = self.posted_recv || self.srq.is_some();
         !(shares_cq && receives)
+    }
+
+    /// When (ns since the epoch) what a receive held back for this QP has waited
+    /// [`ACK_RIDE_WINDOW`] and leaves whatever the application does.
+    fn hold_ends(&self) -> u64 {
+        self.deferred_at
+            .saturating_add(ACK_RIDE_WINDOW.as_nanos() as u64)
     }
 }
 
@@ -840,15 +847,12 @@ impl Shared {
         if st.deferred.is_empty() {
             return;
         }
-        let window = ACK_RIDE_WINDOW.as_nanos() as u64;
         let mut deferred = std::mem::take(&mut st.deferred);
         deferred.retain(|&qpn| {
             let Some(slot) = st.qps.get_mut(&qpn) else {
                 return false;
             };
-            if slot.ack_rides_send >= ACK_RIDES_AFTER
-                && now.saturating_sub(slot.deferred_at) < window
-            {
+            if slot.ack_rides_send >= ACK_RIDES_AFTER && now < slot.hold_ends() {
                 return true;
             }
             slot.ack_flushed_at = now.max(1);
@@ -868,13 +872,12 @@ impl Shared {
             return;
         }
         let now = self.now().as_nanos() as u64;
-        let window = ACK_RIDE_WINDOW.as_nanos() as u64;
         let mut deferred = std::mem::take(&mut st.deferred);
         deferred.retain(|&qpn| {
             let Some(slot) = st.qps.get_mut(&qpn) else {
                 return false;
             };
-            if now < slot.deferred_at.saturating_add(window) {
+            if now < slot.hold_ends() {
                 return true;
             }
             slot.ack_rides_send = 0;
@@ -886,11 +889,10 @@ impl Shared {
 
     /// When the first window of the held-back ACKs ends (ns since the epoch).
     fn ride_ends(&self, st: &State) -> Option<u64> {
-        let window = ACK_RIDE_WINDOW.as_nanos() as u64;
         st.deferred
             .iter()
             .filter_map(|q| st.qps.get(q))
-            .map(|s| s.deferred_at.saturating_add(window))
+            .map(QpSlot::hold_ends)
             .min()
     }
 
