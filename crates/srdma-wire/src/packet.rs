@@ -460,7 +460,12 @@ impl<'a> PacketRepr<'a> {
             let o = at(Headers::CNP_RESERVED);
             buf[o..o + 16].fill(0);
         }
-        buf[len - ICRC_LEN - pad..].fill(0);
+        // Zero pad (rare: payloads are mostly whole words) and ICRC; a fixed-size store for
+        // the ICRC rather than a `memset` call per packet.
+        if pad > 0 {
+            buf[len - ICRC_LEN - pad..len - ICRC_LEN].fill(0);
+        }
+        buf[len - ICRC_LEN..].copy_from_slice(&[0; ICRC_LEN]);
         Ok(len)
     }
 

@@ -1331,6 +1331,10 @@ enum ZeroCopy {
 /// registered memory (see `commit_zero_copy`).
 const COPY_BELOW: usize = 512;
 
+/// Most iovecs a packet is sent from without copying its payload (up to four pieces of
+/// registered memory, more are copied into the slot); at most [`crate::udp::MAX_PARTS`].
+const ZERO_COPY_PARTS: usize = 9;
+
 /// Queues the packet in the current slot of `tx` — headers and pad there, payload pieces in
 /// registered memory (noted by the store while the packet was built) — computing its ICRC
 /// across the pieces. When it cannot go out that way (too many pieces), or the payload is
@@ -1352,10 +1356,11 @@ fn commit_zero_copy(
     if mem.pieces.iter().map(|p| p.len).sum::<usize>() <= COPY_BELOW {
         return materialize(slot, base, mem);
     }
-    let mut parts = [(std::ptr::null::<u8>(), 0usize); crate::udp::MAX_PARTS];
+    // A piece and the headers or gap before it, and the tail: few enough for a small array
+    // (one per packet: a `MAX_PARTS` array cost a 640-byte `memset` each, 1 % of a sender).
+    let mut parts = [(std::ptr::null::<u8>(), 0usize); ZERO_COPY_PARTS];
     let mut n = 0;
-    let fits =
-        2 * mem.pieces.len() < crate::udp::MAX_PARTS && len >= srdma_wire::bth::BTH_LEN + ICRC;
+    let fits = 2 * mem.pieces.len() < ZERO_COPY_PARTS && len >= srdma_wire::bth::BTH_LEN + ICRC;
     let hasher = fits
         .then(|| srdma_wire::icrc::Hasher::with_memo(encap, len - ICRC, &slot[..len], memo).ok())
         .flatten();

@@ -159,27 +159,6 @@ pub(crate) fn set_gro(fd: RawFd) -> bool {
 #[repr(C, align(8))]
 struct Cmsg([u8; 32]);
 
-fn sockaddr_eq(
-    a: &libc::sockaddr_storage,
-    alen: libc::socklen_t,
-    b: &libc::sockaddr_storage,
-    blen: libc::socklen_t,
-) -> bool {
-    if alen != blen {
-        return false;
-    }
-    // SAFETY: both point to at least `alen` initialised bytes (written by `to_sockaddr`).
-    unsafe {
-        std::slice::from_raw_parts(
-            (a as *const libc::sockaddr_storage).cast::<u8>(),
-            alen as usize,
-        ) == std::slice::from_raw_parts(
-            (b as *const libc::sockaddr_storage).cast::<u8>(),
-            alen as usize,
-        )
-    }
-}
-
 /// Most pieces (iovecs) one datagram may be sent from.
 pub(crate) const MAX_PARTS: usize = 40;
 /// Most iovecs in one message (UIO_MAXIOV).
@@ -194,6 +173,9 @@ pub(crate) struct TxBatch {
     bufs: Vec<Vec<u8>>,
     lens: Vec<usize>,
     gso_ok: Vec<bool>,
+    /// Every queued datagram's destination; in C form (`addrs`, `addr_lens`) only for the
+    /// first datagram of each message, written when the batch is sent.
+    dsts: Vec<std::net::SocketAddr>,
     addrs: Vec<libc::sockaddr_storage>,
     addr_lens: Vec<libc::socklen_t>,
     /// Every queued datagram's pieces, in order; slot `i` owns `parts[first[i]..first[i + 1]]`.
@@ -231,6 +213,7 @@ impl TxBatch {
             bufs: vec![vec![0u8; size]; count],
             lens: vec![0; count],
             gso_ok: vec![false; count],
+            dsts: vec![std::net::SocketAddr::from(([0, 0, 0, 0], 0)); count],
             addrs: vec![zero_addr; count],
             addr_lens: vec![0; count],
             parts: vec![iov; count * 3 + MAX_PARTS],
@@ -286,7 +269,7 @@ impl TxBatch {
         }
         self.lens[self.n] = len;
         self.gso_ok[self.n] = gso;
-        self.addr_lens[self.n] = to_sockaddr(dst, &mut self.addrs[self.n]);
+        self.dsts[self.n] = dst;
         self.n += 1;
         self.first[self.n] = self.np;
     }
@@ -313,12 +296,7 @@ impl TxBatch {
                     && self.lens[i + k] <= seg
                     && total + self.lens[i + k] <= GSO_MAX_BYTES
                     && self.first[i + k + 1] - self.first[i] <= MAX_IOV
-                    && sockaddr_eq(
-                        &self.addrs[i],
-                        self.addr_lens[i],
-                        &self.addrs[i + k],
-                        self.addr_lens[i + k],
-                    )
+                    && self.dsts[i] == self.dsts[i + k]
                 {
                     total += self.lens[i + k];
                     k += 1;
@@ -327,6 +305,7 @@ impl TxBatch {
             if k > 1 {
                 self.number_run(i, k);
             }
+            self.addr_lens[i] = to_sockaddr(self.dsts[i], &mut self.addrs[i]);
             let h = &mut self.hdrs[m].msg_hdr;
             h.msg_name = (&raw mut self.addrs[i]).cast();
             h.msg_namelen = self.addr_lens[i];
@@ -424,7 +403,7 @@ impl TxBatch {
     /// datagram `j`'s ICRC must cover ID `j` (it was built for ID 0). Applied twice, it
     /// restores ID 0 (for datagrams resent one by one). IPv6 has no Identification.
     fn number_run(&mut self, i: usize, k: usize) {
-        if i32::from(self.addrs[i].ss_family) != libc::AF_INET {
+        if !self.dsts[i].is_ipv4() {
             return;
         }
         // The segments share one length but the last: one factor per length.
@@ -460,6 +439,7 @@ impl TxBatch {
         self.number_run(first, k);
         let mut refused = 0;
         for j in first..first + k {
+            self.addr_lens[j] = to_sockaddr(self.dsts[j], &mut self.addrs[j]);
             // SAFETY: a plain msghdr over slot `j`'s iovecs and address, all live (see `send`).
             let r = unsafe {
                 let mut h: libc::msghdr = std::mem::zeroed();
