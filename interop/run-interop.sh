@@ -62,8 +62,8 @@ gcc -O2 -Wall -o "$RUNS/qpless" "$ROOT/crates/srdma-verbs/tests/c/qpless.c" -lrd
 HOST_RETRY='for i in $(seq 80); do "$@" && exit 0; sleep 0.5; done; exit 1'
 COUNTERS_BAD='rcvd_seq_err|out_of_seq_request|completer_retry_err|retry_exceeded_err|retry_rnr_exceeded_err|rcvd_rnr_err|send_rnr_err|duplicate_request'
 
-scenario() { # name guest-command host-command
-  local name=$1 guest=$2 host=$3 out="$RUNS/$1"
+scenario() { # name guest-command host-command [again]
+  local name=$1 guest=$2 host=$3 again=${4:-} out="$RUNS/$1"
   rm -rf "$out"; mkdir -p "$out"
   cp "$RUNS/verbs_target" "$RUNS/chain" "$RUNS/qpless" "$out/"
   printf '#!/bin/sh\n%s\n' "$HOST_RETRY" > "$out/retry-host"; chmod +x "$out/retry-host"
@@ -75,11 +75,25 @@ scenario() { # name guest-command host-command
     # without payload, AckReq set, a PSN rxe has seen) that rxe counts in duplicate_request:
     # allow exactly as many as the capture shows probe copies from the host, nothing else.
     local probes dups
-    probes=$("$SRDMA" decode "$out/capture.pcap" 2>/dev/null |
-      grep -cE '10\.77\.0\.1:[0-9]+ > 10\.77\.0\.2:4791 RC_SEND_ONLY .* ack=1 len=0 ' || true)
+    "$SRDMA" decode "$out/capture.pcap" > "$out/decoded.txt" 2>/dev/null || true
+    probes=$(grep -cE '10\.77\.0\.1:[0-9]+ > 10\.77\.0\.2:4791 RC_SEND_ONLY .* ack=1 len=0 ' \
+      "$out/decoded.txt" || true)
     dups=$(sed -n 's/^duplicate_request: .*(+\([0-9]*\))$/\1/p' "$out/bad-counters")
     if [ -n "$dups" ] && [ "$dups" -le "${probes:-0}" ]; then
       sed -i '/^duplicate_request:/d' "$out/bad-counters"
+    fi
+    # rxe's retransmit timer fires when the TCG guest is starved of the CPU for longer than
+    # the QP's timeout, before it processes ACKs that already arrived: completer_retry_err
+    # with no NAK on the wire (see the perftest scenarios' -u 18 below). ibv_rc_pingpong has
+    # no option for its 67 ms timeout, so such a run goes once more, and that one must be
+    # clean: a NAK, a sequence error or a retry that happens again still fails.
+    if [ -s "$out/bad-counters" ] && [ -z "$again" ] &&
+      [ "$(cut -d: -f1 "$out/bad-counters")" = completer_retry_err ] &&
+      ! grep -qE '10\.77\.0\.1:[0-9]+ > .* aeth\[(NAK|RNR-NAK)' "$out/decoded.txt"; then
+      log "again $name: $(tr '\n' ' ' < "$out/bad-counters")with no NAK from srdma; once more"
+      rm -rf "$out.first"; mv "$out" "$out.first"
+      scenario "$name" "$guest" "$host" again
+      return
     fi
     if [ -s "$out/bad-counters" ]; then
       log "FAIL $name: rxe counters show errors: $(tr '\n' ' ' < "$out/bad-counters")"
