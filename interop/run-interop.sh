@@ -62,8 +62,47 @@ gcc -O2 -Wall -o "$RUNS/qpless" "$ROOT/crates/srdma-verbs/tests/c/qpless.c" -lrd
 HOST_RETRY='for i in $(seq 80); do "$@" && exit 0; sleep 0.5; done; exit 1'
 COUNTERS_BAD='rcvd_seq_err|out_of_seq_request|completer_retry_err|retry_exceeded_err|retry_rnr_exceeded_err|rcvd_rnr_err|send_rnr_err|duplicate_request'
 
-scenario() { # name guest-command host-command [again]
-  local name=$1 guest=$2 host=$3 again=${4:-} out="$RUNS/$1"
+# Whether the first resend by rxe (10.77.0.2) in a decoded capture is its retransmit timer
+# firing on its own (see `scenario`): rxe's requests go to one QP, srdma (10.77.0.1) sent no
+# NAK or RNR NAK, the resend comes at least 60 ms (ibv_rc_pingpong's QP timeout is 67 ms)
+# after rxe's first request, and every request of rxe's with AckReq before it was
+# acknowledged by srdma before it.
+timer_retry() { # decoded.txt
+  python3 - "$1" <<'PYEOF'
+import re, sys
+rows = []
+for line in open(sys.argv[1]):
+    m = re.match(r"\s*\d+ ([\d.]+) ([\d.]+):\d+ > [\d.]+:\d+ (\S+) qp=(\S+) psn=0x([0-9a-f]+) ack=(\d)(.*)", line)
+    if m:
+        rows.append((float(m[1]), m[2], m[3], m[4], int(m[5], 16), m[6] == "1", m[7]))
+def after(a, b):  # PSN a is later than PSN b (24-bit sequence space)
+    return 0 < (a - b) % (1 << 24) < (1 << 23)
+def request(src, op):
+    return src == "10.77.0.2" and op.startswith(("RC_SEND", "RC_RDMA_WRITE"))
+if len({qp for _, src, op, qp, _, _, _ in rows if request(src, op)}) != 1:
+    sys.exit(1)
+if any(src == "10.77.0.1" and re.search(r"aeth\[(NAK|RNR-NAK)", rest) for _, src, _, _, _, _, rest in rows):
+    sys.exit(1)
+sent, first, owed, acked = set(), None, [], None
+for t, src, op, _, psn, ackreq, _ in rows:
+    if src == "10.77.0.1" and op == "RC_ACKNOWLEDGE":
+        if acked is None or after(psn, acked):
+            acked = psn
+    elif request(src, op):
+        if psn in sent:  # the first resend
+            ok = t - first >= 0.060 and all(
+                acked is not None and (a == acked or after(acked, a)) for a in owed)
+            sys.exit(0 if ok else 1)
+        first = t if first is None else first
+        sent.add(psn)
+        if ackreq:
+            owed.append(psn)
+sys.exit(1)
+PYEOF
+}
+
+scenario() { # name guest-command host-command
+  local name=$1 guest=$2 host=$3 out="$RUNS/$1"
   rm -rf "$out"; mkdir -p "$out"
   cp "$RUNS/verbs_target" "$RUNS/chain" "$RUNS/qpless" "$out/"
   printf '#!/bin/sh\n%s\n' "$HOST_RETRY" > "$out/retry-host"; chmod +x "$out/retry-host"
@@ -82,18 +121,19 @@ scenario() { # name guest-command host-command [again]
     if [ -n "$dups" ] && [ "$dups" -le "${probes:-0}" ]; then
       sed -i '/^duplicate_request:/d' "$out/bad-counters"
     fi
-    # rxe's retransmit timer fires when the TCG guest is starved of the CPU for longer than
-    # the QP's timeout, before it processes ACKs that already arrived: completer_retry_err
-    # with no NAK on the wire (see the perftest scenarios' -u 18 below). ibv_rc_pingpong has
-    # no option for its 67 ms timeout, so such a run goes once more, and that one must be
-    # clean: a NAK, a sequence error or a retry that happens again still fails.
-    if [ -s "$out/bad-counters" ] && [ -z "$again" ] &&
-      [ "$(cut -d: -f1 "$out/bad-counters")" = completer_retry_err ] &&
-      ! grep -qE '10\.77\.0\.1:[0-9]+ > .* aeth\[(NAK|RNR-NAK)' "$out/decoded.txt"; then
-      log "again $name: $(tr '\n' ' ' < "$out/bad-counters")with no NAK from srdma; once more"
-      rm -rf "$out.first"; mv "$out" "$out.first"
-      scenario "$name" "$guest" "$host" again
-      return
+    # rxe arms its retransmit timer at a request when it is not already pending and does not
+    # stop it when everything is acknowledged (rxe_req.c update_state; rxe_comp.c: "some
+    # timeouts are spurious"): the timer armed at its first request fires one QP timeout later
+    # (ibv_rc_pingpong's fixed 67 ms), and if a message of rxe's is in flight then, rxe resends
+    # it and counts completer_retry_err although srdma lacked nothing. When the capture shows
+    # exactly that, the retry is rxe's own: no NAK from srdma, the first resend at least the
+    # timeout after rxe's first request, and every request rxe asked an ACK for before it
+    # acknowledged by srdma before it.
+    if [ "$(wc -l < "$out/bad-counters")" = 1 ] &&
+      grep -qE '^completer_retry_err: .*\(\+1\)$' "$out/bad-counters" &&
+      timer_retry "$out/decoded.txt"; then
+      log "note $name: completer_retry_err +1 is rxe's retransmit timer (armed at its first request, 67 ms) firing mid-message: srdma sent no NAK and had acknowledged every request asked"
+      : > "$out/bad-counters"
     fi
     if [ -s "$out/bad-counters" ]; then
       log "FAIL $name: rxe counters show errors: $(tr '\n' ' ' < "$out/bad-counters")"
