@@ -126,9 +126,9 @@ scenario() { # name guest-command host-command
     # timeouts are spurious"): the timer armed at its first request fires one QP timeout later
     # (ibv_rc_pingpong's fixed 67 ms), and if a message of rxe's is in flight then, rxe resends
     # it and counts completer_retry_err although srdma lacked nothing. When the capture shows
-    # exactly that, the retry is rxe's own: no NAK from srdma, the first resend at least the
-    # timeout after rxe's first request, and every request rxe asked an ACK for before it
-    # acknowledged by srdma before it.
+    # exactly that, the retry is rxe's own: no NAK from srdma, the first resend about one
+    # timeout (≥ 60 ms) after rxe's first request, and every request rxe asked an ACK for
+    # before it acknowledged by srdma before it.
     if [ "$(wc -l < "$out/bad-counters")" = 1 ] &&
       grep -qE '^completer_retry_err: .*\(\+1\)$' "$out/bad-counters" &&
       timer_retry "$out/decoded.txt"; then
