@@ -582,3 +582,49 @@ impl RxBatch {
         Ok(self.n)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// Receives every datagram waiting on `s` (non-GRO socket: one per segment).
+    fn drain(s: &UdpSocket) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        let mut buf = [0u8; 2048];
+        while let Ok(n) = s.recv(&mut buf) {
+            out.push(buf[..n].to_vec());
+        }
+        out
+    }
+
+    #[test]
+    fn a_gso_run_never_spans_two_destinations() {
+        let a = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let b = UdpSocket::bind("127.0.0.1:0").unwrap();
+        for s in [&a, &b] {
+            s.set_read_timeout(Some(Duration::from_millis(200)))
+                .unwrap();
+        }
+        let tx_sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let mut tx = TxBatch::new(8, 256);
+        // Three same-sized datagrams: two to A, then one to B, each allowed into a GSO run.
+        for (dst, fill) in [(&a, 1u8), (&a, 2), (&b, 3)] {
+            tx.slot()[..100].fill(fill);
+            tx.commit(100, dst.local_addr().unwrap(), true);
+        }
+        assert_eq!(tx.send(tx_sock.as_raw_fd()), 0, "nothing refused");
+        let (got_a, got_b) = (drain(&a), drain(&b));
+        // IPv4 GSO renumbers the last four bytes (the ICRC) of the run's second datagram.
+        let heads = |v: &[Vec<u8>]| {
+            v.iter()
+                .map(|d| (d.len(), d[..96].to_vec()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(heads(&got_a), vec![(100, vec![1; 96]), (100, vec![2; 96])]);
+        assert_eq!(heads(&got_b), vec![(100, vec![3; 96])]);
+        // The two to A went as one segmented message (where the kernel takes UDP_SEGMENT);
+        // B's never joined it.
+        assert!(tx.gso_messages <= 1);
+    }
+}
