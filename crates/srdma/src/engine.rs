@@ -82,9 +82,9 @@ pub(crate) struct QpSlot {
     /// `post_recv` or poll sent a held-back ACK (a SEND or WRITE ping-pong). From
     /// [`ACK_RIDES_AFTER`] on, an ACK held back by a receive (the progress thread's too:
     /// [`Hold::Riding`]) waits past `post_recv` and polls (for [`ACK_RIDE_WINDOW`]) for that
-    /// send and leaves right behind it, in the same `sendmmsg`. Cleared when the progress thread had to send a held-back ACK because the
-    /// application went elsewhere (a peer with a short retransmission timer, rxe in a slow
-    /// VM, retries after a millisecond).
+    /// send and leaves right behind it, in the same `sendmmsg`. Cleared when the progress
+    /// thread had to send a held-back ACK because the application went elsewhere (a peer
+    /// with a short retransmission timer, rxe in a slow VM, retries after a millisecond).
     pub(crate) ack_rides_send: u8,
     /// When (ns since the epoch) `post_recv` or a poll last sent a held-back ACK (0: not
     /// since the last send): a send soon after it counts towards `ack_rides_send`.
@@ -1334,6 +1334,7 @@ const COPY_BELOW: usize = 512;
 /// Most iovecs a packet is sent from without copying its payload (up to four pieces of
 /// registered memory, more are copied into the slot); at most [`crate::udp::MAX_PARTS`].
 const ZERO_COPY_PARTS: usize = 9;
+const _: () = assert!(ZERO_COPY_PARTS <= crate::udp::MAX_PARTS);
 
 /// Queues the packet in the current slot of `tx` — headers and pad there, payload pieces in
 /// registered memory (noted by the store while the packet was built) — computing its ICRC
