@@ -1,8 +1,9 @@
 //! The devices srdma offers on this host: one per address of every interface that is up, as
 //! rxe binds a device to a netdev. `srdma_<ifname>` names an interface's first address (IPv4
 //! before IPv6), `srdma_<ifname>_<k>` its k-th further one. IPv6 link-local addresses are left
-//! out (a device cannot bind them without a scope). `srdma devinfo` and the drop-in
-//! libibverbs list the same devices.
+//! out (a device cannot bind them without a scope). Loopback devices come last, so that the
+//! first device, which most programs open, is reachable from other hosts. `srdma devinfo`
+//! and the drop-in libibverbs list the same devices.
 
 use std::ffi::CStr;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -76,6 +77,9 @@ pub fn local_devices() -> std::io::Result<Vec<LocalDev>> {
             });
         }
     }
+    // Loopback last: programs open the first device (ibv_rc_pingpong, perftest, pyverbs),
+    // and a loopback GID announced to a peer on another host leads nowhere.
+    out.sort_by_key(|d| d.addr.is_loopback());
     Ok(out)
 }
 
