@@ -96,6 +96,8 @@ pub const IBV_LINK_LAYER_ETHERNET: u32 = 2;
 pub const IBV_ACCESS_ON_DEMAND: c_int = 1 << 6;
 /// `IBV_ACCESS_RELAXED_ORDERING` (`IBV_ACCESS_OPTIONAL_FIRST`).
 pub const IBV_ACCESS_RELAXED_ORDERING: c_int = 1 << 20;
+/// `IBV_ACCESS_OPTIONAL_RANGE`: bits 20..=29, hints a device may ignore.
+pub const IBV_ACCESS_OPTIONAL_RANGE: c_int = 0x3ff0_0000;
 /// `IBV_WC_GRH`.
 pub const IBV_WC_GRH: c_uint = 1;
 /// `IBV_SRQ_MAX_WR`.
@@ -1118,8 +1120,17 @@ pub struct ibv_device_attr_ex {
     pub hca_core_clock: u64,
     /// Extended capabilities.
     pub device_cap_flags_ex: u64,
-    /// The rest, up to `phys_port_cnt_ex`.
-    pub rest: [u64; 14],
+    /// `tso_caps`, `rss_caps`, `max_wq_type_rq`, `packet_pacing_caps`, `raw_packet_caps`,
+    /// `tm_caps`, `cq_mod_caps` (none of them srdma's: zero).
+    pub caps: [u32; 22],
+    /// Largest device memory allocation.
+    pub max_dm_size: u64,
+    /// `pci_atomic_caps` (three u16).
+    pub pci_atomic_caps: [u16; 3],
+    /// XRC on-demand paging capabilities.
+    pub xrc_odp_caps: u32,
+    /// Number of ports, as `phys_port_cnt` when below 256.
+    pub phys_port_cnt_ex: u32,
 }
 
 /// `struct ibv_port_attr` of rdma-core 44.
@@ -1264,7 +1275,8 @@ mod tests {
             struct ibv_query_device_ex_input { comp_mask }
             struct ibv_device_attr_ex {
                 orig_attr, comp_mask, odp_caps, completion_timestamp_mask, hca_core_clock,
-                device_cap_flags_ex
+                device_cap_flags_ex, caps = "tso_caps", max_dm_size, pci_atomic_caps,
+                xrc_odp_caps, phys_port_cnt_ex
             }
             struct ibv_port_attr {
                 state, max_mtu, active_mtu, gid_tbl_len, port_cap_flags, max_msg_sz,

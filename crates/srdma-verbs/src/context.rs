@@ -141,6 +141,10 @@ pub(crate) struct Context {
     /// Must stay first: `ibv_context` pointers are converted back with [`Context::from_c`].
     pub(crate) vctx: verbs_context,
     pub(crate) entry: &'static DevEntry,
+    /// `ibv_context.cmd_fd`: a kernel device's is the uverbs command file; srdma has no
+    /// commands to send, but programs dup it (to import the context elsewhere, which
+    /// `ibv_import_device` then refuses with EOPNOTSUPP), so it is a real descriptor.
+    _cmd_fd: OwnedFd,
     dev: Mutex<Option<Device>>,
     /// QP1 of the device, for librdmacm's IB CM (opened on first use).
     gsi: Mutex<Option<srdma::ibcm::Gsi>>,
@@ -458,13 +462,16 @@ pub extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
             set_errno(libc::ENODEV);
             return std::ptr::null_mut();
         };
-        // SAFETY: eventfd has no memory arguments.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-        if fd < 0 {
+        let eventfd = || {
+            // SAFETY: eventfd has no memory arguments.
+            let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+            // SAFETY: `fd` is a fresh descriptor we own.
+            (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
+        };
+        let (Some(async_fd), Some(cmd_fd)) = (eventfd(), eventfd()) else {
             return std::ptr::null_mut();
-        }
-        // SAFETY: `fd` is a fresh descriptor we own.
-        let async_fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        };
+        let fd = async_fd.as_raw_fd();
         // SAFETY: verbs_context is plain C data: zeroed pointers are NULL function pointers
         // and a zeroed pthread mutex is PTHREAD_MUTEX_INITIALIZER on glibc.
         let mut vctx: verbs_context = unsafe { std::mem::zeroed() };
@@ -474,7 +481,7 @@ pub extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
         vctx.create_cq_ex = Some(crate::verbs::vctx_create_cq_ex);
         vctx.create_qp_ex = Some(crate::verbs::vctx_create_qp_ex);
         vctx.context.device = device;
-        vctx.context.cmd_fd = -1;
+        vctx.context.cmd_fd = cmd_fd.as_raw_fd();
         vctx.context.async_fd = fd;
         vctx.context.num_comp_vectors = 1;
         vctx.context.abi_compat = usize::MAX as *mut c_void;
@@ -482,6 +489,7 @@ pub extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
         let ctx = Box::new(Context {
             vctx,
             entry,
+            _cmd_fd: cmd_fd,
             dev: Mutex::new(None),
             gsi: Mutex::new(None),
             sink: Arc::new(Sink {
@@ -614,6 +622,7 @@ unsafe extern "C" fn vctx_query_device_ex(
         let mut full: ibv_device_attr_ex = unsafe { std::mem::zeroed() };
         fill_device_attr(ctx, &mut full.orig_attr);
         full.device_cap_flags_ex = u64::from(DEVICE_CAP_FLAGS);
+        full.phys_port_cnt_ex = u32::from(full.orig_attr.phys_port_cnt);
         let n = attr_size.min(std::mem::size_of::<ibv_device_attr_ex>());
         // SAFETY: `attr` is valid for `attr_size` bytes (the caller's struct), and we copy
         // at most that many from a live local.
@@ -693,7 +702,7 @@ pub unsafe extern "C" fn ibv_query_port(
 
 fn gid_table(ctx: &Context) -> Vec<srdma::Gid> {
     let cfg = &ctx.entry.cfg;
-    cfg.gids_on(cfg.port)
+    cfg.gids()
 }
 
 /// `ibv_query_gid`: GID table entry `index` of port 1 (EINVAL past the table; empty slots

@@ -160,8 +160,9 @@ fn access_flags(access: c_int) -> Result<AccessFlags, c_int> {
     if a & IBV_ACCESS_ON_DEMAND as u32 != 0 {
         return Err(libc::EOPNOTSUPP);
     }
-    // Relaxed ordering is a hint a NIC may ignore; srdma ignores it.
-    let a = a & !(IBV_ACCESS_RELAXED_ORDERING as u32);
+    // The optional range (relaxed ordering and later hints) is what a device may ignore, as
+    // the kernel's ib_check_mr_access lets it through and rxe ignores it; srdma ignores it.
+    let a = a & !(IBV_ACCESS_OPTIONAL_RANGE as u32);
     AccessFlags::from_bits(a).ok_or(libc::EINVAL)
 }
 
@@ -526,7 +527,8 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     })
 }
 
-/// `ibv_resize_cq`: srdma CQs keep their size: EOPNOTSUPP for a change, 0 for the same size.
+/// `ibv_resize_cq`: the CQ holds `cqe` completions from now on (`cq->cqe` says so); EINVAL
+/// outside 1..=max_cqe or below the completions waiting to be polled, as rxe.
 ///
 /// # Safety
 /// `cq` is NULL or a live CQ.
@@ -537,10 +539,17 @@ pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
         let Some(c) = (unsafe { back::<Cq, _>(cq) }) else {
             return libc::EINVAL;
         };
-        if cqe == c.c.cq.cqe {
-            0
-        } else {
-            libc::EOPNOTSUPP
+        let Ok(n) = usize::try_from(cqe) else {
+            return libc::EINVAL;
+        };
+        match c.cq.resize(n) {
+            Ok(()) => {
+                // SAFETY: `cq` is live (checked above); the application reads `cqe` only
+                // after this call returns, as with rdma-core's providers.
+                unsafe { (*cq).cqe = cqe };
+                0
+            }
+            Err(e) => errno_of(&e),
         }
     })
 }
@@ -1138,7 +1147,7 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
         // SAFETY: context is open (checked above).
         if let Some(ctx) = unsafe { Context::from_c(context) } {
             let local = srdma::Gid::from_ip(ctx.entry.cfg.addr);
-            let gids = ctx.entry.cfg.gids_on(ctx.entry.cfg.port);
+            let gids = ctx.entry.cfg.gids();
             out.grh.sgid_index = gids.iter().position(|g| *g == local).unwrap_or(0) as u8;
         }
         0

@@ -2,7 +2,7 @@
 
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -102,7 +102,8 @@ pub struct Cq {
 #[derive(Debug)]
 pub(crate) struct CqInner {
     pub(crate) id: u32,
-    cap: usize,
+    /// Capacity in completions (changed by [`Cq::resize`]).
+    cap: AtomicUsize,
     queue: Mutex<VecDeque<Wc>>,
     /// `Some(solicited_only)` while armed.
     armed: Mutex<Option<bool>>,
@@ -144,7 +145,7 @@ impl Cq {
         Cq {
             inner: Arc::new(CqInner {
                 id,
-                cap,
+                cap: AtomicUsize::new(cap),
                 queue: Mutex::new(VecDeque::with_capacity(cap)),
                 armed: Mutex::new(None),
                 overflowed: AtomicBool::new(false),
@@ -169,7 +170,26 @@ impl Cq {
 
     /// Capacity in completions.
     pub fn capacity(&self) -> usize {
-        self.inner.cap
+        self.inner.cap.load(Ordering::Relaxed)
+    }
+
+    /// `ibv_resize_cq`: the CQ holds `cqe` completions from now on. As rxe: `cqe` must be
+    /// within 1..=max_cqe and at least the number of completions waiting to be polled
+    /// (InvalidArgument otherwise, the CQ unchanged).
+    pub fn resize(&self, cqe: usize) -> Result<()> {
+        let dev = self.inner.dev.upgrade().ok_or(crate::Error::DeviceFailed)?;
+        let max = dev.cfg.limits.max_cqe as usize;
+        let q = lock(&self.inner.queue);
+        if cqe == 0 || cqe > max || cqe < q.len() {
+            return Err(crate::Error::InvalidArgument(format!(
+                "cqe {cqe} outside {}..={max} (completions waiting: {})",
+                q.len().max(1),
+                q.len()
+            )));
+        }
+        // Under the queue's lock: `push` compares with the capacity under it too.
+        self.inner.cap.store(cqe, Ordering::Relaxed);
+        Ok(())
     }
 
     /// `ibv_poll_cq`: moves up to `max` completions into `out`, returns how many.
@@ -279,7 +299,9 @@ impl Cq {
     /// and the caller moves the QP to ERR, as rxe does.
     pub(crate) fn push(&self, wc: Wc, solicited: bool) -> bool {
         let mut q = lock(&self.inner.queue);
-        if q.len() >= self.inner.cap || self.inner.overflowed.load(Ordering::Relaxed) {
+        if q.len() >= self.inner.cap.load(Ordering::Relaxed)
+            || self.inner.overflowed.load(Ordering::Relaxed)
+        {
             drop(q);
             if !self.inner.overflowed.swap(true, Ordering::Relaxed) {
                 self.raise(crate::AsyncEvent::CqError { cq: self.inner.id });
