@@ -8,7 +8,7 @@
 #   ud-server/ud-client  the same with ibv_ud_pingpong / `srdma pingpong --ud`
 #   verbs-target    srdma RDMA WRITEs into and READs from a libibverbs process on rxe
 #   gso-*           the same with UDP GSO toward rxe (SRDMA_GSO=always)
-#   ibcm-rping-*    srdma rping --ib-cm (IB CM MADs on QP1) against rdma-core's rping, both
+#   ibcm-rping-*    srdma rping (IB CM MADs on QP1, its default) against rdma-core's rping, both
 #                   roles
 #   dropin-*        Debian's own ibv_rc_pingpong, ibv_ud_pingpong and ib_write_bw/ib_send_lat
 #                   on the host through srdma's drop-in libibverbs (`srdma exec`), against
@@ -212,13 +212,13 @@ selected dropin-write-bw-client && { scenario dropin-write-bw-client \
 selected dropin-send-lat-client && { scenario dropin-send-lat-client \
   "retry 80 0.5 ib_send_lat -d rxe0 -u 18 -x 1 -s 8 -n 100 10.77.0.1" \
   "$EXEC ib_send_lat -x 1 -s 8 -n 100" || fail=1; }
-# rdma_cm's wire protocol: srdma rping --ib-cm (IB CM MADs on QP1) against rdma-core's rping.
+# rdma_cm's wire protocol: srdma rping (IB CM MADs on QP1 by default) against rdma-core's rping.
 selected ibcm-rping-server-on-rxe && { scenario ibcm-rping-server-on-rxe \
   "rping -s -a 10.77.0.2 -v -C 3" \
-  "$RUNS/@/retry-host $SRDMA rping -c -a 10.77.0.2 --bind 10.77.0.1 --ib-cm -v -V -C 3" || fail=1; }
+  "$RUNS/@/retry-host $SRDMA rping -c -a 10.77.0.2 --bind 10.77.0.1 -v -V -C 3" || fail=1; }
 selected ibcm-rping-client-on-rxe && { scenario ibcm-rping-client-on-rxe \
   "retry 80 0.5 rping -c -a 10.77.0.1 -v -V -C 3" \
-  "$SRDMA rping -s -a 10.77.0.1 --ib-cm -v" || fail=1; }
+  "$SRDMA rping -s -a 10.77.0.1 -v" || fail=1; }
 # The drop-in librdmacm.so.1 (srdma exec) against rdma-core's librdmacm on kernel rxe.
 selected dropin-rping-server-on-rxe && { scenario dropin-rping-server-on-rxe \
   "rping -s -a 10.77.0.2 -v -V -C 5 -S 4000" \

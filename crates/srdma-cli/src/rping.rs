@@ -23,12 +23,12 @@
 //! and posts its receive before accepting (what rping does with `-q`; `-q` is accepted for
 //! compatibility and changes nothing).
 //!
-//! srdma specifics: by default the CM speaks srdma's TCP exchange, so the peer must be srdma
-//! rping too. With `--ib-cm` the connection is made as kernel `rdma_cm` makes it, with IB CM
-//! MADs on QP1 (`srdma::ibcm`; `-p` is then the rdma_cm port, 7174 by default as rping's),
-//! and the peer may be rdma-core's `rping` on kernel rxe, in either role; the device is on
-//! UDP 4791 (shared with this host's other srdma processes: the port keeper forwards QP1's
-//! MADs). The server's srdma device binds
+//! srdma specifics: by default the connection is made as kernel `rdma_cm` makes it, with IB
+//! CM MADs on QP1 (`srdma::ibcm`; `-p` is the rdma_cm port, 7174 by default as rping's), so
+//! the peer may be rdma-core's `rping` (on kernel rxe, or on srdma's librdmacm), in either
+//! role; the device is on UDP 4791 (shared with this host's other srdma processes: the port
+//! keeper forwards QP1's MADs). With `--tcp-cm` the CM speaks srdma's TCP exchange instead
+//! (TCP port `-p`), and the peer must be srdma rping with `--tcp-cm` too. The server's srdma device binds
 //! `-a`'s address, so it must be a specific address; the client's binds `--bind` (`-I`), by
 //! default the source address the kernel uses towards the server. Both use a free UDP port
 //! unless `--udp-port` says otherwise (the CM tells the peer which), and the interface's MTU
@@ -72,16 +72,16 @@ const WAIT_SLICE: Duration = Duration::from_millis(200);
 
 /// Options of `srdma rping`: rping's, plus where the srdma devices live.
 ///
-/// By default the peer must be srdma rping (srdma's connection manager runs over TCP);
-/// with `--ib-cm` it speaks IB CM MADs on QP1, as rdma_cm does, and the peer may be
-/// rdma-core's rping on kernel rxe.
+/// By default it speaks IB CM MADs on QP1, as rdma_cm does, so the peer may be rdma-core's
+/// rping; with `--tcp-cm` srdma's connection manager runs over TCP and the peer must be
+/// srdma rping with `--tcp-cm`.
 #[derive(Debug, clap::Args)]
 #[command(
     group(clap::ArgGroup::new("role").required(true).args(["server", "client"])),
-    after_help = "Without --ib-cm the peer must be srdma rping: srdma's connection manager \
-                  runs over TCP. With --ib-cm, rping's connection is made with IB CM MADs \
-                  on QP1, as rdma_cm makes it, so the peer may be rdma-core's rping on \
-                  kernel rxe; the device is then on UDP 4791.\n\
+    after_help = "rping's connection is made with IB CM MADs on QP1, as rdma_cm makes it, so \
+                  the peer may be rdma-core's rping (on kernel rxe or through srdma exec); \
+                  the device is on UDP 4791. With --tcp-cm the peer must be srdma rping \
+                  --tcp-cm: srdma's connection manager runs over TCP.\n\
                   The server serves one client and exits 0 when that client disconnects."
 )]
 pub struct Args {
@@ -95,7 +95,7 @@ pub struct Args {
     /// Client: the server's address.
     #[arg(short = 'a', value_name = "ADDR", required = true)]
     pub addr: String,
-    /// TCP port of srdma's connection manager.
+    /// The rdma_cm port (with --tcp-cm: the TCP port of srdma's connection manager).
     #[arg(short = 'p', value_name = "PORT", default_value_t = DEFAULT_PORT)]
     pub port: u16,
     /// Ping data size in bytes (26 to 65535).
@@ -121,13 +121,24 @@ pub struct Args {
     /// the server].
     #[arg(short = 'I', long = "bind", value_name = "ADDR")]
     pub bind: Option<IpAddr>,
-    /// UDP port of the local srdma device (0: any free port; the CM tells the peer).
+    /// UDP port of the local srdma device (0: 4791, shared with this host's srdma processes;
+    /// with --tcp-cm any free port, which the CM tells the peer).
     #[arg(long, value_name = "PORT", default_value_t = 0)]
     pub udp_port: u16,
-    /// Connect with IB CM MADs on QP1 (kernel rdma_cm's wire protocol) instead of srdma's
-    /// TCP exchange: -p is then the rdma_cm port, and the device is on UDP 4791.
-    #[arg(long)]
+    /// Connect through srdma's TCP exchange instead of IB CM MADs on QP1 (kernel rdma_cm's
+    /// wire protocol): -p is then a TCP port, the peer srdma rping --tcp-cm.
+    #[arg(long, conflicts_with = "ib_cm")]
+    pub tcp_cm: bool,
+    /// IB CM MADs on QP1: the default (accepted for scripts written when it was not).
+    #[arg(long, hide = true)]
     pub ib_cm: bool,
+}
+
+impl Args {
+    /// Whether the connection is made with IB CM (the default) rather than over TCP.
+    fn uses_ib_cm(&self) -> bool {
+        self.ib_cm || !self.tcp_cm
+    }
 }
 
 /// The connection, made by srdma's TCP CM or by IB CM.
@@ -498,7 +509,7 @@ fn run_client(args: &Args, server: SocketAddr, out: &mut impl Write) -> anyhow::
         args.size as usize,
         AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE,
     )?;
-    let made = if args.ib_cm {
+    let made = if args.uses_ib_cm() {
         Gsi::open(&dev)
             .map_err(CmError::from)
             .and_then(|gsi| ibcm::connect(&gsi, &side.pd, server, &side.qp_init(), &conn_options()))
@@ -516,7 +527,11 @@ fn run_client(args: &Args, server: SocketAddr, out: &mut impl Write) -> anyhow::
             };
             eprintln!(
                 "cma event {event}: cannot connect to an {} rping server at {server}: {e}",
-                if args.ib_cm { "rdma_cm" } else { "srdma" }
+                if args.uses_ib_cm() {
+                    "rdma_cm"
+                } else {
+                    "srdma"
+                }
             );
             eprintln!("connect error -1");
             return Ok(false);
@@ -632,7 +647,7 @@ fn run_server(args: &Args, listen: SocketAddr, out: &mut impl Write) -> anyhow::
     )?;
     // The largest ping fits, whatever this side's -S.
     let side = Side::new(&dev, RPING_BUFSIZE as usize, &log, out)?;
-    let conn = if args.ib_cm {
+    let conn = if args.uses_ib_cm() {
         match serve_ib(&dev, &side, listen, &log, out)? {
             Some(c) => Conn::Ib(c),
             None => return Ok(false),
@@ -663,7 +678,7 @@ fn run_server(args: &Args, listen: SocketAddr, out: &mut impl Write) -> anyhow::
 
 /// The UDP port of the device: with IB CM, rxe's 4791 unless given.
 fn udp_port(args: &Args) -> u16 {
-    if args.ib_cm && args.udp_port == 0 {
+    if args.uses_ib_cm() && args.udp_port == 0 {
         srdma::ROCEV2_PORT
     } else {
         args.udp_port

@@ -34,7 +34,19 @@ fn spawn(mut cmd: Command, args: &[&str]) -> Running {
     common::spawn(cmd, args)
 }
 
+/// `srdma rping ARGS`, over srdma's TCP connection manager (`--tcp-cm`) unless ARGS say
+/// `--ib-cm` or `--help`: most tests here are about the TCP exchange and its fake servers.
 fn start(args: &[&str]) -> Running {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_srdma"));
+    cmd.arg("rping");
+    if !args.iter().any(|a| *a == "--ib-cm" || *a == "--help") {
+        cmd.arg("--tcp-cm");
+    }
+    spawn(cmd, args)
+}
+
+/// `srdma rping ARGS` with no CM option: IB CM, as rdma-core's rping.
+fn start_default(args: &[&str]) -> Running {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_srdma"));
     cmd.arg("rping");
     spawn(cmd, args)
@@ -220,10 +232,10 @@ fn bad_arguments_exit_2() {
     assert_eq!(help.code, Some(0));
     assert!(
         help.stdout
-            .contains("Without --ib-cm the peer must be srdma rping")
+            .contains("With --tcp-cm the peer must be srdma rping")
             && help
                 .stdout
-                .contains("the peer may be rdma-core's rping on kernel rxe"),
+                .contains("the peer may be rdma-core's rping (on kernel rxe"),
         "{help:#?}"
     );
 }
@@ -429,7 +441,7 @@ fn pair_between_two_network_namespaces() {
     let server_addr = lab.hosts[0].addr.to_string();
     let mut cmd = lab.hosts[0].command(env!("CARGO_BIN_EXE_srdma"));
     cmd.arg("rping");
-    let server = spawn(cmd, &["-s", "-a", &server_addr, "-v", "-d"]);
+    let server = spawn(cmd, &["-s", "-a", &server_addr, "-v", "-d", "--tcp-cm"]);
     // Messages of 2000 bytes: two packets each at the 1024-byte MTU of 1500-byte Ethernet.
     let t0 = Instant::now();
     let client = loop {
@@ -447,6 +459,7 @@ fn pair_between_two_network_namespaces() {
                 "5",
                 "-S",
                 "2000",
+                "--tcp-cm",
             ],
         )
         .finish();
@@ -509,10 +522,11 @@ fn ib_cm_pair() {
         "--ib-cm",
     ]);
     check_pair(&server.finish(), &client, 64, 5);
-    // Both on one address: UDP 4791 and QP1 shared, the port keeper forwarding the MADs.
-    let server = start(&["-s", "-a", "127.0.82.3", "-v", "--ib-cm"]);
+    // Both on one address: UDP 4791 and QP1 shared, the port keeper forwarding the MADs;
+    // no CM option, IB CM being the default.
+    let server = start_default(&["-s", "-a", "127.0.82.3", "-v"]);
     std::thread::sleep(std::time::Duration::from_millis(300));
-    let client = run(&[
+    let client = start_default(&[
         "-c",
         "-a",
         "127.0.82.3",
@@ -522,7 +536,7 @@ fn ib_cm_pair() {
         "-V",
         "-C",
         "5",
-        "--ib-cm",
-    ]);
+    ])
+    .finish();
     check_pair(&server.finish(), &client, 64, 5);
 }
