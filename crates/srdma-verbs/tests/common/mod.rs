@@ -1,0 +1,67 @@
+//! What the tests that run Debian's binaries on the drop-in library share.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// A directory where both `libibverbs.so.1` and `librdmacm.so.1` are the drop-in library
+/// (one file), built once per test run.
+pub fn lib_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let st = Command::new(env!("CARGO"))
+            .args(["build", "-q", "-p", "srdma-verbs"])
+            .current_dir(&root)
+            .status()
+            .expect("running cargo build -p srdma-verbs");
+        assert!(st.success(), "cargo build -p srdma-verbs failed");
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| root.join("target"));
+        let lib = target.join("debug/libibverbs.so").canonicalize().unwrap();
+        let exe = std::env::current_exe().unwrap();
+        let stem = exe.file_stem().unwrap().to_string_lossy().into_owned();
+        let dir = std::env::temp_dir().join(format!("srdma-{stem}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for name in ["libibverbs.so.1", "librdmacm.so.1"] {
+            let link = dir.join(name);
+            let _ = std::fs::remove_file(&link);
+            std::os::unix::fs::symlink(&lib, &link).unwrap();
+        }
+        dir
+    })
+}
+
+/// Waits for `child` at most `limit`, killing it past that (and then failing with what it
+/// printed).
+pub fn wait(mut child: Child, limit: Duration, what: &str) -> Output {
+    let start = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "{what} did not finish within {limit:?}\nstdout:\n{}\nstderr:\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// stdout and stderr of `o`, one after the other.
+pub fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
