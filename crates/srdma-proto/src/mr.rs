@@ -448,6 +448,45 @@ impl MrTable {
         Ok(info)
     }
 
+    /// Changes the region with L_Key `lkey` in place (`ibv_rereg_mr`): its protection domain,
+    /// its address and length, its rights, each when given. The keys stay the same (as rxe's
+    /// and mlx5's rereg keep them); the handle changes, so grants issued before fail
+    /// [`MrTable::revalidate`] and the engine supplies the memory under the new handle.
+    ///
+    /// Fails as [`MrTable::register`] does on the new values, and with
+    /// [`MrError::InvalidKey`] for an unknown `lkey`; the region is unchanged then.
+    pub fn reregister(
+        &mut self,
+        lkey: LKey,
+        pd: Option<PdId>,
+        range: Option<(u64, u64)>,
+        access: Option<AccessFlags>,
+    ) -> Result<MrInfo, MrError> {
+        let old = self
+            .query(lkey)
+            .ok_or(MrError::InvalidKey { key: lkey.0 })?;
+        let access = access.unwrap_or(old.access);
+        access.validate_for_mr()?;
+        let (addr, len) = range.unwrap_or((old.addr, old.len));
+        if addr.checked_add(len).is_none() {
+            return Err(MrError::AddressOverflow { addr, len });
+        }
+        let index = old.keys.index();
+        let slot = self
+            .slot_mut(index.value())
+            .ok_or(MrError::InvalidKey { key: lkey.0 })?;
+        let key = lkey.0 as u8;
+        slot.region = Some(Region {
+            pd: pd.unwrap_or(old.pd),
+            addr,
+            len,
+            access,
+            key,
+        });
+        slot.generation = slot.generation.wrapping_add(1);
+        self.query(lkey).ok_or(MrError::InvalidKey { key: lkey.0 })
+    }
+
     /// The live region with L_Key `lkey`, if any.
     pub fn query(&self, lkey: LKey) -> Option<MrInfo> {
         let (index, slot, region) = self.lookup(lkey.0, KeyKind::Local)?;

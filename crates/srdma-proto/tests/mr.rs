@@ -596,3 +596,76 @@ proptest! {
         }
     }
 }
+
+/// `ibv_rereg_mr`: PD, range and rights change in place, the keys stay, grants issued before
+/// go stale, and a refused change leaves the region as it was.
+#[test]
+fn reregister_keeps_keys_and_stales_old_grants() {
+    let mut t = MrTable::new(7);
+    let k = t.register(PD, 0x1000, 64, ALL_REMOTE).unwrap();
+    let rkey = k.rkey.unwrap();
+    let grant = t
+        .check_remote(PD, rkey, 0x1000, 8, AccessFlags::REMOTE_WRITE)
+        .unwrap()
+        .unwrap();
+
+    // Rights: no remote write any more; the keys are the same, the old grant stale.
+    let info = t
+        .reregister(
+            k.lkey,
+            None,
+            None,
+            Some(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ),
+        )
+        .unwrap();
+    assert_eq!((info.keys.lkey, info.keys.rkey), (k.lkey, Some(rkey)));
+    assert_ne!(info.keys.handle, k.handle);
+    assert!(t.revalidate(&grant).is_err());
+    assert!(matches!(
+        t.check_remote(PD, rkey, 0x1000, 8, AccessFlags::REMOTE_WRITE),
+        Err(MrError::AccessDenied { .. })
+    ));
+    assert!(
+        t.check_remote(PD, rkey, 0x1000, 8, AccessFlags::REMOTE_READ)
+            .is_ok()
+    );
+
+    // PD: the region now answers to the other PD only.
+    t.reregister(k.lkey, Some(OTHER_PD), None, None).unwrap();
+    assert!(matches!(
+        t.check_remote(PD, rkey, 0x1000, 8, AccessFlags::REMOTE_READ),
+        Err(MrError::PdMismatch { .. })
+    ));
+    assert!(
+        t.check_remote(OTHER_PD, rkey, 0x1000, 8, AccessFlags::REMOTE_READ)
+            .is_ok()
+    );
+
+    // Range: the old addresses are out of bounds, the new ones in.
+    t.reregister(k.lkey, None, Some((0x9000, 16)), None)
+        .unwrap();
+    assert!(
+        t.check_remote(OTHER_PD, rkey, 0x1000, 8, AccessFlags::REMOTE_READ)
+            .is_err()
+    );
+    assert!(
+        t.check_remote(OTHER_PD, rkey, 0x9008, 8, AccessFlags::REMOTE_READ)
+            .is_ok()
+    );
+
+    // Refused: remote write without local write; an overflowing range; an unknown key.
+    let before = t.query(k.lkey).unwrap();
+    assert!(
+        t.reregister(k.lkey, None, None, Some(AccessFlags::REMOTE_WRITE))
+            .is_err()
+    );
+    assert!(matches!(
+        t.reregister(k.lkey, None, Some((u64::MAX, 2)), None),
+        Err(MrError::AddressOverflow { .. })
+    ));
+    assert_eq!(t.query(k.lkey), Some(before));
+    assert!(matches!(
+        t.reregister(LKey(k.lkey.0 ^ 1), None, None, None),
+        Err(MrError::InvalidKey { .. })
+    ));
+}

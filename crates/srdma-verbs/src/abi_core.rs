@@ -96,6 +96,16 @@ pub const IBV_LINK_LAYER_ETHERNET: u32 = 2;
 pub const IBV_ACCESS_ON_DEMAND: c_int = 1 << 6;
 /// `IBV_ACCESS_RELAXED_ORDERING` (`IBV_ACCESS_OPTIONAL_FIRST`).
 pub const IBV_ACCESS_RELAXED_ORDERING: c_int = 1 << 20;
+/// `IBV_REREG_MR_CHANGE_TRANSLATION`.
+pub const IBV_REREG_MR_CHANGE_TRANSLATION: c_int = 1;
+/// `IBV_REREG_MR_CHANGE_PD`.
+pub const IBV_REREG_MR_CHANGE_PD: c_int = 2;
+/// `IBV_REREG_MR_CHANGE_ACCESS`.
+pub const IBV_REREG_MR_CHANGE_ACCESS: c_int = 4;
+/// `IBV_REREG_MR_FLAGS_SUPPORTED`.
+pub const IBV_REREG_MR_FLAGS_SUPPORTED: c_int = 7;
+/// `IBV_REREG_MR_ERR_INPUT`: the old region is still valid; the input was refused.
+pub const IBV_REREG_MR_ERR_INPUT: c_int = -1;
 /// `IBV_ACCESS_OPTIONAL_RANGE`: bits 20..=29, hints a device may ignore.
 pub const IBV_ACCESS_OPTIONAL_RANGE: c_int = 0x3ff0_0000;
 /// `IBV_WC_GRH`.

@@ -41,9 +41,12 @@
 //!   `ibv_start_poll`/`ibv_next_poll`/`ibv_end_poll` and the `ibv_wc_read_*` functions, and
 //!   `ibv_create_qp_ex` with `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`, `ibv_qp_to_qp_ex` and the
 //!   `ibv_wr_*` API (WRITE, WRITE with immediate, SEND, SEND with immediate, READ,
-//!   compare-and-swap, fetch-and-add; SGEs, inline data, UD addresses).
-//! - Stubbed, with rdma-core's answer for a provider without the feature: `ibv_resize_cq`
-//!   (EOPNOTSUPP unless the size is unchanged), `ibv_rereg_mr`, `ibv_reg_dmabuf_mr`,
+//!   compare-and-swap, fetch-and-add; SGEs, inline data, UD addresses); `ibv_resize_cq`
+//!   (rxe's bounds: not below the completions waiting); `ibv_rereg_mr` (PD, translation and
+//!   access, the keys kept, as rxe's and mlx5's); `ibv_query_device_ex` with
+//!   `phys_port_cnt_ex`; the access flags' optional range (relaxed ordering) accepted and
+//!   ignored, as rxe.
+//! - Stubbed, with rdma-core's answer for a provider without the feature: `ibv_reg_dmabuf_mr`,
 //!   `ibv_query_ece`/`ibv_set_ece`, `ibv_import_*`,
 //!   `ibv_resolve_eth_l2_from_gid` (EOPNOTSUPP); `ibv_read_sysfs_file` (-1, ENOENT); the
 //!   `ibv_copy_*_kern` conversions (no-ops: only librdmacm's kernel path calls them); every

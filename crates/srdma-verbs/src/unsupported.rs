@@ -3,7 +3,7 @@
 //! - Real: the `*_str` functions (rdma-core's strings), the rate conversions (rdma-core's
 //!   tables), `ibv_get_sysfs_path`.
 //! - Unsupported, with rdma-core's errno for a provider without the feature: memory windows'
-//!   entry points, `ibv_rereg_mr`, dma-buf MRs, ECE, importing objects from
+//!   entry points, dma-buf MRs, ECE, importing objects from
 //!   another process, resolving a RoCE L2 address (EOPNOTSUPP; NULL with errno for pointers).
 //! - Provider-only (`IBVERBS_PRIVATE_34`): the kernel command and ioctl helpers a provider
 //!   library calls (`ibv_cmd_*`, `execute_ioctl`, …). They exist so that libmlx5.so.1 and
@@ -192,20 +192,6 @@ pub extern "C" fn ibv_rate_to_mbps(rate: c_int) -> c_int {
 #[unsafe(no_mangle)]
 pub extern "C" fn mbps_to_ibv_rate(mbps: c_int) -> c_int {
     RATES.iter().find(|r| r.2 == mbps).map_or(0, |r| r.0)
-}
-
-/// `ibv_rereg_mr`: not supported: EOPNOTSUPP (deregister and register again).
-#[unsafe(no_mangle)]
-pub extern "C" fn ibv_rereg_mr(
-    _mr: *mut c_void,
-    _flags: c_int,
-    _pd: *mut c_void,
-    _addr: *mut c_void,
-    _length: usize,
-    _access: c_int,
-) -> c_int {
-    set_errno(libc::EOPNOTSUPP);
-    libc::EOPNOTSUPP
 }
 
 /// `ibv_reg_dmabuf_mr`: no dma-buf: NULL with EOPNOTSUPP.

@@ -150,7 +150,7 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
 #[repr(C)]
 struct Mr {
     c: ibv_mr,
-    _mr: srdma::Mr,
+    mr: srdma::Mr,
 }
 
 /// The srdma access flags of `access` (IBV_ACCESS_* have srdma's numbering); EINVAL for bits
@@ -203,7 +203,7 @@ fn reg_mr(
                 rkey: mr.rkey().map_or(mr.lkey().0, |r| r.0),
             };
             pd_users(pd, 1);
-            hand_out(Mr { c, _mr: mr })
+            hand_out(Mr { c, mr })
         }
         Err(e) => {
             set_errno(errno_of(&e));
@@ -275,6 +275,82 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
             return libc::EINVAL;
         };
         pd_users(m.c.pd, -1);
+        0
+    })
+}
+
+/// `ibv_rereg_mr`: changes the region's PD (`IBV_REREG_MR_CHANGE_PD`), memory
+/// (`_TRANSLATION`: `addr`, `length`, addressed at `addr` as `ibv_reg_mr`) or rights
+/// (`_ACCESS`) in place, keeping its keys. 0 on success; `IBV_REREG_MR_ERR_INPUT` (-1) with
+/// errno EINVAL for unknown flags, a translation without address or length, `access`
+/// without `_ACCESS`, a PD of another context or rights srdma refuses, as rdma-core's checks
+/// and rxe's; the region is unchanged then.
+///
+/// # Safety
+/// `mr` is NULL or a live MR, not in use by another thread during the call; `pd` NULL or a
+/// live PD; with a translation, `addr..addr + length` stays mapped as for `ibv_reg_mr`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ibv_rereg_mr(
+    mr: *mut ibv_mr,
+    flags: c_int,
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
+) -> c_int {
+    const INPUT: c_int = IBV_REREG_MR_ERR_INPUT;
+    guard(INPUT, || {
+        let fail = |e| {
+            set_errno(e);
+            INPUT
+        };
+        if !crate::is_live(mr) || flags & !IBV_REREG_MR_FLAGS_SUPPORTED != 0 {
+            return fail(libc::EINVAL);
+        }
+        let translate = flags & IBV_REREG_MR_CHANGE_TRANSLATION != 0;
+        let new_pd = flags & IBV_REREG_MR_CHANGE_PD != 0;
+        let new_access = flags & IBV_REREG_MR_CHANGE_ACCESS != 0;
+        if (translate && (addr.is_null() || length == 0)) || (access != 0 && !new_access) {
+            return fail(libc::EINVAL);
+        }
+        // SAFETY: live (checked above), and the caller does not use it meanwhile: the one
+        // reference to it.
+        let m = unsafe { &mut *mr.cast::<Mr>() };
+        let mut change = srdma::MrChange::default();
+        if new_pd {
+            // SAFETY: pd is NULL or live per the contract; `back` checks.
+            let Some(p) = (unsafe { back::<Pd, _>(pd) }) else {
+                return fail(libc::EINVAL);
+            };
+            if p.c.context != m.c.context {
+                return fail(libc::EINVAL);
+            }
+            change.pd = Some(p.pd.clone());
+        }
+        if new_access {
+            match access_flags(access) {
+                Ok(f) => change.access = Some(f),
+                Err(e) => return fail(e),
+            }
+        }
+        if translate {
+            change.translation = Some((addr.cast(), length, addr as u64));
+        }
+        // SAFETY: the new range stays mapped per the contract (reg_user_mr's).
+        if let Err(e) = unsafe { m.mr.rereg(change) } {
+            return fail(errno_of(&e));
+        }
+        if new_pd {
+            pd_users(m.c.pd, -1);
+            pd_users(pd, 1);
+            m.c.pd = pd;
+        }
+        if translate {
+            m.c.addr = addr;
+            m.c.length = length;
+        }
+        m.c.lkey = m.mr.lkey().0;
+        m.c.rkey = m.mr.rkey().map_or(m.c.lkey, |r| r.0);
         0
     })
 }

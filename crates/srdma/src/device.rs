@@ -685,6 +685,18 @@ pub struct Mr {
     region: Arc<Region>,
 }
 
+/// What [`Mr::rereg`] changes (`ibv_rereg_mr`'s flags): each part that is set.
+#[derive(Debug, Default)]
+pub struct MrChange {
+    /// `IBV_REREG_MR_CHANGE_PD`: the region's new protection domain (of the same device).
+    pub pd: Option<Pd>,
+    /// `IBV_REREG_MR_CHANGE_TRANSLATION`: the caller's memory the region covers from now on:
+    /// address, length, and the address work requests and peers use for its first byte.
+    pub translation: Option<(*mut u8, usize, u64)>,
+    /// `IBV_REREG_MR_CHANGE_ACCESS`: the region's new rights.
+    pub access: Option<AccessFlags>,
+}
+
 /// What a peer needs to reach a region: address, R_Key, length. Plain data, to send across.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RemoteMr {
@@ -805,6 +817,61 @@ fn range_err(offset: usize, len: usize, size: usize) -> Error {
     Error::InvalidArgument(format!(
         "{len} bytes at offset {offset} outside a {size}-byte region"
     ))
+}
+
+impl Mr {
+    /// `ibv_rereg_mr`: changes the region's protection domain, memory or rights in place.
+    /// Its keys stay the same; work in flight against it when it changes fails with a
+    /// protection error instead of touching the old memory. On an error nothing changed.
+    ///
+    /// # Safety
+    /// With a translation, the caller keeps the new range mapped as [`Pd::reg_user_mr`]
+    /// requires, until the region is dropped or changed again.
+    pub unsafe fn rereg(&mut self, change: MrChange) -> Result<()> {
+        let dev = &self.pd.dev;
+        dev.check_alive()?;
+        if let Some(pd) = &change.pd {
+            if !pd.dev.same(dev) {
+                return Err(Error::InvalidArgument(
+                    "the new PD belongs to another device".into(),
+                ));
+            }
+        }
+        let region = match change.translation {
+            Some((addr, len, iova)) => {
+                let ptr = std::ptr::NonNull::new(addr)
+                    .ok_or_else(|| Error::InvalidArgument("NULL address".into()))?;
+                if (addr as usize).checked_add(len).is_none()
+                    || iova.checked_add(len as u64).is_none()
+                {
+                    return Err(Error::InvalidArgument(
+                        "the range wraps around the address space".into(),
+                    ));
+                }
+                // SAFETY: the caller's contract is `Region::foreign`'s.
+                Some((Arc::new(unsafe { Region::foreign(ptr, len) }), iova))
+            }
+            None => None,
+        };
+        let mut st = dev.lock();
+        let info = st.mrs.reregister(
+            self.keys.lkey,
+            change.pd.as_ref().map(|p| p.id),
+            region.as_ref().map(|(r, iova)| (*iova, r.len() as u64)),
+            change.access,
+        )?;
+        st.mem.remove(self.keys.handle);
+        let (region, iova) = region.unwrap_or_else(|| (Arc::clone(&self.region), self.iova));
+        st.mem.insert(info.keys.handle, Arc::clone(&region));
+        drop(st);
+        self.keys = info.keys;
+        self.region = region;
+        self.iova = iova;
+        if let Some(pd) = change.pd {
+            self.pd = pd;
+        }
+        Ok(())
+    }
 }
 
 impl Drop for Mr {

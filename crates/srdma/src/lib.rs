@@ -64,8 +64,8 @@ mod udp;
 
 pub use cq::{CompChannel, Cq};
 pub use device::{
-    Device, DeviceAttr, DeviceConfig, DeviceCounters, Gid, Gso, Mr, Pd, PortAttr, ROCEV2_PORT,
-    RemoteMr,
+    Device, DeviceAttr, DeviceConfig, DeviceCounters, Gid, Gso, Mr, MrChange, Pd, PortAttr,
+    ROCEV2_PORT, RemoteMr,
 };
 pub use error::{Error, Result};
 pub use event::{AsyncEvent, EventHandler};

@@ -183,6 +183,37 @@ int main(int argc, char **argv)
 			IBV_ACCESS_REMOTE_READ);
 	CHECK("reg-mr-stack-or-static", mr && mr->addr == buf && mr->length == sizeof(buf),
 	      "errno %d", errno);
+	{
+		/* ibv_rereg_mr: refused input leaves the region as it was (keys, rights). */
+		uint32_t lkey = mr->lkey, rkey = mr->rkey;
+		errno = 0;
+		CHECK("rereg-null", ibv_rereg_mr(NULL, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0,
+						 IBV_ACCESS_LOCAL_WRITE) == IBV_REREG_MR_ERR_INPUT &&
+		      errno == EINVAL, "errno %d", errno);
+		errno = 0;
+		CHECK("rereg-unknown-flag", ibv_rereg_mr(mr, 1 << 5, NULL, NULL, 0, 0) ==
+		      IBV_REREG_MR_ERR_INPUT && errno == EINVAL, "errno %d", errno);
+		errno = 0;
+		CHECK("rereg-translation-without-address",
+		      ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, NULL, 64, 0) ==
+		      IBV_REREG_MR_ERR_INPUT && errno == EINVAL, "errno %d", errno);
+		errno = 0;
+		CHECK("rereg-access-without-flag",
+		      ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_PD, pd, NULL, 0, IBV_ACCESS_LOCAL_WRITE) ==
+		      IBV_REREG_MR_ERR_INPUT && errno == EINVAL, "errno %d", errno);
+		errno = 0;
+		CHECK("rereg-remote-write-without-local",
+		      ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0,
+				   IBV_ACCESS_REMOTE_WRITE) == IBV_REREG_MR_ERR_INPUT &&
+		      errno == EINVAL, "errno %d", errno);
+		errno = 0;
+		CHECK("rereg-null-pd", ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_PD, NULL, NULL, 0, 0) ==
+		      IBV_REREG_MR_ERR_INPUT && errno == EINVAL, "errno %d", errno);
+		CHECK("rereg-refused-keeps-mr", mr->lkey == lkey && mr->rkey == rkey &&
+		      mr->addr == buf && mr->pd == pd, "changed");
+		CHECK("rereg-same-pd", ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_PD, pd, NULL, 0, 0) == 0 &&
+		      mr->lkey == lkey && mr->rkey == rkey, "errno %d", errno);
+	}
 	sge.lkey = mr->lkey;
 
 	/* CQs and QPs. */
