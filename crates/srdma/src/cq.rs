@@ -258,6 +258,11 @@ impl Cq {
         }
     }
 
+    /// Drops the completions of QP `qpn` not yet polled (its move to RESET).
+    pub(crate) fn forget_qp(&self, qpn: srdma_wire::Qpn) {
+        lock(&self.inner.queue).retain(|wc| wc.qp_num != qpn);
+    }
+
     /// Sets the CQ's completion hook (once): the device runs it after completions arrive.
     pub(crate) fn set_hook(&self, f: impl Fn() + Send + Sync + 'static) {
         if self.inner.hook.set(Hook(Box::new(f))).is_ok() {

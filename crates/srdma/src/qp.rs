@@ -328,6 +328,14 @@ impl Qp {
                 .raise(crate::AsyncEvent::QpLastWqeReached { qpn: slot.qp.qpn() });
         }
         slot.state_seen = slot.qp.state();
+        // Reset forgets the QP's work, and with it its completions not yet polled (flushes of
+        // the error state it leaves, typically): as libmlx5 cleans its CQs on RESET, so a QP
+        // brought back to RTS does not hand the application stale completions.
+        if mask.contains(AttrMask::STATE) && attr.qp_state == QpState::Reset {
+            let qpn = slot.qp.qpn();
+            slot.send_cq.forget_qp(qpn);
+            slot.recv_cq.forget_qp(qpn);
+        }
         // Entering ERR flushes and SQD->RTS resumes work posted while draining: send what
         // the QP has and deliver its completions.
         self.inner.dev.flush(&mut st, self.inner.qpn.value());
