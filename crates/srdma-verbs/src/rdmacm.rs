@@ -2502,11 +2502,13 @@ pub unsafe extern "C" fn rdma_set_option(
 /// `id` NULL or live.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rdma_notify(id: *mut rdma_cm_id, _event: c_int) -> c_int {
-    if crate::is_live(id) {
-        0
-    } else {
-        err(libc::EINVAL)
-    }
+    guard(err(libc::EIO), || {
+        if crate::is_live(id) {
+            0
+        } else {
+            err(libc::EINVAL)
+        }
+    })
 }
 
 /// `rdma_init_qp_attr`: the attributes kernel rdma_cm gives a QP for INIT, RTR and RTS
@@ -2631,10 +2633,12 @@ pub unsafe extern "C" fn rdma_establish(id: *mut rdma_cm_id) -> c_int {
 /// `id` NULL or live.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rdma_get_src_port(id: *mut rdma_cm_id) -> u16 {
-    // SAFETY: per the contract.
-    unsafe { id_of(id) }
-        .and_then(|me| lock(&me.sh.st).src)
-        .map_or(0, |a| a.port().to_be())
+    guard(0, || {
+        // SAFETY: per the contract.
+        unsafe { id_of(id) }
+            .and_then(|me| lock(&me.sh.st).src)
+            .map_or(0, |a| a.port().to_be())
+    })
 }
 
 /// `rdma_get_dst_port`: the id's destination port, network order.
@@ -2643,10 +2647,12 @@ pub unsafe extern "C" fn rdma_get_src_port(id: *mut rdma_cm_id) -> u16 {
 /// `id` NULL or live.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rdma_get_dst_port(id: *mut rdma_cm_id) -> u16 {
-    // SAFETY: per the contract.
-    unsafe { id_of(id) }
-        .and_then(|me| lock(&me.sh.st).dst)
-        .map_or(0, |a| a.port().to_be())
+    guard(0, || {
+        // SAFETY: per the contract.
+        unsafe { id_of(id) }
+            .and_then(|me| lock(&me.sh.st).dst)
+            .map_or(0, |a| a.port().to_be())
+    })
 }
 
 /// `rdma_get_devices`: the contexts librdmacm uses, NULL-terminated (free with
@@ -2692,11 +2698,13 @@ pub unsafe extern "C" fn rdma_free_devices(list: *mut *mut ibv_context) {
 /// `id` NULL or live; `ece` NULL or valid.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rdma_set_local_ece(id: *mut rdma_cm_id, ece: *mut c_void) -> c_int {
-    // SAFETY: per the contract.
-    match unsafe { id_of(id) } {
-        Some(me) if me.c.qp.is_null() && !ece.is_null() => 0,
-        _ => err(libc::EINVAL),
-    }
+    guard(err(libc::EIO), || {
+        // SAFETY: per the contract.
+        match unsafe { id_of(id) } {
+            Some(me) if me.c.qp.is_null() && !ece.is_null() => 0,
+            _ => err(libc::EINVAL),
+        }
+    })
 }
 
 /// `rdma_get_remote_ece`: no ECE from the peer (zeroes).
@@ -2705,15 +2713,17 @@ pub unsafe extern "C" fn rdma_set_local_ece(id: *mut rdma_cm_id, ece: *mut c_voi
 /// `id` NULL or live; `ece` NULL or valid for a 12-byte `struct ibv_ece`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rdma_get_remote_ece(id: *mut rdma_cm_id, ece: *mut c_void) -> c_int {
-    // SAFETY: per the contract.
-    match unsafe { id_of(id) } {
-        Some(me) if me.c.qp.is_null() && !ece.is_null() => {
-            // SAFETY: `struct ibv_ece` is three u32.
-            unsafe { std::ptr::write_bytes(ece.cast::<u8>(), 0, 12) };
-            0
+    guard(err(libc::EIO), || {
+        // SAFETY: per the contract.
+        match unsafe { id_of(id) } {
+            Some(me) if me.c.qp.is_null() && !ece.is_null() => {
+                // SAFETY: `struct ibv_ece` is three u32.
+                unsafe { std::ptr::write_bytes(ece.cast::<u8>(), 0, 12) };
+                0
+            }
+            _ => err(libc::EINVAL),
         }
-        _ => err(libc::EINVAL),
-    }
+    })
 }
 
 // ---------------------------------------------------------------------------------------
@@ -3362,13 +3372,15 @@ pub unsafe extern "C" fn rrecvfrom(
 ) -> isize {
     // SAFETY: per the contract.
     let n = unsafe { rrecv(socket, buf, len, flags) };
-    if n >= 0 {
-        if let Ok(a) = crate::rsocket::c_name(socket, true) {
-            // SAFETY: per the contract.
-            unsafe { put_addr(a, src_addr, addrlen) };
+    guard(-1, || {
+        if n >= 0 {
+            if let Ok(a) = crate::rsocket::c_name(socket, true) {
+                // SAFETY: per the contract.
+                unsafe { put_addr(a, src_addr, addrlen) };
+            }
         }
-    }
-    n
+        n
+    })
 }
 
 /// Runs `xfer` (a receive or a send) over the iovecs in order, as far as each goes whole:
