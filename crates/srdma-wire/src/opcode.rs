@@ -460,6 +460,24 @@ impl Opcode {
     }
 }
 
+impl Opcode {
+    /// The opcode of packet `position` of a SEND with invalidate on `transport`: the IETH
+    /// rides on the last packet (`RC_SEND_LAST_WITH_INVALIDATE` 0x16,
+    /// `RC_SEND_ONLY_WITH_INVALIDATE` 0x17), FIRST and MIDDLE packets are plain SEND ones
+    /// (IBA 9.4.1.1, rxe `next_opcode_rc`). `None` off RC: UC and UD have no such opcode.
+    pub fn for_send_with_invalidate(transport: Transport, position: Position) -> Option<Opcode> {
+        if transport != Transport::Rc {
+            return None;
+        }
+        Some(match position {
+            Position::First => Opcode::RcSendFirst,
+            Position::Middle => Opcode::RcSendMiddle,
+            Position::Last => Opcode::RcSendLastWithInvalidate,
+            Position::Only => Opcode::RcSendOnlyWithInvalidate,
+        })
+    }
+}
+
 impl fmt::Display for Opcode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
