@@ -21,7 +21,7 @@ bit_flags! {
         const REMOTE_READ = 1 << 2;
         /// Remote peers may perform atomic operations on the region.
         const REMOTE_ATOMIC = 1 << 3;
-        /// Memory windows may be bound to the region (not supported by srdma).
+        /// Memory windows may be bound to the region (`ibv_bind_mw`; see [`crate::mr`]).
         const MW_BIND = 1 << 4;
         /// Zero-based virtual addressing (memory windows only; not supported by srdma).
         const ZERO_BASED = 1 << 5;
@@ -72,10 +72,9 @@ impl AccessFlags {
         .union(AccessFlags::FLUSH_GLOBAL)
         .union(AccessFlags::FLUSH_PERSISTENT);
 
-    /// Flags srdma refuses at registration (EOPNOTSUPP): memory windows, zero-based addressing,
-    /// on-demand paging and persistent flush have no implementation.
-    pub const UNSUPPORTED_FOR_MR: AccessFlags = AccessFlags::MW_BIND
-        .union(AccessFlags::ZERO_BASED)
+    /// Flags srdma refuses at registration (EOPNOTSUPP): zero-based addressing, on-demand
+    /// paging and persistent flush have no implementation.
+    pub const UNSUPPORTED_FOR_MR: AccessFlags = AccessFlags::ZERO_BASED
         .union(AccessFlags::ON_DEMAND)
         .union(AccessFlags::FLUSH_PERSISTENT);
 

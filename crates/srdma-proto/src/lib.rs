@@ -75,7 +75,10 @@ pub use access::{AccessError, AccessFlags};
 pub use counters::Counters;
 pub use limits::{CapsError, DeviceLimits, QpCaps};
 pub use memory::{Memory, MemoryError, VecMemory};
-pub use mr::{LKey, MrError, MrGrant, MrHandle, MrIndex, MrInfo, MrKeys, MrTable, PdId, RKey};
+pub use mr::{
+    LKey, MrError, MrGrant, MrHandle, MrIndex, MrInfo, MrKeys, MrTable, MwBind, MwError, MwInfo,
+    MwState, MwType, PdId, RKey,
+};
 pub use qp::{
     AhAttr, AttrMask, MigState, ModifyError, Mtu, QpAttr, QpState, QpType, TransitionRule,
     validate_modify,

@@ -17,6 +17,13 @@
 //! against a region that is then deregistered — even if the same index is immediately
 //! registered again — can therefore never read or write the new region.
 //!
+//! # Memory windows
+//!
+//! The same table holds the device's memory windows ([`MwType`], `ibv_alloc_mw`), in the upper
+//! half of the index space ([`MW_INDEX_BASE`]), so an R_Key names either a region or a window
+//! by its index alone, as rxe's `rkey_is_mw`. A window bound to a region grants remote access
+//! to part of it under the window's own R_Key and rights; see [`MrTable::bind_mw`].
+//!
 //! [`Memory`]: crate::memory::Memory
 
 use std::collections::VecDeque;
@@ -26,6 +33,10 @@ use srdma_wire::NakCode;
 use crate::access::{AccessError, AccessFlags};
 use crate::rng::SplitMix64;
 use crate::wc::WcStatus;
+
+mod mw;
+
+pub use mw::{MW_INDEX_BASE, MwBind, MwError, MwInfo, MwState, MwType};
 
 /// A protection domain, as the engine numbers them. A QP can only use regions of its own PD
 /// (IBTA protection domains; rxe `lookup_mr` compares the region's PD with the QP's).
@@ -288,6 +299,15 @@ pub enum MrError {
         /// The stale handle.
         handle: MrHandle,
     },
+    /// The region cannot be deregistered while memory windows are bound to it (IBA
+    /// 10.6.7.2.6; rxe `rxe_dereg_mr` returns EINVAL).
+    #[error("key {key:#010x}: {windows} memory window(s) still bound to the region")]
+    WindowsBound {
+        /// The L_Key as given.
+        key: u32,
+        /// How many windows are bound to it.
+        windows: usize,
+    },
 }
 
 impl MrError {
@@ -350,6 +370,8 @@ pub struct MrTable {
     rng: SplitMix64,
     max: u32,
     live: usize,
+    /// The memory windows (indices from [`MW_INDEX_BASE`]).
+    mws: mw::Windows,
 }
 
 impl MrTable {
@@ -362,14 +384,16 @@ impl MrTable {
         Self::with_max_mr(seed, Self::DEFAULT_MAX_MR)
     }
 
-    /// An empty table holding at most `max_mr` regions (clamped to `1..=MrIndex::MAX`).
+    /// An empty table holding at most `max_mr` regions (clamped to `1..MW_INDEX_BASE`: the
+    /// indices above are memory windows').
     pub fn with_max_mr(seed: u64, max_mr: u32) -> Self {
         MrTable {
             slots: Vec::new(),
             free: VecDeque::new(),
             rng: SplitMix64::new(seed),
-            max: max_mr.clamp(1, MrIndex::MAX),
+            max: max_mr.clamp(1, MW_INDEX_BASE - 1),
             live: 0,
+            mws: mw::Windows::default(),
         }
     }
 
@@ -434,10 +458,35 @@ impl MrTable {
     ///
     /// The handle becomes stale at once: grants issued for it fail [`MrTable::revalidate`],
     /// and its keys stop working even if the slot is registered again.
+    ///
+    /// Fails with [`MrError::WindowsBound`], leaving the region registered, while memory
+    /// windows are bound to it (rxe); [`MrTable::deregister_unbinding`] does not.
     pub fn deregister(&mut self, lkey: LKey) -> Result<MrInfo, MrError> {
         let info = self
             .query(lkey)
             .ok_or(MrError::InvalidKey { key: lkey.0 })?;
+        let windows = self.mws.bound_to(info.keys.handle);
+        if windows > 0 {
+            return Err(MrError::WindowsBound {
+                key: lkey.0,
+                windows,
+            });
+        }
+        self.remove(info)
+    }
+
+    /// Deregisters the region with L_Key `lkey` even with windows bound to it: they become
+    /// unbound (type 1 windows lose their binding, type 2 windows return to the free state),
+    /// so their R_Keys stop granting access. For owners that cannot fail (a dropped region).
+    pub fn deregister_unbinding(&mut self, lkey: LKey) -> Result<MrInfo, MrError> {
+        let info = self
+            .query(lkey)
+            .ok_or(MrError::InvalidKey { key: lkey.0 })?;
+        self.mws.unbind_all(info.keys.handle);
+        self.remove(info)
+    }
+
+    fn remove(&mut self, info: MrInfo) -> Result<MrInfo, MrError> {
         let index = info.keys.index().value();
         if let Some(slot) = self.slot_mut(index) {
             slot.region = None;
@@ -547,8 +596,59 @@ impl MrTable {
         if len == 0 {
             return Ok(None);
         }
-        self.check(pd, rkey.0, KeyKind::Remote, va, len, need)
+        self.check_rkey(pd, None, rkey, va, len, need).map(Some)
+    }
+
+    /// [`MrTable::check_remote`] for a request arriving at QP `qpn`: an R_Key of a type 2
+    /// memory window only grants access to the QP the window is bound to (IBA C10-71 ff.;
+    /// rxe `rxe_lookup_mw`), which `check_remote` (no QP) never grants.
+    pub fn check_remote_at(
+        &self,
+        pd: PdId,
+        qpn: srdma_wire::Qpn,
+        rkey: RKey,
+        va: u64,
+        len: u64,
+        need: AccessFlags,
+    ) -> Result<Option<MrGrant>, MrError> {
+        if len == 0 {
+            return Ok(None);
+        }
+        self.check_rkey(pd, Some(qpn), rkey, va, len, need)
             .map(Some)
+    }
+
+    /// [`MrTable::check_atomic`] for a request arriving at QP `qpn` (see
+    /// [`MrTable::check_remote_at`]).
+    pub fn check_atomic_at(
+        &self,
+        pd: PdId,
+        qpn: srdma_wire::Qpn,
+        rkey: RKey,
+        va: u64,
+    ) -> Result<MrGrant, MrError> {
+        let grant = self.check_rkey(pd, Some(qpn), rkey, va, 8, AccessFlags::REMOTE_ATOMIC)?;
+        if va % 8 != 0 {
+            return Err(MrError::Misaligned { va });
+        }
+        Ok(grant)
+    }
+
+    /// An R_Key check: a window's (index from [`MW_INDEX_BASE`]) or a region's.
+    fn check_rkey(
+        &self,
+        pd: PdId,
+        qpn: Option<srdma_wire::Qpn>,
+        rkey: RKey,
+        va: u64,
+        len: u64,
+        need: AccessFlags,
+    ) -> Result<MrGrant, MrError> {
+        if mw::is_mw_key(rkey.0) {
+            self.check_mw(pd, qpn, rkey, va, len, need)
+        } else {
+            self.check(pd, rkey.0, KeyKind::Remote, va, len, need)
+        }
     }
 
     /// Checks the target of an atomic (CmpSwap / FetchAdd): 8 bytes at `va` under `rkey` with
@@ -557,14 +657,7 @@ impl MrTable {
     /// key is a remote access error and a misaligned address an invalid request
     /// ([`MrError::remote_nak`]).
     pub fn check_atomic(&self, pd: PdId, rkey: RKey, va: u64) -> Result<MrGrant, MrError> {
-        let grant = self.check(
-            pd,
-            rkey.0,
-            KeyKind::Remote,
-            va,
-            8,
-            AccessFlags::REMOTE_ATOMIC,
-        )?;
+        let grant = self.check_rkey(pd, None, rkey, va, 8, AccessFlags::REMOTE_ATOMIC)?;
         if va % 8 != 0 {
             return Err(MrError::Misaligned { va });
         }

@@ -2,7 +2,7 @@
 
 use srdma_wire::Qpn;
 
-use crate::mr::{LKey, RKey};
+use crate::mr::{LKey, MwBind, RKey};
 use crate::qp::AhAttr;
 use crate::wc::SendFlags;
 
@@ -172,6 +172,20 @@ pub enum SendOp {
         /// Value to add.
         add: u64,
     },
+    /// SEND that also invalidates the remote R_Key `rkey` at the target (RC only; the
+    /// receiver's completion carries `IBV_WC_WITH_INV`).
+    SendWithInv {
+        /// The R_Key to invalidate (`ibv_send_wr.invalidate_rkey`).
+        rkey: RKey,
+    },
+    /// Local invalidate of `rkey` (a type 2 memory window bound to this QP): no packet, a
+    /// completion once every earlier work request has completed.
+    LocalInv {
+        /// The R_Key to invalidate.
+        rkey: RKey,
+    },
+    /// Bind a memory window (`IBV_WR_BIND_MW`, and `ibv_bind_mw` for type 1): no packet.
+    BindMw(MwBind),
 }
 
 impl SendOp {
@@ -186,7 +200,24 @@ impl SendOp {
             SendOp::Read { .. } => WrOpcode::RdmaRead,
             SendOp::CompareSwap { .. } => WrOpcode::AtomicCmpAndSwp,
             SendOp::FetchAdd { .. } => WrOpcode::AtomicFetchAndAdd,
+            SendOp::SendWithInv { .. } => WrOpcode::SendWithInv,
+            SendOp::LocalInv { .. } => WrOpcode::LocalInv,
+            SendOp::BindMw(_) => WrOpcode::BindMw,
         }
+    }
+
+    /// A local operation (bind, local invalidate): executed by the requester without sending
+    /// anything (rxe `WR_LOCAL_OP_MASK`).
+    pub const fn is_local(&self) -> bool {
+        matches!(self, SendOp::LocalInv { .. } | SendOp::BindMw(_))
+    }
+
+    /// A SEND of any form (plain, with immediate, with invalidate).
+    pub const fn is_send(&self) -> bool {
+        matches!(
+            self,
+            SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. }
+        )
     }
 
     /// READ or an atomic: needs a responder resource and counts against `max_rd_atomic`.

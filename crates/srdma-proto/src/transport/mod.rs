@@ -48,8 +48,8 @@ pub const MAX_PACKET_LEN: usize = 32 + 4096 + 4;
 pub struct Ctx<'a> {
     /// Current time, from any fixed origin (the engine's start, the simulator's clock).
     pub now: Duration,
-    /// The device's memory regions.
-    pub mrs: &'a MrTable,
+    /// The device's memory regions and windows (binds and invalidations change them).
+    pub mrs: &'a mut MrTable,
     /// The bytes behind them.
     pub mem: &'a mut dyn Memory,
     /// The shared receive queue this QP was created with, if any.
@@ -490,7 +490,8 @@ impl Qp {
         }
         let unsupported = match ty {
             QpType::Rc => false,
-            QpType::Uc => wr.op.is_read_or_atomic(),
+            // UC has no SEND with invalidate opcode (IBA 9.4.1.1).
+            QpType::Uc => wr.op.is_read_or_atomic() || matches!(wr.op, SendOp::SendWithInv { .. }),
             QpType::Ud => !matches!(wr.op, SendOp::Send | SendOp::SendWithImm { .. }),
         };
         if unsupported {
@@ -503,7 +504,10 @@ impl Qp {
             return Err(PostError::BadDestination);
         }
         let inline = wr.flags.contains(SendFlags::INLINE) && !wr.op.is_read_or_atomic();
-        let len = if inline {
+        let len = if wr.op.is_local() {
+            // Binds and invalidates move no data: their SGEs are ignored.
+            0
+        } else if inline {
             let data = wr.inline_data.as_deref().unwrap_or(&[]);
             if data.len() > self.cfg.caps.max_inline_data as usize {
                 return Err(PostError::InlineTooLong {

@@ -22,6 +22,16 @@ impl Qp {
             if wqe_error(wqe) {
                 return None;
             }
+            if wqe.wr.op.is_local() {
+                // Bind and local invalidate run once every earlier WQE has completed (rxe
+                // fences LOCAL_INV so; srdma fences binds too, which keeps completions in
+                // order without a done-but-unreported state).
+                if idx != 0 || self.state == QpState::Sqd {
+                    return None;
+                }
+                self.local_op(ctx);
+                continue;
+            }
             match wqe.state {
                 WqeState::Pending => {
                     self.req_cursor += 1;
@@ -119,9 +129,10 @@ impl Qp {
         match wqe.wr.op {
             SendOp::Send
             | SendOp::SendWithImm { .. }
+            | SendOp::SendWithInv { .. }
             | SendOp::Write { .. }
             | SendOp::WriteWithImm { .. } => {
-                let is_send = matches!(wqe.wr.op, SendOp::Send | SendOp::SendWithImm { .. });
+                let is_send = wqe.wr.op.is_send();
                 let kind = if is_send { Kind::Send } else { Kind::Write };
                 let imm = wqe.wr.op.imm().filter(|_| end);
                 let offset = u64::from(k) * u64::from(pmtu);
@@ -135,14 +146,22 @@ impl Qp {
                     // (rxe fakes success here; a NIC reports a local length error).
                     return Err(WcStatus::LocLenErr);
                 }
-                bth.opcode = Opcode::for_message(transport, kind, position, imm.is_some())
-                    .ok_or(WcStatus::LocQpOpErr)?;
+                let inv = match wqe.wr.op {
+                    SendOp::SendWithInv { rkey } => Some(rkey.0),
+                    _ => None,
+                };
+                bth.opcode = match inv {
+                    Some(_) => Opcode::for_send_with_invalidate(transport, position),
+                    None => Opcode::for_message(transport, kind, position, imm.is_some()),
+                }
+                .ok_or(WcStatus::LocQpOpErr)?;
                 bth.solicited = end
                     && wqe.wr.flags.contains(SendFlags::SOLICITED)
                     && (is_send || imm.is_some());
                 bth.ack_req = ty == QpType::Rc && (end || self.noack_pkts + 1 >= MAX_PKT_PER_ACK);
                 repr = PacketRepr::new(bth, &[]);
                 repr.imm_dt = imm;
+                repr.ieth = inv.filter(|_| end);
                 if let SendOp::Write { remote_addr, rkey }
                 | SendOp::WriteWithImm {
                     remote_addr, rkey, ..
@@ -221,6 +240,8 @@ impl Qp {
                 });
                 request_done = true;
             }
+            // Executed by `local_op`, never built into a packet.
+            SendOp::LocalInv { .. } | SendOp::BindMw(_) => return Err(WcStatus::LocQpOpErr),
         }
         let plen = payload.map_or(0, |(_, l)| l as usize);
         let len = repr
@@ -238,10 +259,7 @@ impl Qp {
         }
         let ack_req = repr.bth.ack_req;
         let (kind_send, last_psn) = (
-            matches!(
-                wqe.wr.op,
-                SendOp::Send | SendOp::SendWithImm { .. } | SendOp::WriteWithImm { .. }
-            ),
+            wqe.wr.op.is_send() || matches!(wqe.wr.op, SendOp::WriteWithImm { .. }),
             wqe.last_psn,
         );
 
@@ -274,6 +292,35 @@ impl Qp {
                 crate::timer::local_ack_timeout(self.attr.timeout).map(|t| ctx.now + t);
         }
         Ok(Some(super::Transmit { len, dest }))
+    }
+
+    /// Executes the local operation (bind, local invalidate) at the head of the send queue
+    /// and completes it (rxe `rxe_do_local_ops`): a failed bind completes with
+    /// `MW_BIND_ERR`, a failed invalidate with `LOC_QP_OP_ERR`, and either moves the QP to
+    /// ERR.
+    fn local_op(&mut self, ctx: &mut Ctx<'_>) {
+        let Some(w) = self.sq.front() else { return };
+        let (pd, qpn) = (self.cfg.pd, self.cfg.qpn);
+        let status = match w.wr.op {
+            SendOp::BindMw(bind) => match ctx.mrs.bind_mw(pd, qpn, &bind) {
+                Ok(_) => WcStatus::Success,
+                Err(_) => WcStatus::MwBindErr,
+            },
+            SendOp::LocalInv { rkey } => match ctx.mrs.invalidate_rkey(qpn, rkey) {
+                Ok(()) => WcStatus::Success,
+                Err(_) => WcStatus::LocQpOpErr,
+            },
+            _ => WcStatus::LocQpOpErr,
+        };
+        if status.is_success() {
+            if let Some(w) = self.sq.pop_front() {
+                let signaled = w.wr.flags.contains(SendFlags::SIGNALED);
+                self.push_send_wc(send_wc(qpn, &w, status), signaled);
+            }
+            self.req_cursor = 0;
+        } else {
+            self.local_error(0, status);
+        }
     }
 
     /// Completes a UC/UD WQE whose last packet was just sent (always the head of the queue).

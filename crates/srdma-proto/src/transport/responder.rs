@@ -203,8 +203,9 @@ impl Qp {
                 }
                 let reth = pkt.reth.unwrap_or_default();
                 ctx.mrs
-                    .check_remote(
+                    .check_remote_at(
                         self.cfg.pd,
+                        self.cfg.qpn,
                         crate::mr::RKey(reth.rkey),
                         reth.va,
                         u64::from(reth.dma_len),
@@ -239,7 +240,7 @@ impl Qp {
                 let a = pkt.atomic_eth.unwrap_or_default();
                 let grant = ctx
                     .mrs
-                    .check_atomic(self.cfg.pd, crate::mr::RKey(a.rkey), a.va)
+                    .check_atomic_at(self.cfg.pd, self.cfg.qpn, crate::mr::RKey(a.rkey), a.va)
                     .map_err(|e| Refuse::Nak(e.remote_nak(), WcStatus::RemAccessErr))?;
                 let orig = if op.kind() == Kind::CompareSwap {
                     ctx.mem
@@ -294,6 +295,13 @@ impl Qp {
         .map_err(|s| Refuse::Nak(NakCode::RemoteOperationalError, s))?;
         *placed += pkt.payload.len() as u32;
         if op.is_end() {
+            // SEND with invalidate: the R_Key is invalidated before the completion (rxe
+            // `invalidate_rkey`); one that cannot be is an invalid request (rxe class J).
+            if let Some(rkey) = pkt.ieth {
+                ctx.mrs
+                    .invalidate_rkey(self.cfg.qpn, crate::mr::RKey(rkey))
+                    .map_err(|_| Refuse::Nak(NakCode::InvalidRequest, WcStatus::RemInvReqErr))?;
+            }
             let Inbound::Send { wqe, placed } = std::mem::replace(&mut self.inbound, Inbound::Idle)
             else {
                 unreachable!()
@@ -327,8 +335,9 @@ impl Qp {
             let reth = pkt.reth.unwrap_or_default();
             let grant = ctx
                 .mrs
-                .check_remote(
+                .check_remote_at(
                     self.cfg.pd,
+                    self.cfg.qpn,
                     crate::mr::RKey(reth.rkey),
                     reth.va,
                     u64::from(reth.dma_len),
@@ -603,8 +612,9 @@ impl Qp {
                         let src = va.wrapping_add(offset);
                         let read = ctx
                             .mrs
-                            .check_remote(
+                            .check_remote_at(
                                 self.cfg.pd,
+                                self.cfg.qpn,
                                 crate::mr::RKey(rkey),
                                 src,
                                 plen as u64,

@@ -259,7 +259,7 @@ impl Pair {
         let mut buf = vec![0u8; MAX_PACKET_LEN];
         let mut ctx = Ctx {
             now,
-            mrs: &s.mrs,
+            mrs: &mut s.mrs,
             mem: &mut s.mem,
             srq: s.srq.as_mut(),
         };
@@ -288,7 +288,7 @@ impl Pair {
         }
         let mut ctx = Ctx {
             now,
-            mrs: &s.mrs,
+            mrs: &mut s.mrs,
             mem: &mut s.mem,
             srq: s.srq.as_mut(),
         };
@@ -348,7 +348,7 @@ impl Pair {
             let s = self.side(end);
             let mut ctx = Ctx {
                 now,
-                mrs: &s.mrs,
+                mrs: &mut s.mrs,
                 mem: &mut s.mem,
                 srq: s.srq.as_mut(),
             };
@@ -571,7 +571,7 @@ impl Pair {
             let s = self.side(end);
             let mut ctx = Ctx {
                 now,
-                mrs: &s.mrs,
+                mrs: &mut s.mrs,
                 mem: &mut s.mem,
                 srq: s.srq.as_mut(),
             };

@@ -92,7 +92,7 @@ impl Endpoint for Host {
         };
         let mut ctx = Ctx {
             now: now_of(now),
-            mrs: &self.mrs,
+            mrs: &mut self.mrs,
             mem: &mut self.mem,
             srq: None,
         };
@@ -108,7 +108,7 @@ impl Endpoint for Host {
             }
             let mut ctx = Ctx {
                 now: now_of(now),
-                mrs: &self.mrs,
+                mrs: &mut self.mrs,
                 mem: &mut self.mem,
                 srq: None,
             };
@@ -140,7 +140,7 @@ impl Endpoint for Host {
         for qp in &mut self.qps {
             let mut ctx = Ctx {
                 now: now_of(now),
-                mrs: &self.mrs,
+                mrs: &mut self.mrs,
                 mem: &mut self.mem,
                 srq: None,
             };

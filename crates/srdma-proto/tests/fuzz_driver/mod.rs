@@ -1424,7 +1424,7 @@ impl World {
         let (now, s) = self.ctx_parts(to);
         let mut ctx = Ctx {
             now,
-            mrs: &s.mrs,
+            mrs: &mut s.mrs,
             mem: &mut s.mem,
             srq: s.srq.as_mut(),
         };
@@ -1442,7 +1442,7 @@ impl World {
         let wants = s.qp.wants_transmit();
         let mut ctx = Ctx {
             now,
-            mrs: &s.mrs,
+            mrs: &mut s.mrs,
             mem: &mut s.mem,
             srq: s.srq.as_mut(),
         };
@@ -1587,7 +1587,7 @@ impl World {
             let s = &mut self.sides[e];
             let mut ctx = Ctx {
                 now,
-                mrs: &s.mrs,
+                mrs: &mut s.mrs,
                 mem: &mut s.mem,
                 srq: s.srq.as_mut(),
             };
