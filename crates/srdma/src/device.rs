@@ -725,6 +725,10 @@ impl Mr {
         self.len() == 0
     }
 
+    pub(crate) fn pd_ref(&self) -> &Pd {
+        &self.pd
+    }
+
     /// Local key.
     pub fn lkey(&self) -> srdma_proto::LKey {
         self.keys.lkey
@@ -877,7 +881,8 @@ impl Mr {
 impl Drop for Mr {
     fn drop(&mut self) {
         let mut st = self.pd.dev.lock();
-        let _ = st.mrs.deregister(self.keys.lkey);
+        // Windows still bound lose their binding (ibv_dereg_mr refuses before this).
+        let _ = st.mrs.deregister_unbinding(self.keys.lkey);
         st.mem.remove(self.keys.handle);
     }
 }

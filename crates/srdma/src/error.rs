@@ -28,6 +28,9 @@ pub enum Error {
     /// Memory registration failed.
     #[error(transparent)]
     Mr(#[from] srdma_proto::MrError),
+    /// A memory window could not be allocated.
+    #[error(transparent)]
+    Mw(#[from] srdma_proto::MwError),
     /// Access flags are invalid for a registration.
     #[error(transparent)]
     Access(#[from] srdma_proto::AccessError),

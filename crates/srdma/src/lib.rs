@@ -53,6 +53,7 @@ mod event;
 pub mod ibcm;
 pub mod lease;
 mod memory;
+mod mw;
 pub mod netdev;
 mod portshare;
 mod qp;
@@ -70,11 +71,13 @@ pub use device::{
 pub use error::{Error, Result};
 pub use event::{AsyncEvent, EventHandler};
 pub use lease::{Buf, BufPool, LeasedQp, RawPost};
+pub use mw::{Mw, inc_rkey};
 pub use qp::{ConnectParams, Qp, QpInit, RemoteQp, Srq, ah, connect_attrs};
 pub use random::{random_psn, random_u64};
 pub use srdma_proto::qp::AhAttr;
 pub use srdma_proto::{
-    AccessFlags, AttrMask, Counters, DeviceLimits, LKey, Mtu, QpAttr, QpCaps, QpState, QpType,
-    RKey, RecvWr, SendFlags, SendOp, SendWr, Sge, SgeList, UdDest, Wc, WcFlags, WcOpcode, WcStatus,
+    AccessFlags, AttrMask, Counters, DeviceLimits, LKey, Mtu, MwBind, MwInfo, MwState, MwType,
+    QpAttr, QpCaps, QpState, QpType, RKey, RecvWr, SendFlags, SendOp, SendWr, Sge, SgeList, UdDest,
+    Wc, WcFlags, WcOpcode, WcStatus,
 };
 pub use typed::{RcQp, UcQp, UdQp};
