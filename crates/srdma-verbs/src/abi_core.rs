@@ -70,6 +70,12 @@ pub const IBV_WR_RDMA_READ: ibv_wr_opcode = 4;
 pub const IBV_WR_ATOMIC_CMP_AND_SWP: ibv_wr_opcode = 5;
 /// Atomic fetch-and-add.
 pub const IBV_WR_ATOMIC_FETCH_AND_ADD: ibv_wr_opcode = 6;
+/// Local invalidate.
+pub const IBV_WR_LOCAL_INV: ibv_wr_opcode = 7;
+/// Bind a memory window.
+pub const IBV_WR_BIND_MW: ibv_wr_opcode = 8;
+/// SEND with invalidate.
+pub const IBV_WR_SEND_WITH_INV: ibv_wr_opcode = 9;
 /// `enum ibv_event_type`.
 pub type ibv_event_type = c_uint;
 /// CQ overrun.
@@ -174,11 +180,11 @@ pub struct ibv_context_ops {
     /// Compat.
     pub _compat_dereg_mr: opaque_fn,
     /// `ibv_alloc_mw` (NULL: EOPNOTSUPP).
-    pub alloc_mw: opaque_fn,
+    pub alloc_mw: Option<unsafe extern "C" fn(*mut ibv_pd, u32) -> *mut ibv_mw>,
     /// `ibv_bind_mw`.
-    pub bind_mw: opaque_fn,
+    pub bind_mw: Option<unsafe extern "C" fn(*mut ibv_qp, *mut ibv_mw, *mut ibv_mw_bind) -> c_int>,
     /// `ibv_dealloc_mw`.
-    pub dealloc_mw: opaque_fn,
+    pub dealloc_mw: Option<unsafe extern "C" fn(*mut ibv_mw) -> c_int>,
     /// Compat.
     pub _compat_create_cq: opaque_fn,
     /// `ibv_poll_cq`.
@@ -473,9 +479,10 @@ pub struct ibv_qp_ex {
     /// `ibv_wr_atomic_fetch_add`.
     pub wr_atomic_fetch_add: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, u64)>,
     /// `ibv_wr_bind_mw`.
-    pub wr_bind_mw: opaque_fn,
+    pub wr_bind_mw:
+        Option<unsafe extern "C" fn(*mut ibv_qp_ex, *mut ibv_mw, u32, *const ibv_mw_bind_info)>,
     /// `ibv_wr_local_inv`.
-    pub wr_local_inv: opaque_fn,
+    pub wr_local_inv: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32)>,
     /// `ibv_wr_rdma_read`.
     pub wr_rdma_read: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64)>,
     /// `ibv_wr_rdma_write`.
@@ -487,7 +494,7 @@ pub struct ibv_qp_ex {
     /// `ibv_wr_send_imm`.
     pub wr_send_imm: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32)>,
     /// `ibv_wr_send_inv`.
-    pub wr_send_inv: opaque_fn,
+    pub wr_send_inv: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32)>,
     /// `ibv_wr_send_tso`.
     pub wr_send_tso: opaque_fn,
     /// `ibv_wr_set_ud_addr`.
@@ -566,8 +573,12 @@ pub const IBV_QP_INIT_ATTR_CREATE_FLAGS: u32 = 1 << 2;
 /// `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`.
 pub const IBV_QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 1 << 6;
 /// The `IBV_QP_EX_WITH_*` operations srdma does: RDMA WRITE (with immediate), SEND (with
-/// immediate), RDMA READ, compare-and-swap, fetch-and-add.
-pub const SRDMA_QP_EX_OPS: u64 = 0x7f;
+/// immediate), RDMA READ, compare-and-swap, fetch-and-add, local invalidate, bind MW, SEND
+/// with invalidate.
+pub const SRDMA_QP_EX_OPS: u64 = 0x3ff;
+/// `IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_SEND_WITH_INV`: the
+/// memory-window operations (RC and UC only; SEND with invalidate RC only).
+pub const SRDMA_QP_EX_MW_OPS: u64 = (1 << 7) | (1 << 8) | (1 << 9);
 
 /// `struct ibv_cq_init_attr_ex`.
 #[repr(C)]
@@ -1207,6 +1218,63 @@ pub struct ibv_gid_entry {
     pub ndev_ifindex: u32,
 }
 
+/// `struct ibv_mw`.
+#[repr(C)]
+pub struct ibv_mw {
+    /// The context.
+    pub context: *mut ibv_context,
+    /// Its PD.
+    pub pd: *mut ibv_pd,
+    /// Its R_Key (type 1: updated by `ibv_bind_mw`).
+    pub rkey: u32,
+    /// Handle.
+    pub handle: u32,
+    /// `enum ibv_mw_type`.
+    pub type_: u32,
+}
+
+/// `struct ibv_mw_bind_info`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_mw_bind_info {
+    /// The region (NULL with length 0 to unbind).
+    pub mr: *mut ibv_mr,
+    /// First byte.
+    pub addr: u64,
+    /// Length.
+    pub length: u64,
+    /// `IBV_ACCESS_*` rights of the window.
+    pub mw_access_flags: c_uint,
+}
+
+/// `struct ibv_mw_bind` (`ibv_bind_mw`'s argument).
+#[repr(C)]
+pub struct ibv_mw_bind {
+    /// The application's id.
+    pub wr_id: u64,
+    /// `IBV_SEND_*`.
+    pub send_flags: c_uint,
+    /// What to bind.
+    pub bind_info: ibv_mw_bind_info,
+}
+
+/// The `bind_mw` member of `struct ibv_send_wr` (in its `bind_mw_or_tso` space).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_send_wr_bind_mw {
+    /// The window.
+    pub mw: *mut ibv_mw,
+    /// The R_Key to give it.
+    pub rkey: u32,
+    /// What to bind.
+    pub bind_info: ibv_mw_bind_info,
+}
+
+const _: () = assert!(
+    std::mem::size_of::<ibv_send_wr_bind_mw>() == std::mem::size_of::<[u64; 6]>()
+        && std::mem::align_of::<ibv_send_wr_bind_mw>() <= std::mem::align_of::<[u64; 6]>()
+);
+
 #[cfg(test)]
 mod tests {
     //! Every struct above against the installed `infiniband/verbs.h`: size, alignment and the
@@ -1303,6 +1371,9 @@ mod tests {
                 wr_start, wr_complete, wr_abort, wr_atomic_write
             }
             struct ibv_data_buf { addr, length }
+            struct ibv_mw { context, pd, rkey, handle, type_ = "type" }
+            struct ibv_mw_bind_info { mr, addr, length, mw_access_flags }
+            struct ibv_mw_bind { wr_id, send_flags, bind_info }
             struct ibv_qp_init_attr_ex {
                 qp_context, send_cq, recv_cq, srq, cap, qp_type, sq_sig_all, comp_mask, pd, xrcd,
                 create_flags, max_tso_header, rwq_ind_tbl, rx_hash_conf, source_qpn,

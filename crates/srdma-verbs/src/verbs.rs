@@ -22,6 +22,8 @@ use crate::abi_core::*;
 use crate::context::{Context, is_nonblocking};
 use crate::{errno_of, guard, set_errno};
 
+mod mw;
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -72,6 +74,9 @@ pub(crate) fn fill_ops(ops: &mut ibv_context_ops) {
     ops.post_send = Some(post_send);
     ops.post_recv = Some(post_recv);
     ops.post_srq_recv = Some(post_srq_recv);
+    ops.alloc_mw = Some(mw::alloc_mw);
+    ops.bind_mw = Some(mw::bind_mw);
+    ops.dealloc_mw = Some(mw::dealloc_mw);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -262,14 +267,19 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
     })
 }
 
-/// `ibv_dereg_mr`: 0, or EINVAL for NULL. Work still in flight against it completes with a
-/// protection error; the engine never touches the memory afterwards.
+/// `ibv_dereg_mr`: 0, or EINVAL for NULL or while memory windows are bound to it (rxe).
+/// Work still in flight against it completes with a protection error; the engine never
+/// touches the memory afterwards.
 ///
 /// # Safety
 /// `mr` is NULL or a live MR, deregistered once.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     guard(libc::EIO, || {
+        // SAFETY: liveness checked by `back`.
+        if unsafe { back::<Mr, _>(mr) }.is_some_and(|m| m.mr.bound_windows() > 0) {
+            return libc::EINVAL;
+        }
         // SAFETY: live objects came from hand_out::<Mr>.
         let Some(m) = (unsafe { take_back::<Mr, _>(mr) }) else {
             return libc::EINVAL;
@@ -1680,6 +1690,7 @@ pub(crate) unsafe extern "C" fn vctx_create_qp_ex(
         if a.comp_mask & !known != 0
             || (a.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && a.create_flags != 0)
             || (with_ops && a.send_ops_flags & !SRDMA_QP_EX_OPS != 0)
+            || (with_ops && a.qp_type == IBV_QPT_UD && a.send_ops_flags & SRDMA_QP_EX_MW_OPS != 0)
         {
             set_errno(libc::EOPNOTSUPP);
             return std::ptr::null_mut();
@@ -1706,6 +1717,9 @@ pub(crate) unsafe extern "C" fn vctx_create_qp_ex(
 fn fill_wr_ops(c: &mut ibv_qp_ex) {
     c.wr_atomic_cmp_swp = Some(wr_atomic_cmp_swp);
     c.wr_atomic_fetch_add = Some(wr_atomic_fetch_add);
+    c.wr_bind_mw = Some(mw::wr_bind_mw);
+    c.wr_local_inv = Some(mw::wr_local_inv);
+    c.wr_send_inv = Some(mw::wr_send_inv);
     c.wr_rdma_read = Some(wr_rdma_read);
     c.wr_rdma_write = Some(wr_rdma_write);
     c.wr_rdma_write_imm = Some(wr_rdma_write_imm);
@@ -1963,6 +1977,14 @@ fn send_wr(q: &Qp, w: &ibv_send_wr) -> Result<SendWr, c_int> {
             rkey: RKey(atomic.rkey),
             add: atomic.compare_add,
         },
+        // `invalidate_rkey` shares `imm_data`'s place, in host order.
+        IBV_WR_SEND_WITH_INV => SendOp::SendWithInv {
+            rkey: RKey(w.imm_data),
+        },
+        IBV_WR_LOCAL_INV => SendOp::LocalInv {
+            rkey: RKey(w.imm_data),
+        },
+        IBV_WR_BIND_MW => mw::post_bind_op(w)?,
         _ => return Err(libc::EINVAL),
     };
     let flags = SendFlags::from_bits(w.send_flags & 0x1f).ok_or(libc::EINVAL)?;
@@ -1970,7 +1992,9 @@ fn send_wr(q: &Qp, w: &ibv_send_wr) -> Result<SendWr, c_int> {
     if q.sq_sig_all {
         wr.flags |= SendFlags::SIGNALED;
     }
-    if flags.contains(SendFlags::INLINE) && !op.is_read_or_atomic() {
+    if op.is_local() {
+        // A bind or invalidate moves no data: no SGEs, no inline copy.
+    } else if flags.contains(SendFlags::INLINE) && !op.is_read_or_atomic() {
         let total: usize = list.iter().map(|s| s.length as usize).sum();
         if total > q.caps.max_inline_data as usize {
             return Err(libc::EINVAL);
