@@ -302,3 +302,65 @@ fn cm_mads_of_kernel_rdma_cm_parse_and_emit_byte_exact() {
     assert_eq!(first_rc_psn[&src(req.primary_remote_gid)], req.starting_psn);
     assert_eq!(first_rc_psn[&src(req.primary_local_gid)], rep.starting_psn);
 }
+
+/// SEND with invalidate (IBA 9.4.1.1, 5.2.x IETH): BTH opcode 0x17 / 0x16, then the 4-byte
+/// IETH holding the R_Key big-endian, then the payload; bytes laid out by hand from the spec.
+#[test]
+fn send_with_invalidate_is_bth_then_ieth() {
+    use srdma_wire::{BthRepr, Position, Psn, Qpn, Transport, bth};
+    let repr_of = |opcode, payload| {
+        let mut r = PacketRepr::new(
+            BthRepr {
+                opcode,
+                solicited: true,
+                mig_req: false,
+                pad_cnt: 0,
+                pkey: bth::DEFAULT_PKEY,
+                fecn: false,
+                becn: false,
+                dest_qpn: Qpn::new(0x11),
+                ack_req: true,
+                psn: Psn::new(0x00_0102),
+            },
+            payload,
+        );
+        r.ieth = Some(0x8000_07a5);
+        r
+    };
+    let r = repr_of(Opcode::RcSendOnlyWithInvalidate, b"ABCD");
+    let mut out = vec![0u8; r.buffer_len()];
+    let n = r.emit(&mut out).unwrap();
+    // BTH: opcode 0x17, SE set (0x80), P_Key ffff, dest QP 0x11, AckReq, PSN 0x102; IETH;
+    // payload; 4 bytes of ICRC (left zero by `emit`).
+    let want = hex("17 80 ffff 00000011 80000102 800007a5 41424344 00000000");
+    assert_eq!(&out[..n], &want[..]);
+    let back = PacketRepr::parse_bytes(&out[..n]).unwrap();
+    assert_eq!(back.bth.opcode, Opcode::RcSendOnlyWithInvalidate);
+    assert_eq!(back.ieth, Some(0x8000_07a5));
+    assert_eq!(back.imm_dt, None);
+    assert_eq!(back.payload, b"ABCD");
+
+    // LAST carries the IETH too; FIRST/MIDDLE are plain SEND packets without one.
+    let r = repr_of(Opcode::RcSendLastWithInvalidate, b"Z");
+    let mut out = vec![0u8; r.buffer_len()];
+    let n = r.emit(&mut out).unwrap();
+    assert_eq!(out[0], 0x16);
+    assert_eq!(&out[12..16], &[0x80, 0x00, 0x07, 0xa5]);
+    assert_eq!(
+        PacketRepr::parse_bytes(&out[..n]).unwrap().ieth,
+        Some(0x8000_07a5)
+    );
+    let ops: Vec<_> = [
+        Position::First,
+        Position::Middle,
+        Position::Last,
+        Position::Only,
+    ]
+    .into_iter()
+    .map(|p| Opcode::for_send_with_invalidate(Transport::Rc, p).map(|o| o as u8))
+    .collect();
+    assert_eq!(ops, [Some(0x00), Some(0x01), Some(0x16), Some(0x17)]);
+    for t in [Transport::Uc, Transport::Ud] {
+        assert_eq!(Opcode::for_send_with_invalidate(t, Position::Only), None);
+    }
+}
