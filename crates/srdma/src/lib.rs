@@ -71,7 +71,7 @@ pub use device::{
 pub use error::{Error, Result};
 pub use event::{AsyncEvent, EventHandler};
 pub use lease::{Buf, BufPool, LeasedQp, RawPost};
-pub use mw::{Mw, inc_rkey};
+pub use mw::{Mw, MwBindInfo, inc_rkey};
 pub use qp::{ConnectParams, Qp, QpInit, RemoteQp, Srq, ah, connect_attrs};
 pub use random::{random_psn, random_u64};
 pub use srdma_proto::qp::AhAttr;

@@ -86,22 +86,38 @@ impl Mr {
     }
 }
 
+/// What [`Qp::bind_mw`] binds (`struct ibv_mw_bind_info`).
+#[derive(Debug, Clone, Copy)]
+pub struct MwBindInfo<'a> {
+    /// The region (`None`, with `addr` and `len` 0, unbinds).
+    pub mr: Option<&'a Mr>,
+    /// First byte of the window, as the region is addressed ([`Mr::addr`] based).
+    pub addr: u64,
+    /// Length in bytes; 0 unbinds.
+    pub len: u64,
+    /// The window's rights (remote ones, [`AccessFlags::LOCAL_WRITE`] allowed and inert).
+    pub access: AccessFlags,
+}
+
 impl Qp {
-    /// `ibv_bind_mw` for a type 1 window: posts a bind of `len` bytes at `addr` of `mr`
-    /// (`None` with `len` 0 unbinds) with rights `access`, under R_Key `ibv_inc_rkey` of the
-    /// window's current one, and returns that new R_Key. The bind completes on the send CQ
-    /// with `wr_id` (when `flags` has [`SendFlags::SIGNALED`] or the QP signals every WR);
-    /// a failed bind completes with [`crate::WcStatus::MwBindErr`].
+    /// `ibv_bind_mw` for a type 1 window: posts a bind of `info` under R_Key
+    /// [`inc_rkey`] of the window's current one, and returns that new R_Key. The bind
+    /// completes on the send CQ with `wr_id` (when `flags` has [`SendFlags::SIGNALED`] or
+    /// the QP signals every WR); a failed bind completes with
+    /// [`crate::WcStatus::MwBindErr`].
     pub fn bind_mw(
         &self,
         mw: &Mw,
-        mr: Option<&Mr>,
-        addr: u64,
-        len: u64,
-        access: AccessFlags,
+        info: &MwBindInfo<'_>,
         wr_id: u64,
         flags: SendFlags,
     ) -> Result<RKey> {
+        let &MwBindInfo {
+            mr,
+            addr,
+            len,
+            access,
+        } = info;
         if mw.ty != MwType::Type1 {
             return Err(Error::InvalidArgument(
                 "ibv_bind_mw binds type 1 windows; type 2 ones take a bind work request".into(),

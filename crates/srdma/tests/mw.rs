@@ -11,9 +11,9 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
 use srdma::{
-    AccessFlags, ConnectParams, Cq, Device, DeviceConfig, Mr, Mtu, Mw, MwBind, MwState, MwType, Pd,
-    Qp, QpInit, QpType, RKey, RecvWr, RemoteQp, SendFlags, SendOp, SendWr, SgeList, Wc, WcFlags,
-    WcOpcode, WcStatus,
+    AccessFlags, ConnectParams, Cq, Device, DeviceConfig, Mr, Mtu, Mw, MwBind, MwBindInfo, MwState,
+    MwType, Pd, Qp, QpInit, QpType, RKey, RecvWr, RemoteQp, SendFlags, SendOp, SendWr, SgeList, Wc,
+    WcFlags, WcOpcode, WcStatus,
 };
 use srdma_wire::Psn;
 
@@ -140,8 +140,18 @@ fn type1_window_grants_write_and_read_until_unbound() {
     let win = b.mr.addr() + WIN_OFF;
     let rw = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
     let rkey =
-        b.qp.bind_mw(&mw, Some(&b.mr), win, WIN_LEN, rw, 3, SendFlags::SIGNALED)
-            .unwrap();
+        b.qp.bind_mw(
+            &mw,
+            &MwBindInfo {
+                mr: Some(&b.mr),
+                addr: win,
+                len: WIN_LEN,
+                access: rw,
+            },
+            3,
+            SendFlags::SIGNALED,
+        )
+        .unwrap();
     assert_eq!(rkey, srdma::inc_rkey(RKey(mw.alloc_rkey().0)));
     let wc = wait(&b.scq, "bind");
     assert_eq!(
@@ -173,10 +183,12 @@ fn type1_window_grants_write_and_read_until_unbound() {
     let rkey2 =
         b.qp.bind_mw(
             &mw,
-            None,
-            0,
-            0,
-            AccessFlags::empty(),
+            &MwBindInfo {
+                mr: None,
+                addr: 0,
+                len: 0,
+                access: AccessFlags::empty(),
+            },
             4,
             SendFlags::SIGNALED,
         )
