@@ -36,7 +36,7 @@ use crate::wc::WcStatus;
 
 mod mw;
 
-pub use mw::{MW_INDEX_BASE, MwBind, MwError, MwInfo, MwState, MwType};
+pub use mw::{MAX_MW, MW_INDEX_BASE, MwBind, MwError, MwInfo, MwState, MwType};
 
 /// A protection domain, as the engine numbers them. A QP can only use regions of its own PD
 /// (IBTA protection domains; rxe `lookup_mr` compares the region's PD with the QP's).

@@ -152,6 +152,7 @@ impl DeviceConfig {
             max_sge: l.max_send_sge,
             max_cqe: l.max_cqe,
             max_mr: l.max_mr,
+            max_mw: srdma_proto::mr::MAX_MW,
             max_qp_rd_atom: l.max_qp_rd_atom,
             max_qp_init_rd_atom: l.max_qp_init_rd_atom,
             max_srq_wr: l.max_srq_wr,
@@ -234,6 +235,8 @@ pub struct DeviceAttr {
     pub max_cqe: u32,
     /// Largest MR count.
     pub max_mr: u32,
+    /// Largest memory window count.
+    pub max_mw: u32,
     /// Outstanding READ/atomic as responder, per QP.
     pub max_qp_rd_atom: u32,
     /// Outstanding READ/atomic as requester, per QP.

@@ -21,8 +21,9 @@ use super::{AccessFlags, LKey, MrError, MrGrant, MrHandle, MrTable, PdId, RKey};
 /// windows, below it regions (rxe keeps MRs and MWs in separate index ranges too).
 pub const MW_INDEX_BASE: u32 = 0x0080_0000;
 
-/// The most windows a table holds (rxe `RXE_MAX_MW`).
-pub const MAX_MW: u32 = 0x1_0000;
+/// The most windows a table holds: `max_mw` of the rxe device in `../shared/rxe-lab`
+/// (kernel 6.1), the same as its `max_mr`.
+pub const MAX_MW: u32 = 524_287;
 
 /// True when `key` names a memory window rather than a region.
 #[inline]
