@@ -22,8 +22,9 @@ use crate::abi_core::*;
 use crate::{guard, set_errno};
 
 /// `IBV_DEVICE_BAD_PKEY_CNTR | IBV_DEVICE_BAD_QKEY_CNTR | IBV_DEVICE_SYS_IMAGE_GUID |
-/// IBV_DEVICE_RC_RNR_NAK_GEN`: what `srdma devinfo` reports.
-const DEVICE_CAP_FLAGS: u32 = (1 << 1) | (1 << 2) | (1 << 11) | (1 << 12);
+/// IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B`: what
+/// `srdma devinfo` reports.
+const DEVICE_CAP_FLAGS: u32 = (1 << 1) | (1 << 2) | (1 << 11) | (1 << 12) | (1 << 17) | (1 << 24);
 /// What a count srdma does not bound reads as (`INT_MAX`, as `srdma devinfo` prints it).
 const UNLIMITED: c_int = c_int::MAX;
 
@@ -553,6 +554,7 @@ fn fill_device_attr(ctx: &Context, attr: &mut ibv_device_attr) {
     attr.max_cq = UNLIMITED;
     attr.max_cqe = a.max_cqe as c_int;
     attr.max_mr = a.max_mr as c_int;
+    attr.max_mw = a.max_mw as c_int;
     attr.max_pd = UNLIMITED;
     attr.max_qp_rd_atom = a.max_qp_rd_atom as c_int;
     attr.max_res_rd_atom = a
