@@ -12,10 +12,11 @@
 //! free UDP port and queried (`query`, `query_port`, `gids`), in the layout of `ibv_devinfo`
 //! (tabs included). The node GUID, and so the link-local GID, depends on the UDP port. Fields
 //! `ibv_devinfo -v` prints that srdma has no counterpart for are printed as a real device
-//! without the feature prints them: 0 (memory windows, raw QPs, EE contexts, FMRs,
-//! ODP, TSO, RSS); objects whose number srdma does not bound (CQs, PDs, SRQs, address handles)
-//! show 2147483647, the largest value the field holds. `device_cap_flags` names what srdma
-//! does: P_Key and Q_Key violation counters, a system image GUID, RNR NAKs. `port_cap_flags`
+//! without the feature prints them: 0 (raw QPs, EE contexts, FMRs, ODP, TSO, RSS); objects
+//! whose number srdma does not bound (CQs, PDs, SRQs, address handles) show 2147483647, the
+//! largest value the field holds. `device_cap_flags` names what srdma does: P_Key and Q_Key
+//! violation counters, a system image GUID, RNR NAKs, memory windows of type 1 and 2B.
+//! `port_cap_flags`
 //! is 0: srdma's connection manager speaks TCP, not IB CM MADs.
 //!
 //! Exit status: 0; 1 when `-d` names no device, `-i` no port, or a device cannot be opened;
@@ -31,8 +32,9 @@ use srdma::{Device, Mtu};
 const UNLIMITED: u32 = i32::MAX as u32;
 
 /// `IBV_DEVICE_BAD_PKEY_CNTR | IBV_DEVICE_BAD_QKEY_CNTR | IBV_DEVICE_SYS_IMAGE_GUID |
-/// IBV_DEVICE_RC_RNR_NAK_GEN`: what srdma implements of `enum ibv_device_cap_flags`.
-const DEVICE_CAP_FLAGS: u32 = (1 << 1) | (1 << 2) | (1 << 11) | (1 << 12);
+/// IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B`: what
+/// srdma implements of `enum ibv_device_cap_flags`.
+const DEVICE_CAP_FLAGS: u32 = (1 << 1) | (1 << 2) | (1 << 11) | (1 << 12) | (1 << 17) | (1 << 24);
 
 /// `enum ibv_device_cap_flags` bit names, in `ibv_devinfo`'s order.
 const CAP_FLAG_NAMES: [(u32, &str); 24] = [
@@ -218,7 +220,7 @@ fn print_device(dev: &Device, args: &Args, out: &mut impl Write) -> anyhow::Resu
             ),
             ("max_ee", "0".into()),
             ("max_rdd", "0".into()),
-            ("max_mw", "0".into()),
+            ("max_mw", attr.max_mw.to_string()),
             ("max_raw_ipv6_qp", "0".into()),
             ("max_raw_ethy_qp", "0".into()),
             ("max_mcast_grp", attr.max_mcast_grp.to_string()),

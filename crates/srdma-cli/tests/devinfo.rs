@@ -140,11 +140,13 @@ fn loopback_device_verbose() {
 \tpage_size_cap:\t\t\t0x1000
 \tmax_qp:\t\t\t\t65536
 \tmax_qp_wr:\t\t\t16384
-\tdevice_cap_flags:\t\t0x00001806
+\tdevice_cap_flags:\t\t0x01021806
 \t\t\t\t\tBAD_PKEY_CNTR
 \t\t\t\t\tBAD_QKEY_CNTR
 \t\t\t\t\tSYS_IMAGE_GUID
 \t\t\t\t\tRC_RNR_NAK_GEN
+\t\t\t\t\tMEM_WINDOW
+\t\t\t\t\tMEM_WINDOW_TYPE_2B
 \tmax_sge:\t\t\t32
 \tmax_sge_rd:\t\t\t32
 \tmax_cq:\t\t\t\t2147483647
@@ -159,7 +161,7 @@ fn loopback_device_verbose() {
 \tatomic_cap:\t\t\tATOMIC_HCA (1)
 \tmax_ee:\t\t\t\t0
 \tmax_rdd:\t\t\t0
-\tmax_mw:\t\t\t\t0
+\tmax_mw:\t\t\t\t524287
 \tmax_raw_ipv6_qp:\t\t0
 \tmax_raw_ethy_qp:\t\t0
 \tmax_mcast_grp:\t\t\t8192
@@ -183,7 +185,7 @@ fn loopback_device_verbose() {
 \t\t\t\t\tNO SUPPORT
 \tcompletion_timestamp_mask not supported
 \tcore clock not supported
-\tdevice_cap_flags_ex:\t\t0x1806
+\tdevice_cap_flags_ex:\t\t0x1021806
 \ttso_caps:
 \t\tmax_tso:\t\t\t0
 \trss_caps:
