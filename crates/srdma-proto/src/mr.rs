@@ -502,8 +502,9 @@ impl MrTable {
     /// and mlx5's rereg keep them); the handle changes, so grants issued before fail
     /// [`MrTable::revalidate`] and the engine supplies the memory under the new handle.
     ///
-    /// Fails as [`MrTable::register`] does on the new values, and with
-    /// [`MrError::InvalidKey`] for an unknown `lkey`; the region is unchanged then.
+    /// Fails as [`MrTable::register`] does on the new values, with [`MrError::InvalidKey`]
+    /// for an unknown `lkey`, and with [`MrError::WindowsBound`] while memory windows are
+    /// bound to the region; the region is unchanged then.
     pub fn reregister(
         &mut self,
         lkey: LKey,
@@ -514,6 +515,15 @@ impl MrTable {
         let old = self
             .query(lkey)
             .ok_or(MrError::InvalidKey { key: lkey.0 })?;
+        // IBA 10.6.7.2.6: no reregistration while windows are bound (their grants name the
+        // handle this would retire).
+        let windows = self.mws.bound_to(old.keys.handle);
+        if windows > 0 {
+            return Err(MrError::WindowsBound {
+                key: lkey.0,
+                windows,
+            });
+        }
         let access = access.unwrap_or(old.access);
         access.validate_for_mr()?;
         let (addr, len) = range.unwrap_or((old.addr, old.len));

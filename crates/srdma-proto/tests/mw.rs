@@ -450,6 +450,13 @@ fn deregistration_waits_for_bound_windows_and_dealloc_kills_the_key() {
         })
     );
     assert!(t.query(mr.lkey).is_some(), "still registered");
+    assert_eq!(
+        t.reregister(mr.lkey, None, None, Some(AccessFlags::LOCAL_WRITE)),
+        Err(MrError::WindowsBound {
+            key: mr.lkey.0,
+            windows: 1
+        })
+    );
     // Deallocating the window unbinds it; its key is dead; the region may go.
     t.dealloc_mw(w).unwrap();
     assert_eq!(t.mw_count(), 0);
