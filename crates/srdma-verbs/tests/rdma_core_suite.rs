@@ -82,34 +82,7 @@ fn parse(out: &str) -> BTreeMap<String, Outcome> {
 
 /// Tests that pass on rxe and not yet on srdma, with why. Each must still not pass here:
 /// once one does, take it off the list.
-const KNOWN_GAPS: &[(&str, &str)] = &[
-    (
-        "tests.test_mr.MWTest.test_invalidate_mw_type1",
-        "memory windows",
-    ),
-    ("tests.test_mr.MWTest.test_mw_type1", "memory windows"),
-    ("tests.test_mr.MWTest.test_mw_type2", "memory windows"),
-    (
-        "tests.test_mr.MWTest.test_mw_type2_invalidate_dealloc",
-        "memory windows",
-    ),
-    (
-        "tests.test_mr.MWTest.test_mw_type2_invalidate_local",
-        "memory windows",
-    ),
-    (
-        "tests.test_mr.MWTest.test_mw_type2_invalidate_remote",
-        "memory windows",
-    ),
-    (
-        "tests.test_mr.MWTest.test_reg_mw_wrong_type",
-        "memory windows",
-    ),
-    (
-        "tests.test_qpex.QpExTestCase.test_qp_ex_rc_bind_mw",
-        "memory windows",
-    ),
-];
+const KNOWN_GAPS: &[(&str, &str)] = &[];
 
 /// Tests rxe does not pass (it skips or fails them) that srdma must pass.
 const BEYOND_RXE: &[&str] = &[
