@@ -10,7 +10,8 @@
 //!   REMOTE_WRITE/REMOTE_ATOMIC ⇒ LOCAL_WRITE;
 //! - [`mr`]: the memory-region table — random-keyed L_Keys/R_Keys, local and remote access
 //!   checks with the IBTA zero-length rule, and generation-checked handles that make
-//!   deregistration with work in flight safe;
+//!   deregistration with work in flight safe; memory windows (type 1 and 2B: bind,
+//!   invalidate, R_Key checks);
 //! - [`memory`]: the [`memory::Memory`] trait through which the engine lends region bytes,
 //!   and [`memory::VecMemory`] for tests;
 //! - [`qp`]: QP types, states and attributes, and the `ibv_modify_qp` transition table with

@@ -27,8 +27,9 @@
 //!   `ibv_create_comp_channel`, `ibv_destroy_comp_channel`, `ibv_create_cq`,
 //!   `ibv_destroy_cq`, `ibv_get_cq_event`, `ibv_ack_cq_events`, `ibv_poll_cq`,
 //!   `ibv_req_notify_cq`, `ibv_create_qp` (RC, UC, UD), `ibv_modify_qp`, `ibv_query_qp`,
-//!   `ibv_destroy_qp`, `ibv_post_send` (SEND, SEND with immediate, WRITE, WRITE with
-//!   immediate, READ, compare-and-swap, fetch-and-add; inline), `ibv_post_recv`,
+//!   `ibv_destroy_qp`, `ibv_post_send` (SEND, SEND with immediate, SEND with invalidate,
+//!   WRITE, WRITE with immediate, READ, compare-and-swap, fetch-and-add, bind MW, local
+//!   invalidate; inline), `ibv_post_recv`,
 //!   `ibv_create_srq`, `ibv_modify_srq` (the limit), `ibv_query_srq`, `ibv_destroy_srq`,
 //!   `ibv_post_srq_recv`, `ibv_create_ah`, `ibv_destroy_ah`, `ibv_init_ah_from_wc`,
 //!   `ibv_create_ah_from_wc`, `ibv_get_async_event`, `ibv_ack_async_event` (CQ error, QP
@@ -40,8 +41,16 @@
 //!   `verbs_context`, `ibv_create_cq_ex` (standard `IBV_WC_EX_WITH_*` fields) with
 //!   `ibv_start_poll`/`ibv_next_poll`/`ibv_end_poll` and the `ibv_wc_read_*` functions, and
 //!   `ibv_create_qp_ex` with `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`, `ibv_qp_to_qp_ex` and the
-//!   `ibv_wr_*` API (WRITE, WRITE with immediate, SEND, SEND with immediate, READ,
-//!   compare-and-swap, fetch-and-add; SGEs, inline data, UD addresses); `ibv_resize_cq`
+//!   `ibv_wr_*` API (WRITE, WRITE with immediate, SEND, SEND with immediate, SEND with
+//!   invalidate, READ, compare-and-swap, fetch-and-add, `ibv_wr_bind_mw`,
+//!   `ibv_wr_local_inv`; SGEs, inline data, UD addresses); memory windows as rxe has them:
+//!   `IBV_ACCESS_MW_BIND` on `ibv_reg_mr`, `ibv_alloc_mw` (type 1 and 2B; another type
+//!   EINVAL), `ibv_dealloc_mw`, `ibv_bind_mw` (type 1, through `ibv_context_ops.bind_mw`),
+//!   `IBV_WC_BIND_MW`/`IBV_WC_LOCAL_INV` completions and `IBV_WC_WITH_INV` with the
+//!   invalidated R_Key on the receiver; a window's R_Key is checked for RDMA READ, WRITE and
+//!   atomics (bound, PD, type 2's QP, range, rights: remote access error otherwise), and
+//!   `ibv_dereg_mr`/`ibv_rereg_mr` refuse a region with windows bound (EINVAL);
+//!   `ibv_resize_cq`
 //!   (rxe's bounds: not below the completions waiting); `ibv_rereg_mr` (PD, translation and
 //!   access, the keys kept, as rxe's and mlx5's); `ibv_query_device_ex` with
 //!   `phys_port_cnt_ex`; the access flags' optional range (relaxed ordering) accepted and
@@ -54,7 +63,9 @@
 //!   that libmlx5.so.1 and libefa.so.1, which perftest links, load.
 //! - Missing (their `verbs_context` slots are NULL, so the inline wrappers of verbs.h fail
 //!   with EOPNOTSUPP): completion timestamps (`ibv_rc_pingpong -t` says the device is not
-//!   capable, as on rxe), `ibv_wr_bind_mw`/`local_inv`/`send_inv`/TSO, `ibv_create_srq_ex`, XRC domains, memory windows, work queues and RSS, flow steering,
+//!   capable, as on rxe), `ibv_wr_send_tso`, `ibv_create_srq_ex`, XRC domains,
+//!   zero-based memory windows (EINVAL at bind, as rxe for type 1), work queues and RSS, flow
+//!   steering,
 //!   device memory, counters, thread domains and parent domains, `ibv_modify_cq`,
 //!   `ibv_advise_mr`; on-demand paging (`IBV_ACCESS_ON_DEMAND`: EOPNOTSUPP).
 //!
