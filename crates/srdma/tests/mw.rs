@@ -286,3 +286,43 @@ fn deallocated_window_key_fails() {
         WcStatus::RemAccessErr
     );
 }
+
+#[test]
+fn bind_behind_a_send_completes_after_it() {
+    let (_da, _db, a, b) = pair();
+    a.qp.post_recv(RecvWr {
+        wr_id: 50,
+        sges: sges(&a.mr, 0, 64),
+    })
+    .unwrap();
+    // B: a SEND, then at once a bind, which must wait for the SEND's ACK and then run
+    // without another post or poll of B's send queue to push it.
+    let mw = b.pd.alloc_mw(MwType::Type2).unwrap();
+    let rkey = srdma::inc_rkey(mw.rkey());
+    b.qp.post_send(SendWr::new(20, SendOp::Send, sges(&b.mr, 0, 32)))
+        .unwrap();
+    let bind = MwBind {
+        mw_rkey: mw.rkey(),
+        rkey,
+        mr_lkey: b.mr.lkey(),
+        addr: b.mr.addr(),
+        len: 64,
+        access: AccessFlags::REMOTE_READ,
+    };
+    b.qp.post_send(SendWr::new(21, SendOp::BindMw(bind), SgeList::new()))
+        .unwrap();
+    let got: Vec<_> = (0..2)
+        .map(|_| {
+            let wc = wait(&b.scq, "SEND or bind");
+            (wc.wr_id, wc.opcode, wc.status)
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (20, WcOpcode::Send, WcStatus::Success),
+            (21, WcOpcode::BindMw, WcStatus::Success)
+        ]
+    );
+    assert_eq!(wait(&a.rcq, "receive").byte_len, 32);
+}

@@ -524,9 +524,17 @@ impl MrTable {
         if !self.is_live(b.mr) {
             return Err(MrError::Stale { handle: b.mr });
         }
+        // The bind kept the window inside the region; checked anyway, never a wrap.
+        let offset = va.checked_sub(b.mr_addr).ok_or(MrError::OutOfBounds {
+            key,
+            addr: va,
+            len,
+            region_addr: w.addr,
+            region_len: w.len,
+        })?;
         Ok(MrGrant {
             handle: b.mr,
-            offset: va - b.mr_addr,
+            offset,
             len,
         })
     }
