@@ -391,6 +391,12 @@ fn type2_windows_serve_only_their_qp() {
         t.invalidate_rkey(QP, k),
         Err(MwError::WrongState { .. })
     ));
+    // A destroyed QP's windows go free, and a later QP with its number gets none of them.
+    let w = t.alloc_mw(PD, MwType::Type2).unwrap();
+    let k = t.bind_mw(PD, QP, &bind(w, &mr, 0x10_000, 64, rw)).unwrap();
+    t.unbind_qp_windows(QP);
+    assert_eq!(t.query_mw(k).unwrap().state, MwState::Free);
+    assert!(t.check_remote_at(PD, QP, k, 0x10_000, 8, rw).is_err());
 }
 
 #[test]

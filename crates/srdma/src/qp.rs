@@ -148,6 +148,9 @@ impl Drop for QpInner {
         self.dev.flush_if_deferred(&mut st, self.qpn.value());
         self.dev.detach_all_groups(&mut st, self.qpn.value());
         st.qps.remove(&self.qpn.value());
+        // Type 2 windows bound to it die with it: a later QP with the same number must not
+        // inherit them.
+        st.mrs.unbind_qp_windows(self.qpn);
     }
 }
 

@@ -326,3 +326,14 @@ fn bind_behind_a_send_completes_after_it() {
     );
     assert_eq!(wait(&a.rcq, "receive").byte_len, 32);
 }
+
+#[test]
+fn destroying_the_qp_frees_its_type2_windows() {
+    let (_da, _db, _a, b) = pair();
+    let (mw, _rkey) = bind_type2(&b, AccessFlags::REMOTE_WRITE);
+    assert_eq!(b.mr.bound_windows(), 1);
+    let End { qp, mr, .. } = b;
+    drop(qp);
+    assert_eq!(mw.info().unwrap().state, MwState::Free);
+    assert_eq!(mr.bound_windows(), 0);
+}

@@ -476,6 +476,16 @@ impl MrTable {
         Ok(())
     }
 
+    /// Returns every type 2 window bound to QP `qpn` to the free state: the QP is being
+    /// destroyed, and its number may be given to another QP later.
+    pub fn unbind_qp_windows(&mut self, qpn: Qpn) {
+        for w in self.mws.slots.iter_mut().filter_map(|s| s.window.as_mut()) {
+            if w.ty == MwType::Type2 && w.qpn == Some(qpn) {
+                w.unbind();
+            }
+        }
+    }
+
     /// The remote-access check of an R_Key that names a window (rxe `rxe_lookup_mw`, then the
     /// range, here against the window): same key, a QP of the window's PD (and for type 2 the
     /// QP it is bound to), bound with a non-zero length, rights, bounds; the grant is on the
