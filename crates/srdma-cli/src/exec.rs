@@ -71,9 +71,17 @@ pub(crate) fn library_dir(lib: &Path) -> anyhow::Result<PathBuf> {
     }
     // SAFETY: getuid has no preconditions.
     let uid = unsafe { libc::getuid() };
+    // One directory per library: two builds (two checkouts, debug and release) run side by
+    // side without re-pointing each other's links.
+    let tag = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        lib.hash(&mut h);
+        h.finish()
+    };
     let dir = std::env::temp_dir()
         .join(format!("srdma-{uid}"))
-        .join("lib");
+        .join(format!("lib-{tag:016x}"));
     std::fs::create_dir_all(&dir)?;
     for name in NAMES {
         let link = dir.join(name);
