@@ -5,13 +5,15 @@
 //! path and replaces itself with the program. The library is found as `$SRDMA_LIB` (the file
 //! or its directory), else next to this executable (`libibverbs.so`, where cargo builds it),
 //! else in `../lib/srdma/` beside it (an installed layout). `--device` sets `SRDMA_DEVICES`,
-//! the devices the program sees (see the srdma-verbs crate).
+//! the devices the program sees (see the srdma-verbs crate). Unless they exist, the program
+//! also gets `/dev/infiniband/uverbsN` nodes in a private mount namespace (see
+//! [`crate::devnodes`]; `SRDMA_DEV_NODES=0` skips that).
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 
-use crate::UsageError;
+use crate::{UsageError, devnodes};
 
 /// Options of `srdma exec`.
 #[derive(Debug, clap::Args)]
@@ -117,6 +119,13 @@ pub fn run(args: &Args) -> anyhow::Result<bool> {
     cmd.args(&args.command[1..]).env("LD_LIBRARY_PATH", path);
     if let Some(d) = &args.device {
         cmd.env("SRDMA_DEVICES", d);
+    }
+    let count = devnodes::node_count(args.device.as_deref());
+    if let Err(e) = devnodes::provide(count) {
+        eprintln!(
+            "srdma exec: note: no /dev/infiniband/uverbsN nodes for the program ({e}); \
+             programs that look for them (UCX) will not use srdma's devices"
+        );
     }
     let err = cmd.exec();
     Err(UsageError(format!(

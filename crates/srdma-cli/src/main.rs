@@ -3,6 +3,7 @@
 mod decode;
 mod demo;
 mod devinfo;
+mod devnodes;
 mod exec;
 mod perf;
 mod pingpong;
