@@ -622,7 +622,8 @@ fn ip_checksum(b: &[u8]) -> u16 {
 /// 20 zero bytes followed by the packet's IPv4 header (IBA A17.4.5 RoCEv2 "the GRH of a
 /// RoCEv2 IPv4 packet"; `union rdma_network_hdr` in `include/rdma/ib_verbs.h`, rxe
 /// `execute`: `memset(&hdr.reserved, 0, ...)`, `memcpy(&hdr.roce4grh, ip_hdr(skb), ...)`).
-/// byte_len = payload + 40, src_qp = the sender's QPN (from the DETH), wc_flags has GRH.
+/// byte_len = payload + 40, src_qp = the sender's QPN (from the DETH), wc_flags has GRH, sl
+/// the network header type as mlx5 reports it (2 = IPv4; UCX `uct_ud_iface_check_grh`).
 #[test]
 fn ud_send_lands_after_an_ipv4_grh() {
     let mut p = ud();
@@ -650,6 +651,10 @@ fn ud_send_lands_after_an_ipv4_grh() {
         (100, WcStatus::Success, WcOpcode::Recv, 140, Qpn::new(0x11))
     );
     assert!(wc.wc_flags.contains(WcFlags::GRH));
+    assert_eq!(
+        wc.sl, 2,
+        "network header type IPv4, as mlx5 reports it (UCX reads it)"
+    );
     assert!(!wc.wc_flags.contains(WcFlags::WITH_IMM));
     assert_eq!(wc.imm_data, None);
     let buf = p.bytes(B, &r.rcv);
@@ -730,6 +735,7 @@ fn ud_send_lands_after_an_ipv6_grh() {
     let roce_len = p.sent_by(A)[0].pkt.buffer_len();
     let wc = p.completions(B)[0];
     assert_eq!((wc.status, wc.byte_len), (WcStatus::Success, 50));
+    assert_eq!(wc.sl, 1, "network header type IPv6, as mlx5 reports it");
     let g = &p.bytes(B, &r.rcv)[..40];
     assert_eq!(g[0] >> 4, 6, "version 6");
     assert_eq!(

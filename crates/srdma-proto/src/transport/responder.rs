@@ -142,6 +142,7 @@ impl Qp {
         let mut wc = Wc::new(wqe.wr_id, status, WcOpcode::Recv, qpn)
             .with_src_qp(deth.src_qpn)
             .with_flags(WcFlags::GRH);
+        wc.sl = roce_pkt_type(&meta.encap.ip);
         if status.is_success() {
             wc = wc.with_byte_len(total as u32);
             if let Some(imm) = pkt.imm_dt {
@@ -651,6 +652,18 @@ impl Qp {
                 }
             }
         }
+    }
+}
+
+/// What a UD receive on RoCE reports in `sl`: the packet's network header type, as mlx5 does
+/// (its CQE's L3 header type: 1 = IPv6, 2 = IPv4; 0 would be a RoCEv1 GRH). rxe leaves `sl`
+/// 0, but UCX's UD transport reads `sl` this way on an Ethernet port to find the destination
+/// address in the GRH area (`uct_ud_iface_check_grh`), and drops every packet when it says 0
+/// for IPv4. RoCE has no service level to report otherwise.
+fn roce_pkt_type(ip: &IpRepr) -> u8 {
+    match ip {
+        IpRepr::V4(_) => 2,
+        IpRepr::V6(_) => 1,
     }
 }
 
