@@ -247,7 +247,8 @@ pub fn transition_rule(qp_type: QpType, from: QpState, to: QpState) -> Option<Tr
 ///    - `pkey_index` below `pkey_tbl_len` (one entry: index 0 only);
 ///    - `qp_access_flags` only defined bits;
 ///    - `ah_attr`: `is_global` set (RoCE), `port_num` valid, `sgid_index` below
-///      `gid_tbl_len`, `flow_label` within 20 bits;
+///      `gid_tbl_len`; `flow_label` is not checked: the kernel takes any 32-bit value and
+///      only its low 20 bits reach the wire (UCX passes `~0` on RoCE, `ib_iface.c`);
 ///    - `path_mtu` at most the port's `max_mtu` (rxe: "invalid mtu");
 ///    - `timeout` ≤ 31 (rxe: "invalid QP timeout"; 4.096 µs · 2^31 is the largest encodable);
 ///    - `retry_cnt` ≤ 7 and `rnr_retry` ≤ 7 (3-bit fields, IBTA);
@@ -377,7 +378,6 @@ fn check_values(attr: &QpAttr, mask: AttrMask, limits: &DeviceLimits) -> Result<
             n => (0, u64::from(n) - 1),
         };
         in_range("ah_attr.sgid_index", ah.sgid_index.into(), min, max)?;
-        in_range("ah_attr.flow_label", ah.flow_label.into(), 0, 0xF_FFFF)?;
     }
     if mask.contains(AttrMask::PATH_MTU) {
         in_range(
