@@ -1458,7 +1458,8 @@ fn qp_attr(a: &ibv_qp_attr, mask: u32) -> Result<(QpAttr, AttrMask), c_int> {
     Ok((q, m))
 }
 
-/// `ibv_modify_qp`: 0 or the errno (EINVAL for a transition or attribute the QP refuses).
+/// `ibv_modify_qp`: 0 or the errno (EINVAL for a transition or attribute the QP refuses),
+/// also left in `errno`.
 ///
 /// # Safety
 /// `qp` NULL or live; `attr` NULL or readable.
@@ -1468,7 +1469,9 @@ pub unsafe extern "C" fn ibv_modify_qp(
     attr: *mut ibv_qp_attr,
     attr_mask: c_int,
 ) -> c_int {
-    guard(libc::EIO, || {
+    // rdma-core's failed write(2) to the kernel leaves the same value in errno, and callers
+    // print that (UCX: "error modifying QP to RTR: %m").
+    let r = guard(libc::EIO, || {
         // SAFETY: per the contract.
         let Some(q) = (unsafe { back::<Qp, _>(qp) }) else {
             return libc::EINVAL;
@@ -1488,7 +1491,11 @@ pub unsafe extern "C" fn ibv_modify_qp(
             Ok(()) => 0,
             Err(e) => errno_of(&e),
         }
-    })
+    });
+    if r != 0 {
+        set_errno(r);
+    }
+    r
 }
 
 /// `ibv_query_qp`: the QP's attributes and the creation attributes.
