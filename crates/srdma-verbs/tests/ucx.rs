@@ -1,0 +1,228 @@
+//! Debian's unmodified UCX 1.13 (`ucx_info`, `ucx_perftest` from ucx-utils) on srdma, with
+//! UCX's default configuration (no `UCX_*` variable but the transport list), run the way a
+//! user runs it: through `srdma exec`, which gives the program the `/dev/infiniband/uverbsN`
+//! nodes UCX looks for.
+//!
+//! Both ends run on this host, each on its own loopback address (`SRDMA_DEVICES`), every
+//! test on its own addresses and TCP port. Skipped, with a message, without ucx-utils
+//! (`scripts/test.sh` installs it).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// `target/debug/srdma`, with the drop-in library built beside it, built once per run.
+fn srdma() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let st = Command::new(env!("CARGO"))
+            .args(["build", "-q", "-p", "srdma-verbs", "-p", "srdma-cli"])
+            .current_dir(&root)
+            .status()
+            .expect("running cargo build -p srdma-verbs -p srdma-cli");
+        assert!(
+            st.success(),
+            "cargo build -p srdma-verbs -p srdma-cli failed"
+        );
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| root.join("target"));
+        target.join("debug/srdma").canonicalize().unwrap()
+    })
+}
+
+/// Whether UCX's tools are installed; if not, says so (the caller skips).
+fn have_ucx() -> bool {
+    let ok = ["ucx_info", "ucx_perftest"]
+        .iter()
+        .all(|t| Path::new("/usr/bin").join(t).exists());
+    if !ok {
+        eprintln!(
+            "skipped: /usr/bin/ucx_info or /usr/bin/ucx_perftest is missing (apt-get install \
+             ucx-utils, or run scripts/test.sh as root)"
+        );
+    }
+    ok
+}
+
+/// `srdma exec PROGRAM ARGS` seeing one device, `ucx` at `addr`, and using `tls`.
+fn exec(addr: &str, tls: &str, prog: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(srdma());
+    c.arg("exec")
+        .arg(prog)
+        .args(args)
+        .env("SRDMA_DEVICES", format!("ucx={addr}"))
+        .env("UCX_TLS", tls)
+        .env_remove("SRDMA_DEV_NODES")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+/// Waits for `child` at most `limit`, killing it past that.
+fn wait(mut child: Child, limit: Duration, what: &str) -> Output {
+    let start = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!("{what} did not finish within {limit:?}\n{}", text(&out));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Waits (10 s at most) until some process listens on TCP `port`.
+fn wait_listen(port: u16) {
+    let needle = format!(":{port:04X}");
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(10) {
+        for f in ["/proc/net/tcp", "/proc/net/tcp6"] {
+            let t = std::fs::read_to_string(f).unwrap_or_default();
+            // local_address is the second column; state 0A is LISTEN.
+            if t.lines().any(|l| {
+                let c: Vec<&str> = l.split_whitespace().collect();
+                c.len() > 3 && c[1].ends_with(&needle) && c[3] == "0A"
+            }) {
+                return;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("nothing listens on TCP {port} after 10 s");
+}
+
+/// Runs `ucx_perftest` server and client (on 127.0.`net`.1 and .2) over `tls` with `args`
+/// (a few hundred iterations); both must exit 0 and the client print its final line.
+/// Returns the client's output.
+fn perftest(net: u8, port: u16, tls: &str, args: &[&str]) -> String {
+    let (sa, ca) = (format!("127.0.{net}.1"), format!("127.0.{net}.2"));
+    let port_s = port.to_string();
+    let mut a: Vec<&str> = vec!["-p", &port_s, "-n", "500", "-w", "50"];
+    a.extend_from_slice(args);
+    let what = format!("ucx_perftest {} over {tls}", a.join(" "));
+    let srv = exec(&sa, tls, "ucx_perftest", &a).spawn().unwrap();
+    wait_listen(port);
+    let mut ca_args = vec![sa.as_str()];
+    ca_args.extend_from_slice(&a);
+    let cli = exec(&ca, tls, "ucx_perftest", &ca_args).spawn().unwrap();
+    let c = wait(cli, Duration::from_secs(30), &format!("{what}: client"));
+    let s = wait(srv, Duration::from_secs(10), &format!("{what}: server"));
+    assert!(c.status.success(), "{what}: client failed: {}", text(&c));
+    assert!(s.status.success(), "{what}: server failed: {}", text(&s));
+    let out = String::from_utf8_lossy(&c.stdout).into_owned();
+    let fin = out
+        .lines()
+        .find(|l| l.starts_with("Final:"))
+        .unwrap_or_else(|| panic!("{what}: no final line: {}", text(&c)));
+    // "Final: <iterations> ...": every iteration ran.
+    assert_eq!(fin.split_whitespace().nth(1), Some("500"), "{what}: {fin}");
+    for o in [&c, &s] {
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!err.contains("UCX  ERROR"), "{what}: {}", text(o));
+    }
+    out
+}
+
+/// `srdma exec` gives the program `/dev/infiniband/uverbsN` character devices it may read
+/// and write, keeps the rest of `/dev` working, and skips that on `SRDMA_DEV_NODES=0`.
+#[test]
+fn exec_provides_device_nodes() {
+    let script = "test -c /dev/infiniband/uverbs0 && test -r /dev/infiniband/uverbs0 && \
+                  test -w /dev/infiniband/uverbs0 && echo ok > /dev/null && test -d /dev/shm && \
+                  echo nodes-ok";
+    let o = exec("127.0.60.1", "", "/bin/sh", &["-c", script])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("nodes-ok"));
+    let o = exec("127.0.60.1", "", "/bin/sh", &["-c", "ls /dev/infiniband"])
+        .env("SRDMA_DEV_NODES", "0")
+        .output()
+        .unwrap();
+    if Path::new("/dev/infiniband/uverbs0").exists() {
+        return; // A real RDMA device: nothing to tell apart.
+    }
+    assert!(
+        !o.status.success(),
+        "nodes made despite SRDMA_DEV_NODES=0: {}",
+        text(&o)
+    );
+}
+
+#[test]
+fn ucx_info_lists_rc_and_ud_verbs() {
+    if !have_ucx() {
+        return;
+    }
+    let o = exec("127.0.61.1", "rc_verbs,ud_verbs", "ucx_info", &["-d"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    for want in [
+        "Memory domain: ucx",
+        "Transport: rc_verbs",
+        "Transport: ud_verbs",
+        "Device: ucx:1",
+    ] {
+        assert!(out.contains(want), "missing {want:?}: {}", text(&o));
+    }
+}
+
+/// UCP over RC (UD for wire-up): tag matching, RMA put and get, atomics.
+#[test]
+fn ucp_over_rc_verbs() {
+    if !have_ucx() {
+        return;
+    }
+    let tls = "rc_verbs,ud_verbs";
+    perftest(62, 18640, tls, &["-t", "tag_lat"]);
+    perftest(63, 18641, tls, &["-t", "tag_bw", "-s", "100000"]);
+    perftest(64, 18642, tls, &["-t", "ucp_put_bw", "-s", "65536"]);
+    perftest(65, 18643, tls, &["-t", "ucp_get", "-s", "4096"]);
+    perftest(66, 18644, tls, &["-t", "ucp_fadd"]);
+    perftest(67, 18645, tls, &["-t", "ucp_cswap"]);
+}
+
+/// UCP over UD alone (every packet through the receive path whose GRH UCX checks), and the
+/// UCT transports directly.
+#[test]
+fn ucp_over_ud_verbs_and_uct() {
+    if !have_ucx() {
+        return;
+    }
+    perftest(68, 18646, "ud_verbs", &["-t", "tag_lat"]);
+    perftest(69, 18647, "ud_verbs", &["-t", "tag_bw", "-s", "65536"]);
+    for (i, (tl, test)) in [
+        ("rc_verbs", "am_lat"),
+        ("rc_verbs", "put_bw"),
+        ("rc_verbs", "fadd"),
+        ("ud_verbs", "am_bw"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        perftest(
+            70 + i as u8,
+            18648 + i as u16,
+            tl,
+            &["-d", "ucx:1", "-x", tl, "-t", test],
+        );
+    }
+}
