@@ -62,6 +62,18 @@ fn exec(addr: &str, tls: &str, prog: &str, args: &[&str]) -> Command {
     c
 }
 
+/// A child killed and reaped when dropped (a test that fails leaves no server behind).
+struct Reaped(Option<Child>);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 /// Waits for `child` at most `limit`, killing it past that.
 fn wait(mut child: Child, limit: Duration, what: &str) -> Output {
     let start = Instant::now();
@@ -116,13 +128,17 @@ fn perftest(net: u8, port: u16, tls: &str, args: &[&str]) -> String {
     let mut a: Vec<&str> = vec!["-p", &port_s, "-n", "500", "-w", "50"];
     a.extend_from_slice(args);
     let what = format!("ucx_perftest {} over {tls}", a.join(" "));
-    let srv = exec(&sa, tls, "ucx_perftest", &a).spawn().unwrap();
+    let mut srv = Reaped(Some(exec(&sa, tls, "ucx_perftest", &a).spawn().unwrap()));
     wait_listen(port);
     let mut ca_args = vec![sa.as_str()];
     ca_args.extend_from_slice(&a);
     let cli = exec(&ca, tls, "ucx_perftest", &ca_args).spawn().unwrap();
     let c = wait(cli, Duration::from_secs(30), &format!("{what}: client"));
-    let s = wait(srv, Duration::from_secs(10), &format!("{what}: server"));
+    let s = wait(
+        srv.0.take().unwrap(),
+        Duration::from_secs(10),
+        &format!("{what}: server"),
+    );
     assert!(c.status.success(), "{what}: client failed: {}", text(&c));
     assert!(s.status.success(), "{what}: server failed: {}", text(&s));
     let out = String::from_utf8_lossy(&c.stdout).into_owned();
