@@ -5,7 +5,8 @@
 //!
 //! Both ends run on this host, each on its own loopback address (`SRDMA_DEVICES`), every
 //! test on its own addresses and TCP port. Skipped, with a message, without ucx-utils
-//! (`scripts/test.sh` installs it).
+//! (`scripts/test.sh` installs it); Open MPI over UCX too, without openmpi-bin and
+//! libopenmpi-dev.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -241,4 +242,69 @@ fn ucp_over_ud_verbs_and_uct() {
             &["-d", "ucx:1", "-x", tl, "-t", test],
         );
     }
+}
+
+/// Open MPI 4.1 over UCX over srdma (`--mca pml ucx --mca osc ucx`, verbs transports only):
+/// tests/c/mpi_check.c checks point-to-point at eager and rendezvous sizes, collectives and
+/// one-sided RMA. Skipped without Open MPI (openmpi-bin, libopenmpi-dev).
+#[test]
+fn open_mpi_over_ucx() {
+    if !have_ucx() {
+        return;
+    }
+    if !Path::new("/usr/bin/mpicc").exists() || !Path::new("/usr/bin/mpirun").exists() {
+        eprintln!(
+            "skipped: /usr/bin/mpicc or /usr/bin/mpirun is missing (apt-get install \
+             openmpi-bin libopenmpi-dev, or run scripts/test.sh as root)"
+        );
+        return;
+    }
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/mpi_check.c");
+    let dir = std::env::temp_dir().join(format!("srdma-ucx-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let prog = dir.join("mpi_check");
+    let o = Command::new("mpicc")
+        .args(["-O1", "-Wall", "-o"])
+        .arg(&prog)
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "mpicc mpi_check.c: {}", text(&o));
+    let prog = prog.to_str().unwrap();
+    let args = [
+        "--oversubscribe",
+        "-np",
+        "2",
+        "--mca",
+        "pml",
+        "ucx",
+        "--mca",
+        "osc",
+        "ucx",
+        "-x",
+        "UCX_TLS",
+        "-x",
+        "LD_LIBRARY_PATH",
+        "-x",
+        "SRDMA_DEVICES",
+        prog,
+    ];
+    let child = exec("127.0.75.1", "rc_verbs,ud_verbs,self", "mpirun", &args)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .spawn()
+        .unwrap();
+    let o = wait(child, Duration::from_secs(60), "mpirun mpi_check");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("PASSED: 0 failures over 2 ranks"),
+        "{}",
+        text(&o)
+    );
+    assert!(
+        !String::from_utf8_lossy(&o.stderr).contains("UCX  ERROR"),
+        "{}",
+        text(&o)
+    );
 }
