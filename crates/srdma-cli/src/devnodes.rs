@@ -16,6 +16,11 @@
 //! Nothing changes outside the program's namespace. When a step fails the view is rolled back,
 //! a note goes to stderr, and the program runs without the nodes. `SRDMA_DEV_NODES=0` skips
 //! all of this.
+//!
+//! Where namespaces are not allowed (a container without the privilege or the seccomp
+//! permission), root can make the nodes once for all programs: `srdma setup-dev` creates
+//! `/dev/infiniband/uverbsN` as nodes of `/dev/null`'s device (1:3, mode 0666) where none
+//! exist, and `srdma setup-dev --remove` removes the ones it made.
 
 use std::ffi::{CString, OsStr, OsString};
 use std::fs::File;
@@ -251,4 +256,73 @@ fn mount(
     } else {
         Err(io::Error::last_os_error())
     }
+}
+
+/// Options of `srdma setup-dev`.
+#[derive(Debug, clap::Args)]
+pub struct SetupArgs {
+    /// How many nodes (default: one per device srdma sees, at least 8).
+    #[arg(long)]
+    pub count: Option<usize>,
+    /// Remove the nodes `setup-dev` made (character devices 1:3 named uverbsN) instead.
+    #[arg(long)]
+    pub remove: bool,
+}
+
+/// The device number of `/dev/null` (1:3), the node behind every uverbsN we make.
+fn null_rdev() -> libc::dev_t {
+    libc::makedev(1, 3)
+}
+
+/// Runs `srdma setup-dev`: makes (or removes) persistent nodes in `/dev/infiniband`.
+pub fn setup(args: &SetupArgs, out: &mut impl std::io::Write) -> anyhow::Result<bool> {
+    use std::os::unix::fs::MetadataExt;
+    let ib = Path::new("/dev/infiniband");
+    let count = args.count.unwrap_or_else(|| node_count(None));
+    let is_ours = |p: &Path| {
+        std::fs::symlink_metadata(p)
+            .is_ok_and(|m| m.file_type().is_char_device() && m.rdev() == null_rdev())
+    };
+    if args.remove {
+        let Ok(dir) = std::fs::read_dir(ib) else {
+            return Ok(true);
+        };
+        for e in dir.flatten() {
+            let p = e.path();
+            if e.file_name().to_string_lossy().starts_with("uverbs") && is_ours(&p) {
+                std::fs::remove_file(&p)
+                    .map_err(|e| anyhow::anyhow!("cannot remove {}: {e}", p.display()))?;
+                writeln!(out, "removed {}", p.display())?;
+            }
+        }
+        // Only if empty: a real driver's nodes stay.
+        let _ = std::fs::remove_dir(ib);
+        return Ok(true);
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(ib)
+        .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", ib.display()))?;
+    for i in 0..count {
+        let node = ib.join(format!("uverbs{i}"));
+        if node.symlink_metadata().is_ok() {
+            writeln!(out, "{} exists, left as it is", node.display())?;
+            continue;
+        }
+        let c = CString::new(node.as_os_str().as_bytes())?;
+        // SAFETY: `c` is a NUL-terminated path alive for the call.
+        if unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, null_rdev()) } != 0 {
+            let e = io::Error::last_os_error();
+            anyhow::bail!("cannot make {} (as root?): {e}", node.display());
+        }
+        // mknod's mode is masked by the umask: set it as meant.
+        std::fs::set_permissions(&node, std::os::unix::fs::PermissionsExt::from_mode(0o666))?;
+        writeln!(
+            out,
+            "made {} (character device 1:3, as /dev/null)",
+            node.display()
+        )?;
+    }
+    Ok(true)
 }

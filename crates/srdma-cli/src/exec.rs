@@ -123,8 +123,9 @@ pub fn run(args: &Args) -> anyhow::Result<bool> {
     let count = devnodes::node_count(args.device.as_deref());
     if let Err(e) = devnodes::provide(count) {
         eprintln!(
-            "srdma exec: note: no /dev/infiniband/uverbsN nodes for the program ({e}); \
-             programs that look for them (UCX) will not use srdma's devices"
+            "srdma exec: note: no /dev/infiniband/uverbsN nodes for the program: {e}. \
+             Programs that look for them (UCX) will not use srdma's devices; \
+             `srdma setup-dev` (as root) makes them for good."
         );
     }
     let err = cmd.exec();

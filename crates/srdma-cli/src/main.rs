@@ -68,6 +68,9 @@ enum Command {
     /// Run an unmodified verbs program (ibv_devinfo, ibv_rc_pingpong, perftest, your own)
     /// on srdma's drop-in libibverbs.so.1.
     Exec(exec::Args),
+    /// Make /dev/infiniband/uverbsN nodes for programs that look for them before they use a
+    /// device (UCX), where `srdma exec` cannot make them in a private namespace (needs root).
+    SetupDev(devnodes::SetupArgs),
 }
 
 fn run(cli: Cli) -> anyhow::Result<bool> {
@@ -124,6 +127,7 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
         Command::Rping(args) => rping::run(&args, &mut out),
         Command::Relay(args) => relay::run(&args, &mut out),
         Command::Exec(args) => exec::run(&args),
+        Command::SetupDev(args) => devnodes::setup(&args, &mut out),
     }
 }
 
