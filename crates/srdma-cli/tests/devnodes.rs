@@ -113,3 +113,27 @@ fn exec_without_namespaces_says_so_and_runs_the_program() {
         text(&o)
     );
 }
+
+/// With a `/dev/infiniband` already there (a real device's nodes), `exec` covers only that
+/// directory: what was in it stays, the missing uverbsN are added.
+#[test]
+fn exec_adds_to_an_existing_infiniband_directory() {
+    let Some(o) = in_private_dev(
+        "mknod -m 666 /dev/null c 1 3 && mkdir /dev/infiniband && \
+         mknod -m 666 /dev/infiniband/rdma_cm c 1 3 && \
+         mknod -m 666 /dev/infiniband/uverbs0 c 1 3 && \
+         \"$S\" exec --device 127.0.77.2 sh -c 'test -c /dev/infiniband/rdma_cm && \
+         test -c /dev/infiniband/uverbs0 && test -c /dev/infiniband/uverbs5 && \
+         test -c /dev/null && echo inside-ok' && ! test -e /dev/infiniband/uverbs5 && \
+         echo outside-ok",
+    ) else {
+        return;
+    };
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("inside-ok") && out.contains("outside-ok"),
+        "{}",
+        text(&o)
+    );
+}
