@@ -102,11 +102,16 @@ fn text(o: &Output) -> String {
 
 /// Waits (10 s at most) until some process listens on TCP `port`.
 fn wait_listen(port: u16) {
+    wait_listen_with(port, |f| std::fs::read_to_string(f).unwrap_or_default());
+}
+
+/// As [`wait_listen`], reading the tables with `read` (e.g. inside a namespace).
+fn wait_listen_with(port: u16, read: impl Fn(&str) -> String) {
     let needle = format!(":{port:04X}");
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(10) {
         for f in ["/proc/net/tcp", "/proc/net/tcp6"] {
-            let t = std::fs::read_to_string(f).unwrap_or_default();
+            let t = read(f);
             // local_address is the second column; state 0A is LISTEN.
             if t.lines().any(|l| {
                 let c: Vec<&str> = l.split_whitespace().collect();
@@ -307,4 +312,68 @@ fn open_mpi_over_ucx() {
         "{}",
         text(&o)
     );
+}
+
+/// Two hosts (network namespaces joined by veth, MTU 1500), each process seeing only the
+/// device of its host's interface (every host has a `srdma_lo` with the same address, which
+/// UCX would take for a path to the peer): UCP tag matching and put over RC, tags over UD.
+#[test]
+fn ucp_between_two_namespaces() {
+    if !have_ucx() {
+        return;
+    }
+    if let Some(why) = srdma_netlab::skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let lab = srdma_netlab::Lab::star("ucx", 2, 92, 1500).expect("creating namespaces");
+    let (h0, h1) = (&lab.hosts[0], &lab.hosts[1]);
+    let server = h0.addr.to_string();
+    let in_ns = |h: &srdma_netlab::Host, tls: &str, args: &[&str]| {
+        let mut c = h.command(srdma());
+        c.args([
+            "exec",
+            "--device",
+            &format!("ucx={}", h.addr),
+            "ucx_perftest",
+        ])
+        .args(args)
+        .env("UCX_TLS", tls)
+        .env_remove("SRDMA_DEVICES")
+        .env_remove("SRDMA_DEV_NODES")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+        c
+    };
+    for (i, (tls, test, size)) in [
+        ("rc_verbs,ud_verbs", "tag_bw", "100000"),
+        ("rc_verbs,ud_verbs", "ucp_put_bw", "65536"),
+        ("ud_verbs", "tag_lat", "8"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let port = (18660 + i).to_string();
+        let args = ["-p", &port, "-n", "300", "-w", "30", "-t", test, "-s", size];
+        let what = format!("{test} over {tls} between namespaces");
+        let mut srv = Reaped(Some(in_ns(h0, tls, &args).spawn().unwrap()));
+        wait_listen_with(18660 + i as u16, |f| {
+            h0.run("cat", &[f]).unwrap_or_default()
+        });
+        let mut cargs = vec![server.as_str()];
+        cargs.extend_from_slice(&args);
+        let cli = in_ns(h1, tls, &cargs).spawn().unwrap();
+        let c = wait(cli, Duration::from_secs(30), &format!("{what}: client"));
+        let s = wait(srv.0.take().unwrap(), Duration::from_secs(10), &what);
+        assert!(c.status.success(), "{what}: client: {}", text(&c));
+        assert!(s.status.success(), "{what}: server: {}", text(&s));
+        let out = String::from_utf8_lossy(&c.stdout);
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with("Final:") && l.contains(" 300 ")),
+            "{what}: {}",
+            text(&c)
+        );
+    }
 }
