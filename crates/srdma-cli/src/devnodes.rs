@@ -13,6 +13,10 @@
 //!   with `/dev/null` bind-mounted on them (a character device anyone may read and write;
 //!   `mknod` is not allowed in a user namespace). The library never opens them.
 //!
+//! The view of `/dev` is fixed at start: nodes that appear later at its top level (a device
+//! plugged in meanwhile) stay hidden from the program; the contents of its subdirectories
+//! (`/dev/shm`, `/dev/pts`, ...) are the host's own.
+//!
 //! Nothing changes outside the program's namespace. When a step fails the view is rolled back,
 //! a note goes to stderr, and the program runs without the nodes. `SRDMA_DEV_NODES=0` skips
 //! all of this.
