@@ -150,7 +150,7 @@ fn loopback_device_verbose() {
 \tmax_sge:\t\t\t32
 \tmax_sge_rd:\t\t\t32
 \tmax_cq:\t\t\t\t2147483647
-\tmax_cqe:\t\t\t32767
+\tmax_cqe:\t\t\t4194303
 \tmax_mr:\t\t\t\t524287
 \tmax_pd:\t\t\t\t2147483647
 \tmax_qp_rd_atom:\t\t\t128

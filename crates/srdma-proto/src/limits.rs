@@ -24,7 +24,11 @@ pub struct DeviceLimits {
     /// current rxe derives from its WQE size (`RXE_MAX_WQE_SIZE - sizeof(struct
     /// rxe_send_wqe)`); older rxe used 400.
     pub max_inline_data: u32,
-    /// Largest completion queue (`max_cqe`, `(1 << RXE_MAX_LOG_CQE) - 1` = 32767).
+    /// Largest completion queue (`max_cqe`). Default `(1 << 22) - 1` = 4194303, what mlx5
+    /// devices advertise, not rxe's `(1 << RXE_MAX_LOG_CQE) - 1` = 32767: libfabric 1.17's
+    /// RDM endpoint (`ofi_rxm` over verbs) sizes its CQ at (receive + send queue size) ×
+    /// universe size = 65536 entries by default and does not clamp to `max_cqe`, so on rxe
+    /// `fi_enable` fails with EINVAL. A CQ's memory grows with what it holds, not its size.
     pub max_cqe: u32,
     /// Most memory regions (`max_mr`, 524287 on the lab's rxe).
     pub max_mr: u32,
@@ -66,7 +70,7 @@ impl Default for DeviceLimits {
             max_recv_sge: 32,
             max_sge_rd: 32,
             max_inline_data: 512,
-            max_cqe: 32767,
+            max_cqe: (1 << 22) - 1,
             max_mr: crate::mr::MrTable::DEFAULT_MAX_MR,
             max_mr_size: u64::MAX,
             max_qp_rd_atom: 128,

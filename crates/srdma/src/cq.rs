@@ -130,6 +130,9 @@ impl std::fmt::Debug for Hook {
 }
 
 impl Cq {
+    /// Completions a new CQ has room for before its queue first grows.
+    const PREALLOC: usize = 1024;
+
     pub(crate) fn new(
         id: u32,
         cap: usize,
@@ -146,7 +149,8 @@ impl Cq {
             inner: Arc::new(CqInner {
                 id,
                 cap: AtomicUsize::new(cap),
-                queue: Mutex::new(VecDeque::with_capacity(cap)),
+                // Grows with what it holds: a CQ may be millions of entries deep.
+                queue: Mutex::new(VecDeque::with_capacity(cap.min(Self::PREALLOC))),
                 armed: Mutex::new(None),
                 overflowed: AtomicBool::new(false),
                 channel,
