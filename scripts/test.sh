@@ -4,9 +4,9 @@
 #
 # Needs: tshark (decode comparisons), iproute2 and nftables (network namespaces, loss), gcc,
 # libibverbs-dev and librdmacm-dev (C programs and layouts against the real headers),
-# ibverbs-utils, rdmacm-utils, perftest, ucx-utils and openmpi-bin with libopenmpi-dev (the
-# Debian-built tools and middleware the drop-in libibverbs and librdmacm run), python3-pyverbs
-# (rdma-core's own test suite, compared with kernel rxe's).
+# ibverbs-utils, rdmacm-utils, perftest, ucx-utils, openmpi-bin with libopenmpi-dev,
+# libfabric-bin and qperf (the Debian-built tools and middleware the drop-in libibverbs and
+# librdmacm run), python3-pyverbs (rdma-core's own test suite, compared with kernel rxe's).
 # Installing needs root; without root, what
 # is missing is named and the tests that need it skip or fail with that name
 # (SRDMA_SKIP_NETNS=1 and SRDMA_SKIP_TSHARK=1 skip those on purpose).
@@ -26,6 +26,8 @@ command -v rping >/dev/null || need+=(rdmacm-utils)
 [ -e /usr/share/doc/rdma-core/tests ] || need+=(python3-pyverbs)
 command -v ucx_perftest >/dev/null || need+=(ucx-utils)
 command -v mpicc >/dev/null || need+=(openmpi-bin libopenmpi-dev)
+command -v fi_pingpong >/dev/null || need+=(libfabric-bin)
+command -v qperf >/dev/null || need+=(qperf)
 if [ ${#need[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         echo "installing: ${need[*]}"

@@ -1,0 +1,326 @@
+//! Middleware on the drop-in libraries, run through `srdma exec`: libfabric's verbs provider
+//! (Debian's libfabric-bin 1.17, `fi_pingpong` with data checks) on its three endpoint types,
+//! and qperf 0.4.11's RC tests over rdma_cm (`-cm1`).
+//!
+//! Each test runs a server and a client on 127.0.0.1 (device `srdma_lo`, both processes
+//! sharing UDP 4791; libfabric finds a device by an interface address), one test at a time:
+//! both tools busy-poll, and two cores do not carry two such pairs. A missing tool skips its
+//! test with a message (`scripts/test.sh` installs libfabric-bin and qperf).
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
+
+/// The device both ends use.
+const ADDR: &str = "127.0.0.1";
+/// The longest a client or a server may run.
+const LIMIT: Duration = Duration::from_secs(30);
+
+/// `target/debug/srdma`, built (with the drop-in library beside it) once per test run.
+fn srdma() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let st = Command::new(env!("CARGO"))
+            .args(["build", "-q", "-p", "srdma-verbs", "-p", "srdma-cli"])
+            .current_dir(&root)
+            .status()
+            .expect("running cargo build -p srdma-verbs -p srdma-cli");
+        assert!(
+            st.success(),
+            "cargo build -p srdma-verbs -p srdma-cli failed"
+        );
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| root.join("target"));
+        target.join("debug/srdma").canonicalize().unwrap()
+    })
+}
+
+/// One test at a time (see the module doc).
+fn serial() -> MutexGuard<'static, ()> {
+    static M: Mutex<()> = Mutex::new(());
+    M.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// `/usr/bin/NAME`, or None after saying which package would provide it.
+fn tool(name: &str, package: &str) -> Option<PathBuf> {
+    let p = Path::new("/usr/bin").join(name);
+    if p.exists() {
+        Some(p)
+    } else {
+        eprintln!(
+            "skipped: {} is missing (apt-get install {package}, or run scripts/test.sh as root)",
+            p.display()
+        );
+        None
+    }
+}
+
+/// `srdma exec --device 127.0.0.1 PROG ARGS...`, output captured.
+fn spawn(prog: &Path, args: &[&str]) -> Child {
+    Command::new(srdma())
+        .args(["exec", "--device", ADDR])
+        .arg(prog)
+        .args(args)
+        // A libfabric or srdma setting of the caller's must not change what is tested.
+        .env_remove("FI_PROVIDER")
+        .env_remove("FI_VERBS_GID_IDX")
+        .env_remove("FI_UNIVERSE_SIZE")
+        .env_remove("SRDMA_DEVICES")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// How a process ended: None if it was still running at the deadline (then killed).
+struct Ended {
+    status: Option<ExitStatus>,
+    out: String,
+}
+
+impl Ended {
+    fn ok(&self) -> bool {
+        self.status.is_some_and(|s| s.success())
+    }
+}
+
+/// Waits until `child` exits or `deadline` passes (then kills it), reading its output.
+fn finish(mut child: Child, deadline: Instant) -> Ended {
+    let drain = |r: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut v);
+            }
+            v
+        })
+    };
+    let out = drain(child.stdout.take().map(|r| Box::new(r) as _));
+    let err = drain(child.stderr.take().map(|r| Box::new(r) as _));
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break Some(st);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let (o, e) = (out.join().unwrap(), err.join().unwrap());
+    Ended {
+        status,
+        out: format!(
+            "{}{}",
+            String::from_utf8_lossy(&o),
+            String::from_utf8_lossy(&e)
+        ),
+    }
+}
+
+/// Runs a server, then (once `ready` says it listens) a client; returns both, the server
+/// stopped `linger` after the client ended if it had not exited by then.
+fn pair(
+    prog: &Path,
+    server: &[&str],
+    client: &[&str],
+    ready: impl Fn() -> bool,
+    linger: Duration,
+) -> (Ended, Ended) {
+    let srv = spawn(prog, server);
+    let start = Instant::now();
+    while !ready() && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let cli = finish(spawn(prog, client), Instant::now() + LIMIT);
+    let srv = finish(srv, Instant::now() + linger);
+    (srv, cli)
+}
+
+/// True once some process listens on TCP `port` of any address (/proc/net/tcp{,6}).
+fn listening(port: u16) -> bool {
+    let needle = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+        std::fs::read_to_string(f)
+            .unwrap_or_default()
+            .lines()
+            .any(|l| {
+                let c: Vec<&str> = l.split_whitespace().collect();
+                // local_address is the second column; state 0A is LISTEN.
+                c.len() > 3 && c[1].ends_with(&needle) && c[3] == "0A"
+            })
+    })
+}
+
+fn show(what: &str, e: &Ended) -> String {
+    format!("{what}: status {:?}\n{}", e.status, e.out)
+}
+
+/// The rows of fi_pingpong's table: (size, sent, acknowledged).
+fn pingpong_rows(out: &str) -> Vec<(String, String, String)> {
+    out.lines()
+        .skip_while(|l| !l.starts_with("bytes"))
+        .skip(1)
+        .filter_map(|l| {
+            let c: Vec<&str> = l.split_whitespace().collect();
+            (c.len() == 8).then(|| (c[0].into(), c[1].into(), c[2].into()))
+        })
+        .collect()
+}
+
+/// fi_pingpong with data checks (`-c`) over every size it tries by default, both ends on
+/// `srdma_lo`; both must exit 0 and report every message of every size acknowledged.
+fn fi_pingpong(provider: &str, ep: &str, ctrl_port: u16, sizes: &[&str]) {
+    let Some(prog) = tool("fi_pingpong", "libfabric-bin") else {
+        return;
+    };
+    let _g = serial();
+    let port = ctrl_port.to_string();
+    let common = ["-p", provider, "-e", ep, "-I", "20", "-c"];
+    let mut server = common.to_vec();
+    server.extend(["-B", &port]);
+    let mut client = common.to_vec();
+    client.extend(["-P", &port, ADDR]);
+    let (s, c) = pair(
+        &prog,
+        &server,
+        &client,
+        || listening(ctrl_port),
+        Duration::from_secs(10),
+    );
+    let all = format!("{}\n{}", show("server", &s), show("client", &c));
+    assert!(s.ok() && c.ok(), "fi_pingpong -e {ep} failed\n{all}");
+    for (who, e) in [("server", &s), ("client", &c)] {
+        let rows = pingpong_rows(&e.out);
+        let got: Vec<&str> = rows.iter().map(|r| r.0.as_str()).collect();
+        assert_eq!(got, sizes, "{who}'s sizes\n{all}");
+        for (size, sent, ack) in &rows {
+            assert!(
+                sent == "20" && ack == "=20",
+                "{who}: {size} bytes: {sent} sent, {ack} acknowledged\n{all}"
+            );
+        }
+    }
+}
+
+/// The connected endpoint (FI_EP_MSG over rdma_cm, RC).
+#[test]
+fn fi_pingpong_msg() {
+    fi_pingpong(
+        "verbs",
+        "msg",
+        47711,
+        &["64", "256", "1k", "4k", "64k", "1m"],
+    );
+}
+
+/// The reliable datagram endpoint: ofi_rxm over verbs MSG endpoints. Its MSG CQ holds
+/// (128 receives + 128 sends) × 256 (the universe size) = 65536 entries: more than rxe's
+/// max_cqe, so on rxe `fi_enable` fails with EINVAL ("Unable to create verbs CQ").
+#[test]
+fn fi_pingpong_rdm() {
+    fi_pingpong(
+        "verbs;ofi_rxm",
+        "rdm",
+        47712,
+        &["64", "256", "1k", "4k", "64k", "1m"],
+    );
+}
+
+/// The datagram endpoint (UD): endpoints name themselves by GID index 0, srdma's link-local
+/// GID, which must reach the device's IPv4 address. Sizes up to the path MTU (4096 on lo).
+#[test]
+fn fi_pingpong_dgram() {
+    fi_pingpong("verbs", "dgram", 47713, &["64", "256", "1k", "4k"]);
+}
+
+/// `qperf OPTIONS 127.0.0.1 TESTS` against a fresh server on TCP `port`, one second a test.
+fn qperf(port: u16, options: &[&str], tests: &[&str]) -> Option<(Ended, Ended)> {
+    let prog = tool("qperf", "qperf")?;
+    let p = port.to_string();
+    let mut client = vec!["-lp", &p, "-t", "1"];
+    client.extend(options);
+    client.push(ADDR);
+    client.extend(tests);
+    Some(pair(
+        &prog,
+        &["-lp", &p],
+        &client,
+        || listening(port),
+        Duration::from_millis(500),
+    ))
+}
+
+/// qperf's RC tests over rdma_cm: every one reports a non-zero result.
+#[test]
+fn qperf_rc_over_rdma_cm() {
+    let _g = serial();
+    let tests = [
+        ("rc_bw", "bw"),
+        ("rc_lat", "latency"),
+        ("rc_rdma_write_bw", "bw"),
+        ("rc_rdma_write_lat", "latency"),
+        ("rc_rdma_read_bw", "bw"),
+        ("rc_rdma_read_lat", "latency"),
+        ("rc_compare_swap_mr", "msg_rate"),
+        ("rc_fetch_add_mr", "msg_rate"),
+    ];
+    let mut names: Vec<&str> = tests.iter().map(|t| t.0).collect();
+    // `quit` ends the server.
+    names.push("quit");
+    let Some((s, c)) = qperf(19781, &["-cm1"], &names) else {
+        return;
+    };
+    let all = format!("{}\n{}", show("server", &s), show("client", &c));
+    assert!(c.ok() && s.ok(), "qperf failed\n{all}");
+    let lines: Vec<&str> = c.out.lines().collect();
+    for (name, field) in tests {
+        let at = lines
+            .iter()
+            .position(|l| *l == format!("{name}:"))
+            .unwrap_or_else(|| panic!("no {name} in\n{all}"));
+        let value = lines
+            .get(at + 1)
+            .and_then(|l| l.trim().strip_prefix(field))
+            .and_then(|l| l.trim().strip_prefix('='))
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no {field} for {name} in\n{all}"));
+        assert!(value > 0.0, "{name}: {field} {value}\n{all}");
+    }
+}
+
+/// Without rdma_cm (the default, and always for UC and UD) qperf exchanges LIDs and builds
+/// addresses without a GRH, which a RoCE device refuses: the same messages and errno as on
+/// rxe, and an exit status of 1, not a hang.
+#[test]
+fn qperf_without_rdma_cm_fails_as_on_rxe() {
+    let _g = serial();
+    let rtr = "failed to modify QP to RTR: Invalid argument";
+    let ah = "failed to create address handle: Invalid argument";
+    for (port, args, test, want) in [
+        (19782, &[][..], "rc_bw", rtr),
+        (19783, &["-cm1"][..], "uc_lat", rtr),
+        (19784, &["-cm1"][..], "ud_lat", ah),
+    ] {
+        let Some((s, c)) = qperf(port, args, &[test]) else {
+            return;
+        };
+        let all = format!("{}\n{}", show("server", &s), show("client", &c));
+        assert_eq!(
+            c.status.and_then(|s| s.code()),
+            Some(1),
+            "qperf {args:?} {test}\n{all}"
+        );
+        assert!(
+            all.contains(want),
+            "qperf {args:?} {test}: no {want:?}\n{all}"
+        );
+    }
+}
