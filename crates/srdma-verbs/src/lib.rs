@@ -83,6 +83,7 @@ mod context;
 mod layout_check;
 mod rdmacm;
 mod rsocket;
+mod signals;
 mod unsupported;
 mod verbs;
 

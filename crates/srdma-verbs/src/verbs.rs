@@ -675,6 +675,12 @@ pub unsafe extern "C" fn ibv_get_cq_event(
                         set_errno(libc::EAGAIN);
                         return -1;
                     }
+                    // Only a signal ends a blocking wait without an event: EINTR, as from
+                    // the kernel's read(2) (qperf's timer ends its event-mode tests so).
+                    if crate::signals::interrupting_handler_installed() {
+                        set_errno(libc::EINTR);
+                        return -1;
+                    }
                     continue;
                 }
                 Err(e) => {
