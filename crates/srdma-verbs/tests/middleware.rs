@@ -3,9 +3,10 @@
 //! and qperf 0.4.11's RC tests over rdma_cm (`-cm1`).
 //!
 //! Each test runs a server and a client on 127.0.0.1 (device `srdma_lo`, both processes
-//! sharing UDP 4791; libfabric finds a device by an interface address), one test at a time:
-//! both tools busy-poll, and two cores do not carry two such pairs. A missing tool skips its
-//! test with a message (`scripts/test.sh` installs libfabric-bin and qperf).
+//! sharing UDP 4791; libfabric finds a device by an interface address), or for the datagram
+//! endpoint also on two hosts (network namespaces, as root), one test at a time: both tools
+//! busy-poll, and two cores do not carry two such pairs. A missing tool skips its test with a
+//! message (`scripts/test.sh` installs libfabric-bin and qperf).
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -61,8 +62,16 @@ fn tool(name: &str, package: &str) -> Option<PathBuf> {
 
 /// `srdma exec --device 127.0.0.1 PROG ARGS...`, output captured.
 fn spawn(prog: &Path, args: &[&str]) -> Child {
-    Command::new(srdma())
-        .args(["exec", "--device", ADDR])
+    spawn_in(None, ADDR, prog, args)
+}
+
+/// `srdma exec --device DEVICE PROG ARGS...` in `host`'s namespace (or here), output captured.
+fn spawn_in(host: Option<&srdma_netlab::Host>, device: &str, prog: &Path, args: &[&str]) -> Child {
+    let mut c = match host {
+        Some(h) => h.command(srdma()),
+        None => Command::new(srdma()),
+    };
+    c.args(["exec", "--device", device])
         .arg(prog)
         .args(args)
         // A libfabric or srdma setting of the caller's must not change what is tested.
@@ -145,16 +154,18 @@ fn pair(
 
 /// True once some process listens on TCP `port` of any address (/proc/net/tcp{,6}).
 fn listening(port: u16) -> bool {
+    listening_in(port, |f| std::fs::read_to_string(f).unwrap_or_default())
+}
+
+/// As [`listening`], reading the tables with `read` (e.g. inside a namespace).
+fn listening_in(port: u16, read: impl Fn(&str) -> String) -> bool {
     let needle = format!(":{port:04X}");
     ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
-        std::fs::read_to_string(f)
-            .unwrap_or_default()
-            .lines()
-            .any(|l| {
-                let c: Vec<&str> = l.split_whitespace().collect();
-                // local_address is the second column; state 0A is LISTEN.
-                c.len() > 3 && c[1].ends_with(&needle) && c[3] == "0A"
-            })
+        read(f).lines().any(|l| {
+            let c: Vec<&str> = l.split_whitespace().collect();
+            // local_address is the second column; state 0A is LISTEN.
+            c.len() > 3 && c[1].ends_with(&needle) && c[3] == "0A"
+        })
     })
 }
 
@@ -238,6 +249,50 @@ fn fi_pingpong_rdm() {
 #[test]
 fn fi_pingpong_dgram() {
     fi_pingpong("verbs", "dgram", 47713, &["64", "256", "1k", "4k"]);
+}
+
+/// The datagram endpoint between two hosts (network namespaces joined by veth, MTU 1500, so
+/// a path MTU of 1024): the link-local GID 0 each end names itself by reaches the other's
+/// address. (msg and rdm do not run so: fi_pingpong's server binds "localhost", which only
+/// a device on 127.0.0.1 serves, on rxe as on srdma.)
+#[test]
+fn fi_pingpong_dgram_between_two_namespaces() {
+    let Some(prog) = tool("fi_pingpong", "libfabric-bin") else {
+        return;
+    };
+    if let Some(why) = srdma_netlab::skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let _g = serial();
+    let lab = srdma_netlab::Lab::star("fi", 2, 95, 1500).expect("creating namespaces");
+    let (h0, h1) = (&lab.hosts[0], &lab.hosts[1]);
+    let (sa, ca) = (h0.addr.to_string(), h1.addr.to_string());
+    let common = ["-p", "verbs", "-e", "dgram", "-I", "20", "-c"];
+    let mut server = common.to_vec();
+    server.extend(["-B", "47714"]);
+    let mut client = common.to_vec();
+    client.extend(["-P", "47714", &sa]);
+    let srv = spawn_in(Some(h0), &sa, &prog, &server);
+    let start = Instant::now();
+    while !listening_in(47714, |f| h0.run("cat", &[f]).unwrap_or_default())
+        && start.elapsed() < Duration::from_secs(10)
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let c = finish(
+        spawn_in(Some(h1), &ca, &prog, &client),
+        Instant::now() + LIMIT,
+    );
+    let s = finish(srv, Instant::now() + Duration::from_secs(10));
+    let all = format!("{}\n{}", show("server", &s), show("client", &c));
+    assert!(s.ok() && c.ok(), "fi_pingpong -e dgram failed\n{all}");
+    for e in [&s, &c] {
+        let rows = pingpong_rows(&e.out);
+        let sizes: Vec<&str> = rows.iter().map(|r| r.0.as_str()).collect();
+        assert_eq!(sizes, ["64", "256", "1k"], "{all}");
+        assert!(rows.iter().all(|r| r.1 == "20" && r.2 == "=20"), "{all}");
+    }
 }
 
 /// `qperf OPTIONS 127.0.0.1 TESTS` against a fresh server on TCP `port`, one second a test.
