@@ -244,6 +244,18 @@ fn fi_pingpong_rdm() {
     );
 }
 
+/// The reliable datagram endpoint over the datagram one: ofi_rxd (its own sequencing,
+/// acknowledgements and segmentation) over verbs UD.
+#[test]
+fn fi_pingpong_rdm_over_dgram() {
+    fi_pingpong(
+        "verbs;ofi_rxd",
+        "rdm",
+        47715,
+        &["64", "256", "1k", "4k", "64k", "1m"],
+    );
+}
+
 /// The datagram endpoint (UD): endpoints name themselves by GID index 0, srdma's link-local
 /// GID, which must reach the device's IPv4 address. Sizes up to the path MTU (4096 on lo).
 #[test]
