@@ -391,17 +391,16 @@ impl Queue {
         unsafe { libc::write(self.fd.as_raw_fd(), (&raw const one).cast(), 8) };
     }
 
-    /// The next event: waits for one unless the descriptor is non-blocking (EAGAIN).
+    /// The next event: waits for one unless the descriptor is non-blocking (EAGAIN). A
+    /// signal handler installed without `SA_RESTART` ends the wait with EINTR, as it ends
+    /// rdma-core's read of the kernel's channel (the eventfd's read restarts like that one).
     fn take(&self) -> Result<Box<Event>, c_int> {
         loop {
             let mut n: u64 = 0;
             // SAFETY: reads 8 bytes into a live local from our eventfd.
             let r = unsafe { libc::read(self.fd.as_raw_fd(), (&raw mut n).cast(), 8) };
             if r != 8 {
-                match errno() {
-                    libc::EINTR => continue,
-                    e => return Err(e),
-                }
+                return Err(errno());
             }
             // Events of destroyed ids were taken out of the queue: their counts are stale.
             if let Some(EventBox(ev)) = lock(&self.events).pop_front() {

@@ -392,21 +392,21 @@ fn qperf_without_rdma_cm_fails_as_on_rxe() {
     }
 }
 
-/// `ibv_get_cq_event` and signals (tests/c/cq_event_signal.c): a handler without
-/// `SA_RESTART` ends the wait with EINTR, as the kernel's read(2) of the channel does; qperf's
-/// event-mode tests end so, and hung at random before (the server waited for a message its
-/// stopped client would not send).
+/// `ibv_get_cq_event`, `rdma_get_cm_event` and signals (tests/c/event_signal.c): a handler
+/// without `SA_RESTART` ends the wait with EINTR, as it ends rdma-core's read(2) or write(2)
+/// of the kernel's channel; qperf's event-mode tests end so, and hung at random before (the
+/// server waited for a message its stopped client would not send).
 #[test]
-fn a_signal_ends_a_cq_event_wait_as_on_a_kernel_device() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/cq_event_signal.c");
+fn a_signal_ends_an_event_wait_as_on_a_kernel_device() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/event_signal.c");
     let dir = std::env::temp_dir().join(format!("srdma-middleware-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let prog = dir.join("cq_event_signal");
+    let prog = dir.join("event_signal");
     let cc = Command::new("cc")
         .args(["-O1", "-Wall", "-o"])
         .arg(&prog)
         .arg(&src)
-        .args(["-libverbs", "-lpthread"])
+        .args(["-lrdmacm", "-libverbs", "-lpthread"])
         .output();
     match cc {
         Err(e) => {
@@ -415,14 +415,14 @@ fn a_signal_ends_a_cq_event_wait_as_on_a_kernel_device() {
         }
         Ok(o) => assert!(
             o.status.success(),
-            "compiling cq_event_signal.c failed (libibverbs-dev installed?): {}",
+            "compiling event_signal.c failed (libibverbs-dev, librdmacm-dev installed?): {}",
             String::from_utf8_lossy(&o.stderr)
         ),
     }
     let e = finish(spawn(&prog, &[]), Instant::now() + LIMIT);
     assert!(
-        e.ok() && e.out.contains("cq_event_signal: ok"),
+        e.ok() && e.out.contains("event_signal: ok"),
         "{}",
-        show("cq_event_signal", &e)
+        show("event_signal", &e)
     );
 }

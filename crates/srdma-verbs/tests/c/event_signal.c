@@ -1,13 +1,16 @@
-/* ibv_get_cq_event and signals, as on a kernel device, where it is a read(2) of the channel:
- * a signal whose handler was installed without SA_RESTART ends the wait with -1 and EINTR
- * (qperf's interval timer ends its event-mode tests so); with SA_RESTART the wait goes on until
- * the completion arrives (a UD SEND of the QP to itself, posted by a second thread).
+/* ibv_get_cq_event and rdma_get_cm_event and signals, as on a kernel device, where each is a
+ * read(2) or write(2) of a character device: a signal whose handler was installed without
+ * SA_RESTART ends the wait with -1 and EINTR (qperf's interval timer ends its event-mode tests
+ * so); with SA_RESTART the wait goes on until the event arrives (a UD SEND of the QP to itself,
+ * rdma_resolve_addr's ADDR_RESOLVED, each started by a second thread).
  *
- * Usage: cq_event_signal   (the first device, GID index 1)
- * Prints "cq_event_signal: ok" and exits 0 on success. */
+ * Usage: event_signal   (the first device, GID index 1; resolves 127.0.0.1)
+ * Prints "event_signal: ok" and exits 0 on success. */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <infiniband/verbs.h>
 #include <pthread.h>
+#include <rdma/rdma_cma.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,7 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define FAIL(...) do { fprintf(stderr, "cq_event_signal: " __VA_ARGS__); fprintf(stderr, "\n"); exit(1); } while (0)
+#define FAIL(...) do { fprintf(stderr, "event_signal: " __VA_ARGS__); fprintf(stderr, "\n"); exit(1); } while (0)
 #define QKEY 0x11111111
 
 static volatile sig_atomic_t alarms;
@@ -73,6 +76,56 @@ static void *send_later(void *arg)
 	if (ibv_post_send(qp, &wr, &bad))
 		FAIL("ibv_post_send: %m");
 	return NULL;
+}
+
+static struct rdma_cm_id *cm_id;
+
+static void *resolve_later(void *arg)
+{
+	struct sockaddr_in dst = { .sin_family = AF_INET, .sin_port = htons(7471) };
+
+	(void)arg;
+	usleep(400 * 1000);
+	dst.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (rdma_resolve_addr(cm_id, NULL, (struct sockaddr *)&dst, 2000))
+		FAIL("rdma_resolve_addr: %m");
+	return NULL;
+}
+
+/* rdma_get_cm_event: EINTR without SA_RESTART; with it, the wait lasts until the event. */
+static void cm_event(void)
+{
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	struct rdma_cm_event *ev;
+	pthread_t t;
+	double start;
+	int r;
+
+	if (!ch || rdma_create_id(ch, &cm_id, NULL, RDMA_PS_TCP))
+		FAIL("rdma_create_event_channel/rdma_create_id: %m");
+	handle(0);
+	alarms = 0;
+	alarm_in(200);
+	errno = 0;
+	r = rdma_get_cm_event(ch, &ev);
+	if (r != -1 || errno != EINTR || alarms != 1)
+		FAIL("without SA_RESTART: rdma_get_cm_event returned %d, errno %d (%s), %d alarms; "
+		     "want -1, EINTR", r, errno, strerror(errno), (int)alarms);
+
+	handle(SA_RESTART);
+	if (pthread_create(&t, NULL, resolve_later, NULL))
+		FAIL("pthread_create");
+	alarm_in(100);
+	start = now();
+	if (rdma_get_cm_event(ch, &ev))
+		FAIL("with SA_RESTART: rdma_get_cm_event: %m");
+	if (ev->event != RDMA_CM_EVENT_ADDR_RESOLVED || alarms != 2 || now() - start < 0.3)
+		FAIL("with SA_RESTART: %s after %.3f s, %d alarms", rdma_event_str(ev->event),
+		     now() - start, (int)alarms);
+	rdma_ack_cm_event(ev);
+	pthread_join(t, NULL);
+	rdma_destroy_id(cm_id);
+	rdma_destroy_event_channel(ch);
 }
 
 int main(void)
@@ -167,6 +220,7 @@ int main(void)
 	ibv_dealloc_pd(pd);
 	ibv_close_device(ctx);
 	ibv_free_device_list(list);
-	printf("cq_event_signal: ok\n");
+	cm_event();
+	printf("event_signal: ok\n");
 	return 0;
 }
