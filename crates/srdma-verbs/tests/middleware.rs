@@ -311,7 +311,8 @@ fn fi_pingpong_dgram_between_two_namespaces() {
 fn qperf(port: u16, options: &[&str], tests: &[&str]) -> Option<(Ended, Ended)> {
     let prog = tool("qperf", "qperf")?;
     let p = port.to_string();
-    let mut client = vec!["-lp", &p, "-t", "1"];
+    // -to: a loaded machine may take more than the default 5 s to exchange results.
+    let mut client = vec!["-lp", &p, "-t", "1", "-to", "20"];
     client.extend(options);
     client.push(ADDR);
     client.extend(tests);
