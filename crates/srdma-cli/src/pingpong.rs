@@ -17,7 +17,8 @@
 //!   the connection instead of before.
 //! * `-g` defaults to the GID of the bound address (index 1 for IPv4, as rxe users pass
 //!   `-g 1`; index 0 for IPv6). rdma-core's default, no GID, cannot work on RoCE. Index 0 of an
-//!   IPv4 device holds the same IPv4-mapped GID (see [`srdma::Device::gid`]).
+//!   IPv4 device is the link-local GID made from the node GUID, which no IP packet can reach:
+//!   it is refused with an explanation.
 //! * `--udp-port` is the device's UDP port and `--peer-udp-port` the peer's, both 4791 by
 //!   default (the exchange does not carry ports); other ports let two srdma processes share
 //!   one address (IPv6 loopback) or keep off a 4791 that rxe holds.
@@ -308,7 +309,7 @@ impl Ctx {
 
         let gids = dev.gids();
         let own = dev.local_gid();
-        let own_idx = gids.iter().rposition(|g| *g == own).unwrap_or(0);
+        let own_idx = gids.iter().position(|g| *g == own).unwrap_or(0);
         let idx = args.gid_idx.unwrap_or(own_idx);
         let list = gids
             .iter()
@@ -322,6 +323,14 @@ impl Ctx {
                  {list}; use -g {own_idx}"
             );
         };
+        if gid != own {
+            bail!(
+                "GID index {idx} is {gid}, the link-local GID made from the node GUID (as rxe's \
+                 index 0 from the MAC); srdma carries RoCEv2 over UDP on {addr} and can neither \
+                 send from nor be reached at a link-local GID. Use -g {own_idx} ({own}), the \
+                 GID of the bound address (rxe users pass -g 1 for the IPv4-mapped GID)"
+            );
+        }
         let mut ctx = Ctx {
             dev,
             channel,

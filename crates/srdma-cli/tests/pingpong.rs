@@ -201,13 +201,6 @@ fn rc_64_bytes_gid_1() {
     rc_pair(1, 38811, &["-s", "64", "-g", "1"], 64, 300);
 }
 
-/// `-g 0`, the first GID, which programs take by default: on an IPv4 device it is the
-/// IPv4-mapped GID too, so it reaches the peer.
-#[test]
-fn rc_gid_0() {
-    rc_pair(16, 38828, &["-s", "64", "-g", "0"], 64, 50);
-}
-
 /// RC at the default size, 4096 bytes: four packets per message at the default MTU 1024; one
 /// receive posted at a time.
 #[test]
@@ -566,6 +559,32 @@ fn server_refuses_a_client_without_gid() {
         s.stderr
     );
     assert!(s.stderr.contains("GID :: (no GID)"), "{}", s.stderr);
+}
+
+/// `-g 0` on an IPv4 device is the link-local GID, which srdma cannot use: explained, exit 1.
+#[test]
+fn local_link_local_gid_is_refused() {
+    let out = run(&[
+        "--bind",
+        "127.77.16.2",
+        "-g",
+        "0",
+        "-p",
+        "38828",
+        "127.77.16.1",
+    ]);
+    assert_eq!(out.code, Some(1), "{out:#?}");
+    assert!(
+        out.stderr.contains("GID index 0 is fe80::"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains("Use -g 1 (::ffff:127.77.16.2)"),
+        "{}",
+        out.stderr
+    );
+    assert!(out.stdout.is_empty());
 }
 
 /// A GID index past the table: rdma-core's message, with the table.

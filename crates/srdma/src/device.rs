@@ -128,11 +128,17 @@ impl DeviceConfig {
         ])
     }
 
-    /// The GID table of a device opened with this configuration (see
+    /// The GID table of a device opened with this configuration on UDP `port` (see
     /// [`Device::gid`]).
-    pub fn gids(&self) -> Vec<Gid> {
+    pub fn gids_on(&self, port: u16) -> Vec<Gid> {
         match self.addr {
-            IpAddr::V4(_) => vec![Gid::from_ip(self.addr); 2],
+            IpAddr::V4(_) => {
+                let mut ll = [0u8; 16];
+                ll[0] = 0xfe;
+                ll[1] = 0x80;
+                ll[8..].copy_from_slice(&self.node_guid_on(port).to_be_bytes());
+                vec![Gid(ll), Gid::from_ip(self.addr)]
+            }
             IpAddr::V6(_) => vec![Gid::from_ip(self.addr)],
         }
     }
@@ -450,18 +456,16 @@ impl Device {
         &self.h.shared.cfg
     }
 
-    /// GID table entry `index`. For an IPv4 device, index 1 is the IPv4-mapped address (so
-    /// `-g 1` means the same as on rxe), and so is index 0: rxe puts the interface's IPv6
-    /// link-local address there, which srdma does not serve, and programs that take the
-    /// first GID (pyverbs' tests, `ib_write_bw -x 0`, `ibv_rc_pingpong -g 0`) must reach the
-    /// device. For IPv6, index 0 is the bound address.
+    /// GID table entry `index`, as rxe builds it: for an IPv4 device, index 0 is the
+    /// link-local address made from the node GUID and index 1 the IPv4-mapped address (so
+    /// `-g 1` means the same as on rxe); for IPv6, index 0 is the bound address.
     pub fn gid(&self, index: usize) -> Option<Gid> {
         self.gids().get(index).copied()
     }
 
     /// The GID table.
     pub fn gids(&self) -> Vec<Gid> {
-        self.h.shared.cfg.gids()
+        self.h.shared.cfg.gids_on(self.h.shared.local.port())
     }
 
     /// The GID of the bound address.
