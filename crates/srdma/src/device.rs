@@ -203,11 +203,32 @@ impl Gid {
         }
     }
 
-    /// The IP address a GID stands for.
+    /// The IP address a GID stands for: the IPv4 address of an IPv4-mapped GID or of the
+    /// link-local GID an IPv4 srdma device on port 4791 has at index 0 (see
+    /// [`Gid::srdma_link_local_ipv4`]), else the GID as an IPv6 address.
     #[inline]
     pub fn ip(&self) -> IpAddr {
         let v6 = std::net::Ipv6Addr::from(self.0);
-        v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)
+        match v6.to_ipv4_mapped().or_else(|| self.srdma_link_local_ipv4()) {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(v6),
+        }
+    }
+
+    /// The IPv4 address inside the link-local GID an IPv4 srdma device on the RoCEv2 port has
+    /// at index 0 (`fe80::2aa:bbff:fecc:ddb7` for `aa.bb.cc.dd`, from its node GUID): rxe's
+    /// GID 0 is the interface's IPv6 link-local address, reachable on the link, and programs
+    /// address peers by it (libfabric's verbs `FI_EP_DGRAM` names an endpoint by GID index 0
+    /// unless `FI_VERBS_GID_IDX` says otherwise); srdma's is reachable through the address
+    /// it was made from. None for any other GID, including the MAC-derived link-local GID of
+    /// an rxe peer unless its MAC reads `00:aa:bb:cc:dd:b7`.
+    pub fn srdma_link_local_ipv4(&self) -> Option<std::net::Ipv4Addr> {
+        let g = &self.0;
+        let shape = g[..8] == [0xfe, 0x80, 0, 0, 0, 0, 0, 0]
+            && g[8] == 0x02
+            && g[11..13] == [0xff, 0xfe]
+            && g[15] == (ROCEV2_PORT & 0xff) as u8;
+        shape.then(|| std::net::Ipv4Addr::new(g[9], g[10], g[13], g[14]))
     }
 }
 
