@@ -704,7 +704,7 @@ pub unsafe extern "C" fn ibv_query_port(
 
 fn gid_table(ctx: &Context) -> Vec<srdma::Gid> {
     let cfg = &ctx.entry.cfg;
-    cfg.gids()
+    cfg.gids_on(cfg.port)
 }
 
 /// `ibv_query_gid`: GID table entry `index` of port 1 (EINVAL past the table; empty slots

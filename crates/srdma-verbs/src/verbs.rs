@@ -1239,7 +1239,7 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
         // SAFETY: context is open (checked above).
         if let Some(ctx) = unsafe { Context::from_c(context) } {
             let local = srdma::Gid::from_ip(ctx.entry.cfg.addr);
-            let gids = ctx.entry.cfg.gids();
+            let gids = ctx.entry.cfg.gids_on(ctx.entry.cfg.port);
             out.grh.sgid_index = gids.iter().position(|g| *g == local).unwrap_or(0) as u8;
         }
         0
