@@ -17,8 +17,9 @@
 //!   the connection instead of before.
 //! * `-g` defaults to the GID of the bound address (index 1 for IPv4, as rxe users pass
 //!   `-g 1`; index 0 for IPv6). rdma-core's default, no GID, cannot work on RoCE. Index 0 of an
-//!   IPv4 device is the link-local GID made from the node GUID, which no IP packet can reach:
-//!   it is refused with an explanation.
+//!   IPv4 device is the link-local GID made from the node GUID, which srdma peers reach
+//!   through the address it holds (see [`srdma::Gid::ip`]) when the device is on UDP 4791;
+//!   on another port it is refused with an explanation.
 //! * `--udp-port` is the device's UDP port and `--peer-udp-port` the peer's, both 4791 by
 //!   default (the exchange does not carry ports); other ports let two srdma processes share
 //!   one address (IPv6 loopback) or keep off a 4791 that rxe holds.
@@ -323,7 +324,7 @@ impl Ctx {
                  {list}; use -g {own_idx}"
             );
         };
-        if gid != own {
+        if gid.ip() != own.ip() {
             bail!(
                 "GID index {idx} is {gid}, the link-local GID made from the node GUID (as rxe's \
                  index 0 from the MAC); srdma carries RoCEv2 over UDP on {addr} and can neither \
@@ -384,7 +385,7 @@ impl Ctx {
                  rxe with -g 1 (its IPv4-mapped GID)"
             );
         }
-        if is_link_local(&gid) {
+        if is_link_local(&gid) && gid.srdma_link_local_ipv4().is_none() {
             bail!(
                 "the peer announced the link-local GID {gid}: srdma sends RoCEv2 over UDP/IP and \
                  cannot route to a link-local address; give the peer the GID of its IP address \

@@ -478,8 +478,10 @@ impl Device {
     }
 
     /// GID table entry `index`, as rxe builds it: for an IPv4 device, index 0 is the
-    /// link-local address made from the node GUID and index 1 the IPv4-mapped address (so
-    /// `-g 1` means the same as on rxe); for IPv6, index 0 is the bound address.
+    /// link-local address made from the node GUID (the default GID, whose subnet prefix
+    /// programs read as the fabric's, as libfabric does), which srdma peers reach through the
+    /// IPv4 address it holds on UDP 4791 ([`Gid::ip`]), and index 1 the IPv4-mapped address
+    /// (so `-g 1` means the same as on rxe); for IPv6, index 0 is the bound address.
     pub fn gid(&self, index: usize) -> Option<Gid> {
         self.gids().get(index).copied()
     }
