@@ -111,6 +111,18 @@ pub trait Memory {
         Ok(orig)
     }
 
+    /// Atomically stores the 8 bytes `data` (memory order) at the aligned word at `offset`
+    /// (IBTA 1.5 ATOMIC WRITE): no reader sees a torn word.
+    fn atomic_store(
+        &mut self,
+        mr: MrHandle,
+        offset: u64,
+        data: [u8; 8],
+    ) -> Result<(), MemoryError> {
+        *word_mut(self.bytes_mut(mr)?, offset)? = data;
+        Ok(())
+    }
+
     /// Atomically adds `add` (wrapping) to the `u64` at `offset`, returning the original value
     /// (IBTA FetchAdd).
     fn fetch_add(&mut self, mr: MrHandle, offset: u64, add: u64) -> Result<u64, MemoryError> {

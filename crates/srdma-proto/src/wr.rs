@@ -186,6 +186,16 @@ pub enum SendOp {
     },
     /// Bind a memory window (`IBV_WR_BIND_MW`, and `ibv_bind_mw` for type 1): no packet.
     BindMw(MwBind),
+    /// ATOMIC WRITE (IBTA 1.5, RC only): stores the 8 bytes `data` at `remote_addr` in one
+    /// indivisible access; the data travel in the request, not in SGEs.
+    AtomicWrite {
+        /// Remote virtual address (8-byte aligned, checked by the responder).
+        remote_addr: u64,
+        /// Remote key (needs REMOTE_WRITE).
+        rkey: RKey,
+        /// The bytes stored, in memory order.
+        data: [u8; 8],
+    },
 }
 
 impl SendOp {
@@ -203,6 +213,7 @@ impl SendOp {
             SendOp::SendWithInv { .. } => WrOpcode::SendWithInv,
             SendOp::LocalInv { .. } => WrOpcode::LocalInv,
             SendOp::BindMw(_) => WrOpcode::BindMw,
+            SendOp::AtomicWrite { .. } => WrOpcode::AtomicWrite,
         }
     }
 

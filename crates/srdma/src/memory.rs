@@ -245,6 +245,18 @@ impl Memory for Store {
         Ok(self.word(mr, offset)?.fetch_add(add, Ordering::SeqCst))
     }
 
+    /// A CPU atomic store on the word, as `compare_swap`.
+    fn atomic_store(
+        &mut self,
+        mr: MrHandle,
+        offset: u64,
+        data: [u8; 8],
+    ) -> Result<(), MemoryError> {
+        self.word(mr, offset)?
+            .store(u64::from_ne_bytes(data), Ordering::SeqCst);
+        Ok(())
+    }
+
     fn bytes_mut(&mut self, mr: MrHandle) -> Result<&mut [u8], MemoryError> {
         let r = self.get(mr)?;
         // SAFETY: `&mut self` means the device lock is held and no other slice of the store's

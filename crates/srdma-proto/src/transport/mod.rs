@@ -490,8 +490,11 @@ impl Qp {
         }
         let unsupported = match ty {
             QpType::Rc => false,
-            // UC has no SEND with invalidate opcode (IBA 9.4.1.1).
-            QpType::Uc => wr.op.is_read_or_atomic() || matches!(wr.op, SendOp::SendWithInv { .. }),
+            // UC has no SEND with invalidate opcode (IBA 9.4.1.1), nor ATOMIC WRITE.
+            QpType::Uc => {
+                wr.op.is_read_or_atomic()
+                    || matches!(wr.op, SendOp::SendWithInv { .. } | SendOp::AtomicWrite { .. })
+            }
             QpType::Ud => !matches!(wr.op, SendOp::Send | SendOp::SendWithImm { .. }),
         };
         if unsupported {
@@ -528,6 +531,12 @@ impl Qp {
         if len > MAX_MSG_SIZE {
             return Err(PostError::MessageTooLong);
         }
+        // ATOMIC WRITE carries its 8 bytes in the WR; SGEs and inline data are ignored.
+        let len = if matches!(wr.op, SendOp::AtomicWrite { .. }) {
+            8
+        } else {
+            len
+        };
         if let SendOp::CompareSwap { remote_addr, .. } | SendOp::FetchAdd { remote_addr, .. } =
             wr.op
         {

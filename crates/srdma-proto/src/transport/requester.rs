@@ -80,6 +80,7 @@ impl Qp {
         let npkts = match wqe.wr.op {
             _ if self.cfg.qp_type == QpType::Ud => 1,
             SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => 1,
+            SendOp::AtomicWrite { .. } => 1,
             _ => packets(wqe.len, pmtu),
         };
         let first = self.req_psn;
@@ -125,6 +126,7 @@ impl Qp {
         let mut repr;
         let mut dest = self.connected_dest();
         let mut payload: Option<(u64, u32)> = None; // (offset in message, length)
+        let mut direct: Option<[u8; 8]> = None; // a payload carried in the WR itself
         let mut request_done = end;
         match wqe.wr.op {
             SendOp::Send
@@ -242,8 +244,27 @@ impl Qp {
             }
             // Executed by `local_op`, never built into a packet.
             SendOp::LocalInv { .. } | SendOp::BindMw(_) => return Err(WcStatus::LocQpOpErr),
+            SendOp::AtomicWrite {
+                remote_addr,
+                rkey,
+                data,
+            } => {
+                // IBTA 1.5 / rxe: RETH with DMA length 8, then the 8 bytes; ACKed as a WRITE.
+                bth.opcode = Opcode::RcAtomicWrite;
+                bth.ack_req = true;
+                repr = PacketRepr::new(bth, &[]);
+                repr.reth = Some(RethRepr {
+                    va: remote_addr,
+                    rkey: rkey.0,
+                    dma_len: 8,
+                });
+                direct = Some(data);
+            }
         }
-        let plen = payload.map_or(0, |(_, l)| l as usize);
+        let plen = match direct {
+            Some(d) => d.len(),
+            None => payload.map_or(0, |(_, l)| l as usize),
+        };
         let len = repr
             .emit_headers(buf, plen)
             .map_err(|_| WcStatus::LocLenErr)?;
@@ -256,6 +277,10 @@ impl Qp {
                 }
                 _ => gather(ctx, self.cfg.pd, wqe.wr.sges.as_slice(), offset, dst)?,
             }
+        }
+        if let Some(d) = direct {
+            let hl = repr.bth.opcode.header_len();
+            buf[hl..hl + d.len()].copy_from_slice(&d);
         }
         let ack_req = repr.bth.ack_req;
         let (kind_send, last_psn) = (

@@ -173,11 +173,11 @@ impl Qp {
 
         // The operation must be enabled on the QP.
         let need = match op.kind() {
-            Kind::Write => AccessFlags::REMOTE_WRITE,
+            Kind::Write | Kind::AtomicWrite => AccessFlags::REMOTE_WRITE,
             Kind::ReadRequest => AccessFlags::REMOTE_READ,
             Kind::CompareSwap | Kind::FetchAdd => AccessFlags::REMOTE_ATOMIC,
             Kind::Send => AccessFlags::empty(),
-            // FLUSH and ATOMIC WRITE are not implemented.
+            // FLUSH is not implemented.
             _ => return Err(inv(WcStatus::RemInvReqErr)),
         };
         if !self.attr.qp_access_flags.contains(need) {
@@ -255,16 +255,18 @@ impl Qp {
                 self.resp_out.push_back(RespOut::Atomic { psn, orig });
                 self.msn = self.msn.wrapping_add(1);
             }
+            Kind::AtomicWrite => {
+                self.execute_atomic_write(ctx, pkt)?;
+                self.msn = self.msn.wrapping_add(1);
+            }
             _ => unreachable!("filtered above"),
         }
         self.epsn = psn.add(1);
-        if matches!(op.kind(), Kind::Send | Kind::Write) {
+        let write_like = matches!(op.kind(), Kind::Send | Kind::Write | Kind::AtomicWrite);
+        if write_like {
             self.ack_psn = self.epsn;
         }
-        if pkt.bth.ack_req
-            && matches!(op.kind(), Kind::Send | Kind::Write)
-            && self.cfg.qp_type == QpType::Rc
-        {
+        if pkt.bth.ack_req && write_like && self.cfg.qp_type == QpType::Rc {
             self.queue_ack(psn, Syndrome::ACK);
         }
         Ok(())
@@ -416,6 +418,44 @@ impl Qp {
         Ok(())
     }
 
+    /// ATOMIC WRITE (rxe `atomic_write_reply`): R_Key with REMOTE_WRITE over the 8 bytes, an
+    /// 8-byte DMA length, an 8-byte aligned address (else NAK invalid request, as rxe's
+    /// misaligned-atomic error), then one indivisible 8-byte store.
+    fn execute_atomic_write(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        pkt: &PacketRepr<'_>,
+    ) -> Result<(), Refuse> {
+        let inv = || Refuse::Nak(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+        let reth = pkt.reth.unwrap_or_default();
+        let data: [u8; 8] = pkt.payload.try_into().map_err(|_| inv())?;
+        if reth.dma_len != 8 {
+            return Err(inv());
+        }
+        let grant = ctx
+            .mrs
+            .check_remote(
+                self.cfg.pd,
+                crate::mr::RKey(reth.rkey),
+                reth.va,
+                8,
+                AccessFlags::REMOTE_WRITE,
+            )
+            .map_err(|e| Refuse::Nak(e.remote_nak(), WcStatus::RemAccessErr))?;
+        if reth.va % 8 != 0 {
+            return Err(inv());
+        }
+        let Some(g) = grant else { return Err(inv()) };
+        ctx.mem
+            .atomic_store(g.handle(), g.offset(), data)
+            .map_err(|e| match e {
+                crate::memory::MemoryError::Misaligned { .. } => inv(),
+                _ => Refuse::Nak(NakCode::RemoteAccessError, WcStatus::RemAccessErr),
+            })?;
+        self.silent_writes = self.silent_writes.wrapping_add(1);
+        Ok(())
+    }
+
     /// A request with a PSN already executed: never execute it again (IBA 9.7.5.1.4).
     fn duplicate(&mut self, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_>) {
         let psn = pkt.bth.psn;
@@ -426,7 +466,7 @@ impl Qp {
             // Each duplicate that starts a message gets its own ACK, as from rxe
             // (`duplicate_request`), not one merged with the previous: a requester may count
             // them (the UDP GSO path probe, `Qp::gso_probe`).
-            Kind::Send | Kind::Write
+            Kind::Send | Kind::Write | Kind::AtomicWrite
                 if matches!(
                     pkt.bth.opcode.position(),
                     Some(Position::First | Position::Only)
