@@ -517,7 +517,7 @@ pub struct ibv_qp_ex {
     /// `ibv_wr_abort`.
     pub wr_abort: Option<unsafe extern "C" fn(*mut ibv_qp_ex)>,
     /// `ibv_wr_atomic_write`.
-    pub wr_atomic_write: opaque_fn,
+    pub wr_atomic_write: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, *const c_void)>,
 }
 
 /// `struct ibv_data_buf`.

@@ -43,7 +43,8 @@
 //!   `ibv_create_qp_ex` with `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`, `ibv_qp_to_qp_ex` and the
 //!   `ibv_wr_*` API (WRITE, WRITE with immediate, SEND, SEND with immediate, SEND with
 //!   invalidate, READ, compare-and-swap, fetch-and-add, `ibv_wr_bind_mw`,
-//!   `ibv_wr_local_inv`; SGEs, inline data, UD addresses); memory windows as rxe has them:
+//!   `ibv_wr_local_inv`, `ibv_wr_atomic_write` (IBTA 1.5 RDMA ATOMIC WRITE, RC); SGEs,
+//!   inline data, UD addresses); memory windows as rxe has them:
 //!   `IBV_ACCESS_MW_BIND` on `ibv_reg_mr`, `ibv_alloc_mw` (type 1 and 2B; another type
 //!   EINVAL), `ibv_dealloc_mw`, `ibv_bind_mw` (type 1, through `ibv_context_ops.bind_mw`),
 //!   `IBV_WC_BIND_MW`/`IBV_WC_LOCAL_INV` completions and `IBV_WC_WITH_INV` with the

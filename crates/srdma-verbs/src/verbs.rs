@@ -23,6 +23,7 @@ use crate::context::{Context, is_nonblocking};
 use crate::{errno_of, guard, set_errno};
 
 mod mw;
+mod atomic_write;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -1702,8 +1703,14 @@ pub(crate) unsafe extern "C" fn vctx_create_qp_ex(
         }
         if a.comp_mask & !known != 0
             || (a.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && a.create_flags != 0)
-            || (with_ops && a.send_ops_flags & !SRDMA_QP_EX_OPS != 0)
+            || (with_ops
+                && a.send_ops_flags
+                    & !(SRDMA_QP_EX_OPS | atomic_write::IBV_QP_EX_WITH_ATOMIC_WRITE)
+                    != 0)
             || (with_ops && a.qp_type == IBV_QPT_UD && a.send_ops_flags & SRDMA_QP_EX_MW_OPS != 0)
+            || (with_ops
+                && a.qp_type != IBV_QPT_RC
+                && a.send_ops_flags & atomic_write::IBV_QP_EX_WITH_ATOMIC_WRITE != 0)
         {
             set_errno(libc::EOPNOTSUPP);
             return std::ptr::null_mut();
@@ -1746,6 +1753,7 @@ fn fill_wr_ops(c: &mut ibv_qp_ex) {
     c.wr_start = Some(wr_start);
     c.wr_complete = Some(wr_complete);
     c.wr_abort = Some(wr_abort);
+    c.wr_atomic_write = Some(atomic_write::wr_atomic_write);
 }
 
 /// Runs `f` on the QP behind `qpx` (the `ibv_wr_*` functions return nothing: errors surface
