@@ -17,6 +17,8 @@ pub enum Transport {
     Ud,
     /// Congestion notification packet (RoCEv2 DCQCN).
     Cnp,
+    /// Extended reliable connected (IBTA XRC annex): RC with an XRCETH naming the target SRQ.
+    Xrc,
 }
 
 impl Transport {
@@ -27,6 +29,7 @@ impl Transport {
             Transport::Uc => "UC",
             Transport::Ud => "UD",
             Transport::Cnp => "CNP",
+            Transport::Xrc => "XRC",
         }
     }
 }
@@ -94,11 +97,14 @@ impl Headers {
     pub const ATOMIC_ACK_ETH: Headers = Headers(1 << 7);
     /// The 16 reserved bytes that follow the BTH of a CNP.
     pub const CNP_RESERVED: Headers = Headers(1 << 8);
+    /// XRC ETH: the XRC SRQ a request is for (first after the BTH).
+    pub const XRCETH: Headers = Headers(1 << 9);
     /// No extension header.
     pub const NONE: Headers = Headers(0);
 
     /// Each header with its size and name, in the order they appear on the wire.
-    pub const ORDER: [(Headers, usize, &'static str); 9] = [
+    pub const ORDER: [(Headers, usize, &'static str); 10] = [
+        (Headers::XRCETH, 4, "XRCETH"),
         (Headers::DETH, 8, "DETH"),
         (Headers::FETH, 4, "FETH"),
         (Headers::RETH, 16, "RETH"),
@@ -182,6 +188,7 @@ const H: Headers = Headers::NONE;
 const RETH: Headers = Headers::RETH;
 const IMM: Headers = Headers::IMM_DT;
 const AETH: Headers = Headers::AETH;
+const X: Headers = Headers::XRCETH;
 
 macro_rules! opcodes {
     ($( $variant:ident = $value:literal, $name:literal, $kind:ident, $pos:expr, $hdrs:expr; )*) => {
@@ -283,6 +290,29 @@ opcodes! {
     UdSendOnly = 0x64, "UD_SEND_ONLY", Send, Some(Only), Headers::DETH;
     UdSendOnlyWithImmediate = 0x65, "UD_SEND_ONLY_WITH_IMMEDIATE", Send, Some(Only), Headers::DETH.with(IMM);
     Cnp = 0x81, "CNP", Cnp, None, Headers::CNP_RESERVED;
+    XrcSendFirst = 0xA0, "XRC_SEND_FIRST", Send, Some(First), X;
+    XrcSendMiddle = 0xA1, "XRC_SEND_MIDDLE", Send, Some(Middle), X;
+    XrcSendLast = 0xA2, "XRC_SEND_LAST", Send, Some(Last), X;
+    XrcSendLastWithImmediate = 0xA3, "XRC_SEND_LAST_WITH_IMMEDIATE", Send, Some(Last), X.with(IMM);
+    XrcSendOnly = 0xA4, "XRC_SEND_ONLY", Send, Some(Only), X;
+    XrcSendOnlyWithImmediate = 0xA5, "XRC_SEND_ONLY_WITH_IMMEDIATE", Send, Some(Only), X.with(IMM);
+    XrcRdmaWriteFirst = 0xA6, "XRC_RDMA_WRITE_FIRST", Write, Some(First), X.with(RETH);
+    XrcRdmaWriteMiddle = 0xA7, "XRC_RDMA_WRITE_MIDDLE", Write, Some(Middle), X;
+    XrcRdmaWriteLast = 0xA8, "XRC_RDMA_WRITE_LAST", Write, Some(Last), X;
+    XrcRdmaWriteLastWithImmediate = 0xA9, "XRC_RDMA_WRITE_LAST_WITH_IMMEDIATE", Write, Some(Last), X.with(IMM);
+    XrcRdmaWriteOnly = 0xAA, "XRC_RDMA_WRITE_ONLY", Write, Some(Only), X.with(RETH);
+    XrcRdmaWriteOnlyWithImmediate = 0xAB, "XRC_RDMA_WRITE_ONLY_WITH_IMMEDIATE", Write, Some(Only), X.with(RETH).with(IMM);
+    XrcRdmaReadRequest = 0xAC, "XRC_RDMA_READ_REQUEST", ReadRequest, Some(Only), X.with(RETH);
+    XrcRdmaReadResponseFirst = 0xAD, "XRC_RDMA_READ_RESPONSE_FIRST", ReadResponse, Some(First), AETH;
+    XrcRdmaReadResponseMiddle = 0xAE, "XRC_RDMA_READ_RESPONSE_MIDDLE", ReadResponse, Some(Middle), H;
+    XrcRdmaReadResponseLast = 0xAF, "XRC_RDMA_READ_RESPONSE_LAST", ReadResponse, Some(Last), AETH;
+    XrcRdmaReadResponseOnly = 0xB0, "XRC_RDMA_READ_RESPONSE_ONLY", ReadResponse, Some(Only), AETH;
+    XrcAcknowledge = 0xB1, "XRC_ACKNOWLEDGE", Acknowledge, Some(Only), AETH;
+    XrcAtomicAcknowledge = 0xB2, "XRC_ATOMIC_ACKNOWLEDGE", AtomicAcknowledge, Some(Only), AETH.with(Headers::ATOMIC_ACK_ETH);
+    XrcCompareSwap = 0xB3, "XRC_COMPARE_SWAP", CompareSwap, Some(Only), X.with(Headers::ATOMIC_ETH);
+    XrcFetchAdd = 0xB4, "XRC_FETCH_ADD", FetchAdd, Some(Only), X.with(Headers::ATOMIC_ETH);
+    XrcSendLastWithInvalidate = 0xB6, "XRC_SEND_LAST_WITH_INVALIDATE", Send, Some(Last), X.with(Headers::IETH);
+    XrcSendOnlyWithInvalidate = 0xB7, "XRC_SEND_ONLY_WITH_INVALIDATE", Send, Some(Only), X.with(Headers::IETH);
 }
 
 /// How much payload a packet of an opcode may carry.
@@ -314,6 +344,7 @@ impl Opcode {
             0 => Transport::Rc,
             1 => Transport::Uc,
             3 => Transport::Ud,
+            5 => Transport::Xrc,
             _ => Transport::Cnp,
         }
     }
@@ -366,6 +397,17 @@ impl Opcode {
     #[inline]
     pub const fn has_immediate(self) -> bool {
         self.headers().contains(Headers::IMM_DT)
+    }
+
+    /// The same operation on the other connected reliable service: an RC opcode's XRC
+    /// twin and back (XRC opcodes are RC's plus 0xA0, ib_pack.h); `None` for the others.
+    #[inline]
+    pub const fn rc_xrc_twin(self) -> Option<Opcode> {
+        match self.transport() {
+            Transport::Rc => Opcode::from_u8(self.value() + 0xA0),
+            Transport::Xrc => Opcode::from_u8(self.value() - 0xA0),
+            _ => None,
+        }
     }
 
     /// Carries an IETH (SEND with invalidate).
@@ -453,6 +495,7 @@ impl Opcode {
             Transport::Rc => 0x00,
             Transport::Uc => 0x20,
             Transport::Ud => 0x60,
+            Transport::Xrc => 0xA0,
             Transport::Cnp => return None,
         };
         // The table decides what exists (UD has only SEND ONLY, UC no READ responses).
@@ -532,7 +575,7 @@ mod tests {
 
     #[test]
     fn table_round_trips_and_classifies() {
-        assert_eq!(Opcode::ALL.len(), 40);
+        assert_eq!(Opcode::ALL.len(), 63);
         for v in 0..=255u8 {
             if let Some(op) = Opcode::from_u8(v) {
                 assert_eq!(op.value(), v);
@@ -565,7 +608,13 @@ mod tests {
             Kind::ReadResponse,
             Kind::Acknowledge,
         ];
-        for t in [Transport::Rc, Transport::Uc, Transport::Ud, Transport::Cnp] {
+        for t in [
+            Transport::Rc,
+            Transport::Uc,
+            Transport::Ud,
+            Transport::Cnp,
+            Transport::Xrc,
+        ] {
             for k in kinds {
                 for p in [
                     Position::First,

@@ -215,6 +215,8 @@ pub struct PacketRepr<'a> {
     /// Base transport header. `bth.pad_cnt` is filled by `parse`; `emit` derives it from the
     /// payload length.
     pub bth: BthRepr,
+    /// XRCETH (XRC requests): the 24-bit number of the XRC SRQ at the target.
+    pub xrceth: Option<u32>,
     /// DETH (UD).
     pub deth: Option<DethRepr>,
     /// FETH (FLUSH).
@@ -240,6 +242,7 @@ impl<'a> PacketRepr<'a> {
     pub fn new(bth: BthRepr, payload: &'a [u8]) -> Self {
         PacketRepr {
             bth,
+            xrceth: None,
             deth: None,
             feth: None,
             reth: None,
@@ -273,6 +276,8 @@ impl<'a> PacketRepr<'a> {
                 None
             }
         };
+        // The top byte of the XRCETH is reserved: ignored on receipt.
+        repr.xrceth = take(Headers::XRCETH, 4).map(|b| u32::from_be_bytes([0, b[1], b[2], b[3]]));
         repr.deth = take(Headers::DETH, 8)
             .map(|b| DethRepr::parse(&Deth::new_unchecked(b)))
             .transpose()?;
@@ -319,6 +324,7 @@ impl<'a> PacketRepr<'a> {
         let op = self.bth.opcode;
         let want = op.headers();
         let have = [
+            (Headers::XRCETH, self.xrceth.is_some()),
             (Headers::DETH, self.deth.is_some()),
             (Headers::FETH, self.feth.is_some()),
             (Headers::RETH, self.reth.is_some()),
@@ -360,6 +366,11 @@ impl<'a> PacketRepr<'a> {
     /// Fields wider than their wire encoding would be silently cut by `emit`; refuse them.
     fn check_ranges(&self) -> Result<()> {
         let bad = |field, value: u64| Err(Error::OutOfRange { field, value });
+        if let Some(n) = self.xrceth {
+            if n > crate::seq::MASK_24 {
+                return bad("XRCETH XRC SRQ number", n.into());
+            }
+        }
         if let Some(a) = self.aeth {
             if a.msn > crate::seq::MASK_24 {
                 return bad("AETH MSN", a.msn.into());
@@ -428,6 +439,10 @@ impl<'a> PacketRepr<'a> {
         bth.emit(&mut Bth::new_unchecked(&mut buf[..BTH_LEN]));
         let headers = self.bth.opcode.headers();
         let at = |h: Headers| BTH_LEN + headers.offset_of(h).unwrap_or(0);
+        if let Some(n) = self.xrceth {
+            let o = at(Headers::XRCETH);
+            buf[o..o + 4].copy_from_slice(&n.to_be_bytes());
+        }
         if let Some(h) = self.deth {
             h.emit(&mut Deth::new_unchecked(&mut buf[at(Headers::DETH)..]));
         }

@@ -134,7 +134,7 @@ fn bth(opcode: Opcode) -> impl Strategy<Value = BthRepr> {
 fn packet_of(opcode: Opcode) -> impl Strategy<Value = Owned> {
     let h = opcode.headers();
     (
-        bth(opcode),
+        (bth(opcode), header(h.contains(Headers::XRCETH), u24())),
         header(
             h.contains(Headers::DETH),
             (any::<u32>(), u24()).prop_map(|(qkey, q)| DethRepr {
@@ -182,7 +182,7 @@ fn packet_of(opcode: Opcode) -> impl Strategy<Value = Owned> {
     )
         .prop_map(
             |(
-                mut bth,
+                (mut bth, xrceth),
                 deth,
                 feth,
                 reth,
@@ -197,6 +197,7 @@ fn packet_of(opcode: Opcode) -> impl Strategy<Value = Owned> {
                 Owned {
                     repr: PacketRepr {
                         bth,
+                        xrceth,
                         deth,
                         feth,
                         reth,

@@ -6,7 +6,7 @@
 //! NAK code, then every pad count over IPv4 and IPv6; each packet differs from its neighbours
 //! in every BTH field (PSNs near the 24-bit wrap, QPNs, P_Keys, SE/M/AckReq/FECN/BECN).
 //!
-//! What tshark 4.0 cannot show, and what is checked instead (see [`NOT_DECODED`]):
+//! What tshark 4.0 cannot show, and what is checked instead (see [`not_decoded`]):
 //! - FLUSH (0x1C), ATOMIC WRITE (0x1D) and CNP (0x81) are "Unknown" opcodes: tshark prints
 //!   the BTH and then everything after it as one "Unknown/Vendor Specific Data" blob (ICRC
 //!   included), which must equal the FETH/RETH/payload/ICRC laid out by hand here.
@@ -100,6 +100,9 @@ fn case(op: Opcode, n: usize, v6: bool) -> Case {
             qkey: 0x8765_4321 ^ (n32 << 8),
             src_qpn: Qpn::new(0xFE_DCBA - n32 * 0x1111),
         });
+    }
+    if h.contains(Headers::XRCETH) {
+        repr.xrceth = Some(0xAB_CDEF ^ n32);
     }
     if h.contains(Headers::FETH) {
         repr.feth = Some(FethRepr {
@@ -227,8 +230,11 @@ fn cases() -> Vec<Case> {
 // ---------------------------------------------------------------------------------------------
 
 /// Opcodes tshark 4.0 does not know: it shows their BTH, then the rest of the packet as
-/// `infiniband.vendor` bytes.
-const NOT_DECODED: [Opcode; 3] = [Opcode::RcFlush, Opcode::RcAtomicWrite, Opcode::Cnp];
+/// `infiniband.vendor` bytes. XRC opcodes (0xA0..) are among them.
+fn not_decoded(op: Opcode) -> bool {
+    matches!(op, Opcode::RcFlush | Opcode::RcAtomicWrite | Opcode::Cnp)
+        || op.transport() == srdma_wire::Transport::Xrc
+}
 
 /// The fields asked of tshark, in column order. Every one not expected is expected absent.
 const FIELDS: &[&str] = &[
@@ -386,20 +392,10 @@ fn payload_and_pad(repr: &PacketRepr<'_>) -> Vec<u8> {
 /// Everything after the BTH of a packet tshark does not decode, laid out by hand from the
 /// IBTA header formats (not with srdma's emitters): FETH, RETH, payload, pad, ICRC.
 fn undecoded_tail(repr: &PacketRepr<'_>, icrc: [u8; 4]) -> Vec<u8> {
-    let mut v = Vec::new();
-    if let Some(f) = repr.feth {
-        let word = u32::from(f.placement_type & 0xF) | (u32::from(f.selectivity & 3) << 4);
-        v.extend_from_slice(&word.to_be_bytes());
-    }
-    if let Some(r) = repr.reth {
-        v.extend_from_slice(&r.va.to_be_bytes());
-        v.extend_from_slice(&r.rkey.to_be_bytes());
-        v.extend_from_slice(&r.dma_len.to_be_bytes());
-    }
-    if repr.bth.opcode == Opcode::Cnp {
-        v.extend_from_slice(&[0; 16]);
-    }
-    v.extend_from_slice(&payload_and_pad(repr));
+    // Everything after the BTH as emitted (extension headers, payload, pad), then the ICRC.
+    let mut buf = vec![0u8; repr.buffer_len()];
+    let n = repr.emit(&mut buf).unwrap();
+    let mut v = buf[srdma_wire::BTH_LEN..n - 4].to_vec();
     v.extend_from_slice(&icrc);
     v
 }
@@ -453,7 +449,7 @@ fn expected(frame: usize, case: &Case, wire: &[u8]) -> BTreeMap<&'static str, Ex
     e.insert("infiniband.bth.psn", num(b.psn.value()));
 
     let icrc: [u8; 4] = wire[wire.len() - 4..].try_into().unwrap();
-    if NOT_DECODED.contains(&b.opcode) {
+    if not_decoded(b.opcode) {
         e.insert(
             "infiniband.vendor",
             Expect::Prefixes(undecoded_tail(r, icrc)),
@@ -461,6 +457,9 @@ fn expected(frame: usize, case: &Case, wire: &[u8]) -> BTreeMap<&'static str, Ex
         return e;
     }
 
+    if let Some(n) = r.xrceth {
+        e.insert("infiniband.xrceth.xrcsrq", num(n));
+    }
     if let Some(h) = r.deth {
         e.insert("infiniband.deth.q_key", num(h.qkey));
         e.insert("infiniband.deth.srcqp", num(h.src_qpn.value()));
@@ -779,6 +778,9 @@ fn tshark_decodes_every_opcode_as_the_repr_says() {
          undecoded bytes: {:?}",
         cases.len(),
         FIELDS.len(),
-        NOT_DECODED
+        Opcode::ALL
+            .iter()
+            .filter(|o| not_decoded(**o))
+            .collect::<Vec<_>>()
     );
 }
