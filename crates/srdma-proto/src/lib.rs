@@ -85,6 +85,6 @@ pub use qp::{
     validate_modify,
 };
 pub use srq::Srq;
-pub use transport::{CqSide, Ctx, Dest, Qp, QpConfig, RecvMeta, Transmit};
+pub use transport::{CqSide, Ctx, Dest, Qp, QpConfig, RecvMeta, Transmit, XrcRole};
 pub use wc::{SendFlags, Wc, WcFlags, WcOpcode, WcStatus, WrOpcode};
 pub use wr::{PostError, RecvWr, SendOp, SendWr, Sge, SgeList, UdDest};

@@ -268,6 +268,8 @@ pub struct SendWr {
     pub inline_data: Option<Vec<u8>>,
     /// UD only: the destination.
     pub ud: Option<UdDest>,
+    /// XRC initiator only: the XRC SRQ at the target (`qp_type.xrc.remote_srqn`).
+    pub xrc_srqn: Option<u32>,
 }
 
 impl SendWr {
@@ -280,6 +282,7 @@ impl SendWr {
             flags: SendFlags::SIGNALED,
             inline_data: None,
             ud: None,
+            xrc_srqn: None,
         }
     }
 

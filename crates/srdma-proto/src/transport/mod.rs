@@ -14,8 +14,10 @@ mod completer;
 mod requester;
 mod responder;
 mod window;
+mod xrc;
 
 pub use window::MAX_WINDOW_PSNS;
+pub use xrc::XrcRole;
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -258,6 +260,8 @@ pub struct Qp {
     ack_yielded: bool,
     /// ACKs received that acknowledged nothing new (ghosts and stale ones).
     unproductive_acks: u64,
+    /// XRC initiator or target (`xrc` module); `None` for every other QP.
+    xrc: Option<XrcRole>,
 }
 
 impl Qp {
@@ -309,6 +313,7 @@ impl Qp {
             uc_drop: false,
             ack_yielded: false,
             unproductive_acks: 0,
+            xrc: None,
             inbound: Inbound::Idle,
             resources: VecDeque::new(),
             resp_out: VecDeque::new(),
@@ -506,6 +511,26 @@ impl Qp {
         if (ty == QpType::Ud) != wr.ud.is_some() {
             return Err(PostError::BadDestination);
         }
+        match self.xrc {
+            // The target has no send queue; the initiator names an SRQ in every request.
+            Some(XrcRole::Target) => {
+                return Err(PostError::UnsupportedOp {
+                    op: wr.op.wr_opcode(),
+                    qp_type: "XRC_RECV",
+                });
+            }
+            // XRC has no opcode for ATOMIC WRITE (nor FLUSH).
+            Some(XrcRole::Initiator) if matches!(wr.op, SendOp::AtomicWrite { .. }) => {
+                return Err(PostError::UnsupportedOp {
+                    op: wr.op.wr_opcode(),
+                    qp_type: "XRC_SEND",
+                });
+            }
+            Some(XrcRole::Initiator) if wr.xrc_srqn.is_none() => {
+                return Err(PostError::BadDestination);
+            }
+            _ => {}
+        }
         let inline = wr.flags.contains(SendFlags::INLINE) && !wr.op.is_read_or_atomic();
         let len = if wr.op.is_local() {
             // Binds and invalidates move no data: their SGEs are ignored.
@@ -639,14 +664,21 @@ impl Qp {
     pub fn handle_packet(&mut self, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_>, meta: &RecvMeta) {
         let op = pkt.bth.opcode;
         // rxe_recv.c hdr_check / check_type_state / check_keys.
-        let class_ok = matches!(
+        let class_ok = self.xrc_accepts(op).unwrap_or(matches!(
             (op.transport(), self.cfg.qp_type),
             (Transport::Rc, QpType::Rc) | (Transport::Uc, QpType::Uc) | (Transport::Ud, QpType::Ud)
-        );
+        ));
         if !class_ok {
             self.counters.dropped_pkts += 1;
             return;
         }
+        let rc;
+        let pkt = if self.xrc.is_some() {
+            rc = Self::xrc_as_rc(pkt);
+            &rc
+        } else {
+            pkt
+        };
         if !pkey_match(pkt.bth.pkey, srdma_wire::bth::DEFAULT_PKEY) {
             self.counters.bad_pkey += 1;
             self.counters.dropped_pkts += 1;
@@ -661,6 +693,9 @@ impl Qp {
                 return;
             }
             self.counters.rcvd_pkts += 1;
+            if self.xrc_refuse_without_srq(ctx, pkt) {
+                return;
+            }
             self.handle_request(ctx, pkt, meta);
         } else {
             if !matches!(self.state, QpState::Rts | QpState::Sqd) {
@@ -696,6 +731,7 @@ impl Qp {
         let t = self
             .next_response(ctx, buf)
             .or_else(|| self.next_request(ctx, buf))?;
+        self.xrc_response(buf);
         self.counters.sent_pkts += 1;
         Some(t)
     }
@@ -710,6 +746,7 @@ impl Qp {
     /// nothing unacknowledged (an ACK to the probe could otherwise acknowledge something).
     pub fn gso_probe(&mut self, buf: &mut [u8]) -> Option<Transmit> {
         if self.cfg.qp_type != QpType::Rc
+            || self.xrc.is_some()
             || self.state != QpState::Rts
             || self.req_psn != self.comp_psn
         {

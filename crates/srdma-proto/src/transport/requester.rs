@@ -261,6 +261,7 @@ impl Qp {
                 direct = Some(data);
             }
         }
+        self.xrc_request(&mut repr, wqe.wr.xrc_srqn)?;
         let plen = match direct {
             Some(d) => d.len(),
             None => payload.map_or(0, |(_, l)| l as usize),

@@ -537,7 +537,7 @@ impl Qp {
 
     /// Queues an ACK or NAK; a positive ACK replaces a positive ACK still waiting at the tail
     /// (ACKs are cumulative, so only the newest matters).
-    fn queue_ack(&mut self, psn: Psn, syndrome: Syndrome) {
+    pub(super) fn queue_ack(&mut self, psn: Psn, syndrome: Syndrome) {
         if let (
             Syndrome::Ack { .. },
             Some(RespOut::Ack {

@@ -1105,6 +1105,7 @@ impl World {
             inline_data: (p.inline & 0x8000 != 0)
                 .then(|| pattern(usize::from(p.inline & 0x3FF) % 600, p.imm)),
             ud,
+            xrc_srqn: None,
         };
         let s = &mut self.sides[e];
         match s.qp.post_send(wr) {
