@@ -372,7 +372,10 @@ impl Qp {
         mask: AttrMask,
         limits: &DeviceLimits,
     ) -> Result<(), ModifyError> {
-        let next = validate_modify(self.cfg.qp_type, self.state, attr, mask, limits)?;
+        let next = match self.xrc {
+            Some(role) => xrc::validate_modify(role, self.state, attr, mask, limits)?,
+            None => validate_modify(self.cfg.qp_type, self.state, attr, mask, limits)?,
+        };
         let prev = self.state;
         let a = &mut self.attr;
         macro_rules! take {

@@ -12,7 +12,9 @@
 use srdma_wire::{NakCode, Opcode, PacketRepr, Syndrome, Transport};
 
 use super::{Ctx, Qp};
+use crate::limits::DeviceLimits;
 use crate::mr::PdId;
+use crate::qp::{AttrMask, ModifyError, QpAttr, QpState, QpType, transition_rule};
 use crate::wc::WcStatus;
 
 /// The side of an XRC connection a QP is.
@@ -28,6 +30,10 @@ impl Qp {
     /// Makes this RC QP an XRC QP of `role` (right after creation, before any traffic).
     pub fn set_xrc(&mut self, role: XrcRole) {
         self.xrc = Some(role);
+        // The target's receives always come from an SRQ (the one each request names).
+        if role == XrcRole::Target {
+            self.cfg.uses_srq = true;
+        }
     }
 
     /// The XRC role, `None` for a plain RC, UC or UD QP.
@@ -109,4 +115,45 @@ impl Qp {
             buf[0] = twin.value();
         }
     }
+}
+
+/// `ibv_modify_qp` on an XRC QP: the RC rules of Linux `qp_state_table`, except that an
+/// initiator's INIT→RTR does not require MAX_DEST_RD_ATOMIC and MIN_RNR_TIMER (it has no
+/// responder) and a target's RTR→RTS requires only TIMEOUT and SQ_PSN (it has no
+/// requester); the RC attributes it does not require stay accepted.
+pub(super) fn validate_modify(
+    role: XrcRole,
+    cur: QpState,
+    attr: &QpAttr,
+    mask: AttrMask,
+    limits: &DeviceLimits,
+) -> Result<QpState, ModifyError> {
+    let next = if mask.contains(AttrMask::STATE) {
+        attr.qp_state
+    } else {
+        cur
+    };
+    let Some(rc) = transition_rule(QpType::Rc, cur, next) else {
+        return crate::qp::validate_modify(QpType::Rc, cur, attr, mask, limits);
+    };
+    let required = match (role, cur, next) {
+        (XrcRole::Initiator, QpState::Init, QpState::Rtr) => {
+            rc.required - AttrMask::MAX_DEST_RD_ATOMIC - AttrMask::MIN_RNR_TIMER
+        }
+        (XrcRole::Target, QpState::Rtr, QpState::Rts) => AttrMask::TIMEOUT | AttrMask::SQ_PSN,
+        _ => rc.required,
+    };
+    let missing = required - mask;
+    if let Some(name) = missing.first_name() {
+        return Err(ModifyError::MissingAttribute {
+            qp_type: QpType::Rc,
+            from: cur,
+            to: next,
+            attr: name,
+            missing,
+        });
+    }
+    // The RC check then sees the RC attributes XRC does not require as given (their values,
+    // the application's or zero, are checked; only those in `mask` are applied).
+    crate::qp::validate_modify(QpType::Rc, cur, attr, mask | (rc.required - mask), limits)
 }
