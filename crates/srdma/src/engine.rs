@@ -157,6 +157,8 @@ pub(crate) struct State {
     pub(crate) mem: Store,
     pub(crate) qps: BTreeMap<u32, QpSlot>,
     pub(crate) srqs: BTreeMap<u32, ProtoSrq>,
+    /// XRC domains' SRQs and target QPs (`qp::xrc`).
+    pub(crate) xrc: crate::qp::xrc::XrcState,
     /// The QPN range this device owns: `qpn_base | n` (0 unless the port is shared).
     pub(crate) qpn_base: u32,
     pub(crate) next_qpn: u32,
@@ -1111,6 +1113,7 @@ impl Shared {
             mem,
             qps,
             srqs,
+            xrc,
             counters,
             touched,
             ..
@@ -1126,10 +1129,18 @@ impl Shared {
             counters.rx_bad_source += 1;
             return;
         }
-        let srq = slot.srq.and_then(|id| srqs.get_mut(&id));
+        // An XRC target receives with the SRQ its request names.
+        let xrc_srq = xrc.route(qpn, &mut slot.qp, repr.xrceth);
+        let srq = match &xrc_srq {
+            Some(found) => found.as_ref().and_then(|(id, _)| srqs.get_mut(id)),
+            None => slot.srq.and_then(|id| srqs.get_mut(&id)),
+        };
         let mut ctx = Ctx { now, mrs, mem, srq };
         let silent = slot.qp.silent_writes();
         slot.qp.handle_packet(&mut ctx, &repr, &RecvMeta { encap });
+        if let Some(Some((_, cq))) = &xrc_srq {
+            crate::qp::xrc::complete_to(&mut slot.qp, cq);
+        }
         if slot.qp.silent_writes() != silent {
             let until = now + SILENT_WRITES_HOLD;
             self.silent_writes_until
@@ -1600,6 +1611,7 @@ pub(crate) fn start(cfg: DeviceConfig, sock: crate::udp::Socket) -> Result<Arc<D
         mem: Store::default(),
         qps: BTreeMap::new(),
         srqs: BTreeMap::new(),
+        xrc: Default::default(),
         // rxe numbers QPs from 17 (0x11); 0 and 1 are the special QPs. A shared port's
         // slot k owns k << 16 | n.
         qpn_base: u32::from(slot) << 16,

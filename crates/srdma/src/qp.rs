@@ -12,6 +12,8 @@ use crate::device::{Device, Gid, Pd};
 use crate::engine::{QpSlot, deliver_completions};
 use crate::error::{Error, Result};
 
+pub(crate) mod xrc;
+
 /// How to create a QP (`ibv_qp_init_attr` plus the INIT attributes).
 #[derive(Debug, Clone)]
 pub struct QpInit {
@@ -138,6 +140,8 @@ struct QpInner {
     _pd: Pd,
     _cqs: (Cq, Cq),
     _srq: Option<Srq>,
+    /// An XRC target's domain.
+    _xrcd: Option<xrc::Xrcd>,
 }
 
 impl Drop for QpInner {
@@ -151,6 +155,7 @@ impl Drop for QpInner {
         // Type 2 windows bound to it die with it: a later QP with the same number must not
         // inherit them.
         st.mrs.unbind_qp_windows(self.qpn);
+        st.xrc.qp_gone(self.qpn.value());
     }
 }
 
@@ -249,6 +254,7 @@ impl Pd {
                 _pd: self.clone(),
                 _cqs: (init.send_cq.clone(), init.recv_cq.clone()),
                 _srq: init.srq.clone(),
+                _xrcd: None,
             }),
         })
     }
@@ -268,6 +274,7 @@ impl Pd {
             inner: std::sync::Arc::new(SrqInner {
                 dev: dev.clone(),
                 id,
+                _xrcd: None,
             }),
         })
     }
@@ -544,11 +551,15 @@ pub struct Srq {
 struct SrqInner {
     dev: Device,
     id: u32,
+    /// An XRC SRQ's domain.
+    _xrcd: Option<xrc::Xrcd>,
 }
 
 impl Drop for SrqInner {
     fn drop(&mut self) {
-        self.dev.lock().srqs.remove(&self.id);
+        let mut st = self.dev.lock();
+        st.srqs.remove(&self.id);
+        st.xrc.srq_gone(self.id);
     }
 }
 
