@@ -336,13 +336,15 @@ pub struct verbs_context {
     pub create_qp_ex:
         Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_qp_init_attr_ex) -> *mut ibv_qp>,
     /// `get_srq_num`.
-    pub get_srq_num: opaque_fn,
+    pub get_srq_num: Option<unsafe extern "C" fn(*mut ibv_srq, *mut u32) -> c_int>,
     /// `create_srq_ex`.
-    pub create_srq_ex: opaque_fn,
+    pub create_srq_ex:
+        Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_srq_init_attr_ex) -> *mut ibv_srq>,
     /// `open_xrcd`.
-    pub open_xrcd: opaque_fn,
+    pub open_xrcd:
+        Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_xrcd_init_attr) -> *mut ibv_xrcd>,
     /// `close_xrcd`.
-    pub close_xrcd: opaque_fn,
+    pub close_xrcd: Option<unsafe extern "C" fn(*mut ibv_xrcd) -> c_int>,
     /// Placeholder.
     pub _ABI_placeholder3: u64,
     /// Size of this struct: ops whose distance to the end exceeds it are absent.
@@ -500,7 +502,7 @@ pub struct ibv_qp_ex {
     /// `ibv_wr_set_ud_addr`.
     pub wr_set_ud_addr: Option<unsafe extern "C" fn(*mut ibv_qp_ex, *mut ibv_ah, u32, u32)>,
     /// `ibv_wr_set_xrc_srqn`.
-    pub wr_set_xrc_srqn: opaque_fn,
+    pub wr_set_xrc_srqn: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32)>,
     /// `ibv_wr_set_inline_data`.
     pub wr_set_inline_data: Option<unsafe extern "C" fn(*mut ibv_qp_ex, *mut c_void, usize)>,
     /// `ibv_wr_set_inline_data_list`.
@@ -860,6 +862,37 @@ pub const IBV_SRQ_INIT_ATTR_TYPE: u32 = 1 << 0;
 pub const IBV_SRQ_INIT_ATTR_PD: u32 = 1 << 1;
 /// `IBV_SRQT_BASIC`.
 pub const IBV_SRQT_BASIC: u32 = 0;
+/// `IBV_SRQT_XRC`.
+pub const IBV_SRQT_XRC: u32 = 1;
+/// `IBV_SRQ_INIT_ATTR_XRCD`.
+pub const IBV_SRQ_INIT_ATTR_XRCD: u32 = 1 << 2;
+/// `IBV_SRQ_INIT_ATTR_CQ`.
+pub const IBV_SRQ_INIT_ATTR_CQ: u32 = 1 << 3;
+
+/// `struct ibv_xrcd`.
+#[repr(C)]
+pub struct ibv_xrcd {
+    /// Its context.
+    pub context: *mut ibv_context,
+}
+
+/// `struct ibv_xrcd_init_attr`.
+#[repr(C)]
+pub struct ibv_xrcd_init_attr {
+    /// Valid fields (`IBV_XRCD_INIT_ATTR_*`).
+    pub comp_mask: u32,
+    /// A file naming the domain to share, or -1.
+    pub fd: c_int,
+    /// `O_CREAT`, `O_EXCL`.
+    pub oflags: c_int,
+}
+
+/// `IBV_XRCD_INIT_ATTR_FD`.
+pub const IBV_XRCD_INIT_ATTR_FD: u32 = 1 << 0;
+/// `IBV_XRCD_INIT_ATTR_OFLAGS`.
+pub const IBV_XRCD_INIT_ATTR_OFLAGS: u32 = 1 << 1;
+/// `IBV_QP_INIT_ATTR_XRCD`.
+pub const IBV_QP_INIT_ATTR_XRCD: u32 = 1 << 1;
 
 /// `struct ibv_sge`.
 #[repr(C)]
@@ -1327,6 +1360,8 @@ mod tests {
             struct ibv_srq_attr { max_wr, max_sge, srq_limit }
             struct ibv_srq_init_attr { srq_context, attr }
             struct ibv_srq_init_attr_ex { srq_context, attr, comp_mask, srq_type, pd, xrcd, cq, tm_cap }
+            struct ibv_xrcd { context }
+            struct ibv_xrcd_init_attr { comp_mask, fd, oflags }
             struct ibv_sge { addr, length, lkey }
             struct ibv_recv_wr { wr_id, next, sg_list, num_sge }
             struct ibv_send_wr {

@@ -481,6 +481,7 @@ pub extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
         vctx.query_device_ex = Some(vctx_query_device_ex);
         vctx.create_cq_ex = Some(crate::verbs::vctx_create_cq_ex);
         vctx.create_qp_ex = Some(crate::verbs::vctx_create_qp_ex);
+        crate::verbs::xrc::fill_vctx(&mut vctx);
         vctx.context.device = device;
         vctx.context.cmd_fd = cmd_fd.as_raw_fd();
         vctx.context.async_fd = fd;

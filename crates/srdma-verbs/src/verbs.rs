@@ -24,6 +24,7 @@ use crate::{errno_of, guard, set_errno};
 
 mod mw;
 mod atomic_write;
+pub(crate) mod xrc;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -1341,13 +1342,22 @@ fn create_qp(
     a: &mut ibv_qp_init_attr,
     ex: bool,
 ) -> Result<*mut ibv_qp, c_int> {
-    let t = qp_type(a.qp_type)?;
+    let xrc_send = xrc::is_send(a.qp_type);
+    let t = if xrc_send {
+        QpType::Rc
+    } else {
+        qp_type(a.qp_type)?
+    };
     // SAFETY: CQ and SRQ pointers are NULL or live per the caller's contract.
     let (scq, rcq, srq) = unsafe {
+        let scq = back::<Cq, _>(a.send_cq).ok_or(libc::EINVAL)?;
         (
-            back::<Cq, _>(a.send_cq).ok_or(libc::EINVAL)?,
-            back::<Cq, _>(a.recv_cq).ok_or(libc::EINVAL)?,
-            back::<Srq, _>(a.srq),
+            scq,
+            // An XRC initiator receives nothing: its receive CQ may be NULL.
+            back::<Cq, _>(a.recv_cq)
+                .or(xrc_send.then_some(scq))
+                .ok_or(libc::EINVAL)?,
+            back::<Srq, _>(a.srq).filter(|_| !xrc_send),
         )
     };
     let limits = &p.pd.device().config().limits;
@@ -1374,7 +1384,11 @@ fn create_qp(
     init.caps = caps;
     init.sq_sig_all = a.sq_sig_all != 0;
     init.srq = srq.map(|s| s.srq.clone());
-    let qp = p.pd.create_qp_reset(&init).map_err(|e| errno_of(&e))?;
+    let qp = if xrc_send {
+        xrc::create_send_qp(p, &init)?
+    } else {
+        p.pd.create_qp_reset(&init).map_err(|e| errno_of(&e))?
+    };
     let got = caps;
     a.cap.max_send_sge = got.max_send_sge;
     if srq.is_none() {
@@ -1694,6 +1708,9 @@ pub(crate) unsafe extern "C" fn vctx_create_qp_ex(
         }
         // SAFETY: readable and writable per ibv_create_qp_ex's contract.
         let a = unsafe { &mut *attr };
+        if a.qp_type == IBV_QPT_XRC_RECV {
+            return xrc::create_recv_qp(context, a);
+        }
         let known =
             IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
         let with_ops = a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0;
@@ -1754,6 +1771,7 @@ fn fill_wr_ops(c: &mut ibv_qp_ex) {
     c.wr_complete = Some(wr_complete);
     c.wr_abort = Some(wr_abort);
     c.wr_atomic_write = Some(atomic_write::wr_atomic_write);
+    c.wr_set_xrc_srqn = Some(xrc::wr_set_xrc_srqn);
 }
 
 /// Runs `f` on the QP behind `qpx` (the `ibv_wr_*` functions return nothing: errors surface
@@ -2072,7 +2090,8 @@ unsafe extern "C" fn post_send(
             // SAFETY: the application's list; nodes readable until `next` is NULL.
             let w = unsafe { &*cur };
             match send_wr(q, w) {
-                Ok(s) => {
+                Ok(mut s) => {
+                    s.xrc_srqn = xrc::remote_srqn(q, w);
                     wrs.push(s);
                     ptrs.push(cur);
                 }
