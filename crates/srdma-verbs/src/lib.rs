@@ -44,7 +44,12 @@
 //!   `ibv_wr_*` API (WRITE, WRITE with immediate, SEND, SEND with immediate, SEND with
 //!   invalidate, READ, compare-and-swap, fetch-and-add, `ibv_wr_bind_mw`,
 //!   `ibv_wr_local_inv`, `ibv_wr_atomic_write` (IBTA 1.5 RDMA ATOMIC WRITE, RC); SGEs,
-//!   inline data, UD addresses); memory windows as rxe has them:
+//!   inline data, UD addresses, `ibv_wr_set_xrc_srqn`); XRC: `ibv_open_xrcd` (a file
+//!   shares the domain within the process) and `ibv_close_xrcd`, `ibv_create_srq_ex`
+//!   (`IBV_SRQT_XRC` with PD, domain and CQ; basic SRQs), `ibv_get_srq_num`,
+//!   `IBV_QPT_XRC_SEND` QPs (`ibv_create_qp`/`ibv_create_qp_ex`,
+//!   `wr.qp_type.xrc.remote_srqn` in `ibv_post_send`) and `IBV_QPT_XRC_RECV` QPs
+//!   (`ibv_create_qp_ex` with `IBV_QP_INIT_ATTR_XRCD`); memory windows as rxe has them:
 //!   `IBV_ACCESS_MW_BIND` on `ibv_reg_mr`, `ibv_alloc_mw` (type 1 and 2B; another type
 //!   EINVAL), `ibv_dealloc_mw`, `ibv_bind_mw` (type 1, through `ibv_context_ops.bind_mw`),
 //!   `IBV_WC_BIND_MW`/`IBV_WC_LOCAL_INV` completions and `IBV_WC_WITH_INV` with the
@@ -64,10 +69,9 @@
 //!   that libmlx5.so.1 and libefa.so.1, which perftest links, load.
 //! - Missing (their `verbs_context` slots are NULL, so the inline wrappers of verbs.h fail
 //!   with EOPNOTSUPP): completion timestamps (`ibv_rc_pingpong -t` says the device is not
-//!   capable, as on rxe), `ibv_wr_send_tso`, `ibv_create_srq_ex`, XRC domains,
-//!   zero-based memory windows (EINVAL at bind, as rxe for type 1), work queues and RSS, flow
-//!   steering,
-//!   device memory, counters, thread domains and parent domains, `ibv_modify_cq`,
+//!   capable, as on rxe), `ibv_wr_send_tso`, `ibv_open_qp` (sharing an XRC target QP),
+//!   tag-matching SRQs, zero-based memory windows (EINVAL at bind, as rxe for type 1), work
+//!   queues and RSS, flow steering, device memory, counters, thread domains and parent domains, `ibv_modify_cq`,
 //!   `ibv_advise_mr`; on-demand paging (`IBV_ACCESS_ON_DEMAND`: EOPNOTSUPP).
 //!
 //! Pointers: every call except the data path (`ibv_post_*`, `ibv_poll_cq`,

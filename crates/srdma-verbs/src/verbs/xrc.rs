@@ -25,9 +25,12 @@ struct Xrcd {
     file: Option<(u64, u64)>,
 }
 
-/// Domains opened with a file, by (context, device, inode): a second open of the same file
-/// shares the domain (the kernel's `ibv_open_xrcd` semantics, within this process).
-static BY_FILE: Mutex<Vec<(usize, (u64, u64), srdma::Xrcd)>> = Mutex::new(Vec::new());
+/// A domain opened with a file: its context (address), the file (device, inode), the domain.
+type FileDomain = (usize, (u64, u64), srdma::Xrcd);
+
+/// Domains opened with a file: a second open of the same file shares the domain (the
+/// kernel's `ibv_open_xrcd` semantics, within this process).
+static BY_FILE: Mutex<Vec<FileDomain>> = Mutex::new(Vec::new());
 
 /// Fills the XRC entries of `verbs_context`.
 pub(crate) fn fill_vctx(v: &mut verbs_context) {

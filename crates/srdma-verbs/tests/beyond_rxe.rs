@@ -1,0 +1,126 @@
+//! rdma-core 44's own test suite (python3-pyverbs, Debian's unmodified package) on the
+//! drop-in library, for what Debian's kernel rxe (6.1) fails or skips: RDMA ATOMIC WRITE
+//! through `ibv_wr_atomic_write`, and XRC (domains, XRC SRQs, XRC_SEND/XRC_RECV QPs) with
+//! SENDs, SENDs with immediate, both post-send APIs, extended CQs and atomics.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The tests that must print `ok`.
+const MUST_PASS: [&str; 7] = [
+    "tests.test_qpex.QpExTestCase.test_qp_ex_rc_atomic_write",
+    "tests.test_atomic.AtomicTest.test_xrc_atomic_cmp_and_swap",
+    "tests.test_atomic.AtomicTest.test_xrc_atomic_fetch_and_add",
+    "tests.test_cqex.CqExTestCase.test_xrc_traffic_cq_ex",
+    "tests.test_qpex.QpExTestCase.test_qp_ex_xrc_send",
+    "tests.test_qpex.QpExTestCase.test_qp_ex_xrc_send_imm",
+    "tests.test_relaxed_ordering.RoTestCase.test_ro_xrc_traffic",
+];
+
+/// A directory where `libibverbs.so.1` and `librdmacm.so.1` are the drop-in library (the
+/// debug build of this crate).
+fn lib_dir() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let st = Command::new(env!("CARGO"))
+        .args(["build", "-q", "-p", "srdma-verbs"])
+        .current_dir(&root)
+        .status()
+        .expect("running cargo build -p srdma-verbs");
+    assert!(st.success(), "cargo build -p srdma-verbs failed");
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    let lib = target.join("debug/libibverbs.so").canonicalize().unwrap();
+    let dir = std::env::temp_dir().join(format!("srdma-beyond-rxe-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for name in ["libibverbs.so.1", "librdmacm.so.1"] {
+        let link = dir.join(name);
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&lib, &link).unwrap();
+    }
+    dir
+}
+
+/// rdma-core's tests, as Debian ships them (gzipped in the documentation), unpacked into a
+/// fresh directory; `None` (the test is skipped) without python3-pyverbs.
+fn suite() -> Option<PathBuf> {
+    let src = Path::new("/usr/share/doc/rdma-core/tests");
+    let pyverbs = Path::new("/usr/lib/python3/dist-packages/pyverbs");
+    if !src.is_dir() || !pyverbs.is_dir() {
+        eprintln!(
+            "skipped: install python3-pyverbs (rdma-core's tests in {})",
+            src.display()
+        );
+        return None;
+    }
+    let dir = std::env::temp_dir().join(format!("srdma-pyverbs-suite-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let st = Command::new("cp")
+        .arg("-r")
+        .arg(src)
+        .arg(&dir)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let tests = dir.join("tests");
+    for e in std::fs::read_dir(&tests).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "gz") {
+            let st = Command::new("gunzip").arg("-f").arg(&p).status().unwrap();
+            assert!(st.success(), "gunzip {}", p.display());
+        }
+    }
+    Some(dir)
+}
+
+#[test]
+fn pyverbs_atomic_write_and_xrc_tests_pass() {
+    let Some(dir) = suite() else { return };
+    let mut child = Command::new("/usr/bin/python3")
+        .arg("tests/run_tests.py")
+        .args(["--dev", "srdma_lo", "--gid", "1", "-v"])
+        .args(MUST_PASS)
+        .current_dir(&dir)
+        .env("LD_LIBRARY_PATH", lib_dir())
+        .env_remove("SRDMA_DEVICES")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running python3");
+    // unittest writes its report to stderr; read it on a thread so a full pipe cannot stall
+    // the child, and kill the child if it hangs.
+    let mut err = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break Some(st);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let report = reader.join().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(status.is_some(), "the suite hung:\n{report}");
+    for name in MUST_PASS {
+        let method = name.rsplit('.').next().unwrap();
+        let line = report
+            .lines()
+            .find(|l| l.starts_with(&format!("{method} (")))
+            .unwrap_or_else(|| panic!("{name} did not run:\n{report}"));
+        assert!(line.ends_with("... ok"), "{line}\n{report}");
+    }
+    assert!(status.unwrap().success(), "{report}");
+}
