@@ -1,7 +1,8 @@
 //! rdma-core 44's own test suite (python3-pyverbs, Debian's unmodified package) on the
 //! drop-in library, for what Debian's kernel rxe (6.1) fails or skips: RDMA ATOMIC WRITE
 //! through `ibv_wr_atomic_write`, and XRC (domains, XRC SRQs, XRC_SEND/XRC_RECV QPs) with
-//! SENDs, SENDs with immediate, both post-send APIs, extended CQs and atomics.
+//! SENDs, SENDs with immediate, both post-send APIs, extended CQs and atomics; and the same
+//! from C with bad input (tests/c/xrc_bad_input.c).
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -20,8 +21,13 @@ const MUST_PASS: [&str; 7] = [
 ];
 
 /// A directory where `libibverbs.so.1` and `librdmacm.so.1` are the drop-in library (the
-/// debug build of this crate).
+/// debug build of this crate), built once per test run.
 fn lib_dir() -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(build_lib_dir).clone()
+}
+
+fn build_lib_dir() -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let st = Command::new(env!("CARGO"))
         .args(["build", "-q", "-p", "srdma-verbs"])
@@ -123,4 +129,45 @@ fn pyverbs_atomic_write_and_xrc_tests_pass() {
         assert!(line.ends_with("... ok"), "{line}\n{report}");
     }
     assert!(status.unwrap().success(), "{report}");
+}
+
+#[test]
+fn xrc_and_atomic_write_from_c_with_bad_input() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/xrc_bad_input.c");
+    let exe = lib_dir().join("xrc_bad_input");
+    let o = Command::new("cc")
+        .args(["-O1", "-Wall", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .arg("-libverbs")
+        .output()
+        .expect("running cc: install gcc");
+    assert!(
+        o.status.success(),
+        "compiling xrc_bad_input.c (libibverbs-dev installed?): {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let mut child = Command::new(&exe)
+        .env("LD_LIBRARY_PATH", lib_dir())
+        .env("SRDMA_DEVICES", "127.0.0.1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let o = child.wait_with_output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && out.contains("0 failures"),
+        "{out}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
