@@ -27,6 +27,9 @@ impl fmt::Display for PacketRepr<'_> {
         if b.pkey != crate::bth::DEFAULT_PKEY {
             write!(f, " pkey={:#06x}", b.pkey)?;
         }
+        if let Some(n) = self.xrceth {
+            write!(f, " xrceth[srq={n:#08x}]")?;
+        }
         if let Some(h) = self.deth {
             write!(f, " deth[qkey={:#010x} src_qp={}]", h.qkey, h.src_qpn)?;
         }
@@ -103,6 +106,9 @@ impl fmt::Display for Verbose<'_, '_> {
             b.psn,
             b.psn.value()
         )?;
+        if let Some(n) = r.xrceth {
+            writeln!(f, "    XRCETH: xrcsrq={n:#08x}")?;
+        }
         if let Some(h) = r.deth {
             writeln!(f, "    DETH: qkey={:#010x} srcqp={}", h.qkey, h.src_qpn)?;
         }

@@ -84,6 +84,14 @@ fn xrc_send_only_carries_the_xrceth_after_the_bth() {
          68692121
          00000000",
     );
+    let line = r.to_string();
+    assert!(line.starts_with("XRC_SEND_ONLY"), "{line}");
+    assert!(line.contains("xrceth[srq=0xabcdef]"), "{line}");
+    assert!(
+        r.verbose().to_string().contains("XRCETH: xrcsrq=0xabcdef"),
+        "{}",
+        r.verbose()
+    );
 }
 
 #[test]
