@@ -281,3 +281,74 @@ fn rc_opcodes_do_not_reach_an_xrc_target_nor_xrc_ones_an_rc_qp() {
     assert!(q.sent_by(End::B).is_empty(), "{}", q.trace());
     assert!(q.completions(End::B).is_empty());
 }
+
+/// A QP of `role` in RESET.
+fn lone(role: Option<XrcRole>) -> srdma_proto::Qp {
+    let cfg = srdma_proto::QpConfig {
+        qpn: srdma_wire::Qpn::new(0x33),
+        qp_type: QpType::Rc,
+        pd: srdma_proto::PdId(1),
+        caps: caps(),
+        sq_sig_all: false,
+        uses_srq: false,
+        port_mtu: Mtu::Mtu1024,
+    };
+    let mut qp = srdma_proto::Qp::new(cfg, &srdma_proto::DeviceLimits::default()).unwrap();
+    if let Some(r) = role {
+        qp.set_xrc(r);
+    }
+    qp
+}
+
+#[test]
+fn xrc_modify_rules_follow_the_kernels_qp_state_table() {
+    use srdma_proto::{AttrMask as M, QpAttr, QpState};
+    let limits = srdma_proto::DeviceLimits::default();
+    let attr = |s| QpAttr {
+        qp_state: s,
+        port_num: 1,
+        ah_attr: srdma_proto::AhAttr {
+            dgid: gid("10.0.0.2".parse().unwrap()),
+            ..Default::default()
+        },
+        ..QpAttr::default()
+    };
+    let init = M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS;
+    let rtr_ini = M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN;
+    let rtr_rc = rtr_ini | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER;
+    let rts_tgt = M::STATE | M::TIMEOUT | M::SQ_PSN;
+    let rts_rc = rts_tgt | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC;
+
+    // The initiator's RTR needs no responder attributes; RC's are still accepted.
+    for rtr in [rtr_ini, rtr_rc] {
+        let mut q = lone(Some(XrcRole::Initiator));
+        q.modify(&attr(QpState::Init), init, &limits).unwrap();
+        q.modify(&attr(QpState::Rtr), rtr, &limits).unwrap();
+        // Its RTS is RC's.
+        assert!(q.modify(&attr(QpState::Rts), rts_tgt, &limits).is_err());
+        q.modify(&attr(QpState::Rts), rts_rc, &limits).unwrap();
+    }
+    // The target's RTS needs only TIMEOUT and SQ_PSN; its RTR is RC's.
+    for rts in [rts_tgt, rts_rc] {
+        let mut q = lone(Some(XrcRole::Target));
+        q.modify(&attr(QpState::Init), init, &limits).unwrap();
+        assert!(q.modify(&attr(QpState::Rtr), rtr_ini, &limits).is_err());
+        q.modify(&attr(QpState::Rtr), rtr_rc, &limits).unwrap();
+        q.modify(&attr(QpState::Rts), rts, &limits).unwrap();
+        assert_eq!(q.state(), QpState::Rts);
+    }
+    // A plain RC QP keeps RC's rules.
+    let mut q = lone(None);
+    q.modify(&attr(QpState::Init), init, &limits).unwrap();
+    assert!(q.modify(&attr(QpState::Rtr), rtr_ini, &limits).is_err());
+    q.modify(&attr(QpState::Rtr), rtr_rc, &limits).unwrap();
+    assert!(q.modify(&attr(QpState::Rts), rts_tgt, &limits).is_err());
+    // What the mask leaves out is not applied: the target keeps its defaults.
+    let mut q = lone(Some(XrcRole::Target));
+    q.modify(&attr(QpState::Init), init, &limits).unwrap();
+    q.modify(&attr(QpState::Rtr), rtr_rc, &limits).unwrap();
+    let mut a = attr(QpState::Rts);
+    a.retry_cnt = 5;
+    q.modify(&a, rts_tgt, &limits).unwrap();
+    assert_eq!(q.attr().retry_cnt, QpAttr::default().retry_cnt);
+}
