@@ -187,3 +187,14 @@ fn atomic_write_is_rc_only() {
         );
     }
 }
+
+#[test]
+fn atomic_write_needs_a_responder_resource() {
+    let mut p = Pair::with(QpType::Rc, Mtu::Mtu1024, |a| a.max_dest_rd_atomic = 0);
+    let dst = p.reg(End::B, 0x10_0000, 64, 0xEE, all_remote());
+    p.post_send(End::A, atomic_write(1, 0x10_0000, dst.rkey.unwrap()));
+    p.settle();
+    assert_eq!(p.completions(End::A)[0].status, WcStatus::RemInvReqErr);
+    assert_eq!(nak_of(&p), Some(Syndrome::Nak(NakCode::InvalidRequest)));
+    assert_eq!(p.bytes(End::B, &dst), &[0xEE; 64][..]);
+}

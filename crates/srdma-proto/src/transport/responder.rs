@@ -418,15 +418,20 @@ impl Qp {
         Ok(())
     }
 
-    /// ATOMIC WRITE (rxe `atomic_write_reply`): R_Key with REMOTE_WRITE over the 8 bytes, an
-    /// 8-byte DMA length, an 8-byte aligned address (else NAK invalid request, as rxe's
-    /// misaligned-atomic error), then one indivisible 8-byte store.
+    /// ATOMIC WRITE (rxe `atomic_write_reply`): a responder resource (`max_dest_rd_atomic`
+    /// above 0), R_Key with REMOTE_WRITE over the 8 bytes, an 8-byte DMA length, an 8-byte
+    /// aligned address (else NAK invalid request, as rxe's misaligned-atomic error), then one
+    /// indivisible 8-byte store.
     fn execute_atomic_write(
         &mut self,
         ctx: &mut Ctx<'_>,
         pkt: &PacketRepr<'_>,
     ) -> Result<(), Refuse> {
         let inv = || Refuse::Nak(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+        // As rxe: it takes a responder resource, like READs and atomics.
+        if self.attr.max_dest_rd_atomic == 0 {
+            return Err(inv());
+        }
         let reth = pkt.reth.unwrap_or_default();
         let data: [u8; 8] = pkt.payload.try_into().map_err(|_| inv())?;
         if reth.dma_len != 8 {
