@@ -22,8 +22,8 @@ use crate::abi_core::*;
 use crate::context::{Context, is_nonblocking};
 use crate::{errno_of, guard, set_errno};
 
-mod mw;
 mod atomic_write;
+mod mw;
 pub(crate) mod xrc;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

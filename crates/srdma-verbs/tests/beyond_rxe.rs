@@ -4,10 +4,13 @@
 //! SENDs, SENDs with immediate, both post-send APIs, extended CQs and atomics; and the same
 //! from C with bad input (tests/c/xrc_bad_input.c).
 
-use std::io::Read;
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use common::lib_dir;
 
 /// The tests that must print `ok`.
 const MUST_PASS: [&str; 7] = [
@@ -19,35 +22,6 @@ const MUST_PASS: [&str; 7] = [
     "tests.test_qpex.QpExTestCase.test_qp_ex_xrc_send_imm",
     "tests.test_relaxed_ordering.RoTestCase.test_ro_xrc_traffic",
 ];
-
-/// A directory where `libibverbs.so.1` and `librdmacm.so.1` are the drop-in library (the
-/// debug build of this crate), built once per test run.
-fn lib_dir() -> PathBuf {
-    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    DIR.get_or_init(build_lib_dir).clone()
-}
-
-fn build_lib_dir() -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let st = Command::new(env!("CARGO"))
-        .args(["build", "-q", "-p", "srdma-verbs"])
-        .current_dir(&root)
-        .status()
-        .expect("running cargo build -p srdma-verbs");
-    assert!(st.success(), "cargo build -p srdma-verbs failed");
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"));
-    let lib = target.join("debug/libibverbs.so").canonicalize().unwrap();
-    let dir = std::env::temp_dir().join(format!("srdma-beyond-rxe-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    for name in ["libibverbs.so.1", "librdmacm.so.1"] {
-        let link = dir.join(name);
-        let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink(&lib, &link).unwrap();
-    }
-    dir
-}
 
 /// rdma-core's tests, as Debian ships them (gzipped in the documentation), unpacked into a
 /// fresh directory; `None` (the test is skipped) without python3-pyverbs.
@@ -85,7 +59,7 @@ fn suite() -> Option<PathBuf> {
 #[test]
 fn pyverbs_atomic_write_and_xrc_tests_pass() {
     let Some(dir) = suite() else { return };
-    let mut child = Command::new("/usr/bin/python3")
+    let child = Command::new("/usr/bin/python3")
         .arg("tests/run_tests.py")
         .args(["--dev", "srdma_lo", "--gid", "1", "-v"])
         .args(MUST_PASS)
@@ -97,29 +71,10 @@ fn pyverbs_atomic_write_and_xrc_tests_pass() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("running python3");
-    // unittest writes its report to stderr; read it on a thread so a full pipe cannot stall
-    // the child, and kill the child if it hangs.
-    let mut err = child.stderr.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        s
-    });
-    let deadline = Instant::now() + Duration::from_secs(300);
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break Some(st);
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let report = reader.join().unwrap();
+    // unittest writes its report to stderr.
+    let out = common::wait(child, Duration::from_secs(300), "rdma-core's tests");
     let _ = std::fs::remove_dir_all(&dir);
-    assert!(status.is_some(), "the suite hung:\n{report}");
+    let report = common::text(&out);
     for name in MUST_PASS {
         let method = name.rsplit('.').next().unwrap();
         let line = report
@@ -128,7 +83,7 @@ fn pyverbs_atomic_write_and_xrc_tests_pass() {
             .unwrap_or_else(|| panic!("{name} did not run:\n{report}"));
         assert!(line.ends_with("... ok"), "{line}\n{report}");
     }
-    assert!(status.unwrap().success(), "{report}");
+    assert!(out.status.success(), "{report}");
 }
 
 #[test]
@@ -147,7 +102,7 @@ fn xrc_and_atomic_write_from_c_with_bad_input() {
         "compiling xrc_bad_input.c (libibverbs-dev installed?): {}",
         String::from_utf8_lossy(&o.stderr)
     );
-    let mut child = Command::new(&exe)
+    let child = Command::new(&exe)
         .env("LD_LIBRARY_PATH", lib_dir())
         .env("SRDMA_DEVICES", "127.0.0.1")
         .stdin(Stdio::null())
@@ -155,15 +110,7 @@ fn xrc_and_atomic_write_from_c_with_bad_input() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let o = child.wait_with_output().unwrap();
+    let o = common::wait(child, Duration::from_secs(60), "xrc_bad_input");
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(
         o.status.success() && out.contains("0 failures"),

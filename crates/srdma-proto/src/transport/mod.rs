@@ -501,7 +501,10 @@ impl Qp {
             // UC has no SEND with invalidate opcode (IBA 9.4.1.1), nor ATOMIC WRITE.
             QpType::Uc => {
                 wr.op.is_read_or_atomic()
-                    || matches!(wr.op, SendOp::SendWithInv { .. } | SendOp::AtomicWrite { .. })
+                    || matches!(
+                        wr.op,
+                        SendOp::SendWithInv { .. } | SendOp::AtomicWrite { .. }
+                    )
             }
             QpType::Ud => !matches!(wr.op, SendOp::Send | SendOp::SendWithImm { .. }),
         };

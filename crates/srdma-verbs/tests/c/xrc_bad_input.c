@@ -167,6 +167,10 @@ int main(void)
 	qa.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
 	qa.pd = pd;
 	qa.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_ATOMIC_WRITE;
+	errno = 0;
+	CHECK("xrc_send with atomic write ops", !ibv_create_qp_ex(ctx, &qa) && errno == EOPNOTSUPP,
+	      "errno %d", errno);
+	qa.send_ops_flags = IBV_QP_EX_WITH_SEND;
 	struct ibv_qp *ini = ibv_create_qp_ex(ctx, &qa);
 	CHECK("xrc_send", ini != NULL && ini->qp_type == IBV_QPT_XRC_SEND, "errno %d", errno);
 	if (!srq || !tgt || !ini) {
@@ -201,7 +205,8 @@ int main(void)
 	      !strcmp(buf + 2048, "hello xrc"),
 	      "got %d status %d id %lu len %u", got, wc.status, (unsigned long)wc.wr_id, wc.byte_len);
 
-	/* The ibv_wr_* API: ATOMIC WRITE has no XRC opcode; a NULL payload is refused. */
+	/* The ibv_wr_* API: ATOMIC WRITE has no XRC opcode (refused even when called without
+	 * having been asked for); a NULL payload is refused. */
 	struct ibv_qp_ex *qx = ibv_qp_to_qp_ex(ini);
 	uint64_t v = 1;
 	ibv_wr_start(qx);
