@@ -439,8 +439,9 @@ impl Qp {
         }
         let grant = ctx
             .mrs
-            .check_remote(
+            .check_remote_at(
                 self.cfg.pd,
+                self.cfg.qpn,
                 crate::mr::RKey(reth.rkey),
                 reth.va,
                 8,
