@@ -1449,6 +1449,7 @@ fn note_timer(next_timer: &mut u64, slot: &QpSlot) {
 }
 
 pub(crate) fn deliver_completions(slot: &mut QpSlot) {
+    crate::qp::xrc::drop_orphans(&mut slot.qp);
     let mut overrun = false;
     while let Some((side, wc)) = slot.qp.poll_completion() {
         let solicited = wc.solicited;

@@ -91,6 +91,15 @@ pub(crate) fn complete_to(qp: &mut ProtoQp, cq: &Cq) {
     }
 }
 
+/// An XRC target's receive completions made outside a packet's delivery (a receive WQE in
+/// progress flushed when the QP goes to ERR) cannot be told which XRC SRQ they came from:
+/// they are dropped rather than left to fill the domain's internal CQ.
+pub(crate) fn drop_orphans(qp: &mut ProtoQp) {
+    if qp.xrc() == Some(XrcRole::Target) {
+        while qp.poll_recv_completion().is_some() {}
+    }
+}
+
 impl Device {
     /// `ibv_open_xrcd`: a new XRC domain.
     pub fn open_xrcd(&self) -> Result<Xrcd> {
