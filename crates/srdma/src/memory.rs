@@ -379,4 +379,37 @@ mod tests {
             Err(MemoryError::Misaligned { offset: 12 })
         );
     }
+
+    /// ATOMIC WRITE stores the whole word at once, in memory order; a misaligned one is
+    /// refused and changes nothing.
+    #[test]
+    fn atomic_store_is_one_aligned_word() {
+        let region = Arc::new(Region::new(PAGE).expect("a page"));
+        let mut table = srdma_proto::MrTable::new(1);
+        let access = srdma_proto::AccessFlags::LOCAL_WRITE | srdma_proto::AccessFlags::REMOTE_WRITE;
+        let h = table
+            .register(srdma_proto::mr::PdId(1), region.addr(), PAGE as u64, access)
+            .expect("a free slot")
+            .handle;
+        let mut store = Store::default();
+        store.insert(h, region.clone());
+        store
+            .atomic_store(h, 16, *b"12345678")
+            .expect("aligned word");
+        let mut word = [0u8; 8];
+        store.read(h, 16, &mut word).expect("in range");
+        assert_eq!(&word, b"12345678");
+        assert_eq!(
+            store.atomic_store(h, 20, [0xFF; 8]),
+            Err(MemoryError::Misaligned { offset: 20 })
+        );
+        let mut around = [0u8; 16];
+        store.read(h, 16, &mut around).expect("in range");
+        assert_eq!(&around[..8], b"12345678");
+        assert_eq!(&around[8..], &[0; 8]);
+        assert!(
+            store.atomic_store(h, PAGE as u64, [0; 8]).is_err(),
+            "past the end"
+        );
+    }
 }
