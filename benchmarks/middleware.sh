@@ -50,6 +50,7 @@ srdma_perf() {
     for _ in $(seq 100); do grep -q "Waiting for client" "$RES/$name.server.txt" 2>/dev/null && break; sleep 0.1; done
     "$SRDMA" perf "$test" $A --bind $B -p $port "$@" --json >"$RES/$name.json" 2>"$RES/$name.err" ||
         log "$name FAILED: $(tail -1 "$RES/$name.err")"
+    [ -s "$RES/$name.err" ] || rm -f "$RES/$name.err"
     wait "${PIDS[-1]}" 2>/dev/null
 }
 
@@ -79,14 +80,15 @@ srdma_perf send-lat-8 send-lat -s 8 -D "$DUR"
 srdma_lat=$(jq -r '.results[0].t_typical_us * 1000 | round / 1000' "$RES/send-lat-8.json" 2>/dev/null)
 ucx_lat=$(ucx tag-lat-8 -t tag_lat -s 8 -n 100000 -w 10000 | awk '{ print $2 }')
 
-mpicc -O2 -o "$RES/mpi_pingpong" "$ROOT/benchmarks/mpi_pingpong.c" || exit 1
+PROG=$(mktemp -d)/mpi_pingpong
+mpicc -O2 -o "$PROG" "$ROOT/benchmarks/mpi_pingpong.c" || exit 1
 log "mpirun over UCX on srdma"
 SRDMA_DEVICES=$A "$SRDMA" exec mpirun --oversubscribe -np 2 --mca pml ucx --mca osc ucx \
     -x UCX_TLS=rc_verbs,ud_verbs,self -x LD_LIBRARY_PATH -x SRDMA_DEVICES \
-    "$RES/mpi_pingpong" 8 20000 >"$RES/mpi-ucx.txt" 2>&1 || log "mpi over ucx FAILED"
+    "$PROG" 8 20000 >"$RES/mpi-ucx.txt" 2>&1 || log "mpi over ucx FAILED"
 log "mpirun over TCP"
 mpirun --oversubscribe -np 2 --mca pml ob1 --mca btl self,tcp --mca btl_tcp_if_include lo \
-    "$RES/mpi_pingpong" 8 20000 >"$RES/mpi-tcp.txt" 2>&1 || log "mpi over tcp FAILED"
+    "$PROG" 8 20000 >"$RES/mpi-tcp.txt" 2>&1 || log "mpi over tcp FAILED"
 mpi_ucx=$(awk '/^pingpong/ { print $5 }' "$RES/mpi-ucx.txt")
 mpi_tcp=$(awk '/^pingpong/ { print $5 }' "$RES/mpi-tcp.txt")
 
