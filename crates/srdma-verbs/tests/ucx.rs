@@ -377,3 +377,53 @@ fn ucp_between_two_namespaces() {
         );
     }
 }
+
+/// A peer killed mid-run (SIGKILL, no goodbye): the survivor's RC QP exhausts its retries and
+/// UCX fails with that error instead of hanging, over rc_verbs and over ud_verbs alone.
+#[test]
+fn a_killed_peer_makes_the_survivor_fail() {
+    if !have_ucx() {
+        return;
+    }
+    for (net, port, tls, needle) in [
+        (
+            96u8,
+            18660u16,
+            "rc_verbs,ud_verbs",
+            "retry counter exceeded",
+        ),
+        (97, 18661, "ud_verbs", "timeout"),
+    ] {
+        let (sa, ca) = (format!("127.0.{net}.1"), format!("127.0.{net}.2"));
+        let port_s = port.to_string();
+        let mut srv = Reaped(Some(
+            exec(&sa, tls, "ucx_perftest", &["-p", &port_s])
+                .spawn()
+                .unwrap(),
+        ));
+        wait_listen(port);
+        let args = [
+            sa.as_str(),
+            "-p",
+            &port_s,
+            "-t",
+            "tag_bw",
+            "-s",
+            "65536",
+            "-n",
+            "100000000",
+        ];
+        let cli = exec(&ca, tls, "ucx_perftest", &args).spawn().unwrap();
+        std::thread::sleep(Duration::from_secs(2));
+        // `srdma exec` becomes the program: this kills ucx_perftest itself.
+        srv.0.as_mut().unwrap().kill().unwrap();
+        let c = wait(
+            cli,
+            Duration::from_secs(90),
+            &format!("ucx_perftest client over {tls} after its server was killed"),
+        );
+        assert!(!c.status.success(), "{tls}: {}", text(&c));
+        let out = text(&c);
+        assert!(out.contains(needle), "{tls}: no {needle:?} in {out}");
+    }
+}
