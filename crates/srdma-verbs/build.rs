@@ -35,10 +35,15 @@ fn main() {
     // Bind only what the sources define (an assembler refuses a default version of an
     // undefined symbol); tests/exports.rs checks that every line of the list is exported.
     let mut sources = String::new();
-    for e in std::fs::read_dir(dir.join("src")).unwrap() {
-        let p = e.unwrap().path();
-        if p.extension().is_some_and(|x| x == "rs") {
-            sources += &std::fs::read_to_string(&p).unwrap();
+    let mut dirs = vec![dir.join("src")];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                sources += &std::fs::read_to_string(&p).unwrap();
+            }
         }
     }
     println!("cargo:rerun-if-changed=src");

@@ -33,6 +33,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
+mod abi;
+
 use srdma::cm::ConnectOptions;
 use srdma::ibcm::{self, IbConnection, IbListener, IbRequest};
 use srdma::{AccessFlags, CompChannel, Cq, Mr, Pd, Qp, QpInit, QpType};
