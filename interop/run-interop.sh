@@ -19,6 +19,9 @@
 #                   each side receiving; dropin-rstream-*, dropin-riostream-*: rsockets
 #                   (rstream; riostream's riomap/riowrite), data verified, each side
 #                   listening
+#   ucx-*, fi-*     UCX's ucx_perftest (rc_verbs+ud_verbs, ud_verbs; both roles) and
+#                   libfabric's fi_pingpong (msg, rdm; srdma the client) on the drop-in
+#                   against the same Debian builds on rxe
 # for SIZE in 64, 4096, 65536 (multi-packet at the path MTU 1024). Every scenario must exit 0
 # on both sides, and the guest's rxe hw counters must show no sequence error and no retry
 # (duplicate_request only as many as the copies of srdma's GSO path probe in the capture).
@@ -50,6 +53,8 @@ log "building srdma and verbs_target"
 command -v ibv_rc_pingpong >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ibverbs-utils >/dev/null
 command -v ib_write_bw >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq perftest >/dev/null
 command -v rping >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rdmacm-utils >/dev/null
+command -v ucx_perftest >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ucx-utils >/dev/null
+command -v fi_pingpong >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libfabric-bin >/dev/null
 SRDMA="$ROOT/target/release/srdma"
 CLIENT="$ROOT/target/release/examples/verbs_target_client"
 for b in "$SRDMA" "$CLIENT"; do [ -x "$b" ] || { log "FAIL: $b was not built"; exit 1; }; done
@@ -310,6 +315,33 @@ selected dropin-chain-sink-on-rxe && { scenario dropin-chain-sink-on-rxe \
 selected dropin-chain-source-on-rxe && { scenario dropin-chain-source-on-rxe \
   "retry 80 0.5 /lab/chain a 60000 10.77.0.1 19000" \
   "$EXEC $RUNS/@/chain c 60000 19001 & $EXEC $RUNS/@/chain b 60000 19000 10.77.0.1 19001 && wait \$!" || fail=1; }
+
+# Middleware: Debian's UCX (ucx_perftest) and libfabric (fi_pingpong) on the drop-in against
+# the same builds on rxe, both roles. What rxe itself needs, named here: UCX's UD transport
+# reads the RoCE packet type from wc.sl (mlx5's meaning) and rxe reports 0, so UCX on rxe
+# drops every UD packet unless UCX_UD_VERBS_ETH_DGID_CHECK=n (srdma reports it as mlx5 does);
+# libfabric's RDM endpoint (ofi_rxm) asks for a CQ of 65536 entries, above rxe's max_cqe
+# 32767, unless FI_UNIVERSE_SIZE=64 makes it smaller.
+RXE_UCX="UCX_UD_VERBS_ETH_DGID_CHECK=n UCX_NET_DEVICES=rxe0:1"
+for tls in rc_verbs,ud_verbs ud_verbs; do
+  t=${tls%%,*}
+  selected "ucx-$t-server-on-rxe" && { scenario "ucx-$t-server-on-rxe" \
+    "env UCX_TLS=$tls $RXE_UCX ucx_perftest -p 13340" \
+    "$RUNS/@/retry-host env UCX_TLS=$tls $EXEC ucx_perftest 10.77.0.2 -p 13340 -t tag_lat -n 200" || fail=1; }
+  selected "ucx-$t-client-on-rxe" && { scenario "ucx-$t-client-on-rxe" \
+    "retry 80 0.5 env UCX_TLS=$tls $RXE_UCX ucx_perftest 10.77.0.1 -p 13341 -t tag_bw -s 4096 -n 200" \
+    "env UCX_TLS=$tls $EXEC ucx_perftest -p 13341" || fail=1; }
+done
+# fi_pingpong's server takes no address: libfabric's verbs provider binds "localhost", which
+# kernel rdma_cm attaches to its first RDMA device (cma_bind_loopback), so rxe serves there.
+# srdma's librdmacm has no device on 127.0.0.1 in the lab's namespace and refuses that bind
+# (EADDRNOTAVAIL): the server role on srdma is not run here yet.
+for ep in msg rdm; do
+  prov=verbs; [ $ep = rdm ] && prov='verbs;ofi_rxm'
+  selected "fi-$ep-server-on-rxe" && { scenario "fi-$ep-server-on-rxe" \
+    "env FI_UNIVERSE_SIZE=64 fi_pingpong -p '$prov' -e $ep -S 4096 -I 20 -c" \
+    "$RUNS/@/retry-host $EXEC fi_pingpong -p '$prov' -e $ep -S 4096 -I 20 -c 10.77.0.2" || fail=1; }
+done
 
 [ $fail = 0 ] && log "all scenarios passed" || log "some scenarios FAILED"
 exit $fail
