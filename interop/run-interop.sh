@@ -333,9 +333,10 @@ for tls in rc_verbs,ud_verbs ud_verbs; do
     "env UCX_TLS=$tls $EXEC ucx_perftest -p 13341" || fail=1; }
 done
 # fi_pingpong's server takes no address: libfabric's verbs provider binds "localhost", which
-# kernel rdma_cm attaches to its first RDMA device (cma_bind_loopback), so rxe serves there.
-# srdma's librdmacm has no device on 127.0.0.1 in the lab's namespace and refuses that bind
-# (EADDRNOTAVAIL): the server role on srdma is not run here yet.
+# kernel rdma_cm attaches to its first RDMA device (cma_bind_loopback), then listens on the
+# address of that device's netdev, found through sysfs (/sys/class/infiniband/DEV/...).
+# srdma's devices have no sysfs entries, so on srdma the server would stay on 127.0.0.1:
+# the server role on srdma is not run here yet (give it sysfs entries first).
 for ep in msg rdm; do
   prov=verbs; [ $ep = rdm ] && prov='verbs;ofi_rxm'
   selected "fi-$ep-server-on-rxe" && { scenario "fi-$ep-server-on-rxe" \
