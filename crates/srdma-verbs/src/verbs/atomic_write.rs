@@ -5,7 +5,9 @@ use std::ffi::c_void;
 
 use srdma_proto::{RKey, SendOp};
 
-use super::{wr_last, wr_push};
+use std::sync::atomic::Ordering;
+
+use super::{with_qpx, wr_push};
 use crate::abi_core::ibv_qp_ex;
 
 /// `IBV_QP_EX_WITH_ATOMIC_WRITE`.
@@ -35,9 +37,6 @@ pub(super) unsafe extern "C" fn wr_atomic_write(
         },
     );
     if atomic_wr.is_null() {
-        // Inline data longer than the QP takes: the check of `wr_complete` refuses the batch.
-        wr_last(qpx, |q, w| {
-            w.inline_data = Some(vec![0; q.caps.max_inline_data as usize + 1]);
-        });
+        with_qpx(qpx, |q, _| q.batch_refused.store(true, Ordering::Relaxed));
     }
 }

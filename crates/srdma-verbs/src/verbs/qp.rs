@@ -15,6 +15,24 @@ pub(super) struct Qp {
     pub(super) ex: bool,
     /// The work requests between `ibv_wr_start` and `ibv_wr_complete`.
     pub(super) batch: Mutex<Vec<SendWr>>,
+    /// An `ibv_wr_*` call of this batch had arguments no WR can be made of (they return
+    /// nothing): `ibv_wr_complete` refuses the batch with EINVAL.
+    pub(super) batch_refused: std::sync::atomic::AtomicBool,
+}
+
+impl Qp {
+    /// A QP's box, its `ibv_wr_*` batch empty.
+    pub(super) fn new(c: ibv_qp_ex, qp: srdma::Qp, caps: QpCaps, sq_sig_all: bool, ex: bool) -> Qp {
+        Qp {
+            c,
+            qp,
+            caps,
+            sq_sig_all,
+            ex,
+            batch: Mutex::new(Vec::new()),
+            batch_refused: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
 }
 
 pub(super) fn qp_type(t: ibv_qp_type) -> Result<QpType, c_int> {
@@ -137,14 +155,7 @@ pub(super) fn create_qp(
     if ex {
         fill_wr_ops(&mut c);
     }
-    let boxed: *mut Qp = hand_out(Qp {
-        c,
-        qp,
-        caps: got,
-        sq_sig_all: a.sq_sig_all != 0,
-        ex,
-        batch: Mutex::new(Vec::new()),
-    });
+    let boxed: *mut Qp = hand_out(Qp::new(c, qp, got, a.sq_sig_all != 0, ex));
     pd_users(pd, 1);
     // SAFETY: the PD's context is open.
     if let Some(ctx) = unsafe { Context::from_c(p.c.context) } {
@@ -682,16 +693,26 @@ pub(super) unsafe extern "C" fn wr_set_inline_data_list(
         .collect();
     wr_inline(qpx, &v);
 }
+/// Empties the batch (`ibv_wr_start`, `ibv_wr_abort`).
+fn wr_reset(qpx: *mut ibv_qp_ex) {
+    with_qpx(qpx, |q, _| {
+        lock(&q.batch).clear();
+        q.batch_refused.store(false, Ordering::Relaxed);
+    });
+}
 pub(super) unsafe extern "C" fn wr_start(qpx: *mut ibv_qp_ex) {
-    with_qpx(qpx, |q, _| lock(&q.batch).clear());
+    wr_reset(qpx);
 }
 pub(super) unsafe extern "C" fn wr_abort(qpx: *mut ibv_qp_ex) {
-    with_qpx(qpx, |q, _| lock(&q.batch).clear());
+    wr_reset(qpx);
 }
 /// `ibv_wr_complete`: posts the batch (0, or the errno of the first WR refused).
 pub(super) unsafe extern "C" fn wr_complete(qpx: *mut ibv_qp_ex) -> c_int {
     with_qpx(qpx, |q, _| {
         let wrs = std::mem::take(&mut *lock(&q.batch));
+        if q.batch_refused.swap(false, Ordering::Relaxed) {
+            return libc::EINVAL;
+        }
         for w in &wrs {
             if w.inline_data
                 .as_ref()

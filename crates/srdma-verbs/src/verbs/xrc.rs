@@ -292,20 +292,14 @@ pub(super) fn create_recv_qp(
     b.state = IBV_QPS_RESET;
     b.qp_type = IBV_QPT_XRC_RECV;
     let qpn = b.qp_num;
-    let boxed: *mut Qp = hand_out(Qp {
-        c,
-        qp,
-        caps: QpCaps {
-            max_send_wr: 0,
-            max_recv_wr: 0,
-            max_send_sge: 0,
-            max_recv_sge: 0,
-            max_inline_data: 0,
-        },
-        sq_sig_all: false,
-        ex: false,
-        batch: Mutex::new(Vec::new()),
-    });
+    let caps = QpCaps {
+        max_send_wr: 0,
+        max_recv_wr: 0,
+        max_send_sge: 0,
+        max_recv_sge: 0,
+        max_inline_data: 0,
+    };
+    let boxed: *mut Qp = hand_out(Qp::new(c, qp, caps, false, false));
     // SAFETY: checked live above.
     if let Some(ctx) = unsafe { Context::from_c(context) } {
         lock(&ctx.sink.qps).insert(qpn, boxed as usize);
