@@ -4,37 +4,12 @@
 //! ib_write_bw -R and ib_send_lat -R, on one address, on two, and between network
 //! namespaces; and bad input through the C API.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+mod common;
 
-/// A directory where both `libibverbs.so.1` and `librdmacm.so.1` are the drop-in library,
-/// built once per test run.
-fn lib_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let st = Command::new(env!("CARGO"))
-            .args(["build", "-q", "-p", "srdma-verbs"])
-            .current_dir(&root)
-            .status()
-            .expect("running cargo build -p srdma-verbs");
-        assert!(st.success(), "cargo build -p srdma-verbs failed");
-        let target = std::env::var_os("CARGO_TARGET_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| root.join("target"));
-        let lib = target.join("debug/libibverbs.so").canonicalize().unwrap();
-        let dir = std::env::temp_dir().join(format!("srdma-rdmacm-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        for name in ["libibverbs.so.1", "librdmacm.so.1"] {
-            let link = dir.join(name);
-            let _ = std::fs::remove_file(&link);
-            std::os::unix::fs::symlink(&lib, &link).unwrap();
-        }
-        dir
-    })
-}
+use common::{lib_dir, wait};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 /// The tests run one at a time: on two cores, parallel pairs starve each other's CM threads
 /// (see `perftest_over_rdma_cm`).
@@ -74,55 +49,6 @@ fn text(o: &Output) -> String {
         tail(&o.stdout),
         tail(&o.stderr)
     )
-}
-
-/// Waits for `child` at most `limit`, killing it past that. Its output is read meanwhile
-/// (rping -V prints more than a pipe holds).
-fn wait(mut child: Child, limit: Duration, what: &str) -> Output {
-    use std::io::Read;
-    let drain = |r: Option<Box<dyn Read + Send>>| {
-        std::thread::spawn(move || {
-            let mut v = Vec::new();
-            if let Some(mut r) = r {
-                let _ = r.read_to_end(&mut v);
-            }
-            v
-        })
-    };
-    let out = drain(
-        child
-            .stdout
-            .take()
-            .map(|r| Box::new(r) as Box<dyn Read + Send>),
-    );
-    let err = drain(
-        child
-            .stderr
-            .take()
-            .map(|r| Box::new(r) as Box<dyn Read + Send>),
-    );
-    let start = Instant::now();
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break Some(st);
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let o = Output {
-        status: status.unwrap_or_else(|| child.wait().unwrap()),
-        stdout: out.join().unwrap(),
-        stderr: err.join().unwrap(),
-    };
-    assert!(
-        status.is_some(),
-        "{what} did not finish within {limit:?}\n{}",
-        text(&o)
-    );
-    o
 }
 
 /// Waits (15 s at most) until process `pid` has a thread named `name` (the drop-in names

@@ -5,34 +5,12 @@
 //! them), both ends on this host: the server on one loopback address, the client on another
 //! (`SRDMA_DEVICES`), every test on its own addresses and TCP port so they run in parallel.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+mod common;
 
-/// The directory holding `libibverbs.so.1`, built once per test run.
-fn lib_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let st = Command::new(env!("CARGO"))
-            .args(["build", "-q", "-p", "srdma-verbs"])
-            .current_dir(&root)
-            .status()
-            .expect("running cargo build -p srdma-verbs");
-        assert!(st.success(), "cargo build -p srdma-verbs failed");
-        let target = std::env::var_os("CARGO_TARGET_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| root.join("target"));
-        let lib = target.join("debug/libibverbs.so").canonicalize().unwrap();
-        let dir = std::env::temp_dir().join(format!("srdma-verbs-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let link = dir.join("libibverbs.so.1");
-        let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink(lib, &link).unwrap();
-        dir
-    })
-}
+use common::{lib_dir, wait};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 /// The Debian binary `name`, or a panic that says which package to install.
 fn tool(name: &str) -> PathBuf {
@@ -55,26 +33,6 @@ fn cmd(name: &str, devices: &str, args: &[&str]) -> Command {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     c
-}
-
-/// Waits for `child` at most `limit`, killing it past that.
-fn wait(mut child: Child, limit: Duration, what: &str) -> Output {
-    let start = Instant::now();
-    loop {
-        if let Some(_st) = child.try_wait().unwrap() {
-            return child.wait_with_output().unwrap();
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "{what} did not finish within {limit:?}\nstdout:\n{}\nstderr:\n{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 fn text(o: &Output) -> String {

@@ -2,6 +2,7 @@
 
 #![allow(dead_code)]
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output};
 use std::sync::OnceLock;
@@ -37,24 +38,53 @@ pub fn lib_dir() -> &'static Path {
 }
 
 /// Waits for `child` at most `limit`, killing it past that (and then failing with what it
-/// printed).
+/// printed). Its output is read meanwhile: a program that prints more than a pipe holds
+/// (rping -V, the pyverbs suite) would otherwise block before it exits.
 pub fn wait(mut child: Child, limit: Duration, what: &str) -> Output {
+    let drain = |r: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut v);
+            }
+            v
+        })
+    };
+    let out = drain(
+        child
+            .stdout
+            .take()
+            .map(|r| Box::new(r) as Box<dyn Read + Send>),
+    );
+    let err = drain(
+        child
+            .stderr
+            .take()
+            .map(|r| Box::new(r) as Box<dyn Read + Send>),
+    );
     let start = Instant::now();
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            return child.wait_with_output().unwrap();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break Some(st);
         }
         if start.elapsed() > limit {
             let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "{what} did not finish within {limit:?}\nstdout:\n{}\nstderr:\n{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
+            break None;
         }
         std::thread::sleep(Duration::from_millis(20));
-    }
+    };
+    let o = Output {
+        status: status.unwrap_or_else(|| child.wait().unwrap()),
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
+    };
+    assert!(
+        status.is_some(),
+        "{what} did not finish within {limit:?}\nstdout:\n{}\nstderr:\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    o
 }
 
 /// stdout and stderr of `o`, one after the other.
