@@ -8,10 +8,12 @@
 //! busy-poll, and two cores do not carry two such pairs. A missing tool skips its test with a
 //! message (`scripts/test.sh` installs libfabric-bin and qperf).
 
+mod common;
+
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 /// The device both ends use.
@@ -19,25 +21,8 @@ const ADDR: &str = "127.0.0.1";
 /// The longest a client or a server may run.
 const LIMIT: Duration = Duration::from_secs(30);
 
-/// `target/debug/srdma`, built (with the drop-in library beside it) once per test run.
 fn srdma() -> &'static Path {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let st = Command::new(env!("CARGO"))
-            .args(["build", "-q", "-p", "srdma-verbs", "-p", "srdma-cli"])
-            .current_dir(&root)
-            .status()
-            .expect("running cargo build -p srdma-verbs -p srdma-cli");
-        assert!(
-            st.success(),
-            "cargo build -p srdma-verbs -p srdma-cli failed"
-        );
-        let target = std::env::var_os("CARGO_TARGET_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| root.join("target"));
-        target.join("debug/srdma").canonicalize().unwrap()
-    })
+    common::srdma_bin()
 }
 
 /// One test at a time (see the module doc).

@@ -8,30 +8,14 @@
 //! (`scripts/test.sh` installs it); Open MPI over UCX too, without openmpi-bin and
 //! libopenmpi-dev.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-/// `target/debug/srdma`, with the drop-in library built beside it, built once per run.
 fn srdma() -> &'static Path {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let st = Command::new(env!("CARGO"))
-            .args(["build", "-q", "-p", "srdma-verbs", "-p", "srdma-cli"])
-            .current_dir(&root)
-            .status()
-            .expect("running cargo build -p srdma-verbs -p srdma-cli");
-        assert!(
-            st.success(),
-            "cargo build -p srdma-verbs -p srdma-cli failed"
-        );
-        let target = std::env::var_os("CARGO_TARGET_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| root.join("target"));
-        target.join("debug/srdma").canonicalize().unwrap()
-    })
+    common::srdma_bin()
 }
 
 /// Whether UCX's tools are installed; if not, says so (the caller skips).

@@ -37,6 +37,28 @@ pub fn lib_dir() -> &'static Path {
     })
 }
 
+/// `target/debug/srdma`, built (with the drop-in library beside it, where `srdma exec`
+/// finds it) once per test run.
+pub fn srdma_bin() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let st = Command::new(env!("CARGO"))
+            .args(["build", "-q", "-p", "srdma-verbs", "-p", "srdma-cli"])
+            .current_dir(&root)
+            .status()
+            .expect("running cargo build -p srdma-verbs -p srdma-cli");
+        assert!(
+            st.success(),
+            "cargo build -p srdma-verbs -p srdma-cli failed"
+        );
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| root.join("target"));
+        target.join("debug/srdma").canonicalize().unwrap()
+    })
+}
+
 /// Waits for `child` at most `limit`, killing it past that (and then failing with what it
 /// printed). Its output is read meanwhile: a program that prints more than a pipe holds
 /// (rping -V, the pyverbs suite) would otherwise block before it exits.
