@@ -1,0 +1,388 @@
+//! The engine of a device: its state (QPs, memory, batches), the progress thread, and
+//! receive, transmit, timers and completion delivery. The application's threads drive it too
+//! (posts send from the caller's thread, polls receive and complete); the progress thread makes
+//! sure one-sided operations finish without the application and sleeps when idle.
+//!
+//! This file holds the state and `start`; the rest is one file per concern: `tx` (sending,
+//! zero copy, GSO), `probe` (the GSO path probe), `rx` (receiving, multicast groups),
+//! `timers`, `complete` (completions, hooks, events) and `progress` (the progress thread
+//! and the application-driven progress).
+
+mod complete;
+mod probe;
+mod progress;
+mod rx;
+mod timers;
+mod tx;
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::BufWriter;
+use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use srdma_proto::transport::MAX_PACKET_LEN;
+use srdma_proto::{MrTable, Qp as ProtoQp, Srq as ProtoSrq};
+use srdma_wire::pcap;
+
+use crate::cq::Cq;
+use crate::device::{DeviceConfig, DeviceCounters};
+use crate::error::{Result, io_err};
+use crate::memory::Store;
+use crate::sys;
+
+pub(crate) use complete::deliver_completions;
+use probe::PathGso;
+use rx::Group;
+pub(crate) use rx::{MAX_MCAST_GRP, MAX_MCAST_QP_ATTACH};
+
+/// Datagrams queued per `sendmmsg` (runs of them to one peer go out as one UDP GSO message).
+const TX_BATCH: usize = 128;
+/// Buffers per `recvmmsg` (each may hold a GRO-coalesced run of datagrams).
+const RX_BATCH: usize = 32;
+
+pub(crate) struct QpSlot {
+    pub(crate) qp: ProtoQp,
+    /// The state the application last saw or set: a move to ERR the engine makes on its
+    /// own raises `QpFatal`.
+    pub(crate) state_seen: srdma_proto::QpState,
+    pub(crate) send_cq: Cq,
+    pub(crate) recv_cq: Cq,
+    pub(crate) srq: Option<u32>,
+    /// Learned: how many times in a row the application posted a send while what a receive
+    /// brought was held back for it (an ACK, or nothing to send yet), or right after its
+    /// `post_recv` or poll sent a held-back ACK (a SEND or WRITE ping-pong). From
+    /// [`ACK_RIDES_AFTER`] on, an ACK held back by a receive (the progress thread's too:
+    /// [`Hold::Riding`]) waits past `post_recv` and polls (for [`ACK_RIDE_WINDOW`]) for that
+    /// send and leaves right behind it, in the same `sendmmsg`. Cleared when the progress
+    /// thread had to send a held-back ACK because the application went elsewhere (a peer
+    /// with a short retransmission timer, rxe in a slow VM, retries after a millisecond).
+    pub(crate) ack_rides_send: u8,
+    /// When (ns since the epoch) `post_recv` or a poll last sent a held-back ACK (0: not
+    /// since the last send): a send soon after it counts towards `ack_rides_send`.
+    pub(crate) ack_flushed_at: u64,
+    /// When (ns since the epoch) a receive last held this QP's packets back (put it in
+    /// `State::deferred`).
+    pub(crate) deferred_at: u64,
+    /// Whether a receive was posted to the QP (see [`QpSlot::ack_tail`]).
+    pub(crate) posted_recv: bool,
+}
+
+impl QpSlot {
+    /// Whether an ACK that rides behind a request (a ping-pong's reply) goes as the short
+    /// tail of the request's GSO message, so that both arrive together, instead of as a
+    /// datagram of its own one send later (loopback: the pair at 3.9 µs, against the request
+    /// at 3.0 µs and the ACK at 6.0 µs).
+    ///
+    /// Which one the peer's application needs first is its business; this side's own
+    /// application is the guess (a ping-pong runs one program at both ends). One whose
+    /// replies and send completions reach it through one CQ takes whichever comes first:
+    /// the reply alone is sooner. One with a separate send CQ can wait for its send's
+    /// completion before it looks for the reply (perftest's `ib_send_lat`), and one that
+    /// takes no SENDs learns of the peer's WRITEs from memory and polls its CQ only for its
+    /// own completions (`ib_write_lat`): both wait for the ACK, and the pair brings the
+    /// peer's next message with it. Figures in benchmarks/README.md ("8 B ping-pong
+    /// latency").
+    fn ack_tail(&self) -> bool {
+        let shares_cq = Arc::ptr_eq(&self.send_cq.inner, &self.recv_cq.inner);
+        let receives = self.posted_recv || self.srq.is_some();
+        !(shares_cq && receives)
+    }
+
+    /// When (ns since the epoch) what a receive held back for this QP has waited
+    /// [`ACK_RIDE_WINDOW`] and leaves whatever the application does.
+    fn hold_ends(&self) -> u64 {
+        self.deferred_at
+            .saturating_add(ACK_RIDE_WINDOW.as_nanos() as u64)
+    }
+}
+
+/// How soon after a `post_recv` that sent a held-back ACK a send must follow for the next
+/// ACK to wait for the send instead; also how long such an ACK waits through the
+/// application's polls for that send.
+pub(crate) const ACK_RIDE_WINDOW: Duration = Duration::from_micros(100);
+
+/// How many quick send-after-`post_recv` in a row make a QP's ACKs wait for its sends (a
+/// few hand-shakes in a row must not: perftest's do, then it goes quiet).
+pub(crate) const ACK_RIDES_AFTER: u8 = 8;
+
+/// What a receive holds back of the packets (ACKs, responses) of the QPs it touched, for
+/// the application's next post (see `State::deferred`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Hold {
+    /// Nothing: everything leaves now.
+    Nothing,
+    /// Everything but requests: the receive was the application's poll.
+    All,
+    /// The ACKs of QPs whose application posts a send right after it takes what they
+    /// acknowledge (`QpSlot::ack_rides_send`), for at most [`ACK_RIDE_WINDOW`]: the
+    /// progress thread's receive for an application that waits on its memory, not its CQ
+    /// (perftest's `ib_write_lat`). Sent at once, such an ACK reaches the peer alone; the
+    /// peer's application, which polls its send CQ for it, then turns to its memory, and
+    /// the reply WRITE that follows lands while nothing polls — the progress thread has to
+    /// take over there too, every round.
+    Riding,
+}
+
+pub(crate) struct State {
+    pub(crate) mrs: MrTable,
+    pub(crate) mem: Store,
+    pub(crate) qps: BTreeMap<u32, QpSlot>,
+    pub(crate) srqs: BTreeMap<u32, ProtoSrq>,
+    /// XRC domains' SRQs and target QPs (`qp::xrc`).
+    pub(crate) xrc: crate::qp::xrc::XrcState,
+    /// The QPN range this device owns: `qpn_base | n` (0 unless the port is shared).
+    pub(crate) qpn_base: u32,
+    pub(crate) next_qpn: u32,
+    pub(crate) next_id: u32,
+    pub(crate) counters: DeviceCounters,
+    pub(crate) capture: Option<pcap::Writer<BufWriter<File>>>,
+    pub(crate) tx: crate::udp::TxBatch,
+    /// The receive batch; `None` only while a receive pass has it out.
+    pub(crate) rx: Option<crate::udp::RxBatch>,
+    pub(crate) touched: Vec<u32>,
+    /// Buffer for datagrams the port keeper forwards (allocated on first use).
+    pub(crate) fwd_buf: Vec<u8>,
+    /// QPs whose packets (ACKs, responses) an application-driven receive held back: they go
+    /// out with the application's next post to that QP (one send for the ACK and the reply
+    /// of a ping-pong) or at its next poll, whichever comes first.
+    pub(crate) deferred: Vec<u32>,
+    pub(crate) due: Vec<u32>,
+    /// Earliest QP timer, in ns since the epoch (u64::MAX: none).
+    pub(crate) next_timer: u64,
+    /// When (ns since the epoch) a READ or atomic request last arrived (see
+    /// `progress::ONE_SIDED_SPIN`).
+    pub(crate) one_sided_at: u64,
+    /// Whether that request came alone in its receive batch (see `progress::ONE_SIDED_SPIN`).
+    pub(crate) one_sided_lone: bool,
+    /// When (ns since the epoch) a receive last left the socket empty (see
+    /// `progress::RX_REST`); taken (reset) by the next application poll, which skips the
+    /// socket if it comes within `progress::RX_REST`.
+    pub(crate) drained_at: u64,
+    /// When (ns since the epoch) the published statistics may be refreshed next.
+    pub(crate) stats_next: u64,
+    pub(crate) stats: Option<crate::stats::Publisher>,
+    /// What the GSO path probe (`Shared::probe_path`) learned of each peer address.
+    pub(crate) paths: std::collections::HashMap<std::net::IpAddr, PathGso>,
+    /// How many of `paths` are [`PathGso::Probing`]: flushes look at them only then.
+    pub(crate) probing: usize,
+    /// What the receive path keeps from one datagram to the next to check ICRCs faster (see
+    /// `handle_datagram`).
+    pub(crate) rx_icrc: srdma_wire::icrc::Memo,
+    /// The same for the ICRCs the send path computes (see `Shared::flush`).
+    pub(crate) tx_icrc: srdma_wire::icrc::Memo,
+    /// The multicast groups this device's UD QPs are attached to.
+    pub(crate) groups: Vec<Group>,
+    /// Receive buffer for the groups' sockets (allocated on first use).
+    pub(crate) group_buf: Vec<u8>,
+}
+
+impl State {
+    /// Takes QP `qpn` off the list of QPs whose packets a receive held back; true if it was
+    /// on it.
+    pub(crate) fn undefer(&mut self, qpn: u32) -> bool {
+        match self.deferred.iter().position(|&q| q == qpn) {
+            Some(i) => {
+                self.deferred.swap_remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+pub(crate) struct Shared {
+    pub(crate) state: Mutex<State>,
+    pub(crate) socket: UdpSocket,
+    /// The connection to the port keeper while this device holds a slot of a shared port.
+    pub(crate) _keeper: Option<OwnedFd>,
+    /// The port is shared through the keeper (this device owns its slot's QPNs only).
+    pub(crate) shared_port: bool,
+    /// A GSI QP lives here on a shared port: the keeper forwards QP1's MADs, which receive
+    /// passes and the progress thread's poll must look at.
+    pub(crate) cm_forwarded: AtomicBool,
+    /// Where async events go.
+    pub(crate) events: Mutex<Option<crate::EventHandler>>,
+    /// Set when the progress thread failed: the device is dead.
+    pub(crate) fatal: AtomicBool,
+    /// Test hook: the progress thread panics at its next turn.
+    pub(crate) inject_failure: AtomicBool,
+    pub(crate) local: SocketAddr,
+    pub(crate) wake: OwnedFd,
+    /// The timer the progress thread sleeps towards, in ns since `epoch` (u64::MAX: none).
+    /// A post from an application thread that arms an earlier timer wakes it.
+    pub(crate) sleep_until: AtomicU64,
+    /// Until when (ns since `epoch`) an application's polls drive the device.
+    pub(crate) app_active_until: AtomicU64,
+    /// Until when (ns since `epoch`) the progress thread, standing aside for an
+    /// application's polls, looks often whether they stopped: some QP executed a WRITE
+    /// without immediate less than `rx::SILENT_WRITES_HOLD` ago, so an application may be
+    /// waiting for the next one in its memory instead of on a CQ.
+    pub(crate) silent_writes_until: AtomicU64,
+    pub(crate) stop: AtomicBool,
+    pub(crate) epoch: Instant,
+    pub(crate) cfg: DeviceConfig,
+    /// The CQs with a completion hook (`Cq::set_hook`).
+    pub(crate) hooked: Mutex<Vec<std::sync::Weak<crate::cq::CqInner>>>,
+    /// Some hooked CQ got completions: whoever releases the device lock next runs the hooks.
+    pub(crate) hooks_due: AtomicBool,
+    /// Application threads asleep in [`Shared::wait_with_socket`] (`CompChannel::get_event`),
+    /// watching the socket themselves: a datagram wakes the thread that waits for it, with
+    /// no hand-off from the progress thread, which leaves the socket to them.
+    pub(crate) app_waiters: AtomicUsize,
+    /// When (ns since `epoch`) such a thread last woke (0: never): for `progress::APP_GRACE`
+    /// after it, the progress thread still leaves the socket alone, as the application is
+    /// expected back.
+    pub(crate) wait_woke_at: AtomicU64,
+    /// The progress thread sleeps without watching the socket and without a deadline
+    /// (applications wait on it): a waiter that wakes must wake it.
+    pub(crate) sleeps_deep: AtomicBool,
+    /// An epoll instance holding the sockets of `State::groups` (made at the first attach).
+    pub(crate) groups_ep: std::sync::OnceLock<OwnedFd>,
+    /// `groups_ep`'s descriptor while some group is joined, else -1: the progress thread
+    /// always watches it, an application thread waiting on its channel too.
+    pub(crate) groups_fd: AtomicI32,
+}
+
+/// Keeps the progress thread alive exactly as long as some handle needs the device.
+pub(crate) struct DeviceHandle {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for DeviceHandle {
+    fn drop(&mut self) {
+        // Held-back ACKs go out before the device goes away.
+        {
+            let mut st = self.shared.lock();
+            self.shared.flush_deferred(&mut st);
+        }
+        self.shared.stop.store(true, Ordering::Release);
+        sys::signal(&self.shared.wake);
+        if let Some(t) = self
+            .thread
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+        {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Shared {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub(crate) fn now(&self) -> Duration {
+        self.epoch.elapsed()
+    }
+}
+
+/// Unix time of the engine's epoch, so captures carry real timestamps.
+fn capture_epoch() -> u64 {
+    static EPOCH: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *EPOCH.get_or_init(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+    })
+}
+
+/// Starts the engine of a device on its socket: the state, and the progress thread.
+pub(crate) fn start(cfg: DeviceConfig, sock: crate::udp::Socket) -> Result<Arc<DeviceHandle>> {
+    let crate::udp::Socket {
+        socket,
+        local,
+        slot,
+        keeper,
+    } = sock;
+    let capture = match &cfg.pcap {
+        Some(p) => Some(
+            pcap::Writer::new(BufWriter::new(
+                File::create(p).map_err(io_err(format!("creating {}", p.display())))?,
+            ))
+            .map_err(io_err("writing the pcap header"))?,
+        ),
+        None => None,
+    };
+    let state = State {
+        mrs: MrTable::new(crate::random::random_u64()),
+        mem: Store::default(),
+        qps: BTreeMap::new(),
+        srqs: BTreeMap::new(),
+        xrc: Default::default(),
+        // rxe numbers QPs from 17 (0x11); 0 and 1 are the special QPs. A shared port's
+        // slot k owns k << 16 | n.
+        qpn_base: u32::from(slot) << 16,
+        next_qpn: 0x11,
+        next_id: 1,
+        counters: DeviceCounters::default(),
+        capture,
+        tx: crate::udp::TxBatch::new(TX_BATCH, MAX_PACKET_LEN),
+        // Slots large enough for a GRO run; a longer datagram is cut and fails to parse.
+        rx: Some(crate::udp::RxBatch::new(RX_BATCH, crate::udp::RX_BUF)),
+        touched: Vec::with_capacity(64),
+        fwd_buf: Vec::new(),
+        deferred: Vec::with_capacity(64),
+        paths: std::collections::HashMap::new(),
+        probing: 0,
+        rx_icrc: Default::default(),
+        tx_icrc: Default::default(),
+        groups: Vec::new(),
+        group_buf: Vec::new(),
+        due: Vec::with_capacity(64),
+        next_timer: u64::MAX,
+        one_sided_at: 0,
+        one_sided_lone: false,
+        drained_at: 0,
+        stats_next: 0,
+        stats: crate::stats::Publisher::new(&cfg.name, local),
+    };
+    let shared = Arc::new(Shared {
+        state: Mutex::new(state),
+        socket,
+        shared_port: keeper.is_some(),
+        cm_forwarded: AtomicBool::new(false),
+        _keeper: keeper,
+        events: Mutex::new(None),
+        fatal: AtomicBool::new(false),
+        inject_failure: AtomicBool::new(false),
+        local,
+        wake: sys::eventfd().map_err(io_err("eventfd"))?,
+        sleep_until: AtomicU64::new(u64::MAX),
+        app_active_until: AtomicU64::new(0),
+        silent_writes_until: AtomicU64::new(0),
+        stop: AtomicBool::new(false),
+        epoch: Instant::now(),
+        cfg,
+        hooked: Mutex::new(Vec::new()),
+        app_waiters: AtomicUsize::new(0),
+        wait_woke_at: AtomicU64::new(0),
+        sleeps_deep: AtomicBool::new(false),
+        hooks_due: AtomicBool::new(false),
+        groups_ep: std::sync::OnceLock::new(),
+        groups_fd: AtomicI32::new(-1),
+    });
+    let s2 = Arc::clone(&shared);
+    let thread = std::thread::Builder::new()
+        .name(format!("srdma-{}", local))
+        .spawn(move || {
+            let run = std::panic::AssertUnwindSafe(|| progress::progress(&s2));
+            if std::panic::catch_unwind(run).is_err() {
+                s2.fail();
+            }
+        })
+        .map_err(io_err("starting the progress thread"))?;
+    Ok(Arc::new(DeviceHandle {
+        shared,
+        thread: Mutex::new(Some(thread)),
+    }))
+}

@@ -1,0 +1,266 @@
+//! The GSO path probe (`Gso::Auto`): whether a GSO message cut into datagrams on the way to
+//! a peer reaches its transport whole.
+
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::time::Duration;
+
+use srdma_wire::Packet;
+
+use super::{Shared, State, capture_epoch};
+use crate::device::{Gid, Gso};
+
+/// What a device knows of the path to a peer address for UDP GSO (`Gso::Auto`, IPv4 peers
+/// off this host): whether a GSO message cut into datagrams on the way reaches the peer's
+/// transport whole (each datagram's ICRC covers the IPv4 ID the cutting gives it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PathGso {
+    /// Not known yet: one datagram per send; a QP to it probes when idle, from `next_try`.
+    /// `tries` probes were inconclusive so far, the last `ones` in a row with one answer.
+    Unknown { tries: u8, ones: u8, next_try: u64 },
+    /// QP `qpn` sent the probe: two copies of a duplicate request in one GSO message.
+    Probing {
+        qpn: u32,
+        /// The QP's `unproductive_acks` and `psn_state` when it sent the probe.
+        acks: u64,
+        psns: (srdma_wire::Psn, srdma_wire::Psn),
+        deadline: u64,
+        tries: u8,
+        ones: u8,
+    },
+    /// Both copies drew their ACK.
+    Verified,
+    /// One did, the other did not: one datagram per send from now on.
+    Refused,
+}
+
+/// How long a probe's two ACKs may take.
+const PROBE_WAIT: Duration = Duration::from_millis(200);
+/// Inconclusive probes (lost, or the QP got busy) before the path counts as refused.
+const PROBE_TRIES: u8 = 5;
+/// Probes in a row with exactly one answer (the QP idle meanwhile) that refuse the path: a
+/// path that rejects cut datagrams does so every time, a lossy one rarely twice running.
+const PROBE_ONES: u8 = 2;
+
+/// What a probe's answers say: `got` ACKs by the deadline (`None`: before it, as they
+/// come), the QP idle all along or not, after `tries` inconclusive probes, the last
+/// `ones` of them answered once. `None`: wait for more.
+fn probe_verdict(got: u64, idle: bool, due: bool, tries: u8, ones: u8) -> Option<PathGso> {
+    if got >= 2 {
+        return Some(PathGso::Verified);
+    }
+    if !due {
+        return None;
+    }
+    let ones = if got == 1 && idle { ones + 1 } else { 0 };
+    Some(if ones >= PROBE_ONES || tries + 1 >= PROBE_TRIES {
+        PathGso::Refused
+    } else {
+        PathGso::Unknown {
+            tries: tries + 1,
+            ones,
+            next_try: 0,
+        }
+    })
+}
+
+impl Shared {
+    /// The GSO path probe (`Gso::Auto`): when QP `qpn` is an idle RC QP in RTS and the path
+    /// to its peer (an IPv4 address off this host) is not known yet, sends two copies of a
+    /// duplicate request (`Qp::gso_probe`) as one GSO message. The peer answers each copy
+    /// that reaches its transport intact with an ACK: two mean cut datagrams are accepted
+    /// ([`PathGso::Verified`]); one, with the QP still idle, means the second datagram of
+    /// the cut message was rejected (its ICRC did not match the IPv4 ID it arrived with):
+    /// the path is refused and gets one datagram per send. Lost or muddled probes are
+    /// tried again, [`PROBE_TRIES`] times in all. Until verified, one datagram per send; the
+    /// probe leaves ahead of a QP's first message to the peer, or its first answer.
+    pub(super) fn probe_path(&self, st: &mut State, qpn: u32, now: Duration) {
+        if self.cfg.gso != Gso::Auto {
+            return;
+        }
+        let State {
+            qps,
+            tx,
+            paths,
+            probing,
+            counters,
+            next_timer,
+            capture,
+            ..
+        } = st;
+        let Some(slot) = qps.get_mut(&qpn) else {
+            return;
+        };
+        // Only once the peer can answer: it sent us something, or the application has a
+        // message for it (not at the move to RTS, which may come before the peer's to RTR).
+        let a = slot.qp.attr();
+        if slot.qp.state() != srdma_proto::QpState::Rts
+            || slot.qp.qp_type() != srdma_proto::QpType::Rc
+            || !(slot.qp.has_requests_ready() || slot.qp.counters().rcvd_pkts > 0)
+        {
+            return;
+        }
+        let dst = SocketAddr::new(Gid(a.ah_attr.dgid).ip(), a.ah_attr.udp_dport);
+        if self.uncut(dst) {
+            return;
+        }
+        let ns = now.as_nanos() as u64;
+        let entry = paths.entry(dst.ip()).or_insert(PathGso::Unknown {
+            tries: 0,
+            ones: 0,
+            next_try: 0,
+        });
+        let PathGso::Unknown {
+            tries,
+            ones,
+            next_try,
+        } = *entry
+        else {
+            return;
+        };
+        if ns < next_try {
+            return;
+        }
+        let Some(encap) = self.encap_to(dst, self.local.port()) else {
+            return;
+        };
+        let (acks, psns) = (slot.qp.unproductive_acks(), slot.qp.psn_state());
+        let fd = self.socket.as_raw_fd();
+        if tx.len() > 0 {
+            counters.tx_errors += tx.send(fd) as u64;
+        }
+        for _ in 0..2 {
+            let Some(t) = slot.qp.gso_probe(tx.slot()) else {
+                break;
+            };
+            let pkt = &mut tx.slot()[..t.len];
+            if Packet::new_unchecked(&mut *pkt).fill_icrc(&encap).is_err() {
+                break;
+            }
+            if let Some(w) = capture.as_mut() {
+                let _ = w.write_roce(now.as_nanos() as u64 + capture_epoch(), &encap, pkt);
+            }
+            tx.commit(t.len, dst, true);
+        }
+        if tx.len() != 2 {
+            // Not idle after all (or no room): nothing sent, try at a later flush.
+            tx.discard();
+            return;
+        }
+        counters.tx_datagrams += 2;
+        counters.tx_errors += tx.send(fd) as u64;
+        counters.tx_gso_messages = tx.gso_messages;
+        let deadline = ns + PROBE_WAIT.as_nanos() as u64;
+        *entry = PathGso::Probing {
+            qpn,
+            acks,
+            psns,
+            deadline,
+            tries,
+            ones,
+        };
+        *probing += 1;
+        *next_timer = (*next_timer).min(deadline);
+    }
+
+    /// After QP `qpn` handled what arrived: a probe it sent that both ACKs answered
+    /// verifies its path; at the probe's deadline ([`Shared::run_timers`]) the answers so
+    /// far decide.
+    pub(super) fn probe_answered(&self, st: &mut State, qpn: u32, now: Duration) {
+        if st.probing == 0 {
+            return;
+        }
+        let ns = now.as_nanos() as u64;
+        for path in st.paths.values_mut() {
+            let PathGso::Probing {
+                qpn: q,
+                acks,
+                psns,
+                deadline,
+                tries,
+                ones,
+            } = *path
+            else {
+                continue;
+            };
+            if q != qpn && ns < deadline {
+                continue;
+            }
+            let (got, idle) = st.qps.get(&q).map_or((0, false), |s| {
+                (
+                    s.qp.unproductive_acks().saturating_sub(acks),
+                    s.qp.psn_state() == psns,
+                )
+            });
+            let Some(v) = probe_verdict(got, idle, ns >= deadline, tries, ones) else {
+                continue;
+            };
+            st.probing -= 1;
+            *path = match v {
+                PathGso::Unknown { tries, ones, .. } => PathGso::Unknown {
+                    tries,
+                    ones,
+                    next_try: ns + PROBE_WAIT.as_nanos() as u64,
+                },
+                v => v,
+            };
+            match *path {
+                PathGso::Verified => st.counters.gso_paths_verified += 1,
+                PathGso::Refused => st.counters.gso_paths_refused += 1,
+                _ => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{PROBE_TRIES, PathGso, probe_verdict};
+
+    #[test]
+    fn a_probe_verifies_on_two_answers_and_refuses_on_one_twice_running() {
+        // Two answers verify at once, before the deadline too.
+        assert_eq!(
+            probe_verdict(2, false, false, 0, 0),
+            Some(PathGso::Verified)
+        );
+        // Before the deadline, fewer wait.
+        assert_eq!(probe_verdict(1, true, false, 0, 0), None);
+        // One answer with the QP idle: once is not enough (a lossy path), twice refuses.
+        let once = probe_verdict(1, true, true, 0, 0);
+        assert!(matches!(
+            once,
+            Some(PathGso::Unknown {
+                tries: 1,
+                ones: 1,
+                ..
+            })
+        ));
+        assert_eq!(probe_verdict(1, true, true, 1, 1), Some(PathGso::Refused));
+        // One answer while the QP was busy (the answer may have acknowledged something),
+        // or none: inconclusive, and the run of single answers starts over.
+        let busy = probe_verdict(1, false, true, 1, 1);
+        assert!(matches!(
+            busy,
+            Some(PathGso::Unknown {
+                tries: 2,
+                ones: 0,
+                ..
+            })
+        ));
+        let none = probe_verdict(0, true, true, 0, 0);
+        assert!(matches!(
+            none,
+            Some(PathGso::Unknown {
+                tries: 1,
+                ones: 0,
+                ..
+            })
+        ));
+        // A path that never answers is refused after the last try.
+        assert_eq!(
+            probe_verdict(0, true, true, PROBE_TRIES - 1, 0),
+            Some(PathGso::Refused)
+        );
+    }
+}

@@ -1,0 +1,348 @@
+//! Progress: the progress thread, and the device driven from the application's threads
+//! (polls, waits on a completion channel), with what receives held back for them.
+
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::{ACK_RIDE_WINDOW, ACK_RIDES_AFTER, Hold, QpSlot, Shared, State};
+use crate::sys;
+
+/// Receive batches handled before timers and the stop flag are looked at again: a flood of
+/// datagrams must not starve retransmissions or block the device's drop.
+const RX_BUDGET: usize = 8;
+/// An application poll this soon after a receive that left the socket empty (a batch not
+/// full) does not look at the socket again (once): it comes to collect what that receive
+/// completed, and the application's next step (a post, in a ping-pong) should not wait for
+/// a system call that finds nothing. Loopback, 8 B SEND ping-pong: the client's poll
+/// between its receive and its next send cost ~0.9 µs of the round trip (see
+/// benchmarks/README.md). A `post_send` in between cancels the rest: what it sent may
+/// already have been answered (a QP of this device answers at once).
+const RX_REST: Duration = Duration::from_micros(3);
+/// How long the progress thread keeps looking at the socket (without sleeping) after it
+/// answered a one-sided request (READ, atomic) that came alone in its receive batch: the
+/// peer's next one waits on this thread alone — no application here polls for it — and a
+/// wake-up from `poll` costs more than the round trip (loopback: `ib_read_lat -s 8` 24–38 µs
+/// typical while the thread slept between requests, 10–12 µs with it looking on). Requests
+/// that come several to a batch are a stream that keeps the thread busy anyway; looking on
+/// there took a core from the requester (`ib_read_bw -e -s 4096` −20 % on 2 cores).
+const ONE_SIDED_SPIN: Duration = Duration::from_micros(50);
+/// How long after an application's last poll the progress thread keeps out of the way:
+/// while an application polls, its polls drive the device (no thread hand-off on the hot
+/// path); when it stops, the thread takes over within this time.
+const APP_GRACE: Duration = Duration::from_millis(1);
+/// While WRITEs without immediate arrive (see `Shared::silent_writes_until`), a gap this
+/// long since an application's last poll means it stopped polling before its grace ran
+/// out — it spins on its memory for the peer's next WRITE, as perftest's `ib_write_lat`
+/// does after its send completes — and the progress thread takes over at once.
+const POLL_GAP: Duration = Duration::from_micros(20);
+/// The progress thread's first look, while it stands aside, at whether the application
+/// still polls; each look after that waits twice as long, up to the grace.
+const FIRST_LOOK: Duration = Duration::from_micros(25);
+/// How often an application's polls refresh the device's published statistics at most.
+const STATS_EVERY: Duration = Duration::from_millis(250);
+
+impl Shared {
+    /// Called from an application's CQ poll: drives the device from the caller's thread if no
+    /// one else is (the progress thread keeps out while polls keep coming).
+    /// `polling`: the caller keeps polling (the thread stands aside for a grace period).
+    pub(crate) fn drive_from_app(&self, polling: bool) {
+        if self.fatal.load(Ordering::Acquire) {
+            return;
+        }
+        let now = self.now().as_nanos() as u64;
+        let until = now + APP_GRACE.as_nanos() as u64;
+        if polling && self.app_active_until.load(Ordering::Relaxed) < until {
+            self.app_active_until.store(until, Ordering::Relaxed);
+        }
+        let Ok(mut st) = self.state.try_lock() else {
+            return;
+        };
+        if polling {
+            self.flush_deferred_polled(&mut st, now);
+        } else {
+            self.flush_deferred(&mut st);
+        }
+        // A last look before sleeping (`!polling`: the CQ is armed) holds nothing back:
+        // no post or poll would follow to send it, and it always looks.
+        let drained = std::mem::take(&mut st.drained_at);
+        if !polling || now >= drained + RX_REST.as_nanos() as u64 {
+            self.receive(
+                &mut st,
+                RX_BUDGET,
+                if polling { Hold::All } else { Hold::Nothing },
+            );
+        }
+        if now >= st.next_timer {
+            self.run_timers(&mut st);
+        }
+        let mut pending = None;
+        if now >= st.stats_next {
+            st.stats_next = now + STATS_EVERY.as_nanos() as u64;
+            pending = publish_stats(&mut st);
+        }
+        let held = !st.deferred.is_empty();
+        drop(st);
+        // Held-back ACKs leave with the application's next post or poll; should it make
+        // neither, the progress thread sends them once the polling grace is over, or when
+        // their window ends. If that thread sleeps in `poll` (not standing aside) past the
+        // window, nothing would wake it before the peer's retransmission timer fires: wake
+        // it (and only then: a wake-up on every poll that holds an ACK takes a core from a
+        // spinning application on a small machine).
+        let window_end = now + ACK_RIDE_WINDOW.as_nanos() as u64;
+        if held && self.sleep_until.load(Ordering::Acquire) > window_end {
+            sys::signal(&self.wake);
+        }
+        self.run_hooks();
+        if let Some(p) = pending {
+            p.commit();
+        }
+    }
+
+    /// The application stops polling (it armed a CQ to sleep on its channel): the progress
+    /// thread takes over at once, unless the application waits in `get_event` (now, or
+    /// within the grace period: it is coming back to it), watching the socket itself.
+    pub(crate) fn app_sleeps(&self) {
+        let now = self.now().as_nanos() as u64;
+        if self.app_active_until.swap(0, Ordering::Relaxed) > now && !self.app_watches(now) {
+            sys::signal(&self.wake);
+        }
+    }
+
+    /// True while an application thread waits in [`Shared::wait_with_socket`] or woke from
+    /// it less than [`APP_GRACE`] ago.
+    fn app_watches(&self, now: u64) -> bool {
+        let woke = self.wait_woke_at.load(Ordering::SeqCst);
+        self.app_waiters.load(Ordering::SeqCst) > 0
+            || (woke != 0 && now < woke + APP_GRACE.as_nanos() as u64)
+    }
+
+    /// Sleeps until `fd` (a completion channel's) or the device's socket (or a multicast
+    /// group's) is readable or `timeout` passes; a readable socket is received from on this
+    /// thread, which delivers the completions (and channel events) they bring. Returns which
+    /// of the two were readable (neither: timeout, or a signal).
+    ///
+    /// This is what takes the progress thread out of an event-driven application's round
+    /// trip: the datagram wakes the application's thread directly, as a blocking `recv`
+    /// would, instead of waking the progress thread, which then wakes the application.
+    pub(crate) fn wait_with_socket(
+        &self,
+        fd: std::os::fd::RawFd,
+        timeout: Option<Duration>,
+    ) -> std::io::Result<[bool; 2]> {
+        if self.fatal.load(Ordering::Acquire) || self.stop.load(Ordering::Acquire) {
+            return sys::poll_readable([fd], timeout).map(|r| [r[0], false]);
+        }
+        self.app_waiters.fetch_add(1, Ordering::SeqCst);
+        let groups = self.groups_fd.load(Ordering::SeqCst);
+        let r = sys::poll_readable([fd, self.socket.as_raw_fd(), groups], timeout)
+            .map(|[c, s, g]| [c, s || g]);
+        self.app_waiters.fetch_sub(1, Ordering::SeqCst);
+        let now = self.now().as_nanos() as u64;
+        self.wait_woke_at.store(now.max(1), Ordering::SeqCst);
+        // The progress thread went to sleep trusting us with the socket (see `progress`):
+        // from now on it must watch it again unless we come back within the grace period.
+        if self.sleeps_deep.load(Ordering::SeqCst) {
+            sys::signal(&self.wake);
+        }
+        let ready = r?;
+        if ready[1] {
+            let mut st = self.lock();
+            self.flush_deferred(&mut st);
+            self.receive(&mut st, RX_BUDGET, Hold::Nothing);
+            if now >= st.next_timer {
+                self.run_timers(&mut st);
+            }
+            drop(st);
+            self.run_hooks();
+        }
+        Ok(ready)
+    }
+
+    /// What an application's poll sends of what earlier application-driven receives held
+    /// back: everything, except the ACKs of a QP whose application posts a send right after
+    /// replenishing its receives (`QpSlot::ack_rides_send`), for [`ACK_RIDE_WINDOW`]: they
+    /// leave with that send (a SEND ping-pong that polls its send queue in between).
+    fn flush_deferred_polled(&self, st: &mut State, now: u64) {
+        if st.deferred.is_empty() {
+            return;
+        }
+        let mut deferred = std::mem::take(&mut st.deferred);
+        deferred.retain(|&qpn| {
+            let Some(slot) = st.qps.get_mut(&qpn) else {
+                return false;
+            };
+            if slot.ack_rides_send >= ACK_RIDES_AFTER && now < slot.hold_ends() {
+                return true;
+            }
+            slot.ack_flushed_at = now.max(1);
+            self.flush(st, qpn);
+            false
+        });
+        st.deferred = deferred;
+    }
+
+    /// The progress thread's part of what receives held back: packets wait for their
+    /// application's next post or poll until [`ACK_RIDE_WINDOW`] after they were held
+    /// (sent earlier, an ACK would reach the peer alone: see [`Hold::Riding`]); those that
+    /// waited that long leave now, and their QP's application, which neither posted nor
+    /// polled in time, is no longer waited for (`QpSlot::ack_rides_send`).
+    fn flush_deferred_expired(&self, st: &mut State) {
+        if st.deferred.is_empty() {
+            return;
+        }
+        let now = self.now().as_nanos() as u64;
+        let mut deferred = std::mem::take(&mut st.deferred);
+        deferred.retain(|&qpn| {
+            let Some(slot) = st.qps.get_mut(&qpn) else {
+                return false;
+            };
+            if now < slot.hold_ends() {
+                return true;
+            }
+            slot.ack_rides_send = 0;
+            self.flush(st, qpn);
+            false
+        });
+        st.deferred = deferred;
+    }
+
+    /// When the first window of the held-back ACKs ends (ns since the epoch).
+    fn ride_ends(&self, st: &State) -> Option<u64> {
+        st.deferred
+            .iter()
+            .filter_map(|q| st.qps.get(q))
+            .map(QpSlot::hold_ends)
+            .min()
+    }
+
+    /// Sends what earlier application-driven receives held back.
+    pub(crate) fn flush_deferred(&self, st: &mut State) {
+        let mut deferred = std::mem::take(&mut st.deferred);
+        for qpn in deferred.drain(..) {
+            self.flush(st, qpn);
+        }
+        st.deferred = deferred;
+    }
+}
+
+/// The device's published statistics to refresh (at most once a second): the caller writes
+/// them once it released the device's lock.
+fn publish_stats(st: &mut State) -> Option<crate::stats::Pending> {
+    st.stats.as_ref()?;
+    let mut qp = srdma_proto::Counters::default();
+    for s in st.qps.values() {
+        qp += *s.qp.counters();
+    }
+    let dev = st.counters;
+    st.stats.as_mut()?.maybe_write(&dev, &qp, Instant::now())
+}
+
+/// The progress thread: receive, dispatch, acknowledge, retransmit, complete — so one-sided
+/// operations finish without the target application's help. Sleeps in `poll` when idle, and
+/// keeps out of the way while an application's CQ polls drive the device.
+pub(super) fn progress(shared: &Shared) {
+    let mut timeout = None;
+    let mut look = FIRST_LOOK;
+    while !shared.stop.load(Ordering::Acquire) {
+        if shared.inject_failure.load(Ordering::Relaxed) {
+            panic!("srdma: injected failure of the progress thread (Device::inject_failure)");
+        }
+        let now = shared.now().as_nanos() as u64;
+        let active = shared.app_active_until.load(Ordering::Relaxed);
+        let last_poll = active.saturating_sub(APP_GRACE.as_nanos() as u64);
+        let looking = now < shared.silent_writes_until.load(Ordering::Relaxed);
+        if now < active && (!looking || now.saturating_sub(last_poll) < POLL_GAP.as_nanos() as u64)
+        {
+            // Posts need not wake us meanwhile (0: "asleep until the past", so no timer is
+            // earlier): the application's polls run the timers, and we run them on return.
+            // Nothing tells us when the application stops polling: while it may wait on its
+            // memory instead, look again soon (it may be polling only for a WRITE's
+            // completion), then less and less often.
+            shared.sleep_until.store(0, Ordering::Release);
+            let rest = Duration::from_nanos(active - now);
+            let _ = sys::poll_readable(
+                [shared.wake.as_raw_fd()],
+                Some(if looking { rest.min(look) } else { rest }),
+            );
+            look = (look * 2).min(APP_GRACE);
+            sys::drain(&shared.wake);
+            timeout = Some(Duration::ZERO);
+            continue;
+        }
+        look = FIRST_LOOK;
+        let keeper = match (&shared._keeper, shared.cm_forwarded.load(Ordering::Relaxed)) {
+            (Some(k), true) => k.as_raw_fd(),
+            _ => -1,
+        };
+        // An application thread waiting on its completion channel watches the socket (see
+        // `Shared::wait_with_socket`): while one does, or woke less than the grace period
+        // ago, leave the socket to it, looking again when the grace period ends; once it
+        // has waited that long, sleep on timers alone and let it wake us when it wakes.
+        let mut sock = shared.socket.as_raw_fd();
+        let mut wait = timeout;
+        let woke = shared.wait_woke_at.load(Ordering::SeqCst);
+        let grace_end = woke + APP_GRACE.as_nanos() as u64;
+        if woke != 0 && now < grace_end {
+            sock = -1;
+            let rest = Duration::from_nanos(grace_end - now);
+            wait = Some(wait.map_or(rest, |t| t.min(rest)));
+        } else if shared.app_waiters.load(Ordering::SeqCst) > 0 {
+            shared.sleeps_deep.store(true, Ordering::SeqCst);
+            // Checked again after saying so: a waiter that woke in between either is seen
+            // here or sees `sleeps_deep` and wakes us.
+            if shared.app_waiters.load(Ordering::SeqCst) > 0
+                && shared.wait_woke_at.load(Ordering::SeqCst) == woke
+            {
+                sock = -1;
+            } else {
+                shared.sleeps_deep.store(false, Ordering::SeqCst);
+            }
+        }
+        // The multicast groups' sockets are always watched here: an application thread
+        // that went to sleep on its channel before an attach does not watch them.
+        let groups = shared.groups_fd.load(Ordering::SeqCst);
+        let fds = [sock, shared.wake.as_raw_fd(), keeper, groups];
+        if sys::poll_readable(fds, wait).is_err() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        shared.sleeps_deep.store(false, Ordering::SeqCst);
+        sys::drain(&shared.wake);
+        let mut st = shared.lock();
+        // Held-back packets the application left for this thread to send once their window
+        // passed.
+        shared.flush_deferred_expired(&mut st);
+        let more = shared.receive(&mut st, RX_BUDGET, Hold::Riding);
+        timeout = shared.run_timers(&mut st);
+        // Come back for the held-back ACKs whose window ends first.
+        if let Some(end) = shared.ride_ends(&st) {
+            let rest = Duration::from_nanos(end.saturating_sub(shared.now().as_nanos() as u64));
+            timeout = Some(timeout.map_or(rest, |t| t.min(rest)));
+        }
+        // More waiting, or a peer doing one-sided operations: look again without sleeping.
+        let spin_until = st
+            .one_sided_at
+            .saturating_add(ONE_SIDED_SPIN.as_nanos() as u64);
+        let spin = sock >= 0 && st.one_sided_lone && (shared.now().as_nanos() as u64) < spin_until;
+        if more || spin {
+            timeout = Some(Duration::ZERO);
+        }
+        // Published under the lock: a post that arms an earlier timer after this sees the
+        // value and wakes the thread.
+        let until = timeout.map_or(u64::MAX, |t| (shared.now() + t).as_nanos() as u64);
+        shared.sleep_until.store(until, Ordering::Release);
+        if let Some(w) = st.capture.as_mut() {
+            let _ = w.flush();
+        }
+        let pending = publish_stats(&mut st);
+        // A rate-limited refresh is pending: come back for it even if nothing else happens.
+        if let Some(d) = st.stats.as_ref().and_then(|p| p.due_in(Instant::now())) {
+            timeout = Some(timeout.map_or(d, |t| t.min(d)));
+        }
+        drop(st);
+        shared.run_hooks();
+        if let Some(p) = pending {
+            p.commit();
+        }
+    }
+}

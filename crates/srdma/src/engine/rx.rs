@@ -1,0 +1,411 @@
+//! Receive: datagrams from the device's socket, the port keeper and the multicast groups'
+//! sockets, each checked and handed to its QP (or to every QP attached to its group).
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use srdma_proto::{Ctx, RecvMeta};
+use srdma_wire::{Encap, IpRepr, Kind, PacketRepr};
+
+use super::timers::note_timer;
+use super::{ACK_RIDES_AFTER, Hold, RX_BATCH, Shared, State, capture_epoch, deliver_completions};
+use crate::device::Gid;
+use crate::error::{Result, io_err};
+use crate::sys;
+
+/// Datagrams taken from one multicast group's socket per receive pass.
+const GROUP_BUDGET: usize = 64;
+/// Multicast groups a device joins at most (rxe's `RXE_MAX_MCAST_GRP`).
+pub const MAX_MCAST_GRP: u32 = 8192;
+/// QPs attached to one multicast group at most (rxe's `RXE_MAX_MCAST_QP_ATTACH`).
+pub const MAX_MCAST_QP_ATTACH: u32 = 56;
+/// How long after the last WRITE without immediate the progress thread keeps looking.
+const SILENT_WRITES_HOLD: Duration = Duration::from_millis(100);
+
+/// A multicast group UD QPs of this device are attached to ([`crate::Qp::attach_mcast`]),
+/// as rxe keeps one per multicast GID: a socket that is a member of the group on the
+/// device's interface and receives its datagrams, and the attached QPs, each of which gets a
+/// copy of every datagram sent to QPN 0xFFFFFF (its Q_Key and receive queue decide the rest).
+pub(crate) struct Group {
+    /// The group's address.
+    pub(crate) ip: IpAddr,
+    /// Bound to the group's address and the device's port (see `udp::join_group`).
+    pub(crate) socket: UdpSocket,
+    /// The attached QPs.
+    pub(crate) qpns: Vec<u32>,
+}
+
+impl Shared {
+    /// Receives and handles up to `budget` batches of datagrams, flushing every QP they
+    /// touched, except that `hold` may have a QP complete its work now but hold its packets
+    /// back (see `State::deferred`); returns true when the budget ran out with more waiting.
+    pub(super) fn receive(&self, st: &mut State, budget: usize, hold: Hold) -> bool {
+        let Some(mut rx) = st.rx.take() else {
+            return false;
+        };
+        let fd = self.socket.as_raw_fd();
+        let mut more = false;
+        if self.cm_forwarded.load(Ordering::Relaxed) {
+            self.receive_forwarded(st);
+        }
+        if !st.groups.is_empty() {
+            self.receive_groups(st);
+        }
+        for _ in 0..budget {
+            let n = rx.recv(fd).unwrap_or(0);
+            if n == 0 {
+                break;
+            }
+            let now = self.now();
+            for i in 0..n {
+                match rx.get(i) {
+                    // An empty datagram is one (malformed) packet too.
+                    Some((data, from, _)) if data.is_empty() => {
+                        self.handle_datagram(st, now, from, data, 0);
+                    }
+                    Some((data, from, seg)) => {
+                        if seg < data.len() {
+                            st.counters.rx_gro_buffers += 1;
+                        }
+                        for (j, pkt) in data.chunks(seg.max(1)).enumerate() {
+                            self.handle_datagram(st, now, from, pkt, j as u16);
+                        }
+                    }
+                    None => st.counters.rx_malformed += 1,
+                }
+            }
+            let mut touched = std::mem::take(&mut st.touched);
+            for qpn in touched.drain(..) {
+                // Requests (a window the ACKs just opened) go now; only ACKs and responses
+                // wait for the application's reply.
+                let held = st.qps.get(&qpn).is_some_and(|s| {
+                    !s.qp.has_requests_ready()
+                        && match hold {
+                            Hold::Nothing => false,
+                            Hold::All => true,
+                            Hold::Riding => s.ack_rides_send >= ACK_RIDES_AFTER,
+                        }
+                });
+                if !held {
+                    self.flush(st, qpn);
+                } else if let Some(slot) = st.qps.get_mut(&qpn) {
+                    deliver_completions(slot);
+                    note_timer(&mut st.next_timer, slot);
+                    if !st.deferred.contains(&qpn) {
+                        slot.deferred_at = now.as_nanos() as u64;
+                        st.deferred.push(qpn);
+                    }
+                }
+            }
+            st.touched = touched;
+            more = n == RX_BATCH;
+            if !more {
+                st.drained_at = now.as_nanos() as u64;
+                break;
+            }
+        }
+        st.rx = Some(rx);
+        more
+    }
+
+    /// Handles the QP1 datagrams the port keeper forwarded (see `portshare`), as if the socket
+    /// had received them.
+    fn receive_forwarded(&self, st: &mut State) {
+        let Some(conn) = self._keeper.as_ref() else {
+            return;
+        };
+        let mut buf = std::mem::take(&mut st.fwd_buf);
+        buf.resize(crate::portshare::FWD_HDR + 65536, 0);
+        while let Some((from, n)) = crate::portshare::recv_forwarded(conn, &mut buf) {
+            self.handle_datagram(st, self.now(), from, &buf[..n], 0);
+        }
+        let mut touched = std::mem::take(&mut st.touched);
+        for qpn in touched.drain(..) {
+            self.flush(st, qpn);
+        }
+        st.touched = touched;
+        st.fwd_buf = buf;
+    }
+
+    /// Handles what the sockets of the multicast groups received: at most [`GROUP_BUDGET`]
+    /// datagrams per group and pass, so that a flood cannot starve the rest.
+    fn receive_groups(&self, st: &mut State) {
+        let mut buf = std::mem::take(&mut st.group_buf);
+        buf.resize(crate::udp::RX_BUF, 0);
+        let mut now = None;
+        for i in 0..st.groups.len() {
+            let to = st.groups[i].ip;
+            for _ in 0..GROUP_BUDGET {
+                let Ok((n, from)) = st.groups[i].socket.recv_from(&mut buf) else {
+                    break;
+                };
+                let now = *now.get_or_insert_with(|| self.now());
+                self.handle_datagram_to(st, now, from, to, &buf[..n], 0);
+            }
+        }
+        let mut touched = std::mem::take(&mut st.touched);
+        for qpn in touched.drain(..) {
+            self.flush(st, qpn);
+        }
+        st.touched = touched;
+        st.group_buf = buf;
+    }
+
+    /// Handles one datagram the device's socket received; `now` is when its receive batch
+    /// arrived (one clock read per batch, not per packet); `place`: its place in its GRO
+    /// buffer.
+    fn handle_datagram(
+        &self,
+        st: &mut State,
+        now: Duration,
+        from: SocketAddr,
+        data: &[u8],
+        place: u16,
+    ) {
+        self.handle_datagram_to(st, now, from, self.local.ip(), data, place);
+    }
+
+    /// Handles one datagram sent to address `to` (the device's, or a multicast group's).
+    #[inline]
+    fn handle_datagram_to(
+        &self,
+        st: &mut State,
+        now: Duration,
+        from: SocketAddr,
+        to: IpAddr,
+        data: &[u8],
+        place: u16,
+    ) {
+        st.counters.rx_datagrams += 1;
+        let Some(encap) = self.encap_between(from, to) else {
+            st.counters.rx_malformed += 1;
+            return;
+        };
+        // IPv6: every covered field is known. IPv4: the ID is not (a UDP socket cannot see
+        // it); one pass solves for it — srdma peers send 0 (or 0, 1, 2, … across a GSO run,
+        // which reaches us uncut over veth: the place in the GRO buffer is the likely ID),
+        // rxe and NICs others.
+        let ident = match encap.ip {
+            IpRepr::V4(_) => {
+                srdma_wire::icrc::verify_ipv4_ident_guess(&encap, data, place, &mut st.rx_icrc).ok()
+            }
+            IpRepr::V6(_) => srdma_wire::icrc::verify_with_memo(&encap, data, &mut st.rx_icrc)
+                .ok()
+                .map(|()| 0),
+        };
+        if let Some(w) = st.capture.as_mut() {
+            // Captured with the Identification the datagram carried, so its ICRC checks.
+            let mut e = encap;
+            if let (IpRepr::V4(h), Some(id)) = (&mut e.ip, ident) {
+                h.ident = id;
+            }
+            let _ = w.write_roce(now.as_nanos() as u64 + capture_epoch(), &e, data);
+        }
+        // rxe's order: the structure first (length, version, opcode, headers), the ICRC last.
+        // One parse serves both: the repr is used only once the ICRC has verified.
+        let Ok(repr) = PacketRepr::parse_bytes(data) else {
+            st.counters.rx_malformed += 1;
+            return;
+        };
+        let verified = match ident {
+            Some(0) => true,
+            Some(_) => {
+                st.counters.rx_icrc_ident_solved += 1;
+                true
+            }
+            None => false,
+        };
+        if !verified {
+            st.counters.rx_bad_icrc += 1;
+            return;
+        }
+        if repr.bth.opcode == srdma_wire::Opcode::Cnp {
+            st.counters.rx_cnp += 1;
+            return;
+        }
+        if matches!(
+            repr.bth.opcode.kind(),
+            Kind::ReadRequest | Kind::CompareSwap | Kind::FetchAdd
+        ) {
+            // Several in one receive batch (one clock reading): a stream, not a ping-pong.
+            let t = now.as_nanos() as u64;
+            st.one_sided_lone = st.one_sided_at != t;
+            st.one_sided_at = t;
+        }
+        let qpn = repr.bth.dest_qpn.value();
+        if qpn == srdma_wire::Qpn::MULTICAST.value() {
+            self.deliver_to_group(st, now, from, to, &repr, encap);
+            return;
+        }
+        let State {
+            mrs,
+            mem,
+            qps,
+            srqs,
+            xrc,
+            counters,
+            touched,
+            ..
+        } = st;
+        let Some(slot) = qps.get_mut(&qpn) else {
+            counters.rx_unknown_qp += 1;
+            return;
+        };
+        // rxe check_addr: a connected QP only takes packets from its peer's address.
+        if slot.qp.qp_type() != srdma_proto::QpType::Ud
+            && Gid(slot.qp.attr().ah_attr.dgid).ip() != from.ip()
+        {
+            counters.rx_bad_source += 1;
+            return;
+        }
+        // An XRC target receives with the SRQ its request names.
+        let xrc_srq = xrc.route(qpn, &mut slot.qp, repr.xrceth);
+        let srq = match &xrc_srq {
+            Some(found) => found.as_ref().and_then(|(id, _)| srqs.get_mut(id)),
+            None => slot.srq.and_then(|id| srqs.get_mut(&id)),
+        };
+        let mut ctx = Ctx { now, mrs, mem, srq };
+        let silent = slot.qp.silent_writes();
+        slot.qp.handle_packet(&mut ctx, &repr, &RecvMeta { encap });
+        if let Some(Some((_, cq))) = &xrc_srq {
+            crate::qp::xrc::complete_to(&mut slot.qp, cq);
+        }
+        if slot.qp.silent_writes() != silent {
+            let until = now + SILENT_WRITES_HOLD;
+            self.silent_writes_until
+                .store(until.as_nanos() as u64, Ordering::Relaxed);
+        }
+        if !touched.contains(&qpn) {
+            touched.push(qpn);
+        }
+    }
+
+    /// A datagram to the multicast QPN: a copy for every QP attached to the group it was
+    /// sent to (rxe_rcv_mcast_pkt; each QP's type, state and Q_Key checks apply), except
+    /// the QP that sent it from this device (rxe does not loop a QP's multicast back to
+    /// it). A group this device has not joined (or a datagram to the device's own address)
+    /// reaches no QP.
+    fn deliver_to_group(
+        &self,
+        st: &mut State,
+        now: Duration,
+        from: SocketAddr,
+        to: IpAddr,
+        repr: &PacketRepr<'_>,
+        encap: Encap,
+    ) {
+        let State {
+            mrs,
+            mem,
+            qps,
+            srqs,
+            counters,
+            touched,
+            groups,
+            ..
+        } = st;
+        let Some(g) = groups.iter().find(|g| g.ip == to) else {
+            counters.rx_unknown_qp += 1;
+            return;
+        };
+        let sender = repr
+            .deth
+            .filter(|_| from == self.local)
+            .map(|d| d.src_qpn.value());
+        for &qpn in &g.qpns {
+            if sender == Some(qpn) {
+                continue;
+            }
+            let Some(slot) = qps.get_mut(&qpn) else {
+                continue;
+            };
+            let srq = slot.srq.and_then(|id| srqs.get_mut(&id));
+            let mut ctx = Ctx { now, mrs, mem, srq };
+            slot.qp.handle_packet(&mut ctx, repr, &RecvMeta { encap });
+            if !touched.contains(&qpn) {
+                touched.push(qpn);
+            }
+        }
+    }
+
+    /// Attaches UD QP `qpn` to IPv4 multicast group `group`, joining the group on the
+    /// device's interface when it is the first of the device's QPs in it. Attaching twice
+    /// is no error (rxe).
+    pub(crate) fn attach_group(&self, st: &mut State, qpn: u32, group: Ipv4Addr) -> Result<()> {
+        let IpAddr::V4(local) = self.local.ip() else {
+            return Err(crate::Error::InvalidArgument(
+                "multicast needs an IPv4 device".into(),
+            ));
+        };
+        let ip = IpAddr::V4(group);
+        if let Some(g) = st.groups.iter_mut().find(|g| g.ip == ip) {
+            if !g.qpns.contains(&qpn) {
+                if g.qpns.len() >= MAX_MCAST_QP_ATTACH as usize {
+                    return Err(crate::Error::Exhausted(
+                        "QPs attached to the multicast group",
+                    ));
+                }
+                g.qpns.push(qpn);
+            }
+            return Ok(());
+        }
+        if st.groups.len() >= MAX_MCAST_GRP as usize {
+            return Err(crate::Error::Exhausted("multicast groups"));
+        }
+        let socket = crate::udp::join_group(group, local, self.local.port())
+            .map_err(io_err(format!("joining multicast group {ip}")))?;
+        let ep = match self.groups_ep.get() {
+            Some(ep) => ep,
+            None => {
+                let ep = sys::epoll().map_err(io_err("epoll_create1"))?;
+                self.groups_ep.get_or_init(|| ep)
+            }
+        };
+        sys::epoll_add(ep, socket.as_raw_fd()).map_err(io_err("epoll_ctl"))?;
+        st.groups.push(Group {
+            ip,
+            socket,
+            qpns: vec![qpn],
+        });
+        self.groups_fd.store(ep.as_raw_fd(), Ordering::SeqCst);
+        // The progress thread may be asleep in a poll that does not watch the groups yet.
+        sys::signal(&self.wake);
+        Ok(())
+    }
+
+    /// Detaches QP `qpn` from group `ip` (every group: `None`), leaving a group no QP of the
+    /// device is attached to any more. Returns whether it was attached.
+    pub(crate) fn detach_group(&self, st: &mut State, qpn: u32, ip: Option<IpAddr>) -> bool {
+        let mut found = false;
+        st.groups.retain_mut(|g| {
+            if ip.is_none_or(|ip| ip == g.ip) {
+                let before = g.qpns.len();
+                g.qpns.retain(|&q| q != qpn);
+                found |= g.qpns.len() != before;
+            }
+            // Closing the socket leaves the group (and the epoll set).
+            !g.qpns.is_empty()
+        });
+        if st.groups.is_empty() {
+            self.groups_fd.store(-1, Ordering::SeqCst);
+        }
+        found
+    }
+
+    /// Whether QP `qpn` is attached to some multicast group.
+    pub(crate) fn in_group(st: &State, qpn: u32) -> bool {
+        st.groups.iter().any(|g| g.qpns.contains(&qpn))
+    }
+
+    /// The RoCEv2 encapsulation of a datagram from `from` to `to` on the device's port.
+    fn encap_between(&self, from: SocketAddr, to: IpAddr) -> Option<Encap> {
+        let ip = IpRepr::between(from.ip(), to).ok()?;
+        Some(Encap {
+            ip,
+            src_port: from.port(),
+            dst_port: self.local.port(),
+        })
+    }
+}
