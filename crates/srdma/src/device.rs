@@ -449,7 +449,7 @@ impl Device {
     /// The top byte of the CM communication IDs this device picks: its slot of a shared port
     /// (the port keeper routes CM replies by it), 0 otherwise.
     pub(crate) fn comm_id_prefix(&self) -> u32 {
-        let slot = (self.lock().qpn_base >> 16) as u8;
+        let slot = self.lock().port_slot();
         crate::portshare::comm_id_prefix(slot)
     }
 
@@ -505,7 +505,7 @@ impl Device {
     pub fn query_port(&self) -> PortAttr {
         let mut attr = self.h.shared.cfg.query_port();
         let st = self.lock();
-        for s in st.qps.values() {
+        for s in st.slots() {
             attr.bad_pkey_cntr += s.qp.counters().bad_pkey;
             attr.qkey_viol_cntr += s.qp.counters().qkey_violations;
         }
@@ -523,14 +523,14 @@ impl Device {
 
     /// Device receive/transmit statistics.
     pub fn counters(&self) -> DeviceCounters {
-        self.lock().counters
+        self.lock().counters()
     }
 
     /// The sum of every QP's transport counters (rxe's hw counters).
     pub fn qp_counters(&self) -> srdma_proto::Counters {
         let st = self.lock();
         let mut c = srdma_proto::Counters::default();
-        for s in st.qps.values() {
+        for s in st.slots() {
             c += *s.qp.counters();
         }
         c
@@ -563,9 +563,7 @@ impl Device {
     }
 
     pub(crate) fn next_id(&self) -> u32 {
-        let mut st = self.lock();
-        st.next_id += 1;
-        st.next_id
+        self.lock().next_id()
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
@@ -573,17 +571,9 @@ impl Device {
     }
 
     pub(crate) fn alloc_qpn(&self, st: &mut State) -> Result<Qpn> {
-        // Unshared: 0x11..=0xFFFFFE; a shared port's slot: its 64 Ki numbers (0x11..=0xFFFF).
-        let last = if st.qpn_base == 0 { 0xFF_FFFE } else { 0xFFFF };
-        for _ in 0..0x1_0000 {
-            let n = st.next_qpn;
-            st.next_qpn = if n >= last { 0x11 } else { n + 1 };
-            let qpn = st.qpn_base | n;
-            if !st.qps.contains_key(&qpn) {
-                return Ok(Qpn::new(qpn));
-            }
-        }
-        Err(Error::Exhausted("QP numbers"))
+        st.alloc_qpn()
+            .map(Qpn::new)
+            .ok_or(Error::Exhausted("QP numbers"))
     }
 
     pub(crate) fn same(&self, other: &Device) -> bool {
@@ -607,7 +597,7 @@ impl Device {
 
     /// Detaches QP `qpn` from every group (it is being destroyed).
     pub(crate) fn detach_all_groups(&self, st: &mut State, qpn: u32) {
-        if !st.groups.is_empty() {
+        if st.has_groups() {
             self.h.shared.detach_group(st, qpn, None);
         }
     }
@@ -624,7 +614,7 @@ impl Device {
     pub(crate) fn flush(&self, st: &mut State, qpn: u32) {
         let sh = &self.h.shared;
         sh.flush(st, qpn);
-        if let Some(t) = st.qps.get(&qpn).and_then(|s| s.qp.poll_timeout()) {
+        if let Some(t) = st.slot(qpn).and_then(|s| s.qp.poll_timeout()) {
             if (t.as_nanos() as u64) < sh.sleep_until.load(Ordering::Acquire) {
                 sys::signal(&sh.wake);
             }
@@ -651,11 +641,10 @@ impl Pd {
         self.dev.check_alive()?;
         access.validate_for_mr()?;
         let region = Arc::new(Region::new(len).ok_or(Error::Exhausted("memory for the region"))?);
-        let mut st = self.dev.lock();
-        let keys = st
-            .mrs
-            .register(self.id, region.addr(), len as u64, access)?;
-        st.mem.insert(keys.handle, Arc::clone(&region));
+        let keys =
+            self.dev
+                .lock()
+                .register_mr(self.id, region.addr(), len as u64, access, &region)?;
         Ok(Mr {
             pd: self.clone(),
             keys,
@@ -692,9 +681,10 @@ impl Pd {
         }
         // SAFETY: the caller's contract is `Region::foreign`'s.
         let region = Arc::new(unsafe { Region::foreign(ptr, len) });
-        let mut st = self.dev.lock();
-        let keys = st.mrs.register(self.id, iova, len as u64, access)?;
-        st.mem.insert(keys.handle, Arc::clone(&region));
+        let keys = self
+            .dev
+            .lock()
+            .register_mr(self.id, iova, len as u64, access, &region)?;
         Ok(Mr {
             pd: self.clone(),
             keys,
@@ -887,17 +877,15 @@ impl Mr {
             }
             None => None,
         };
-        let mut st = dev.lock();
-        let info = st.mrs.reregister(
-            self.keys.lkey,
-            change.pd.as_ref().map(|p| p.id),
-            region.as_ref().map(|(r, iova)| (*iova, r.len() as u64)),
-            change.access,
-        )?;
-        st.mem.remove(self.keys.handle);
+        let range = region.as_ref().map(|(r, iova)| (*iova, r.len() as u64));
         let (region, iova) = region.unwrap_or_else(|| (Arc::clone(&self.region), self.iova));
-        st.mem.insert(info.keys.handle, Arc::clone(&region));
-        drop(st);
+        let info = dev.lock().reregister_mr(
+            &self.keys,
+            change.pd.as_ref().map(|p| p.id),
+            range,
+            change.access,
+            &region,
+        )?;
         self.keys = info.keys;
         self.region = region;
         self.iova = iova;
@@ -910,9 +898,7 @@ impl Mr {
 
 impl Drop for Mr {
     fn drop(&mut self) {
-        let mut st = self.pd.dev.lock();
         // Windows still bound lose their binding (ibv_dereg_mr refuses before this).
-        let _ = st.mrs.deregister_unbinding(self.keys.lkey);
-        st.mem.remove(self.keys.handle);
+        self.pd.dev.lock().deregister_mr(&self.keys);
     }
 }

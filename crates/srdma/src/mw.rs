@@ -36,7 +36,7 @@ impl Pd {
     /// type 2 free).
     pub fn alloc_mw(&self, ty: MwType) -> Result<Mw> {
         self.dev.check_alive()?;
-        let rkey = self.dev.lock().mrs.alloc_mw(self.id, ty)?;
+        let rkey = self.dev.lock().alloc_mw(self.id, ty)?;
         Ok(Mw {
             pd: self.clone(),
             alloc_rkey: rkey,
@@ -63,7 +63,7 @@ impl Mw {
 
     /// Its state, binding, rights and (type 2) QP.
     pub fn info(&self) -> Option<MwInfo> {
-        self.pd.dev.lock().mrs.query_mw(self.alloc_rkey)
+        self.pd.dev.lock().query_mw(self.alloc_rkey)
     }
 
     /// The PD it was allocated in.
@@ -74,7 +74,7 @@ impl Mw {
 
 impl Drop for Mw {
     fn drop(&mut self) {
-        let _ = self.pd.dev.lock().mrs.dealloc_mw(self.alloc_rkey);
+        let _ = self.pd.dev.lock().dealloc_mw(self.alloc_rkey);
     }
 }
 
@@ -82,7 +82,7 @@ impl Mr {
     /// How many memory windows are bound to the region. `ibv_dereg_mr` refuses (EINVAL, as
     /// rxe) while there are any; dropping the [`Mr`] unbinds them.
     pub fn bound_windows(&self) -> usize {
-        self.pd_ref().dev.lock().mrs.windows_bound(self.lkey())
+        self.pd_ref().dev.lock().windows_bound(self.lkey())
     }
 }
 

@@ -151,11 +151,7 @@ impl Drop for QpInner {
         // message must not be left unacknowledged because this side destroyed its QP.
         self.dev.flush_if_deferred(&mut st, self.qpn.value());
         self.dev.detach_all_groups(&mut st, self.qpn.value());
-        st.qps.remove(&self.qpn.value());
-        // Type 2 windows bound to it die with it: a later QP with the same number must not
-        // inherit them.
-        st.mrs.unbind_qp_windows(self.qpn);
-        st.xrc.qp_gone(self.qpn.value());
+        st.remove_qp(self.qpn);
     }
 }
 
@@ -200,7 +196,7 @@ impl Pd {
         let limits = dev.config().limits.clone();
         let mut st = dev.lock();
         let qpn = match number {
-            Some(n) if st.qps.contains_key(&n.value()) => {
+            Some(n) if st.has_qp(n.value()) => {
                 return Err(Error::InvalidArgument(format!("QP {n} exists already")));
             }
             Some(n) => n,
@@ -231,7 +227,7 @@ impl Pd {
         if to_init {
             qp.modify(&attr, mask, &limits)?;
         }
-        st.qps.insert(
+        st.add_qp(
             qpn.value(),
             QpSlot {
                 state_seen: qp.state(),
@@ -269,7 +265,7 @@ impl Pd {
             )));
         }
         let id = dev.next_id();
-        dev.lock().srqs.insert(id, ProtoSrq::new(max_wr, max_sge));
+        dev.lock().add_srq(id, ProtoSrq::new(max_wr, max_sge));
         Ok(Srq {
             inner: std::sync::Arc::new(SrqInner {
                 dev: dev.clone(),
@@ -309,8 +305,7 @@ impl Qp {
     fn with<R>(&self, f: impl FnOnce(&mut QpSlot) -> R) -> R {
         let mut st = self.inner.dev.lock();
         let slot = st
-            .qps
-            .get_mut(&self.inner.qpn.value())
+            .slot_mut(self.inner.qpn.value())
             .expect("a live Qp handle keeps its slot");
         f(slot)
     }
@@ -326,8 +321,7 @@ impl Qp {
             .dev
             .flush_if_deferred(&mut st, self.inner.qpn.value());
         let slot = st
-            .qps
-            .get_mut(&self.inner.qpn.value())
+            .slot_mut(self.inner.qpn.value())
             .expect("a live Qp handle keeps its slot");
         slot.qp.modify(attr, mask, &limits)?;
         // The application's own move to ERR is no fatal event; an SRQ's QP still reports
@@ -466,10 +460,7 @@ impl Qp {
         let qpn = self.inner.qpn.value();
         let mut res = Ok(());
         {
-            let slot = st
-                .qps
-                .get_mut(&qpn)
-                .expect("a live Qp handle keeps its slot");
+            let slot = st.slot_mut(qpn).expect("a live Qp handle keeps its slot");
             if slot.ack_flushed_at != 0 {
                 let now = dev.h.shared.now().as_nanos() as u64;
                 slot.ack_rides_send = if now.saturating_sub(slot.ack_flushed_at)
@@ -496,13 +487,13 @@ impl Qp {
         // What a receive held back leaves now, behind the request (see `poll_transmit`):
         // one more time the application answered what it received with a send.
         if st.undefer(qpn) {
-            if let Some(slot) = st.qps.get_mut(&qpn) {
+            if let Some(slot) = st.slot_mut(qpn) {
                 slot.ack_rides_send = slot.ack_rides_send.saturating_add(1);
             }
         }
         // A post may bring answers soon (at once from a QP of this device): the next poll
         // looks at the socket (see `engine::RX_REST`).
-        st.drained_at = 0;
+        st.expect_answers();
         dev.flush(&mut st, qpn);
         res
     }
@@ -519,20 +510,16 @@ impl Qp {
         // poll again for a long time (perftest -R posts a receive, then makes its next
         // connection, while the peer waits for the ACK of its SEND before listening).
         let rides = st
-            .qps
-            .get(&qpn)
+            .slot(qpn)
             .is_some_and(|s| s.ack_rides_send >= crate::engine::ACK_RIDES_AFTER);
-        if !rides && st.deferred.contains(&qpn) {
+        if !rides && st.is_deferred(qpn) {
             dev.flush_if_deferred(&mut st, qpn);
             let now = dev.h.shared.now().as_nanos() as u64;
-            if let Some(s) = st.qps.get_mut(&qpn) {
+            if let Some(s) = st.slot_mut(qpn) {
                 s.ack_flushed_at = now.max(1);
             }
         }
-        let s = st
-            .qps
-            .get_mut(&qpn)
-            .expect("a live Qp handle keeps its slot");
+        let s = st.slot_mut(qpn).expect("a live Qp handle keeps its slot");
         s.qp.post_recv(wr)?;
         s.posted_recv = true;
         deliver_completions(s);
@@ -558,8 +545,7 @@ struct SrqInner {
 impl Drop for SrqInner {
     fn drop(&mut self) {
         let mut st = self.dev.lock();
-        st.srqs.remove(&self.id);
-        st.xrc.srq_gone(self.id);
+        st.remove_srq(self.id);
     }
 }
 
@@ -586,8 +572,7 @@ impl Srq {
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
         let mut st = self.inner.dev.lock();
         let srq = st
-            .srqs
-            .get_mut(&self.inner.id)
+            .srq_mut(self.inner.id)
             .ok_or(Error::InvalidArgument("SRQ destroyed".into()))?;
         Ok(srq.post(wr)?)
     }
@@ -597,8 +582,7 @@ impl Srq {
         self.inner
             .dev
             .lock()
-            .srqs
-            .get(&self.inner.id)
+            .srq(self.inner.id)
             .map_or(0, |s| s.len())
     }
 

@@ -5,13 +5,15 @@
 //!
 //! This file holds the state and `start`; the rest is one file per concern: `tx` (sending,
 //! zero copy, GSO), `probe` (the GSO path probe), `rx` (receiving, multicast groups),
-//! `timers`, `complete` (completions, hooks, events) and `progress` (the progress thread
-//! and the application-driven progress).
+//! `timers`, `complete` (completions, hooks, events), `progress` (the progress thread
+//! and the application-driven progress) and `state` (what the rest of the crate does to the
+//! state: its fields are the engine's).
 
 mod complete;
 mod probe;
 mod progress;
 mod rx;
+mod state;
 mod timers;
 mod tx;
 
@@ -129,75 +131,61 @@ enum Hold {
 }
 
 pub(crate) struct State {
-    pub(crate) mrs: MrTable,
-    pub(crate) mem: Store,
-    pub(crate) qps: BTreeMap<u32, QpSlot>,
-    pub(crate) srqs: BTreeMap<u32, ProtoSrq>,
+    mrs: MrTable,
+    mem: Store,
+    qps: BTreeMap<u32, QpSlot>,
+    srqs: BTreeMap<u32, ProtoSrq>,
     /// XRC domains' SRQs and target QPs (`qp::xrc`).
-    pub(crate) xrc: crate::qp::xrc::XrcState,
+    xrc: crate::qp::xrc::XrcState,
     /// The QPN range this device owns: `qpn_base | n` (0 unless the port is shared).
-    pub(crate) qpn_base: u32,
-    pub(crate) next_qpn: u32,
-    pub(crate) next_id: u32,
-    pub(crate) counters: DeviceCounters,
-    pub(crate) capture: Option<pcap::Writer<BufWriter<File>>>,
-    pub(crate) tx: crate::udp::TxBatch,
+    qpn_base: u32,
+    next_qpn: u32,
+    next_id: u32,
+    counters: DeviceCounters,
+    capture: Option<pcap::Writer<BufWriter<File>>>,
+    tx: crate::udp::TxBatch,
     /// The receive batch; `None` only while a receive pass has it out.
-    pub(crate) rx: Option<crate::udp::RxBatch>,
-    pub(crate) touched: Vec<u32>,
+    rx: Option<crate::udp::RxBatch>,
+    touched: Vec<u32>,
     /// Buffer for datagrams the port keeper forwards (allocated on first use).
-    pub(crate) fwd_buf: Vec<u8>,
+    fwd_buf: Vec<u8>,
     /// QPs whose packets (ACKs, responses) an application-driven receive held back: they go
     /// out with the application's next post to that QP (one send for the ACK and the reply
     /// of a ping-pong) or at its next poll, whichever comes first.
-    pub(crate) deferred: Vec<u32>,
-    pub(crate) due: Vec<u32>,
+    deferred: Vec<u32>,
+    due: Vec<u32>,
     /// Earliest QP timer, in ns since the epoch (u64::MAX: none).
-    pub(crate) next_timer: u64,
+    next_timer: u64,
     /// When (ns since the epoch) a READ or atomic request last arrived (see
     /// `progress::ONE_SIDED_SPIN`).
-    pub(crate) one_sided_at: u64,
+    one_sided_at: u64,
     /// Whether that request came alone in its receive batch (see `progress::ONE_SIDED_SPIN`).
-    pub(crate) one_sided_lone: bool,
+    one_sided_lone: bool,
     /// When (ns since the epoch) a receive last left the socket empty (see
     /// `progress::RX_REST`); taken (reset) by the next application poll, which skips the
     /// socket if it comes within `progress::RX_REST`.
-    pub(crate) drained_at: u64,
+    drained_at: u64,
     /// When (ns since the epoch) the published statistics may be refreshed next.
-    pub(crate) stats_next: u64,
-    pub(crate) stats: Option<crate::stats::Publisher>,
+    stats_next: u64,
+    stats: Option<crate::stats::Publisher>,
     /// What the GSO path probe (`Shared::probe_path`) learned of each peer address.
-    pub(crate) paths: std::collections::HashMap<std::net::IpAddr, PathGso>,
+    paths: std::collections::HashMap<std::net::IpAddr, PathGso>,
     /// How many of `paths` are [`PathGso::Probing`]: flushes look at them only then.
-    pub(crate) probing: usize,
+    probing: usize,
     /// What the receive path keeps from one datagram to the next to check ICRCs faster (see
     /// `handle_datagram`).
-    pub(crate) rx_icrc: srdma_wire::icrc::Memo,
+    rx_icrc: srdma_wire::icrc::Memo,
     /// The same for the ICRCs the send path computes (see `Shared::flush`).
-    pub(crate) tx_icrc: srdma_wire::icrc::Memo,
+    tx_icrc: srdma_wire::icrc::Memo,
     /// The multicast groups this device's UD QPs are attached to.
-    pub(crate) groups: Vec<Group>,
+    groups: Vec<Group>,
     /// Receive buffer for the groups' sockets (allocated on first use).
-    pub(crate) group_buf: Vec<u8>,
-}
-
-impl State {
-    /// Takes QP `qpn` off the list of QPs whose packets a receive held back; true if it was
-    /// on it.
-    pub(crate) fn undefer(&mut self, qpn: u32) -> bool {
-        match self.deferred.iter().position(|&q| q == qpn) {
-            Some(i) => {
-                self.deferred.swap_remove(i);
-                true
-            }
-            None => false,
-        }
-    }
+    group_buf: Vec<u8>,
 }
 
 pub(crate) struct Shared {
-    pub(crate) state: Mutex<State>,
-    pub(crate) socket: UdpSocket,
+    state: Mutex<State>,
+    socket: UdpSocket,
     /// The connection to the port keeper while this device holds a slot of a shared port.
     pub(crate) _keeper: Option<OwnedFd>,
     /// The port is shared through the keeper (this device owns its slot's QPNs only).
@@ -217,41 +205,41 @@ pub(crate) struct Shared {
     /// A post from an application thread that arms an earlier timer wakes it.
     pub(crate) sleep_until: AtomicU64,
     /// Until when (ns since `epoch`) an application's polls drive the device.
-    pub(crate) app_active_until: AtomicU64,
+    app_active_until: AtomicU64,
     /// Until when (ns since `epoch`) the progress thread, standing aside for an
     /// application's polls, looks often whether they stopped: some QP executed a WRITE
     /// without immediate less than `rx::SILENT_WRITES_HOLD` ago, so an application may be
     /// waiting for the next one in its memory instead of on a CQ.
-    pub(crate) silent_writes_until: AtomicU64,
-    pub(crate) stop: AtomicBool,
-    pub(crate) epoch: Instant,
+    silent_writes_until: AtomicU64,
+    stop: AtomicBool,
+    epoch: Instant,
     pub(crate) cfg: DeviceConfig,
     /// The CQs with a completion hook (`Cq::set_hook`).
-    pub(crate) hooked: Mutex<Vec<std::sync::Weak<crate::cq::CqInner>>>,
+    hooked: Mutex<Vec<std::sync::Weak<crate::cq::CqInner>>>,
     /// Some hooked CQ got completions: whoever releases the device lock next runs the hooks.
     pub(crate) hooks_due: AtomicBool,
     /// Application threads asleep in [`Shared::wait_with_socket`] (`CompChannel::get_event`),
     /// watching the socket themselves: a datagram wakes the thread that waits for it, with
     /// no hand-off from the progress thread, which leaves the socket to them.
-    pub(crate) app_waiters: AtomicUsize,
+    app_waiters: AtomicUsize,
     /// When (ns since `epoch`) such a thread last woke (0: never): for `progress::APP_GRACE`
     /// after it, the progress thread still leaves the socket alone, as the application is
     /// expected back.
-    pub(crate) wait_woke_at: AtomicU64,
+    wait_woke_at: AtomicU64,
     /// The progress thread sleeps without watching the socket and without a deadline
     /// (applications wait on it): a waiter that wakes must wake it.
-    pub(crate) sleeps_deep: AtomicBool,
+    sleeps_deep: AtomicBool,
     /// An epoll instance holding the sockets of `State::groups` (made at the first attach).
-    pub(crate) groups_ep: std::sync::OnceLock<OwnedFd>,
+    groups_ep: std::sync::OnceLock<OwnedFd>,
     /// `groups_ep`'s descriptor while some group is joined, else -1: the progress thread
     /// always watches it, an application thread waiting on its channel too.
-    pub(crate) groups_fd: AtomicI32,
+    groups_fd: AtomicI32,
 }
 
 /// Keeps the progress thread alive exactly as long as some handle needs the device.
 pub(crate) struct DeviceHandle {
     pub(crate) shared: Arc<Shared>,
-    pub(crate) thread: Mutex<Option<JoinHandle<()>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Drop for DeviceHandle {

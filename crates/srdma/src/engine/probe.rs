@@ -14,7 +14,7 @@ use crate::device::{Gid, Gso};
 /// off this host): whether a GSO message cut into datagrams on the way reaches the peer's
 /// transport whole (each datagram's ICRC covers the IPv4 ID the cutting gives it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum PathGso {
+pub(super) enum PathGso {
     /// Not known yet: one datagram per send; a QP to it probes when idle, from `next_try`.
     /// `tries` probes were inconclusive so far, the last `ones` in a row with one answer.
     Unknown { tries: u8, ones: u8, next_try: u64 },

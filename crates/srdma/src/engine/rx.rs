@@ -28,13 +28,13 @@ const SILENT_WRITES_HOLD: Duration = Duration::from_millis(100);
 /// as rxe keeps one per multicast GID: a socket that is a member of the group on the
 /// device's interface and receives its datagrams, and the attached QPs, each of which gets a
 /// copy of every datagram sent to QPN 0xFFFFFF (its Q_Key and receive queue decide the rest).
-pub(crate) struct Group {
+pub(super) struct Group {
     /// The group's address.
-    pub(crate) ip: IpAddr,
+    pub(super) ip: IpAddr,
     /// Bound to the group's address and the device's port (see `udp::join_group`).
-    pub(crate) socket: UdpSocket,
+    pub(super) socket: UdpSocket,
     /// The attached QPs.
-    pub(crate) qpns: Vec<u32>,
+    pub(super) qpns: Vec<u32>,
 }
 
 impl Shared {

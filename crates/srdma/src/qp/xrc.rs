@@ -142,10 +142,10 @@ impl Xrcd {
         let mut qp = x.pd.create_qp_in(&init, false)?;
         let qpn = qp.qpn().value();
         let mut st = x.dev.lock();
-        if let Some(slot) = st.qps.get_mut(&qpn) {
+        if let Some(slot) = st.slot_mut(qpn) {
             slot.qp.set_xrc(XrcRole::Target);
         }
-        st.xrc.targets.insert(qpn, x.id);
+        st.xrc_mut().targets.insert(qpn, x.id);
         drop(st);
         // The QP holds the domain as it holds its PD.
         if let Some(inner) = Arc::get_mut(&mut qp.inner) {
@@ -166,7 +166,7 @@ impl Pd {
         init.caps.max_recv_sge = 0;
         let qp = self.create_qp_in(&init, false)?;
         let mut st = self.dev.lock();
-        if let Some(slot) = st.qps.get_mut(&qp.qpn().value()) {
+        if let Some(slot) = st.slot_mut(qp.qpn().value()) {
             slot.qp.set_xrc(XrcRole::Initiator);
         }
         drop(st);
@@ -181,7 +181,7 @@ impl Pd {
         }
         let mut srq = self.create_srq(max_wr, max_sge)?;
         let id = srq.number();
-        self.dev.lock().xrc.srqs.insert(
+        self.dev.lock().xrc_mut().srqs.insert(
             id,
             XrcSrq {
                 xrcd: xrcd.inner.id,
