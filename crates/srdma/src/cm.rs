@@ -145,10 +145,11 @@ use std::time::{Duration, Instant};
 use srdma_proto::{AttrMask, Mtu, QpAttr, QpState, QpType};
 use srdma_wire::{Psn, Qpn};
 
-use crate::device::{Device, Gid, Pd};
+use crate::device::{Device, Pd};
 use crate::error::Error;
 use crate::qp::{ConnectParams, Qp, QpInit, RemoteQp};
 use crate::sys;
+use crate::types::Gid;
 
 /// The most private data a REQ, REP or REJ carries (the IB CM REP's 196 bytes).
 pub const MAX_PRIVATE_DATA: usize = 196;

@@ -38,8 +38,9 @@ use srdma_wire::cm::{self as wire, CmMsg, CmaHdr, MadHdr};
 use srdma_wire::{Psn, Qpn};
 
 use crate::cm::{CmError, CmEvent, ConnectOptions, reason, to_error};
-use crate::device::{Device, Gid, Mr, Pd};
+use crate::device::{Device, Mr, Pd};
 use crate::qp::{Qp, QpInit, RemoteQp, ah};
+use crate::types::Gid;
 use crate::{Cq, Error};
 
 /// How long a REQ or REP waits for its answer before it is sent again.

@@ -61,12 +61,12 @@ mod random;
 pub mod stats;
 mod sys;
 pub mod typed;
+mod types;
 mod udp;
 
 pub use cq::{CompChannel, Cq};
 pub use device::{
-    Device, DeviceAttr, DeviceConfig, DeviceCounters, Gid, Gso, Mr, MrChange, Pd, PortAttr,
-    ROCEV2_PORT, RemoteMr,
+    Device, DeviceAttr, DeviceConfig, Mr, MrChange, Pd, PortAttr, ROCEV2_PORT, RemoteMr,
 };
 pub use error::{Error, Result};
 pub use event::{AsyncEvent, EventHandler};
@@ -83,3 +83,4 @@ pub use srdma_proto::{
     Wc, WcFlags, WcOpcode, WcStatus,
 };
 pub use typed::{RcQp, UcQp, UdQp};
+pub use types::{DeviceCounters, Gid, Gso};

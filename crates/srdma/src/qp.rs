@@ -8,9 +8,10 @@ use srdma_proto::{
 use srdma_wire::{Psn, Qpn};
 
 use crate::cq::Cq;
-use crate::device::{Device, Gid, Pd};
+use crate::device::{Device, Pd};
 use crate::engine::{QpSlot, deliver_completions};
 use crate::error::{Error, Result};
+use crate::types::Gid;
 
 pub(crate) mod xrc;
 

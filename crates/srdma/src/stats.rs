@@ -42,7 +42,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::device::DeviceCounters;
+use crate::types::DeviceCounters;
 
 /// The first line of every statistics file.
 const MAGIC: &str = "srdma-stats 1";

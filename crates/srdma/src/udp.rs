@@ -9,7 +9,6 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
-use crate::device::{DeviceConfig, ROCEV2_PORT};
 use crate::error::{Result, io_err};
 use crate::sys::{from_sockaddr, setsockopt, setsockopt_struct, to_sockaddr};
 
@@ -25,12 +24,12 @@ pub(crate) struct Socket {
     pub(crate) keeper: Option<OwnedFd>,
 }
 
-/// Opens the socket of a device configured by `cfg`.
-pub(crate) fn open(cfg: &DeviceConfig) -> Result<Socket> {
-    let bind = SocketAddr::new(cfg.addr, cfg.port);
+/// Opens a device's socket, bound to `bind`; on the RoCEv2 port, `share_port` shares the
+/// address with this host's other srdma processes.
+pub(crate) fn open(bind: SocketAddr, share_port: bool) -> Result<Socket> {
     // On the RoCEv2 port, share the address with this host's other srdma processes
     // (see portshare); the slot numbers our QPs.
-    let share = if cfg.port == ROCEV2_PORT && cfg.share_port {
+    let share = if bind.port() == srdma_wire::ROCEV2_PORT && share_port {
         crate::portshare::acquire(bind).ok()
     } else {
         None
@@ -44,7 +43,7 @@ pub(crate) fn open(cfg: &DeviceConfig) -> Result<Socket> {
         ),
     };
     let fd = socket.as_raw_fd();
-    let v6 = cfg.addr.is_ipv6();
+    let v6 = bind.is_ipv6();
     set_dont_fragment(fd, v6).map_err(io_err("setting IP_MTU_DISCOVER"))?;
     if v6 {
         set_no_check6_rx(fd).map_err(io_err("setting UDP_NO_CHECK6_RX"))?;

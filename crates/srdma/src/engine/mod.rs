@@ -32,10 +32,11 @@ use srdma_proto::{MrTable, Qp as ProtoQp, Srq as ProtoSrq};
 use srdma_wire::pcap;
 
 use crate::cq::Cq;
-use crate::device::{DeviceConfig, DeviceCounters};
+use crate::device::DeviceConfig;
 use crate::error::{Result, io_err};
 use crate::memory::Store;
 use crate::sys;
+use crate::types::DeviceCounters;
 
 pub(crate) use complete::deliver_completions;
 use probe::PathGso;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use srdma_wire::Packet;
 
 use super::{Shared, State, capture_epoch};
-use crate::device::{Gid, Gso};
+use crate::types::{Gid, Gso};
 
 /// What a device knows of the path to a peer address for UDP GSO (`Gso::Auto`, IPv4 peers
 /// off this host): whether a GSO message cut into datagrams on the way reaches the peer's

@@ -11,9 +11,9 @@ use srdma_wire::{Encap, IpRepr, Kind, PacketRepr};
 
 use super::timers::note_timer;
 use super::{ACK_RIDES_AFTER, Hold, RX_BATCH, Shared, State, capture_epoch, deliver_completions};
-use crate::device::Gid;
 use crate::error::{Result, io_err};
 use crate::sys;
+use crate::types::Gid;
 
 /// Datagrams taken from one multicast group's socket per receive pass.
 const GROUP_BUDGET: usize = 64;

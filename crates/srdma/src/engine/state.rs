@@ -11,8 +11,8 @@ use srdma_proto::{
 use srdma_wire::Qpn;
 
 use super::{QpSlot, State};
-use crate::device::DeviceCounters;
 use crate::memory::Region;
+use crate::types::DeviceCounters;
 
 impl State {
     /// Takes QP `qpn` off the list of QPs whose packets a receive held back; true if it was

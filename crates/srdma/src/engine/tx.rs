@@ -10,8 +10,8 @@ use srdma_wire::{Encap, IpRepr, Packet};
 use super::probe::PathGso;
 use super::timers::note_timer;
 use super::{Shared, State, capture_epoch, deliver_completions};
-use crate::device::{Gid, Gso};
 use crate::memory::Store;
+use crate::types::{Gid, Gso};
 
 impl Shared {
     pub(super) fn encap_to(&self, dst: SocketAddr, sport: u16) -> Option<Encap> {

@@ -1,0 +1,150 @@
+//! Plain types the engine, the statistics files and the device API share: a GID, the GSO
+//! setting and the device counters. A leaf: it uses nothing else of the crate.
+
+use std::net::IpAddr;
+
+/// Use of UDP generic segmentation offload (`UDP_SEGMENT`) for runs of same-sized packets.
+///
+/// One GSO message crosses the stack as one buffer and is cut into datagrams where the path
+/// needs it. IPv6 has no ID field, so the ICRC of every datagram is the same wherever it is
+/// cut. An IPv4 datagram's ICRC covers the IP ID, and the kernel numbers the datagrams of a
+/// buffer sent with ID 0 as 0, 1, 2, … (seen on the rxe lab's bridge, where the sending host
+/// cuts it): the engine computes each datagram's ICRC for the ID it will carry
+/// (`icrc::ipv4_icrc_with_ident`), so the datagrams are valid for kernel rxe (checked in the
+/// lab: no rxe retries or sequence errors) and for srdma receivers, which solve for the ID.
+/// A socket that refuses a GSO send (EIO, EINVAL: no segmentation on that path) makes the
+/// device send one datagram per send from then on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Gso {
+    /// IPv6 peers and this host's addresses; an IPv4 peer elsewhere once a probe showed its
+    /// path takes cut GSO messages (the default). The probe: ahead of an RC QP's first
+    /// message to (or answer from) a new peer address, two copies of a duplicate request
+    /// (a SEND without payload at a PSN the peer has seen) go as one GSO message; the peer
+    /// must ACK each. Two ACKs verify the path; one, twice running, or no answer after five
+    /// tries refuse it (one datagram per send). Until verified, one datagram per send.
+    /// Counted in [`DeviceCounters::gso_paths_verified`] and `gso_paths_refused`.
+    #[default]
+    Auto,
+    /// Every peer, unverified (`SRDMA_GSO=always`).
+    Always,
+    /// Only IPv6 peers and IPv4 peers on this host (loopback or a local address): for paths
+    /// whose segmentation gives every datagram of a buffer the same IPv4 ID (`SRDMA_GSO=local`).
+    Local,
+    /// Never: one datagram per send (`SRDMA_GSO=never`).
+    Never,
+}
+
+impl Gso {
+    /// The setting `$SRDMA_GSO` names ([`Gso::Auto`] when unset or unknown).
+    pub(crate) fn from_env() -> Gso {
+        match std::env::var("SRDMA_GSO").as_deref() {
+            Ok("always" | "1" | "on") => Gso::Always,
+            Ok("local") => Gso::Local,
+            Ok("never" | "0" | "off") => Gso::Never,
+            _ => Gso::Auto,
+        }
+    }
+}
+
+/// A GID: for RoCEv2, the IPv6 address (IPv4 addresses IPv4-mapped, `::ffff:a.b.c.d`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Gid(pub [u8; 16]);
+
+impl Gid {
+    /// The GID of an IP address.
+    pub fn from_ip(ip: IpAddr) -> Gid {
+        match ip {
+            IpAddr::V4(v4) => Gid(v4.to_ipv6_mapped().octets()),
+            IpAddr::V6(v6) => Gid(v6.octets()),
+        }
+    }
+
+    /// The IP address a GID stands for: the IPv4 address of an IPv4-mapped GID or of the
+    /// link-local GID an IPv4 srdma device on port 4791 has at index 0 (see
+    /// [`Gid::srdma_link_local_ipv4`]), else the GID as an IPv6 address.
+    #[inline]
+    pub fn ip(&self) -> IpAddr {
+        let v6 = std::net::Ipv6Addr::from(self.0);
+        match v6.to_ipv4_mapped().or_else(|| self.srdma_link_local_ipv4()) {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(v6),
+        }
+    }
+
+    /// The IPv4 address inside the link-local GID an IPv4 srdma device on the RoCEv2 port has
+    /// at index 0 (`fe80::2aa:bbff:fecc:ddb7` for `aa.bb.cc.dd`, from its node GUID): rxe's
+    /// GID 0 is the interface's IPv6 link-local address, reachable on the link, and programs
+    /// address peers by it (libfabric's verbs `FI_EP_DGRAM` names an endpoint by GID index 0
+    /// unless `FI_VERBS_GID_IDX` says otherwise); srdma's is reachable through the address
+    /// it was made from. None for any other GID, including the MAC-derived link-local GID of
+    /// an rxe peer unless its MAC reads `00:aa:bb:cc:dd:b7`.
+    pub fn srdma_link_local_ipv4(&self) -> Option<std::net::Ipv4Addr> {
+        let g = &self.0;
+        let shape = g[..8] == [0xfe, 0x80, 0, 0, 0, 0, 0, 0]
+            && g[8] == 0x02
+            && g[11..13] == [0xff, 0xfe]
+            && g[15] == (srdma_wire::ROCEV2_PORT & 0xff) as u8;
+        shape.then(|| std::net::Ipv4Addr::new(g[9], g[10], g[13], g[14]))
+    }
+}
+
+impl std::fmt::Display for Gid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // As `ibv_devinfo -v` prints RoCE v2 GIDs: inet_ntop(AF_INET6).
+        std::net::Ipv6Addr::from(self.0).fmt(f)
+    }
+}
+
+/// Device-level receive statistics: what happened to packets before they reached a QP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DeviceCounters {
+    /// Datagrams received.
+    pub rx_datagrams: u64,
+    /// Dropped: not a well-formed RoCEv2 packet.
+    pub rx_malformed: u64,
+    /// Dropped: ICRC wrong.
+    pub rx_bad_icrc: u64,
+    /// IPv4 packets from a peer that sets the IP ID: the ICRC was verified by solving for the
+    /// 16-bit ID a UDP socket cannot see (a corruption passes with probability 2^-16).
+    pub rx_icrc_ident_solved: u64,
+    /// Dropped: no such QP.
+    pub rx_unknown_qp: u64,
+    /// Dropped: RC/UC packet from an address other than the QP's peer.
+    pub rx_bad_source: u64,
+    /// Congestion notification packets (ignored).
+    pub rx_cnp: u64,
+    /// Datagrams sent.
+    pub tx_datagrams: u64,
+    /// Datagrams the socket refused (the transport retransmits).
+    pub tx_errors: u64,
+    /// Sends that carried a run of datagrams as one UDP GSO message.
+    pub tx_gso_messages: u64,
+    /// Receive buffers that held a GRO-coalesced run of datagrams.
+    pub rx_gro_buffers: u64,
+    /// Peer addresses whose path the GSO probe found to take cut GSO messages.
+    pub gso_paths_verified: u64,
+    /// Peer addresses whose path rejected the second datagram of a cut GSO message (or
+    /// never answered the probe): sent one datagram per send since.
+    pub gso_paths_refused: u64,
+}
+
+impl DeviceCounters {
+    /// Every counter with its name, in declaration order (for devinfo and stats files).
+    pub fn entries(&self) -> [(&'static str, u64); 13] {
+        [
+            ("rx_datagrams", self.rx_datagrams),
+            ("rx_malformed", self.rx_malformed),
+            ("rx_bad_icrc", self.rx_bad_icrc),
+            ("rx_icrc_ident_solved", self.rx_icrc_ident_solved),
+            ("rx_unknown_qp", self.rx_unknown_qp),
+            ("rx_bad_source", self.rx_bad_source),
+            ("rx_cnp", self.rx_cnp),
+            ("tx_datagrams", self.tx_datagrams),
+            ("tx_errors", self.tx_errors),
+            ("tx_gso_messages", self.tx_gso_messages),
+            ("rx_gro_buffers", self.rx_gro_buffers),
+            ("gso_paths_verified", self.gso_paths_verified),
+            ("gso_paths_refused", self.gso_paths_refused),
+        ]
+    }
+}
