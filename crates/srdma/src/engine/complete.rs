@@ -88,7 +88,7 @@ impl Shared {
 }
 
 pub(crate) fn deliver_completions(slot: &mut QpSlot) {
-    crate::qp::xrc::drop_orphans(&mut slot.qp);
+    super::xrc::drop_orphans(&mut slot.qp);
     let mut overrun = false;
     while let Some((side, wc)) = slot.qp.poll_completion() {
         let solicited = wc.solicited;

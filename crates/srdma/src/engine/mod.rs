@@ -6,8 +6,8 @@
 //! This file holds the state and `start`; the rest is one file per concern: `tx` (sending,
 //! zero copy, GSO), `probe` (the GSO path probe), `rx` (receiving, multicast groups),
 //! `timers`, `complete` (completions, hooks, events), `progress` (the progress thread
-//! and the application-driven progress) and `state` (what the rest of the crate does to the
-//! state: its fields are the engine's).
+//! and the application-driven progress), `xrc` (XRC SRQ routing) and `state` (what the rest
+//! of the crate does to the state: its fields are the engine's).
 
 mod complete;
 mod probe;
@@ -16,6 +16,7 @@ mod rx;
 mod state;
 mod timers;
 mod tx;
+mod xrc;
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -136,8 +137,8 @@ pub(crate) struct State {
     mem: Store,
     qps: BTreeMap<u32, QpSlot>,
     srqs: BTreeMap<u32, ProtoSrq>,
-    /// XRC domains' SRQs and target QPs (`qp::xrc`).
-    xrc: crate::qp::xrc::XrcState,
+    /// XRC domains' SRQs and target QPs (`xrc`; the verbs side is `qp::xrc`).
+    xrc: xrc::XrcState,
     /// The QPN range this device owns: `qpn_base | n` (0 unless the port is shared).
     qpn_base: u32,
     next_qpn: u32,

@@ -270,7 +270,7 @@ impl Shared {
         let silent = slot.qp.silent_writes();
         slot.qp.handle_packet(&mut ctx, &repr, &RecvMeta { encap });
         if let Some(Some((_, cq))) = &xrc_srq {
-            crate::qp::xrc::complete_to(&mut slot.qp, cq);
+            super::xrc::complete_to(&mut slot.qp, cq);
         }
         if slot.qp.silent_writes() != silent {
             let until = now + SILENT_WRITES_HOLD;

@@ -128,7 +128,7 @@ impl State {
     }
 
     /// The XRC domains' SRQs and target QPs.
-    pub(crate) fn xrc_mut(&mut self) -> &mut crate::qp::xrc::XrcState {
+    pub(crate) fn xrc_mut(&mut self) -> &mut super::xrc::XrcState {
         &mut self.xrc
     }
 

@@ -3,12 +3,12 @@
 //!
 //! A request reaching a target QP names an SRQ in its XRCETH; the engine hands the QP that
 //! SRQ when it belongs to the target's domain (the receive WQE, the L_Keys and the R_Keys
-//! are then the SRQ's, of its PD) and moves the receive completion to the SRQ's CQ.
+//! are then the SRQ's, of its PD) and moves the receive completion to the SRQ's CQ (see
+//! `engine::xrc`).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use srdma_proto::{AccessFlags, PdId, Qp as ProtoQp, QpType, XrcRole};
+use srdma_proto::{AccessFlags, QpType, XrcRole};
 
 use super::{Pd, Qp, QpInit, Srq};
 use crate::cq::Cq;
@@ -30,74 +30,6 @@ struct XrcdInner {
     /// receives use the SRQ's).
     pd: Pd,
     cq: Cq,
-}
-
-/// The device's XRC bookkeeping (in the engine's state).
-#[derive(Debug, Default)]
-pub(crate) struct XrcState {
-    /// XRC SRQs by number: domain, PD and CQ.
-    srqs: BTreeMap<u32, XrcSrq>,
-    /// Target QPs by QPN: their domain.
-    targets: BTreeMap<u32, u32>,
-}
-
-#[derive(Debug)]
-struct XrcSrq {
-    xrcd: u32,
-    pd: PdId,
-    cq: Cq,
-}
-
-impl XrcState {
-    /// Forgets SRQ `id` (destroyed).
-    pub(crate) fn srq_gone(&mut self, id: u32) {
-        self.srqs.remove(&id);
-    }
-
-    /// Forgets QP `qpn` (destroyed).
-    pub(crate) fn qp_gone(&mut self, qpn: u32) {
-        self.targets.remove(&qpn);
-    }
-
-    /// For a request to target QP `qpn` naming SRQ `srqn`: the SRQ to receive with (its
-    /// PD set on the QP) and the CQ its completions go to, when it is an XRC SRQ of the
-    /// target's domain. `None` for a QP that is no XRC target — and for a target, when the
-    /// XRCETH names no SRQ of its domain (the QP then refuses the request).
-    pub(crate) fn route(
-        &self,
-        qpn: u32,
-        qp: &mut ProtoQp,
-        srqn: Option<u32>,
-    ) -> Option<Option<(u32, Cq)>> {
-        let xrcd = *self.targets.get(&qpn)?;
-        let found = srqn
-            .and_then(|n| self.srqs.get(&n).map(|s| (n, s)))
-            .filter(|(_, s)| s.xrcd == xrcd);
-        Some(found.map(|(n, s)| {
-            qp.set_xrc_pd(s.pd);
-            (n, s.cq.clone())
-        }))
-    }
-}
-
-/// Moves the receive completions `qp` just made to `cq`, the CQ of the XRC SRQ they came
-/// from; a full CQ puts the QP in ERR (as rxe for any CQ overrun).
-pub(crate) fn complete_to(qp: &mut ProtoQp, cq: &Cq) {
-    while let Some(wc) = qp.poll_recv_completion() {
-        let solicited = wc.solicited;
-        if !cq.push(wc, solicited) {
-            qp.set_error();
-        }
-    }
-}
-
-/// An XRC target's receive completions made outside a packet's delivery (a receive WQE in
-/// progress flushed when the QP goes to ERR) cannot be told which XRC SRQ they came from:
-/// they are dropped rather than left to fill the domain's internal CQ.
-pub(crate) fn drop_orphans(qp: &mut ProtoQp) {
-    if qp.xrc() == Some(XrcRole::Target) {
-        while qp.poll_recv_completion().is_some() {}
-    }
 }
 
 impl Device {
@@ -145,7 +77,7 @@ impl Xrcd {
         if let Some(slot) = st.slot_mut(qpn) {
             slot.qp.set_xrc(XrcRole::Target);
         }
-        st.xrc_mut().targets.insert(qpn, x.id);
+        st.xrc_mut().add_target(qpn, x.id);
         drop(st);
         // The QP holds the domain as it holds its PD.
         if let Some(inner) = Arc::get_mut(&mut qp.inner) {
@@ -181,14 +113,10 @@ impl Pd {
         }
         let mut srq = self.create_srq(max_wr, max_sge)?;
         let id = srq.number();
-        self.dev.lock().xrc_mut().srqs.insert(
-            id,
-            XrcSrq {
-                xrcd: xrcd.inner.id,
-                pd: self.id,
-                cq: cq.clone(),
-            },
-        );
+        self.dev
+            .lock()
+            .xrc_mut()
+            .add_srq(id, xrcd.inner.id, self.id, cq.clone());
         if let Some(inner) = Arc::get_mut(&mut srq.inner) {
             inner._xrcd = Some(xrcd.clone());
         }
