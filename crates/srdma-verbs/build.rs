@@ -26,7 +26,7 @@ fn main() {
         "IBVERBS_1.13",
         "IBVERBS_1.14",
         "IBVERBS_PRIVATE_34",
-        // librdmacm.so.1's nodes: the same file serves both names (see src/rdmacm.rs).
+        // librdmacm.so.1's nodes: the same file serves both names (see src/rdmacm/mod.rs).
         "RDMACM_1.0",
         "RDMACM_1.1",
         "RDMACM_1.2",

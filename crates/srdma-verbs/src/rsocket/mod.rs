@@ -1304,7 +1304,7 @@ pub(crate) fn woke(rs: &Rsock) {
 }
 
 // ---------------------------------------------------------------------------------------
-// The C API (called from rdmacm.rs's exported functions).
+// The C API (called from the exported functions in `abi.rs`).
 
 /// `rsocket`.
 pub(crate) fn c_socket(domain: c_int, ty: c_int, protocol: c_int) -> Result<c_int, c_int> {
