@@ -1,4 +1,6 @@
-//! Devices and contexts: `ibv_get_device_list`, `ibv_open_device`, the queries, async events.
+//! Devices and contexts: `ibv_get_device_list`, the contexts `ibv_open_device` (in `verbs`,
+//! which fills in the objects' entries) opens with [`Context::open`], the queries, async
+//! events.
 //!
 //! The devices are srdma's (see `srdma::netdev`): one per address of every interface that is
 //! up, named as `srdma devinfo` names them. `SRDMA_DEVICES` (or the file named by
@@ -220,7 +222,7 @@ impl Context {
     /// The context behind `ctx`, or None for NULL.
     ///
     /// # Safety
-    /// `ctx` is NULL or came from [`ibv_open_device`] and is not closed.
+    /// `ctx` is NULL or came from [`Context::open`] and is not closed.
     pub(crate) unsafe fn from_c<'a>(ctx: *mut ibv_context) -> Option<&'a Context> {
         if !crate::is_live(ctx) {
             return None;
@@ -455,10 +457,15 @@ pub extern "C" fn ibv_get_device_index(device: *mut ibv_device) -> c_int {
     })
 }
 
-/// `ibv_open_device`: a context on the device (NULL with errno on failure).
-#[unsafe(no_mangle)]
-pub extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
-    guard(std::ptr::null_mut(), || {
+impl Context {
+    /// A new context on `device` (NULL with errno on failure), for `ibv_open_device`: this
+    /// module fills the device's own entries of its `verbs_context` (queries), `fill` the
+    /// rest (the objects' constructors and the data path), so that the layer above, which
+    /// serves those, need not be named here.
+    pub(crate) fn open(
+        device: *mut ibv_device,
+        fill: impl FnOnce(&mut verbs_context),
+    ) -> *mut ibv_context {
         let Some(entry) = entry_of(device) else {
             set_errno(libc::ENODEV);
             return std::ptr::null_mut();
@@ -479,15 +486,12 @@ pub extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
         vctx.sz = std::mem::size_of::<verbs_context>();
         vctx.query_port = Some(vctx_query_port);
         vctx.query_device_ex = Some(vctx_query_device_ex);
-        vctx.create_cq_ex = Some(crate::verbs::vctx_create_cq_ex);
-        vctx.create_qp_ex = Some(crate::verbs::vctx_create_qp_ex);
-        crate::verbs::xrc::fill_vctx(&mut vctx);
         vctx.context.device = device;
         vctx.context.cmd_fd = cmd_fd.as_raw_fd();
         vctx.context.async_fd = fd;
         vctx.context.num_comp_vectors = 1;
         vctx.context.abi_compat = usize::MAX as *mut c_void;
-        crate::verbs::fill_ops(&mut vctx.context.ops);
+        fill(&mut vctx);
         let ctx = Box::new(Context {
             vctx,
             entry,
@@ -505,7 +509,7 @@ pub extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
         let ctx = Box::leak(ctx);
         crate::register(ctx.c());
         ctx.c()
-    })
+    }
 }
 
 /// `ibv_close_device`: frees the context (0, or EINVAL for NULL). Objects still open on it
@@ -524,7 +528,7 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
             .closed
             .store(true, std::sync::atomic::Ordering::Release);
         crate::unregister(context);
-        // SAFETY: the Context was leaked from a Box in ibv_open_device; closed once.
+        // SAFETY: the Context was leaked from a Box in Context::open; closed once.
         drop(unsafe { Box::from_raw(std::ptr::from_ref(ctx).cast_mut()) });
         0
     })
@@ -965,9 +969,12 @@ pub unsafe extern "C" fn ibv_ack_async_event(event: *mut ibv_async_event) {
         }
         // SAFETY: `event` is readable per the contract.
         let ev = unsafe { &*event };
-        crate::verbs::ack_async(ev);
+        ack_async(ev);
     })
 }
+
+/// Handles `ibv_ack_async_event` for an event this library raised (nothing to release).
+fn ack_async(_ev: &ibv_async_event) {}
 
 /// `ibv_fork_init`: nothing to do (memory is reached by address, not DMA): 0.
 #[unsafe(no_mangle)]

@@ -12,6 +12,11 @@
 //! The same file is `librdmacm.so.1` too (`rdmacm`: rdma_cm over IB CM MADs on QP1, with the
 //! list of what it implements).
 //!
+//! The modules depend one way: `abi_core` ← `context` (devices, contexts) ← `verbs` (the
+//! objects; it opens contexts, giving them its entries) ← `rdmacm` ← `rsocket`. What a
+//! lower layer must tell a higher one goes through a hook the higher one registers
+//! (`verbs::on_qp_destroyed`, through which rdma_cm connections let go of a destroyed QP).
+//!
 //! Every function is bound to the symbol version Debian's library gives it (`symbols.txt`,
 //! turned into `.symver` directives and a version script by `build.rs`).
 //!

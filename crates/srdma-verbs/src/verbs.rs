@@ -2,7 +2,8 @@
 //! `ibv_context_ops` entries the inline `ibv_post_send`, `ibv_post_recv`, `ibv_poll_cq` and
 //! `ibv_req_notify_cq` of `verbs.h` call. One file per object kind: `pd` (PDs and MRs), `mw`
 //! (memory windows), `cq` (channels and CQs), `srq`, `xrc` (XRC domains and SRQs), `ah`,
-//! `qp` (QPs and the data path), `atomic_write`; this file holds what they share.
+//! `qp` (QPs and the data path), `atomic_write`; this file holds what they share, and
+//! `ibv_open_device`, which gives a new context the entries these serve.
 //!
 //! Each object is a `#[repr(C)]` box whose first field is the C struct handed out, so a C
 //! pointer converts back to its box; the rest is the safe srdma object that does the work.
@@ -82,8 +83,40 @@ unsafe fn take_back<T, C>(p: *mut C) -> Option<Box<T>> {
     Some(unsafe { Box::from_raw(p.cast::<T>()) })
 }
 
+/// `ibv_open_device`: a context on the device (NULL with errno on failure).
+#[unsafe(no_mangle)]
+pub extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
+    guard(std::ptr::null_mut(), || Context::open(device, fill_context))
+}
+
+/// Fills the entries of a new context's `verbs_context` that this module serves: the
+/// extended constructors, XRC, and the data path of `ibv_context_ops`.
+fn fill_context(vctx: &mut verbs_context) {
+    vctx.create_cq_ex = Some(vctx_create_cq_ex);
+    vctx.create_qp_ex = Some(vctx_create_qp_ex);
+    xrc::fill_vctx(vctx);
+    fill_ops(&mut vctx.context.ops);
+}
+
+/// What is told of every QP `ibv_destroy_qp` destroys (its QPN): librdmacm registers here
+/// when it first holds a QP, so that its connections over it let go of it.
+static QP_DESTROYED: Mutex<Vec<fn(u32)>> = Mutex::new(Vec::new());
+
+/// Calls `hook` with the QPN of every QP destroyed from now on (register each hook once).
+pub(crate) fn on_qp_destroyed(hook: fn(u32)) {
+    lock(&QP_DESTROYED).push(hook);
+}
+
+/// Tells the hooks of [`on_qp_destroyed`] that QP `qpn` is being destroyed.
+fn qp_destroyed(qpn: u32) {
+    let hooks = lock(&QP_DESTROYED).clone();
+    for hook in hooks {
+        hook(qpn);
+    }
+}
+
 /// Fills the data-path entries of `ibv_context_ops`.
-pub(crate) fn fill_ops(ops: &mut ibv_context_ops) {
+fn fill_ops(ops: &mut ibv_context_ops) {
     ops.poll_cq = Some(poll_cq);
     ops.req_notify_cq = Some(req_notify_cq);
     ops.post_send = Some(post_send);

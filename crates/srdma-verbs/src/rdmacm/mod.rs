@@ -56,7 +56,7 @@
 //!   and against kernel rxe. Where it differs: `rdma_destroy_qp` detaches the id's groups
 //!   first (with rdma-core the QP stays attached, its destroy fails with EBUSY and it
 //!   leaks).
-//! - rsockets, stream sockets (`crate::rsocket`, its C exports in `rsocket/abi.rs`): `rsocket`, `rbind`, `rlisten`, `raccept`,
+//! - rsockets, stream sockets (the `rsocket` module, its C exports in `rsocket/abi.rs`): `rsocket`, `rbind`, `rlisten`, `raccept`,
 //!   `rconnect`, `rshutdown`, `rclose`, `rrecv`/`rrecvfrom`/`rrecvmsg`/`rread`/`rreadv`,
 //!   `rsend`/`rsendto`/`rsendmsg`/`rwrite`/`rwritev`, `rpoll`, `rgetpeername`,
 //!   `rgetsockname`, `rsetsockopt`/`rgetsockopt` (int options), `rfcntl`, `rselect` (through
@@ -121,7 +121,6 @@ mod thread;
 
 use event::{event, free_event, taken};
 use multicast::Joined;
-pub(crate) use thread::qp_destroyed;
 
 /// `RDMA_CM_EVENT_*` values the header leaves out of `cma_abi`.
 const RDMA_CM_EVENT_ADDR_ERROR: rdma_cm_event_type = 1;
@@ -183,7 +182,7 @@ pub(crate) fn cm_devs() -> &'static [CmDev] {
         for (i, entry) in entries.iter().enumerate().take(n.max(0) as usize) {
             // SAFETY: `list` holds `n` device pointers.
             let dev = unsafe { *list.add(i) };
-            let ctx = crate::context::ibv_open_device(dev);
+            let ctx = crate::verbs::ibv_open_device(dev);
             if !ctx.is_null() {
                 out.push(CmDev {
                     ctx: ctx as usize,

@@ -115,6 +115,8 @@ pub(super) fn failure(id: usize, e: &CmError, ud: bool) -> Box<Event> {
 pub(super) fn run_connection(sh: Arc<Shared>, conn: IbConnection, established: Option<Box<Event>>) {
     let conn = Arc::new(conn);
     if let Some(qp) = conn.try_qp() {
+        static HOOK: std::sync::Once = std::sync::Once::new();
+        HOOK.call_once(|| crate::verbs::on_qp_destroyed(qp_destroyed));
         let mut all = lock(&CONNS);
         all.retain(|(_, w)| w.strong_count() > 0);
         all.push((qp.qpn().value(), Arc::downgrade(&conn)));
@@ -144,7 +146,7 @@ static CONNS: Mutex<Vec<(u32, std::sync::Weak<IbConnection>)>> = Mutex::new(Vec:
 
 /// The application destroyed QP `qpn`: connections over it release it (so its CQs and PD
 /// are free to go).
-pub(crate) fn qp_destroyed(qpn: u32) {
+fn qp_destroyed(qpn: u32) {
     lock(&CONNS).retain(|(q, w)| {
         if *q == qpn {
             if let Some(c) = w.upgrade() {

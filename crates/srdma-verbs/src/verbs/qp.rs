@@ -348,7 +348,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         }
         pd_users(q.c.qp_base.pd, -1);
         // An rdma_cm connection over this QP lets go of it too.
-        crate::rdmacm::qp_destroyed(q.c.qp_base.qp_num);
+        qp_destroyed(q.c.qp_base.qp_num);
         // SAFETY: live objects came from hand_out::<Qp>.
         drop(unsafe { take_back::<Qp, _>(qp) });
         0
@@ -905,11 +905,8 @@ pub(super) unsafe extern "C" fn post_recv(
     })
 }
 
-/// Handles `ibv_ack_async_event` for an event this library raised (nothing to release).
-pub(crate) fn ack_async(_ev: &ibv_async_event) {}
-
 // ---------------------------------------------------------------------------------------
-// For librdmacm (`crate::rdmacm`), which drives QPs it did not create through srdma.
+// For librdmacm, which drives QPs it did not create through srdma.
 
 /// The srdma QP behind a live `ibv_qp`, and whether it receives from an SRQ.
 pub(crate) fn qp_of(qp: *mut ibv_qp) -> Option<(srdma::Qp, bool)> {
