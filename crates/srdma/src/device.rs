@@ -42,6 +42,10 @@ pub struct DeviceConfig {
     /// the port keeper); false binds the port alone. Default: true
     /// unless `SRDMA_SHARE_PORT=0`.
     pub share_port: bool,
+    /// Send to srdma devices of this host (same network namespace, same user) through
+    /// shared memory instead of UDP (see [`crate::DeviceCounters::tx_shm_packets`]). Default: true
+    /// unless `SRDMA_SHM=0`.
+    pub shm: bool,
 }
 
 impl DeviceConfig {
@@ -63,6 +67,7 @@ impl DeviceConfig {
                 .map(PathBuf::from),
             gso: Gso::from_env(),
             share_port: crate::portshare::enabled(),
+            shm: crate::shm::enabled_by_env(),
         }
     }
 }

@@ -58,11 +58,22 @@ pub mod netdev;
 mod portshare;
 mod qp;
 mod random;
+mod shm;
 pub mod stats;
 mod sys;
 pub mod typed;
 mod types;
 mod udp;
+
+/// Entry points for the fuzz targets (`fuzz/`): not an API.
+#[doc(hidden)]
+pub mod fuzzing {
+    /// Reads `bytes` as the memory of a shared-memory ring a peer wrote (see `shm::ring`);
+    /// returns the bytes of the records it took.
+    pub fn read_ring(bytes: &[u8]) -> usize {
+        crate::shm::ring::read_untrusted(bytes)
+    }
+}
 
 pub use cq::{CompChannel, Cq};
 pub use device::{
@@ -83,4 +94,4 @@ pub use srdma_proto::{
     Wc, WcFlags, WcOpcode, WcStatus,
 };
 pub use typed::{RcQp, UcQp, UdQp};
-pub use types::{DeviceCounters, Gid, Gso};
+pub use types::{DeviceCounters, Gid, Gso, Path};

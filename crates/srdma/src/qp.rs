@@ -231,6 +231,7 @@ impl Pd {
         st.add_qp(
             qpn.value(),
             QpSlot {
+                path: crate::Path::None,
                 state_seen: qp.state(),
                 qp,
                 send_cq: init.send_cq.clone(),
@@ -286,6 +287,14 @@ impl Qp {
     /// RC, UC or UD.
     pub fn qp_type(&self) -> QpType {
         self.inner.qp_type
+    }
+
+    /// Which driver carried the last packet this QP sent: UDP, or shared memory to a
+    /// device of this host (see [`crate::DeviceConfig::shm`]).
+    pub fn path(&self) -> crate::Path {
+        let st = self.inner.dev.lock();
+        st.slot(self.inner.qpn.value())
+            .map_or(crate::Path::None, |s| s.path)
     }
 
     /// Current state.

@@ -54,6 +54,20 @@ pub(crate) fn epoll_add(ep: &OwnedFd, fd: RawFd) -> io::Result<()> {
     }
 }
 
+/// The descriptors of epoll instance `ep` that are ready now (added with [`epoll_add`]),
+/// at most `out.len()`; returns how many it wrote.
+pub(crate) fn epoll_ready(ep: &OwnedFd, out: &mut [RawFd]) -> usize {
+    let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 64];
+    let max = out.len().min(evs.len()) as libc::c_int;
+    // SAFETY: `evs` holds at least `max` live epoll_event structs; no wait.
+    let n = unsafe { libc::epoll_wait(ep.as_raw_fd(), evs.as_mut_ptr(), max, 0) };
+    let n = n.max(0) as usize;
+    for (o, e) in out.iter_mut().zip(&evs[..n]) {
+        *o = e.u64 as RawFd;
+    }
+    n
+}
+
 /// A blocking eventfd, for a completion channel whose descriptor the application owns in
 /// effect: it may poll it or set O_NONBLOCK itself, and `ibv_get_cq_event` must then
 /// follow that mode, so the descriptor starts in blocking mode as rdma-core's does.

@@ -126,11 +126,26 @@ pub struct DeviceCounters {
     /// Peer addresses whose path rejected the second datagram of a cut GSO message (or
     /// never answered the probe): sent one datagram per send since.
     pub gso_paths_refused: u64,
+    /// Packets sent to devices of this host through shared memory instead of UDP (not in
+    /// `tx_datagrams`).
+    pub tx_shm_packets: u64,
+    /// Packets received from devices of this host through shared memory (not in
+    /// `rx_datagrams`).
+    pub rx_shm_packets: u64,
+    /// Packets dropped because the peer's ring was full (the transport retransmits).
+    pub tx_shm_full: u64,
+    /// Shared-memory links this device made to peers of this host.
+    pub shm_links_out: u64,
+    /// Shared-memory links peers of this host made to this device.
+    pub shm_links_in: u64,
+    /// Shared-memory links refused (another user, a malformed offer) or ended because the
+    /// peer broke the ring's rules.
+    pub shm_refused: u64,
 }
 
 impl DeviceCounters {
     /// Every counter with its name, in declaration order (for devinfo and stats files).
-    pub fn entries(&self) -> [(&'static str, u64); 13] {
+    pub fn entries(&self) -> [(&'static str, u64); 19] {
         [
             ("rx_datagrams", self.rx_datagrams),
             ("rx_malformed", self.rx_malformed),
@@ -145,6 +160,35 @@ impl DeviceCounters {
             ("rx_gro_buffers", self.rx_gro_buffers),
             ("gso_paths_verified", self.gso_paths_verified),
             ("gso_paths_refused", self.gso_paths_refused),
+            ("tx_shm_packets", self.tx_shm_packets),
+            ("rx_shm_packets", self.rx_shm_packets),
+            ("tx_shm_full", self.tx_shm_full),
+            ("shm_links_out", self.shm_links_out),
+            ("shm_links_in", self.shm_links_in),
+            ("shm_refused", self.shm_refused),
         ]
+    }
+}
+
+/// Which packet driver carried a QP's packets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Path {
+    /// It sent nothing yet.
+    #[default]
+    None,
+    /// UDP (the kernel's stack): off-host peers, kernel rxe, `SRDMA_SHM=0`.
+    Udp,
+    /// Shared memory: a device of this host, same network namespace and user.
+    SharedMemory,
+}
+
+impl Path {
+    /// `none`, `udp` or `shm`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Path::None => "none",
+            Path::Udp => "udp",
+            Path::SharedMemory => "shm",
+        }
     }
 }

@@ -25,6 +25,8 @@ struct Side {
 fn side(ip: &str, separate_cqs: bool) -> Side {
     let mut c = DeviceConfig::new(ip.parse().unwrap());
     c.share_port = false;
+    // GSO messages are the UDP driver's: this host's peers would meet through shared memory.
+    c.shm = false;
     let dev = Device::open(c).unwrap();
     let pd = dev.alloc_pd();
     let send_cq = dev.create_cq(64, None).unwrap();

@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::BufWriter;
 use std::net::{SocketAddr, UdpSocket};
-use std::os::fd::OwnedFd;
+use std::os::fd::{OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -51,6 +51,8 @@ const RX_BATCH: usize = 32;
 
 pub(crate) struct QpSlot {
     pub(crate) qp: ProtoQp,
+    /// Which driver carried the QP's last packet.
+    pub(crate) path: crate::Path,
     /// The state the application last saw or set: a move to ERR the engine makes on its
     /// own raises `QpFatal`.
     pub(crate) state_seen: srdma_proto::QpState,
@@ -183,6 +185,12 @@ pub(crate) struct State {
     groups: Vec<Group>,
     /// Receive buffer for the groups' sockets (allocated on first use).
     group_buf: Vec<u8>,
+    /// The shared-memory driver (`None`: off, or it could not open); taken out while its
+    /// rings are read.
+    shm: Option<crate::shm::Shm>,
+    /// Until when (ns since the epoch) an application's poll leaves the UDP socket alone
+    /// while peers send through shared memory (see `rx::UDP_QUIET`).
+    udp_quiet_until: u64,
 }
 
 pub(crate) struct Shared {
@@ -236,6 +244,9 @@ pub(crate) struct Shared {
     /// `groups_ep`'s descriptor while some group is joined, else -1: the progress thread
     /// always watches it, an application thread waiting on its channel too.
     groups_fd: AtomicI32,
+    /// The shared-memory driver's descriptors (see `shm::Shm::fds`), -1 without it: the
+    /// driver lives in `State` as long as this does.
+    shm_fds: [RawFd; 2],
 }
 
 /// Keeps the progress thread alive exactly as long as some handle needs the device.
@@ -303,6 +314,12 @@ pub(crate) fn start(cfg: DeviceConfig, sock: crate::udp::Socket) -> Result<Arc<D
         ),
         None => None,
     };
+    // Best effort: without its rendezvous socket the device still works, over UDP alone.
+    let shm = cfg
+        .shm
+        .then(|| crate::shm::Shm::open(local, keeper.is_some().then_some(slot)).ok())
+        .flatten();
+    let shm_fds = shm.as_ref().map_or([-1, -1], |s| s.fds());
     let state = State {
         mrs: MrTable::new(crate::random::random_u64()),
         mem: Store::default(),
@@ -328,6 +345,8 @@ pub(crate) fn start(cfg: DeviceConfig, sock: crate::udp::Socket) -> Result<Arc<D
         tx_icrc: Default::default(),
         groups: Vec::new(),
         group_buf: Vec::new(),
+        shm,
+        udp_quiet_until: 0,
         due: Vec::with_capacity(64),
         next_timer: u64::MAX,
         one_sided_at: 0,
@@ -360,6 +379,7 @@ pub(crate) fn start(cfg: DeviceConfig, sock: crate::udp::Socket) -> Result<Arc<D
         hooks_due: AtomicBool::new(false),
         groups_ep: std::sync::OnceLock::new(),
         groups_fd: AtomicI32::new(-1),
+        shm_fds,
     });
     let s2 = Arc::clone(&shared);
     let thread = std::thread::Builder::new()

@@ -66,13 +66,14 @@ impl Shared {
         // A last look before sleeping (`!polling`: the CQ is armed) holds nothing back:
         // no post or poll would follow to send it, and it always looks.
         let drained = std::mem::take(&mut st.drained_at);
-        if !polling || now >= drained + RX_REST.as_nanos() as u64 {
-            self.receive(
-                &mut st,
-                RX_BUDGET,
-                if polling { Hold::All } else { Hold::Nothing },
-            );
-        }
+        let quiet = now < st.udp_quiet_until && st.shm.as_ref().is_some_and(|s| s.has_ins());
+        let udp = !polling || (now >= drained + RX_REST.as_nanos() as u64 && !quiet);
+        self.receive(
+            &mut st,
+            RX_BUDGET,
+            if polling { Hold::All } else { Hold::Nothing },
+            udp,
+        );
         if now >= st.next_timer {
             self.run_timers(&mut st);
         }
@@ -135,8 +136,27 @@ impl Shared {
         }
         self.app_waiters.fetch_add(1, Ordering::SeqCst);
         let groups = self.groups_fd.load(Ordering::SeqCst);
-        let r = sys::poll_readable([fd, self.socket.as_raw_fd(), groups], timeout)
-            .map(|[c, s, g]| [c, s || g]);
+        // Peers of this host ring a doorbell for what they put in the rings from now on;
+        // what is there already is received at once.
+        let [port, ep] = self.shm_fds;
+        let shm_waiting = port >= 0 && !self.lock().shm.as_mut().is_none_or(|s| s.arm());
+        let timeout = if shm_waiting {
+            Some(Duration::ZERO)
+        } else {
+            timeout
+        };
+        let r = sys::poll_readable([fd, self.socket.as_raw_fd(), groups, port, ep], timeout);
+        let shm_news = r.as_ref().is_ok_and(|r| r[3] || r[4]);
+        if port >= 0 {
+            let mut st = self.lock();
+            if let Some(shm) = st.shm.as_mut() {
+                shm.disarm();
+                if shm_news {
+                    shm.service(self.now().as_nanos() as u64);
+                }
+            }
+        }
+        let r = r.map(|[c, s, g, _, _]| [c, s || g || shm_news || shm_waiting]);
         self.app_waiters.fetch_sub(1, Ordering::SeqCst);
         let now = self.now().as_nanos() as u64;
         self.wait_woke_at.store(now.max(1), Ordering::SeqCst);
@@ -149,7 +169,7 @@ impl Shared {
         if ready[1] {
             let mut st = self.lock();
             self.flush_deferred(&mut st);
-            self.receive(&mut st, RX_BUDGET, Hold::Nothing);
+            self.receive(&mut st, RX_BUDGET, Hold::Nothing, true);
             if now >= st.next_timer {
                 self.run_timers(&mut st);
             }
@@ -238,6 +258,14 @@ fn publish_stats(st: &mut State) -> Option<crate::stats::Pending> {
     st.stats.as_mut()?.maybe_write(&dev, &qp, Instant::now())
 }
 
+/// Takes in what the shared-memory driver's descriptors say (new links, ended ones).
+fn service_shm(shared: &Shared) {
+    let now = shared.now().as_nanos() as u64;
+    if let Some(shm) = shared.lock().shm.as_mut() {
+        shm.service(now);
+    }
+}
+
 /// The progress thread: receive, dispatch, acknowledge, retransmit, complete — so one-sided
 /// operations finish without the target application's help. Sleeps in `poll` when idle, and
 /// keeps out of the way while an application's CQ polls drive the device.
@@ -261,10 +289,16 @@ pub(super) fn progress(shared: &Shared) {
             // completion), then less and less often.
             shared.sleep_until.store(0, Ordering::Release);
             let rest = Duration::from_nanos(active - now);
-            let _ = sys::poll_readable(
-                [shared.wake.as_raw_fd()],
+            // The application's polls read the rings; a new link (or one that ended) is
+            // for this thread to take in.
+            let [port, ep] = shared.shm_fds;
+            let r = sys::poll_readable(
+                [shared.wake.as_raw_fd(), port, ep],
                 Some(if looking { rest.min(look) } else { rest }),
             );
+            if r.is_ok_and(|[_, p, e]| p || e) {
+                service_shm(shared);
+            }
             look = (look * 2).min(APP_GRACE);
             sys::drain(&shared.wake);
             timeout = Some(Duration::ZERO);
@@ -302,17 +336,32 @@ pub(super) fn progress(shared: &Shared) {
         // The multicast groups' sockets are always watched here: an application thread
         // that went to sleep on its channel before an attach does not watch them.
         let groups = shared.groups_fd.load(Ordering::SeqCst);
-        let fds = [sock, shared.wake.as_raw_fd(), keeper, groups];
-        if sys::poll_readable(fds, wait).is_err() {
+        // The shared-memory driver's rings go with the socket: watched (doorbells asked
+        // for) where the socket is.
+        let [port, ep] = if sock >= 0 { shared.shm_fds } else { [-1, -1] };
+        if port >= 0 && !shared.lock().shm.as_mut().is_none_or(|s| s.arm()) {
+            wait = Some(Duration::ZERO);
+        }
+        let fds = [sock, shared.wake.as_raw_fd(), keeper, groups, port, ep];
+        let ready = sys::poll_readable(fds, wait);
+        if ready.is_err() {
             std::thread::sleep(Duration::from_millis(1));
         }
         shared.sleeps_deep.store(false, Ordering::SeqCst);
         sys::drain(&shared.wake);
         let mut st = shared.lock();
+        if port >= 0
+            && let Some(shm) = st.shm.as_mut()
+        {
+            shm.disarm();
+            if ready.is_ok_and(|[.., p, e]| p || e) {
+                shm.service(shared.now().as_nanos() as u64);
+            }
+        }
         // Held-back packets the application left for this thread to send once their window
         // passed.
         shared.flush_deferred_expired(&mut st);
-        let more = shared.receive(&mut st, RX_BUDGET, Hold::Riding);
+        let more = shared.receive(&mut st, RX_BUDGET, Hold::Riding, true);
         timeout = shared.run_timers(&mut st);
         // Come back for the held-back ACKs whose window ends first.
         if let Some(end) = shared.ride_ends(&st) {

@@ -15,6 +15,23 @@ use crate::error::{Result, io_err};
 use crate::sys;
 use crate::types::Gid;
 
+/// Packets taken from each ring of the shared-memory driver per receive batch.
+const SHM_BATCH: usize = 64;
+/// While peers of this host send through shared memory, an application's polls look at the
+/// UDP socket only this long after it was last found empty: the rings cost nothing to look
+/// at, a socket a system call (a same-host 8 B ping-pong over rings is a few hundred ns).
+/// What comes over UDP meanwhile (off-host peers, CM) waits at most this long.
+pub(super) const UDP_QUIET: Duration = Duration::from_micros(20);
+
+/// How a packet arrived.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Via {
+    /// A UDP datagram, at this place in its GRO buffer.
+    Udp(u16),
+    /// A ring of the shared-memory driver.
+    SharedMemory,
+}
+
 /// Datagrams taken from one multicast group's socket per receive pass.
 const GROUP_BUDGET: usize = 64;
 /// Multicast groups a device joins at most (rxe's `RXE_MAX_MCAST_GRP`).
@@ -41,24 +58,36 @@ impl Shared {
     /// Receives and handles up to `budget` batches of datagrams, flushing every QP they
     /// touched, except that `hold` may have a QP complete its work now but hold its packets
     /// back (see `State::deferred`); returns true when the budget ran out with more waiting.
-    pub(super) fn receive(&self, st: &mut State, budget: usize, hold: Hold) -> bool {
+    ///
+    /// `udp`: look at the UDP socket too (the rings of the shared-memory driver are always
+    /// looked at: that costs no system call).
+    pub(super) fn receive(&self, st: &mut State, budget: usize, hold: Hold, udp: bool) -> bool {
         let Some(mut rx) = st.rx.take() else {
             return false;
         };
         let fd = self.socket.as_raw_fd();
         let mut more = false;
-        if self.cm_forwarded.load(Ordering::Relaxed) {
+        if udp && self.cm_forwarded.load(Ordering::Relaxed) {
             self.receive_forwarded(st);
         }
-        if !st.groups.is_empty() {
+        if udp && !st.groups.is_empty() {
             self.receive_groups(st);
         }
         for _ in 0..budget {
-            let n = rx.recv(fd).unwrap_or(0);
-            if n == 0 {
+            let mut now = self.now();
+            let k = self.receive_shm(st, now);
+            let n = if udp { rx.recv(fd).unwrap_or(0) } else { 0 };
+            if n == 0 && k == 0 {
+                if udp {
+                    st.drained_at = now.as_nanos() as u64;
+                    st.udp_quiet_until = now.as_nanos() as u64 + UDP_QUIET.as_nanos() as u64;
+                }
                 break;
             }
-            let now = self.now();
+            if n > 0 {
+                now = self.now();
+                st.udp_quiet_until = 0;
+            }
             for i in 0..n {
                 match rx.get(i) {
                     // An empty datagram is one (malformed) packet too.
@@ -100,14 +129,33 @@ impl Shared {
                 }
             }
             st.touched = touched;
-            more = n == RX_BATCH;
+            more = n == RX_BATCH || k == SHM_BATCH;
             if !more {
-                st.drained_at = now.as_nanos() as u64;
+                if udp {
+                    st.drained_at = now.as_nanos() as u64;
+                }
                 break;
             }
         }
         st.rx = Some(rx);
         more
+    }
+
+    /// Handles up to [`SHM_BATCH`] packets from each ring of the shared-memory driver;
+    /// returns how many it took from all of them.
+    fn receive_shm(&self, st: &mut State, now: Duration) -> usize {
+        let Some(mut shm) = st.shm.take() else {
+            return 0;
+        };
+        let to = self.local.ip();
+        let k = shm.drain(SHM_BATCH, |from, data| {
+            self.handle_datagram_to(st, now, from, to, data, Via::SharedMemory);
+        });
+        if k > 0 {
+            shm.count_into(&mut st.counters);
+        }
+        st.shm = Some(shm);
+        k
     }
 
     /// Handles the QP1 datagrams the port keeper forwarded (see `portshare`), as if the socket
@@ -142,7 +190,7 @@ impl Shared {
                     break;
                 };
                 let now = *now.get_or_insert_with(|| self.now());
-                self.handle_datagram_to(st, now, from, to, &buf[..n], 0);
+                self.handle_datagram_to(st, now, from, to, &buf[..n], Via::Udp(0));
             }
         }
         let mut touched = std::mem::take(&mut st.touched);
@@ -164,7 +212,7 @@ impl Shared {
         data: &[u8],
         place: u16,
     ) {
-        self.handle_datagram_to(st, now, from, self.local.ip(), data, place);
+        self.handle_datagram_to(st, now, from, self.local.ip(), data, Via::Udp(place));
     }
 
     /// Handles one datagram sent to address `to` (the device's, or a multicast group's).
@@ -176,9 +224,8 @@ impl Shared {
         from: SocketAddr,
         to: IpAddr,
         data: &[u8],
-        place: u16,
+        via: Via,
     ) {
-        st.counters.rx_datagrams += 1;
         let Some(encap) = self.encap_between(from, to) else {
             st.counters.rx_malformed += 1;
             return;
@@ -186,16 +233,27 @@ impl Shared {
         // IPv6: every covered field is known. IPv4: the ID is not (a UDP socket cannot see
         // it); one pass solves for it — srdma peers send 0 (or 0, 1, 2, … across a GSO run,
         // which reaches us uncut over veth: the place in the GRO buffer is the likely ID),
-        // rxe and NICs others.
-        let ident = match encap.ip {
-            IpRepr::V4(_) => {
+        // rxe and NICs others. A ring carries no ICRC worth checking: it protects nothing
+        // inside one host's memory.
+        let ident = match (via, encap.ip) {
+            (Via::SharedMemory, _) => Some(0),
+            (Via::Udp(place), IpRepr::V4(_)) => {
+                st.counters.rx_datagrams += 1;
                 srdma_wire::icrc::verify_ipv4_ident_guess(&encap, data, place, &mut st.rx_icrc).ok()
             }
-            IpRepr::V6(_) => srdma_wire::icrc::verify_with_memo(&encap, data, &mut st.rx_icrc)
-                .ok()
-                .map(|()| 0),
+            (Via::Udp(_), IpRepr::V6(_)) => {
+                st.counters.rx_datagrams += 1;
+                srdma_wire::icrc::verify_with_memo(&encap, data, &mut st.rx_icrc)
+                    .ok()
+                    .map(|()| 0)
+            }
         };
-        if let Some(w) = st.capture.as_mut() {
+        if let (Via::SharedMemory, Some(w)) = (via, st.capture.as_mut()) {
+            // Captured with the ICRC it would carry over UDP, so that it checks.
+            let mut pkt = data.to_vec();
+            let _ = srdma_wire::Packet::new_unchecked(&mut pkt[..]).fill_icrc(&encap);
+            let _ = w.write_roce(now.as_nanos() as u64 + capture_epoch(), &encap, &pkt);
+        } else if let Some(w) = st.capture.as_mut() {
             // Captured with the Identification the datagram carried, so its ICRC checks.
             let mut e = encap;
             if let (IpRepr::V4(h), Some(id)) = (&mut e.ip, ident) {

@@ -37,11 +37,13 @@ impl Shared {
             tx,
             paths,
             tx_icrc,
+            shm,
             ..
         } = st;
         let Some(slot) = qps.get_mut(&qpn) else {
             return;
         };
+        let now_ns = now.as_nanos() as u64;
         let ack_tail = slot.ack_tail();
         let fd = self.socket.as_raw_fd();
         // Payload goes to the socket straight from registered memory, except when a capture
@@ -70,6 +72,25 @@ impl Shared {
                 counters.tx_errors += 1;
                 continue;
             };
+            if let Some(shm) = shm.as_mut() {
+                let pkt = tx.slot();
+                let dqpn = u32::from_be_bytes([0, pkt[5], pkt[6], pkt[7]]);
+                if let Some(link) = shm.route(dst, dqpn, now_ns) {
+                    slot.path = crate::Path::SharedMemory;
+                    if let Some(w) = capture.as_mut() {
+                        // Captured whole (no pieces while capturing), with its ICRC.
+                        let pkt = &mut pkt[..t.len];
+                        let _ =
+                            Packet::new_unchecked(&mut *pkt).fill_icrc_with_memo(&encap, tx_icrc);
+                        let _ = w.write_roce(now_ns + capture_epoch(), &encap, pkt);
+                    }
+                    let base = pkt.as_ptr() as usize;
+                    let pkt = &pkt[..t.len];
+                    shm.push(link, t.len, |out| assemble(out, pkt, base, mem));
+                    continue;
+                }
+            }
+            slot.path = crate::Path::Udp;
             // A bare ACK is the short tail of a GSO message only where `QpSlot::ack_tail`
             // says so; otherwise it goes as its own datagram.
             let bare_ack = tx.slot()[0] == srdma_wire::Opcode::RcAcknowledge as u8;
@@ -114,6 +135,10 @@ impl Shared {
             counters.tx_errors += tx.send(fd) as u64;
         }
         counters.tx_gso_messages = tx.gso_messages;
+        if let Some(shm) = shm.as_mut() {
+            shm.ring_bells();
+            shm.count_into(counters);
+        }
         deliver_completions(slot);
         note_timer(&mut st.next_timer, slot);
         self.probe_answered(st, qpn, now);
@@ -216,6 +241,25 @@ fn commit_zero_copy(
     n += 1;
     tx.commit_parts(len, dst, gso, parts[..n].iter().copied());
     ZeroCopy::Queued
+}
+
+/// Writes the packet `slot` stands for into `out` (as long as the packet): its headers and
+/// gaps from `slot` (whose address is `base`), the payload pieces noted while it was built
+/// from registered memory. False when a piece is gone (the packet must not leave).
+fn assemble(out: &mut [u8], slot: &[u8], base: usize, mem: &Store) -> bool {
+    let len = out.len();
+    let mut at = 0;
+    for p in &mem.pieces {
+        let off = p.dst.wrapping_sub(base);
+        let (Some(src), true) = (mem.piece(p), off >= at && off + p.len <= len) else {
+            return false;
+        };
+        out[at..off].copy_from_slice(&slot[at..off]);
+        out[off..off + p.len].copy_from_slice(src);
+        at = off + p.len;
+    }
+    out[at..].copy_from_slice(&slot[at..len]);
+    true
 }
 
 /// Copies noted payload pieces into the packet buffer they stand for.

@@ -1,0 +1,473 @@
+//! The shared-memory driver: RoCEv2 packets to srdma devices of this host (same network
+//! namespace, same user) travel through rings in shared memory instead of the kernel's UDP
+//! stack.
+//!
+//! It carries exactly the packets the UDP driver would (the engine, the transport and every
+//! check stay the same), less the ICRC, which protects nothing inside one host's memory. A
+//! device sends to a peer through a one-way *link*: a ring it produces into (a sealed
+//! memfd, see [`ring`]) and a socket pair, both handed to the peer over its rendezvous
+//! socket ([`port`]). The peer checks the sender's credentials (the kernel's
+//! `SCM_CREDENTIALS`: same user) and reads the ring whenever it receives; the socket pair
+//! carries doorbells to a peer that sleeps, and tells each side when the other went (its
+//! process exited or closed the device), which ends the link: a restarted peer gets a new
+//! one, an exited one's ring memory is freed with the last mapping.
+//!
+//! A full ring drops the packet, as a full socket buffer does: the transport retransmits,
+//! and a peer that froze or died leaves its QPs' peers to their retry timers exactly as over
+//! UDP. What cannot be routed here — QP0/QP1 (the port keeper steers CM MADs by content),
+//! multicast, peers in other namespaces or of other users, kernel rxe and every off-host
+//! peer — goes over UDP, byte for byte as before.
+
+pub(crate) mod port;
+pub(crate) mod ring;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+
+use ring::{Consumer, Producer, Push};
+
+/// Bytes of one ring (header and records): 8 MiB of records hold a QP's largest window
+/// (1024 PSNs of 4 KiB) with room to spare.
+pub(crate) const RING_LEN: usize = ring::HEADER_LEN + (8 << 20);
+/// How long a destination found without a same-host device goes over UDP before it is
+/// looked up again.
+const RETRY_NS: u64 = 1_000_000_000;
+
+/// Whether shared memory is on by default: `SRDMA_SHM=0` turns it off.
+pub(crate) fn enabled_by_env() -> bool {
+    std::env::var_os("SRDMA_SHM").is_none_or(|v| v != "0")
+}
+
+/// Where packets to one peer device go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    /// Through the out-link in this slot of `outs`.
+    Link(usize),
+    /// Over UDP, until (ns since the engine's epoch) it is looked up again.
+    Udp(u64),
+}
+
+/// A link this device produces into.
+struct Out {
+    /// The peer it goes to (address, slot of the destination QPNs).
+    key: (SocketAddr, u8),
+    ring: Producer,
+    sock: OwnedFd,
+    /// Pushed since the last doorbell check.
+    dirty: bool,
+}
+
+/// A link a peer produces into.
+struct In {
+    /// The peer's address: the source of its packets.
+    from: SocketAddr,
+    ring: Consumer,
+    sock: OwnedFd,
+}
+
+/// What the driver counted (the engine adds them to the device's counters).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Counts {
+    /// Packets sent through rings.
+    pub(crate) tx_packets: u64,
+    /// Packets dropped because a ring was full.
+    pub(crate) tx_full: u64,
+    /// Packets received from rings.
+    pub(crate) rx_packets: u64,
+    /// Links made to peers.
+    pub(crate) links_out: u64,
+    /// Links peers made to this device.
+    pub(crate) links_in: u64,
+    /// Links ended because the peer broke the ring's rules, or offers refused.
+    pub(crate) refused: u64,
+}
+
+/// A device's side of the shared-memory driver.
+pub(crate) struct Shm {
+    port: port::Port,
+    /// The device's address: what its packets' receivers see as their source.
+    me: SocketAddr,
+    /// Every link's socket, by descriptor: one descriptor to poll for all of them.
+    ep: OwnedFd,
+    routes: HashMap<(SocketAddr, u8), Route>,
+    /// The last route looked up (an RC QP sends to one peer).
+    last: Option<((SocketAddr, u8), usize)>,
+    outs: Vec<Option<Out>>,
+    ins: Vec<In>,
+    buf: Box<[u8]>,
+    /// Threads between [`Shm::arm`] and [`Shm::disarm`].
+    armed: u32,
+    pub(crate) counts: Counts,
+}
+
+impl Shm {
+    /// Opens the driver of the device at `me`, slot `slot` of a shared port (`None`:
+    /// unshared).
+    pub(crate) fn open(me: SocketAddr, slot: Option<u8>) -> std::io::Result<Shm> {
+        Ok(Shm {
+            port: port::Port::bind(me, slot)?,
+            me,
+            ep: crate::sys::epoll()?,
+            routes: HashMap::new(),
+            last: None,
+            outs: Vec::new(),
+            ins: Vec::new(),
+            buf: vec![0u8; ring::MAX_RECORD].into_boxed_slice(),
+            armed: 0,
+            counts: Counts::default(),
+        })
+    }
+
+    /// The descriptors to poll: the rendezvous socket (offers) and the links' epoll set
+    /// (doorbells, ends). When either is readable, call [`Shm::service`].
+    pub(crate) fn fds(&self) -> [RawFd; 2] {
+        [self.port.fd(), self.ep.as_raw_fd()]
+    }
+
+    /// Whether some peer produces into this device (its rings must be read).
+    pub(crate) fn has_ins(&self) -> bool {
+        !self.ins.is_empty()
+    }
+
+    /// The out-link for a packet to QP `dqpn` at `dst` (`now`: ns since the engine's epoch),
+    /// or `None`: UDP.
+    pub(crate) fn route(&mut self, dst: SocketAddr, dqpn: u32, now: u64) -> Option<usize> {
+        // QP0/QP1 (steered by content on a shared port) and multicast stay on UDP.
+        if dqpn <= 1 || dqpn == srdma_wire::Qpn::MULTICAST.value() {
+            return None;
+        }
+        let key = (dst, (dqpn >> 16) as u8);
+        if let Some((k, i)) = self.last
+            && k == key
+        {
+            return Some(i);
+        }
+        match self.routes.get(&key) {
+            Some(Route::Link(i)) => {
+                self.last = Some((key, *i));
+                return Some(*i);
+            }
+            Some(Route::Udp(until)) if now < *until => return None,
+            _ => {}
+        }
+        let r = self.connect(key);
+        self.routes.insert(
+            key,
+            r.map_or(Route::Udp(now.saturating_add(RETRY_NS)), Route::Link),
+        );
+        r
+    }
+
+    /// Offers a ring to the device at `key`, if one lives in this namespace: its slot name
+    /// (a shared port), or its unshared name.
+    fn connect(&mut self, key: (SocketAddr, u8)) -> Option<usize> {
+        let (dst, slot) = key;
+        let names = [
+            (slot != 0).then(|| port::name_of(dst, Some(slot))),
+            Some(port::name_of(dst, None)),
+        ];
+        for name in names.into_iter().flatten() {
+            if !port::exists(&name) {
+                continue;
+            }
+            let Ok((ring, sock)) = self.port.offer(&name, self.me, RING_LEN) else {
+                continue;
+            };
+            if crate::sys::epoll_add(&self.ep, sock.as_raw_fd()).is_err() {
+                return None;
+            }
+            let out = Out {
+                key,
+                ring,
+                sock,
+                dirty: false,
+            };
+            self.counts.links_out += 1;
+            let i = match self.outs.iter().position(Option::is_none) {
+                Some(i) => i,
+                None => {
+                    self.outs.push(None);
+                    self.outs.len() - 1
+                }
+            };
+            self.outs[i] = Some(out);
+            return Some(i);
+        }
+        None
+    }
+
+    /// Publishes a packet of `len` bytes, written by `fill` (false: withdrawn), on out-link
+    /// `i`. False when it was not sent (ring full, withdrawn, or the link just ended).
+    pub(crate) fn push(
+        &mut self,
+        i: usize,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]) -> bool,
+    ) -> bool {
+        let Some(out) = self.outs.get_mut(i).and_then(Option::as_mut) else {
+            return false;
+        };
+        match out.ring.push(len, fill) {
+            Ok(Push::Withdrawn) => false,
+            Ok(Push::Done) => {
+                out.dirty = true;
+                self.counts.tx_packets += 1;
+                true
+            }
+            Ok(Push::Full) => {
+                self.counts.tx_full += 1;
+                // A peer that went without a word (the socket pair tells the progress
+                // thread, which may not have looked yet): ask the socket now.
+                if port::ring_bell(&out.sock).is_err() {
+                    self.end_out(i, None);
+                }
+                false
+            }
+            Err(ring::Corrupt) => {
+                self.counts.refused += 1;
+                self.end_out(i, Some(u64::MAX));
+                false
+            }
+        }
+    }
+
+    /// Rings the doorbell of every peer that got packets since the last call and sleeps.
+    pub(crate) fn ring_bells(&mut self) {
+        for i in 0..self.outs.len() {
+            let Some(out) = self.outs[i].as_mut() else {
+                continue;
+            };
+            if !std::mem::take(&mut out.dirty) || !out.ring.consumer_sleeps() {
+                continue;
+            }
+            if port::ring_bell(&out.sock).is_err() {
+                self.end_out(i, None);
+            }
+        }
+    }
+
+    /// Ends out-link `i`; its destination goes over UDP until `udp_until` (`None`: is
+    /// looked up again at once — a restarted peer gets a new link).
+    fn end_out(&mut self, i: usize, udp_until: Option<u64>) {
+        let Some(out) = self.outs.get_mut(i).and_then(Option::take) else {
+            return;
+        };
+        self.last = None;
+        match udp_until {
+            Some(t) => {
+                self.routes.insert(out.key, Route::Udp(t));
+            }
+            None => {
+                self.routes.remove(&out.key);
+            }
+        }
+    }
+
+    /// Takes up to `max` packets from each in-link, handing each to `f` with its source.
+    /// Returns how many it took.
+    pub(crate) fn drain(&mut self, max: usize, mut f: impl FnMut(SocketAddr, &[u8])) -> usize {
+        let mut n = 0;
+        let mut broken = false;
+        for link in &mut self.ins {
+            if link.ring.is_empty() {
+                continue;
+            }
+            let from = link.from;
+            match link.ring.pop(&mut self.buf, max, |d| f(from, d)) {
+                Ok(k) => n += k,
+                Err(ring::Corrupt) => {
+                    port::refuse(&link.sock);
+                    broken = true;
+                }
+            }
+        }
+        if broken {
+            self.counts.refused += 1;
+            self.ins.retain(|l| !l.ring_broken());
+        }
+        self.counts.rx_packets += n as u64;
+        n
+    }
+
+    /// The caller (a thread about to sleep on [`Shm::fds`]) wants doorbells for what peers
+    /// send from now on; returns false if some ring has packets already (then it must not
+    /// sleep). Every `arm` is followed by one [`Shm::disarm`].
+    pub(crate) fn arm(&mut self) -> bool {
+        self.armed += 1;
+        let mut empty = true;
+        for link in &self.ins {
+            empty &= link.ring.arm();
+        }
+        empty
+    }
+
+    /// The caller of [`Shm::arm`] woke.
+    pub(crate) fn disarm(&mut self) {
+        self.armed = self.armed.saturating_sub(1);
+        for link in &self.ins {
+            link.ring.disarm();
+        }
+    }
+
+    /// Handles what the descriptors of [`Shm::fds`] say: new offers, doorbells, links whose
+    /// other end went or refused.
+    pub(crate) fn service(&mut self, now: u64) {
+        while let Some(offer) = self.port.accept() {
+            let Ok(hello) = offer else {
+                self.counts.refused += 1;
+                continue;
+            };
+            match Consumer::attach(hello.mem) {
+                Some(ring) if crate::sys::epoll_add(&self.ep, hello.link.as_raw_fd()).is_ok() => {
+                    ring.set_sleepers(self.armed);
+                    self.counts.links_in += 1;
+                    self.ins.push(In {
+                        from: hello.from,
+                        ring,
+                        sock: hello.link,
+                    });
+                }
+                _ => {
+                    self.counts.refused += 1;
+                    port::refuse(&hello.link);
+                }
+            }
+        }
+        let mut ready = [0 as RawFd; 64];
+        let n = crate::sys::epoll_ready(&self.ep, &mut ready);
+        for &fd in &ready[..n] {
+            if let Some(k) = self.ins.iter().position(|l| l.sock.as_raw_fd() == fd) {
+                if port::read_link(&self.ins[k].sock) != port::LinkNews::Bells {
+                    // Whatever the peer published before it went is dropped with the ring,
+                    // as a datagram in flight to an exited process is.
+                    self.ins.swap_remove(k);
+                }
+                continue;
+            }
+            let out = self
+                .outs
+                .iter()
+                .position(|o| o.as_ref().is_some_and(|o| o.sock.as_raw_fd() == fd));
+            if let Some(i) = out {
+                let news = port::read_link(&self.outs[i].as_ref().expect("found").sock);
+                match news {
+                    port::LinkNews::Bells => {}
+                    port::LinkNews::Refused => {
+                        self.counts.refused += 1;
+                        self.end_out(i, Some(now.saturating_add(RETRY_NS)));
+                    }
+                    port::LinkNews::Gone => self.end_out(i, None),
+                }
+            }
+        }
+    }
+
+    /// Copies what the driver counted into the device's counters.
+    pub(crate) fn count_into(&self, c: &mut crate::DeviceCounters) {
+        let k = &self.counts;
+        c.tx_shm_packets = k.tx_packets;
+        c.rx_shm_packets = k.rx_packets;
+        c.tx_shm_full = k.tx_full;
+        c.shm_links_out = k.links_out;
+        c.shm_links_in = k.links_in;
+        c.shm_refused = k.refused;
+    }
+}
+
+impl In {
+    /// A ring the driver refused after it broke the rules (its socket got the refusal).
+    fn ring_broken(&self) -> bool {
+        self.ring.is_corrupt()
+    }
+
+    #[cfg(test)]
+    fn ring_mem_for_test(&self) -> (*mut u8, usize) {
+        self.ring.raw()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addr(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    fn readable(fd: RawFd) -> bool {
+        crate::sys::poll_readable([fd], Some(std::time::Duration::from_millis(200))).unwrap()[0]
+    }
+
+    #[test]
+    fn packets_cross_a_link_with_doorbells_and_the_link_ends_with_its_producer() {
+        // Port numbers no device of another test uses.
+        let (a_at, b_at) = (addr("127.0.0.1:47911"), addr("127.0.0.1:47912"));
+        let mut a = Shm::open(a_at, None).unwrap();
+        let mut b = Shm::open(b_at, Some(3)).unwrap();
+        // No device at that address and slot: UDP (and remembered).
+        assert_eq!(a.route(addr("127.0.0.1:47913"), 0x30011, 0), None);
+        assert_eq!(a.route(b_at, 0x20011, 0), None, "slot 2 is not b");
+        assert_eq!(a.route(b_at, 1, 0), None, "QP1 stays on UDP");
+        let i = a
+            .route(b_at, 0x30011, 0)
+            .expect("b's slot 3 is on this host");
+        assert!(readable(b.fds()[0]));
+        b.service(0);
+        assert_eq!(b.counts.links_in, 1);
+        for k in 0..100u8 {
+            assert!(a.push(i, 100 + usize::from(k), |d| {
+                d.fill(k);
+                true
+            }));
+        }
+        a.ring_bells();
+        let mut got = Vec::new();
+        b.drain(1000, |from, d| got.push((from, d.to_vec())));
+        assert_eq!(got.len(), 100);
+        assert!(got.iter().all(|(from, _)| *from == a_at));
+        assert!(
+            got.iter()
+                .enumerate()
+                .all(|(k, (_, d))| d.len() == 100 + k && d.iter().all(|&x| x == k as u8))
+        );
+        // b sleeps: the next push rings its doorbell.
+        assert!(b.arm());
+        assert!(!readable(b.fds()[1]));
+        assert!(a.push(i, 10, |_| true));
+        a.ring_bells();
+        assert!(readable(b.fds()[1]));
+        b.disarm();
+        b.service(0);
+        assert_eq!(b.drain(10, |_, _| {}), 1);
+        // a goes: b's link ends.
+        drop(a);
+        assert!(readable(b.fds()[1]));
+        b.service(0);
+        assert!(!b.has_ins());
+    }
+
+    #[test]
+    fn a_refused_link_sends_its_destination_over_udp() {
+        let (a_at, b_at) = (addr("127.0.0.1:47914"), addr("127.0.0.1:47915"));
+        let mut a = Shm::open(a_at, None).unwrap();
+        let mut b = Shm::open(b_at, None).unwrap();
+        let i = a.route(b_at, 0x11, 0).unwrap();
+        b.service(0);
+        // b finds garbage in the ring: it refuses the link.
+        assert!(a.push(i, 8, |_| true));
+        let (ptr, _) = b.ins[0].ring_mem_for_test();
+        // SAFETY (test): the first record's header word, inside the mapping.
+        unsafe {
+            ptr.add(ring::HEADER_LEN)
+                .cast::<u64>()
+                .write_volatile(u64::MAX)
+        };
+        assert_eq!(b.drain(10, |_, _| {}), 0);
+        assert!(!b.has_ins());
+        assert!(readable(a.fds()[1]));
+        a.service(5);
+        assert_eq!(a.route(b_at, 0x11, 6), None, "refused: UDP for a while");
+        assert!(a.route(b_at, 0x11, 6 + RETRY_NS).is_some(), "then again");
+    }
+}
