@@ -23,8 +23,9 @@
 //!   after each size), and a difference fails the run;
 //! * `--baseline tcp|udp`: right after the RDMA test, the same transfer between the same two
 //!   addresses over kernel sockets (see [`baseline`]), its table, and the ratio srdma/kernel;
-//! * `--json`: one JSON object with every figure instead of the tables, and the device's
-//!   counters (`device_counters`: datagrams, GSO sends, GRO buffers, drops).
+//! * `--json`: one JSON object with every figure instead of the tables, the device's
+//!   counters (`device_counters`: datagrams, GSO sends, GRO buffers, drops, shared-memory
+//!   packets and links) and which driver carried each QP (`qp_paths`: `udp` or `shm`).
 //!
 //! `-e` sleeps on an [`srdma::CompChannel`] instead of busy polling; for `write-lat`, whose
 //! receiver polls memory in perftest, `-e` uses WRITE with immediate so that the receiver
@@ -471,6 +472,7 @@ impl<'a, W: Write> Side<'a, W> {
             self.client_baseline(ctrl, kind, local_ip, server_ip, &results)?;
         }
         self.note_counters(rdma.device());
+        self.json["qp_paths"] = json!(rdma.paths());
         self.emit_json(&opts)
     }
 
@@ -507,6 +509,7 @@ impl<'a, W: Write> Side<'a, W> {
             self.server_baseline(ctrl, kind, ip, &results)?;
         }
         self.note_counters(rdma.device());
+        self.json["qp_paths"] = json!(rdma.paths());
         self.emit_json(&opts)
     }
 

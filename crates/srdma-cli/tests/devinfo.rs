@@ -407,7 +407,8 @@ fn stats_show_the_devices_of_running_processes() {
         let c = stats_line(&out, "127.63.1.2");
         if let (Some(s), Some(c)) = (s, c) {
             assert_eq!(c.0, client.0.id());
-            if counter(&s.2, "rdma_recvs") > 10 && counter(&s.2, "rx_datagrams") > 10 {
+            let received = counter(&s.2, "rx_datagrams") + counter(&s.2, "rx_shm_packets");
+            if counter(&s.2, "rdma_recvs") > 10 && received > 10 {
                 assert!(counter(&s.2, "sent_pkts") > 0);
                 break;
             }

@@ -322,6 +322,11 @@ impl Rdma {
         &self.dev
     }
 
+    /// Which driver carried each QP's last packet (`udp`, `shm`, `none`).
+    pub fn paths(&self) -> Vec<&'static str> {
+        self.qps.iter().map(|q| q.path().name()).collect()
+    }
+
     /// What to announce to the peer.
     pub fn local_info(&self) -> Vec<QpInfo> {
         let rkey = self.mr.rkey().map_or(0, |r| r.0);

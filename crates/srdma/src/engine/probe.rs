@@ -86,6 +86,7 @@ impl Shared {
             counters,
             next_timer,
             capture,
+            shm,
             ..
         } = st;
         let Some(slot) = qps.get_mut(&qpn) else {
@@ -105,6 +106,13 @@ impl Shared {
             return;
         }
         let ns = now.as_nanos() as u64;
+        // A peer of this host reached through shared memory: no UDP path to learn.
+        if shm
+            .as_mut()
+            .is_some_and(|s| s.route(dst, a.dest_qp_num.value(), ns).is_some())
+        {
+            return;
+        }
         let entry = paths.entry(dst.ip()).or_insert(PathGso::Unknown {
             tries: 0,
             ones: 0,

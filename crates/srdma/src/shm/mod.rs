@@ -168,7 +168,7 @@ impl Shm {
             Some(port::name_of(dst, None)),
         ];
         for name in names.into_iter().flatten() {
-            if !port::exists(&name) {
+            if !self.port.exists(&name) {
                 continue;
             }
             let Ok((ring, sock)) = self.port.offer(&name, self.me, RING_LEN) else {

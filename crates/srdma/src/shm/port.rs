@@ -48,23 +48,25 @@ fn unix_addr(name: &[u8]) -> (libc::sockaddr_un, libc::socklen_t) {
     (a, len as libc::socklen_t)
 }
 
-/// Whether a device named `name` listens in this network namespace.
-pub(crate) fn exists(name: &[u8]) -> bool {
+fn dgram_socket() -> io::Result<OwnedFd> {
     // SAFETY: socket() has no memory arguments; the descriptor is owned below.
-    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return false;
-    }
-    // SAFETY: a fresh descriptor we own (closed on return).
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let (a, len) = unix_addr(name);
-    // SAFETY: `a` is a valid sockaddr_un of `len` bytes.
-    unsafe { libc::connect(fd.as_raw_fd(), (&raw const a).cast(), len) == 0 }
+    let fd = cvt(unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            0,
+        )
+    })?;
+    // SAFETY: a fresh descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// A device's rendezvous socket.
 pub(crate) struct Port {
     fd: OwnedFd,
+    /// An unbound socket made with `fd` (in the device's network namespace, whatever
+    /// thread asks later), connected to a name to learn whether it exists.
+    probe: OwnedFd,
 }
 
 /// A ring offered by a peer, received on the rendezvous socket.
@@ -79,22 +81,26 @@ pub(crate) struct Hello {
 
 impl Port {
     /// Binds the rendezvous socket of the device at `addr`, slot `slot`.
+    ///
+    /// Abstract names are looked up in the network namespace of the socket, which is the
+    /// one of the thread that made it: the device's (a device opened from a thread that
+    /// entered another namespace is found there, whatever thread sends later).
     pub(crate) fn bind(addr: SocketAddr, slot: Option<u8>) -> io::Result<Port> {
-        // SAFETY: socket() has no memory arguments; the descriptor is owned below.
-        let fd = cvt(unsafe {
-            libc::socket(
-                libc::AF_UNIX,
-                libc::SOCK_DGRAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
-                0,
-            )
-        })?;
-        // SAFETY: a fresh descriptor we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let fd = dgram_socket()?;
+        let probe = dgram_socket()?;
         crate::sys::setsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PASSCRED, 1)?;
         let (a, len) = unix_addr(&name_of(addr, slot));
         // SAFETY: `a` is a valid sockaddr_un of `len` bytes.
         cvt(unsafe { libc::bind(fd.as_raw_fd(), (&raw const a).cast(), len) })?;
-        Ok(Port { fd })
+        Ok(Port { fd, probe })
+    }
+
+    /// Whether a device named `name` listens in the device's network namespace.
+    pub(crate) fn exists(&self, name: &[u8]) -> bool {
+        let (a, len) = unix_addr(name);
+        // SAFETY: `a` is a valid sockaddr_un of `len` bytes; connecting an unbound datagram
+        // socket again only changes its default destination.
+        unsafe { libc::connect(self.probe.as_raw_fd(), (&raw const a).cast(), len) == 0 }
     }
 
     /// The descriptor to poll: readable when a peer offered a ring.
