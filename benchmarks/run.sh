@@ -7,7 +7,10 @@
 # kernel-socket baselines side by side (two processes each time) and ucx_perftest with
 # UCX_TLS=tcp:
 #
-#   1. over loopback (127.203.0.1 <-> 127.203.0.2, path MTU 4096);
+#   1. over loopback (127.203.0.1 <-> 127.203.0.2, path MTU 4096), twice: with the
+#      shared-memory driver (the default between srdma processes of one host) and with
+#      SRDMA_SHM=0 (UDP), then the two side by side with a memcpy baseline
+#      (benchmarks/memcpy.c, built with gcc);
 #   2. between two network namespaces joined by a veth pair, at MTU 1500 (path MTU 1024)
 #      and MTU 9000 (path MTU 4096); the namespaces are created here and removed on exit.
 #
@@ -64,6 +67,7 @@ apt_install() {
 command -v jq >/dev/null || apt_install jq || { echo "run.sh: jq is needed" >&2; exit 1; }
 command -v ip >/dev/null || apt_install iproute2
 command -v lscpu >/dev/null || apt_install util-linux
+command -v gcc >/dev/null || apt_install gcc libc6-dev
 HAVE_UCX=0
 if [ "${SKIP_UCX:-0}" = 1 ]; then
     NOTES+=("UCX comparison skipped (SKIP_UCX=1).")
@@ -114,14 +118,15 @@ in_ns() {
 }
 
 # srdma_pair NAME NS_SERVER IP_SERVER NS_CLIENT IP_CLIENT TEST ARGS...: runs one test,
-# leaves $RES/NAME.json (client, JSON) and $RES/NAME.server.txt (server tables).
+# leaves $RES/NAME.json (client, JSON) and $RES/NAME.server.txt (server tables). $PAIR_ENV
+# (VAR=VALUE words) goes into both processes' environment.
 srdma_pair() {
     local name=$1 nss=$2 ips=$3 nsc=$4 ipc=$5 test=$6
     shift 6
     local port=$NEXT_PORT
     NEXT_PORT=$((NEXT_PORT + 1))
     log "$name: srdma perf $test $*"
-    in_ns "$nss" timeout 120 "$SRDMA" perf "$test" --bind "$ips" -p "$port" "$@" \
+    in_ns "$nss" env ${PAIR_ENV:-} timeout 120 "$SRDMA" perf "$test" --bind "$ips" -p "$port" "$@" \
         >"$RES/$name.server.txt" 2>&1 &
     local spid=$!
     PIDS+=("$spid")
@@ -129,7 +134,7 @@ srdma_pair() {
         grep -q "Waiting for client" "$RES/$name.server.txt" 2>/dev/null && break
         sleep 0.1
     done
-    if ! in_ns "$nsc" timeout 120 "$SRDMA" perf "$test" "$ips" --bind "$ipc" -p "$port" "$@" --json \
+    if ! in_ns "$nsc" env ${PAIR_ENV:-} timeout 120 "$SRDMA" perf "$test" "$ips" --bind "$ipc" -p "$port" "$@" --json \
         >"$RES/$name.json" 2>"$RES/$name.client.err"; then
         log "$name FAILED: $(tail -1 "$RES/$name.client.err")"
         FAILURES=$((FAILURES + 1))
@@ -246,7 +251,7 @@ setup() {
             b=$(jget "$n" '.baseline.results[0].t_typical_us')
             local how="busy-poll vs busy-poll"
             [ -n "$mode" ] && how="-e events vs blocking recv"
-            t+="| RC ${op^^} latency 8 B, half RTT ($how) ≤ 1.3× UDP ping-pong | $(fmt "$s") µs | $(fmt "$b") µs | $(fmt "$r" 3)× | $(met "$r" "<=" 1.3) | | |"$'\n'
+            t+="| RC ${op^^} latency 8 B, half RTT ($how) ≤ ${LAT_MAX:-1.3}× UDP ping-pong | $(fmt "$s") µs | $(fmt "$b") µs | $(fmt "$r" 3)× | $(met "$r" "<=" "${LAT_MAX:-1.3}") | | |"$'\n'
         done
     done
     if [ $HAVE_UCX = 1 ]; then
@@ -269,8 +274,68 @@ setup() {
     TABLES+="$t"$'\n'
 }
 
-log "loopback"
-setup lo "" 127.203.0.1 "" 127.203.0.2 4096 "Loopback: two processes, 127.203.0.1 ↔ 127.203.0.2 (path MTU 4096)" 1.0 1.0
+log "loopback, shared memory (the default between srdma processes of one host)"
+# Issue 28's targets: 1 MiB WRITE ≥ 2× one TCP stream, 64 B rate ≥ 5× the UDP blast, 8 B
+# half round trips ≤ 0.7× a UDP ping-pong.
+LAT_MAX=0.7 setup lo "" 127.203.0.1 "" 127.203.0.2 4096 \
+    "Same host, shared memory: two processes, 127.203.0.1 ↔ 127.203.0.2 (path MTU 4096)" 2.0 5.0
+log "loopback over UDP (SRDMA_SHM=0)"
+PAIR_ENV=SRDMA_SHM=0 setup lo-udp "" 127.203.0.1 "" 127.203.0.2 4096 \
+    "Same host over UDP (SRDMA_SHM=0): two processes, 127.203.0.1 ↔ 127.203.0.2 (path MTU 4096)" 1.0 1.0
+
+# Single-threaded memcpy, the same sizes, the same duration.
+MEMCPY=""
+if gcc -O2 -o "$RES/memcpy" "$ROOT/benchmarks/memcpy.c" 2>"$RES/memcpy.err"; then
+    MEMCPY_1M=$("$RES/memcpy" 1048576 "$DUR")
+    MEMCPY_64K=$("$RES/memcpy" 65536 "$DUR")
+    MEMCPY=1
+else
+    NOTES+=("benchmarks/memcpy.c did not build (gcc): no memcpy baseline.")
+fi
+shm_table() {
+    local t="### Same host: shared memory against UDP and memcpy (issue 28)"$'\n\n'
+    t+="Both tables above, side by side: \`lo\` is the default (same-host peers meet through shared"$'\n'
+    t+="memory), \`lo-udp\` the same runs with \`SRDMA_SHM=0\`; memcpy is \`benchmarks/memcpy.c\`,"$'\n'
+    t+="one thread copying messages of the size between two 64 MiB buffers."$'\n\n'
+    t+="| figure | shared memory | UDP driver | memcpy | ratio | target | met? |"$'\n'
+    t+="|---|---:|---:|---:|---:|---|---|"$'\n'
+    local s u r m size
+    for size in 65536 1048576; do
+        s=$(jget "lo-write-bw-$size" '.results[0].bw_avg_mib_s')
+        u=$(jget "lo-udp-write-bw-$size" '.results[0].bw_avg_mib_s')
+        t+="| WRITE BW $((size / 1024)) KiB, shm / UDP driver | $(fmt "$s" 0) MiB/s | $(fmt "$u" 0) MiB/s | | $(fmt "$(ratio "$s" "$u")" 2)× | | |"$'\n'
+    done
+    s=$(jget lo-write-bw-1048576 '.results[0].bw_avg_mib_s')
+    m=${MEMCPY_1M:-}
+    r=$(ratio "$s" "$m")
+    t+="| WRITE BW 1 MiB, shm / memcpy 1 MiB | $(fmt "$s" 0) MiB/s | | $(fmt "$m" 0) MiB/s | $(fmt "$r" 3)× | ≥ 0.5× | $(met "$r" ">=" 0.5) |"$'\n'
+    s=$(jget lo-write-bw-65536 '.results[0].bw_avg_mib_s')
+    m=${MEMCPY_64K:-}
+    t+="| WRITE BW 64 KiB, shm / memcpy 64 KiB | $(fmt "$s" 0) MiB/s | | $(fmt "$m" 0) MiB/s | $(fmt "$(ratio "$s" "$m")" 3)× | | |"$'\n'
+    local side q sc uc
+    for side in local remote; do
+        q=client
+        [ $side = remote ] && q=server
+        sc=$(jget lo-write-bw-1048576 ".results[0].cpu_s_per_gb_$side")
+        uc=$(jget lo-udp-write-bw-1048576 ".results[0].cpu_s_per_gb_$side")
+        r=$(ratio "$sc" "$uc")
+        t+="| CPU s/GB at 1 MiB, $q, shm / UDP driver | $(fmt "$sc" 3) | $(fmt "$uc" 3) | | $(fmt "$r" 3)× | ≤ 0.5× | $(met "$r" "<=" 0.5) |"$'\n'
+    done
+    s=$(jget lo-write-bw-64 '.results[0].msg_rate_mpps')
+    u=$(jget lo-udp-write-bw-64 '.results[0].msg_rate_mpps')
+    t+="| WRITE 64 B message rate, shm / UDP driver | $(fmt "$s" 3) Mpps | $(fmt "$u" 3) Mpps | | $(fmt "$(ratio "$s" "$u")" 2)× | | |"$'\n'
+    local op mode n
+    for op in send write; do
+        for mode in "" -e; do
+            n=$op-lat-8$mode
+            s=$(jget "lo-$n" '.results[0].t_typical_us')
+            u=$(jget "lo-udp-$n" '.results[0].t_typical_us')
+            t+="| ${op^^} 8 B half RTT${mode:+ (events)}, shm / UDP driver | $(fmt "$s") µs | $(fmt "$u") µs | | $(fmt "$(ratio "$s" "$u")" 3)× | | |"$'\n'
+        done
+    done
+    TABLES+="$t"$'\n'
+}
+shm_table
 
 make_netns() { # make_netns MTU
     ip netns del "$NS_A" 2>/dev/null

@@ -191,6 +191,8 @@ pub(crate) struct State {
     /// Until when (ns since the epoch) an application's poll leaves the UDP socket alone
     /// while peers send through shared memory (see `rx::UDP_QUIET`).
     udp_quiet_until: u64,
+    /// When (ns since the epoch) a receive last took packets from the shared-memory rings.
+    shm_took_at: u64,
 }
 
 pub(crate) struct Shared {
@@ -347,6 +349,7 @@ pub(crate) fn start(cfg: DeviceConfig, sock: crate::udp::Socket) -> Result<Arc<D
         group_buf: Vec::new(),
         shm,
         udp_quiet_until: 0,
+        shm_took_at: 0,
         due: Vec::with_capacity(64),
         next_timer: u64::MAX,
         one_sided_at: 0,

@@ -27,6 +27,11 @@ const RX_REST: Duration = Duration::from_micros(3);
 /// that come several to a batch are a stream that keeps the thread busy anyway; looking on
 /// there took a core from the requester (`ib_read_bw -e -s 4096` −20 % on 2 cores).
 const ONE_SIDED_SPIN: Duration = Duration::from_micros(50);
+/// How long the progress thread keeps looking (without sleeping) after it took packets from
+/// the rings of the shared-memory driver: looking costs no system call, while a sleeping
+/// consumer costs its peer a doorbell and itself a wake-up per burst (loopback, 64 B WRITE
+/// stream: the target's thread spent a quarter of its time switching in and out of `poll`).
+const SHM_SPIN: Duration = Duration::from_micros(50);
 /// How long after an application's last poll the progress thread keeps out of the way:
 /// while an application polls, its polls drive the device (no thread hand-off on the hot
 /// path); when it stops, the thread takes over within this time.
@@ -289,14 +294,15 @@ pub(super) fn progress(shared: &Shared) {
             // completion), then less and less often.
             shared.sleep_until.store(0, Ordering::Release);
             let rest = Duration::from_nanos(active - now);
-            // The application's polls read the rings; a new link (or one that ended) is
-            // for this thread to take in.
-            let [port, ep] = shared.shm_fds;
+            // The application's polls read the rings; a new link is for this thread to
+            // take in. (Doorbells, and links that ended, wait for a thread that sleeps on
+            // the rings: see `Shm::service`.)
+            let [port, _] = shared.shm_fds;
             let r = sys::poll_readable(
-                [shared.wake.as_raw_fd(), port, ep],
+                [shared.wake.as_raw_fd(), port],
                 Some(if looking { rest.min(look) } else { rest }),
             );
-            if r.is_ok_and(|[_, p, e]| p || e) {
+            if r.is_ok_and(|[_, p]| p) {
                 service_shm(shared);
             }
             look = (look * 2).min(APP_GRACE);
@@ -339,7 +345,9 @@ pub(super) fn progress(shared: &Shared) {
         // The shared-memory driver's rings go with the socket: watched (doorbells asked
         // for) where the socket is.
         let [port, ep] = if sock >= 0 { shared.shm_fds } else { [-1, -1] };
-        if port >= 0 && !shared.lock().shm.as_mut().is_none_or(|s| s.arm()) {
+        // Doorbells only for a thread that may sleep (not for a look without waiting).
+        let armed = port >= 0 && wait != Some(Duration::ZERO);
+        if armed && !shared.lock().shm.as_mut().is_none_or(|s| s.arm()) {
             wait = Some(Duration::ZERO);
         }
         let fds = [sock, shared.wake.as_raw_fd(), keeper, groups, port, ep];
@@ -353,7 +361,9 @@ pub(super) fn progress(shared: &Shared) {
         if port >= 0
             && let Some(shm) = st.shm.as_mut()
         {
-            shm.disarm();
+            if armed {
+                shm.disarm();
+            }
             if ready.is_ok_and(|[.., p, e]| p || e) {
                 shm.service(shared.now().as_nanos() as u64);
             }
@@ -372,8 +382,12 @@ pub(super) fn progress(shared: &Shared) {
         let spin_until = st
             .one_sided_at
             .saturating_add(ONE_SIDED_SPIN.as_nanos() as u64);
-        let spin = sock >= 0 && st.one_sided_lone && (shared.now().as_nanos() as u64) < spin_until;
-        if more || spin {
+        let now = shared.now().as_nanos() as u64;
+        let spin = sock >= 0 && st.one_sided_lone && now < spin_until;
+        // A peer of this host streaming through shared memory: its next packets cost no
+        // system call to look for, a doorbell and a wake-up several microseconds each.
+        let shm_spin = sock >= 0 && now < st.shm_took_at.saturating_add(SHM_SPIN.as_nanos() as u64);
+        if more || spin || shm_spin {
             timeout = Some(Duration::ZERO);
         }
         // Published under the lock: a post that arms an earlier timer after this sees the

@@ -153,6 +153,7 @@ impl Shared {
         });
         if k > 0 {
             shm.count_into(&mut st.counters);
+            st.shm_took_at = now.as_nanos() as u64;
         }
         st.shm = Some(shm);
         k

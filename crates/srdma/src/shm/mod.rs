@@ -238,7 +238,7 @@ impl Shm {
             let Some(out) = self.outs[i].as_mut() else {
                 continue;
             };
-            if !std::mem::take(&mut out.dirty) || !out.ring.consumer_sleeps() {
+            if !std::mem::take(&mut out.dirty) || !out.ring.wants_bell() {
                 continue;
             }
             if port::ring_bell(&out.sock).is_err() {
@@ -338,6 +338,13 @@ impl Shm {
         let n = crate::sys::epoll_ready(&self.ep, &mut ready);
         for &fd in &ready[..n] {
             if let Some(k) = self.ins.iter().position(|l| l.sock.as_raw_fd() == fd) {
+                // A doorbell is for every thread that armed: while one still sleeps (or is
+                // on its way into `poll`, past its last look at the rings), it stays there
+                // for that one to see — taken here, it would be lost to it, and the peer
+                // rings once per nap. The last thread to disarm takes it.
+                if self.armed > 0 {
+                    continue;
+                }
                 if port::read_link(&self.ins[k].sock) != port::LinkNews::Bells {
                     // Whatever the peer published before it went is dropped with the ring,
                     // as a datagram in flight to an exited process is.

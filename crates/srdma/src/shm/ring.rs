@@ -9,6 +9,7 @@
 //! | 64            | `head`: bytes the producer wrote (monotonic, producer's)          |
 //! | 128           | `tail`: bytes the consumer took (monotonic, consumer's)           |
 //! | 136           | `sleepers`: consumer threads that may sleep (they want doorbells) |
+//! | 140           | `naps`: how many times a consumer thread said it may sleep        |
 //! | [`HEADER_LEN`] | the records                                                      |
 //!
 //! A record is `len: u32, kind: u32` then `len` bytes, padded to 8. A record never wraps
@@ -31,6 +32,7 @@ const CAP_AT: usize = 8;
 const HEAD_AT: usize = 64;
 const TAIL_AT: usize = 128;
 const SLEEPING_AT: usize = 136;
+const NAPS_AT: usize = 140;
 /// A record's own header.
 const REC_HDR: usize = 8;
 const KIND_PACKET: u32 = 1;
@@ -136,6 +138,8 @@ pub(crate) struct Producer {
     head: u64,
     /// The consumer's tail as last read.
     tail: u64,
+    /// The consumer's `naps` when this side last rang its doorbell.
+    rung: Option<u32>,
 }
 
 /// What became of a record the producer offered.
@@ -168,6 +172,7 @@ impl Producer {
             cap,
             head: 0,
             tail: 0,
+            rung: None,
         })
     }
 
@@ -235,12 +240,17 @@ impl Producer {
         };
     }
 
-    /// After publishing: whether some consumer thread may be asleep (then it wants a
-    /// doorbell).
-    pub(crate) fn consumer_sleeps(&self) -> bool {
-        // Orders the head store before the count's load (the consumer does the reverse).
+    /// After publishing: whether to ring the consumer's doorbell — some consumer thread may
+    /// be asleep, and none was rung for since it said so (one doorbell per nap: a flood of
+    /// packets while the consumer wakes up rings once).
+    pub(crate) fn wants_bell(&mut self) -> bool {
+        // Orders the head store before the loads (the consumer does the reverse).
         fence(Ordering::SeqCst);
-        self.mem.atomic32(SLEEPING_AT).load(Ordering::Relaxed) != 0
+        if self.mem.atomic32(SLEEPING_AT).load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        let naps = self.mem.atomic32(NAPS_AT).load(Ordering::Relaxed);
+        self.rung.replace(naps) != Some(naps)
     }
 }
 
@@ -296,6 +306,7 @@ impl Consumer {
     /// Counts one more thread of this side that may sleep (it wants a doorbell for the
     /// next record); returns whether the ring is still empty: if not, it must not sleep.
     pub(crate) fn arm(&self) -> bool {
+        self.mem.atomic32(NAPS_AT).fetch_add(1, Ordering::Relaxed);
         self.mem
             .atomic32(SLEEPING_AT)
             .fetch_add(1, Ordering::Relaxed);
@@ -480,20 +491,26 @@ mod tests {
     }
 
     #[test]
-    fn the_producer_sees_sleepers_until_they_wake() {
+    fn the_producer_rings_once_per_nap() {
         let (mut p, c, _) = pair(64 << 10);
-        assert!(!p.consumer_sleeps());
-        assert!(c.arm());
+        assert!(!p.wants_bell());
         assert!(c.arm());
         p.push(8, |_| true).unwrap();
-        assert!(p.consumer_sleeps());
+        assert!(p.wants_bell());
+        assert!(!p.wants_bell(), "one doorbell per nap");
         c.disarm();
-        assert!(p.consumer_sleeps(), "one still sleeps");
+        assert!(!p.wants_bell());
+        // Two threads asleep; one wakes, goes back to sleep: a new nap, a new doorbell.
+        assert!(!c.arm(), "a packet waits");
+        let mut buf = vec![0u8; MAX_RECORD];
+        let mut c = c;
+        c.pop(&mut buf, 10, |_| {}).unwrap();
+        assert!(c.arm());
+        assert!(p.wants_bell());
         c.disarm();
         c.disarm();
-        assert!(!p.consumer_sleeps());
-        // Arming with something waiting says "do not sleep".
-        assert!(!c.arm());
+        c.disarm();
+        assert!(!p.wants_bell());
     }
 
     #[test]
