@@ -44,3 +44,7 @@ fi
 # The drop-in libibverbs.so.1 the verbs tests load into Debian's tools.
 cargo build --locked -q -p srdma-verbs
 cargo test --workspace --locked "$@"
+# Between srdma devices of this host the run above goes through shared memory (the default);
+# the engine's own tests and Debian's tools and rdma_cm programs once more over UDP.
+SRDMA_SHM=0 cargo test --locked -p srdma "$@"
+SRDMA_SHM=0 cargo test --locked -p srdma-verbs --test tools --test rdmacm "$@"

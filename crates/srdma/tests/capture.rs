@@ -1,6 +1,7 @@
 //! `DeviceConfig::pcap` (default `$SRDMA_PCAP`): every packet a device sends and receives is
 //! written to a pcap that `srdma decode` and tshark read, with the IP/UDP headers the ICRC
-//! covers, so every captured ICRC verifies.
+//! covers, so every captured ICRC verifies — also for packets that went through shared memory
+//! (the default between devices of one host; `SRDMA_SHM=0` runs it over UDP).
 
 use srdma::{
     AccessFlags, ConnectParams, Device, DeviceConfig, Mtu, QpInit, QpType, RKey, RemoteQp, SendOp,
@@ -65,6 +66,10 @@ fn devices_capture_what_they_send_and_receive() {
         std::thread::sleep(std::time::Duration::from_millis(1));
     };
     assert_eq!(wc.status, WcStatus::Success);
+    // Same host: shared memory unless SRDMA_SHM=0; captured the same either way (the
+    // receiver of a ring's packet records the ICRC the packet would carry over UDP).
+    let shm = a.counters().tx_shm_packets;
+    assert_eq!(shm > 0, a.config().shm, "{:?}", a.counters());
     drop((qa, qb, src, dst, ca, cb, pa, pb, a, b)); // closes and flushes the captures
     for name in ["a.pcap", "b.pcap"] {
         let data = std::fs::read(dir.join(name)).unwrap();
