@@ -10,7 +10,8 @@
 
 mod common;
 
-use std::path::Path;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -233,24 +234,40 @@ fn ucp_over_ud_verbs_and_uct() {
     }
 }
 
-/// Open MPI 4.1 over UCX over srdma (`--mca pml ucx --mca osc ucx`, verbs transports only):
-/// tests/c/mpi_check.c checks point-to-point at eager and rendezvous sizes, collectives and
-/// one-sided RMA. Skipped without Open MPI (openmpi-bin, libopenmpi-dev).
-#[test]
-fn open_mpi_over_ucx() {
-    if !have_ucx() {
-        return;
-    }
-    if !Path::new("/usr/bin/mpicc").exists() || !Path::new("/usr/bin/mpirun").exists() {
+/// Whether Open MPI (mpicc, mpirun) is installed; if not, says so (the caller skips).
+fn have_mpi() -> bool {
+    let ok = ["mpicc", "mpirun"]
+        .iter()
+        .all(|t| Path::new("/usr/bin").join(t).exists());
+    if !ok {
         eprintln!(
             "skipped: /usr/bin/mpicc or /usr/bin/mpirun is missing (apt-get install \
              openmpi-bin libopenmpi-dev, or run scripts/test.sh as root)"
         );
-        return;
     }
+    ok
+}
+
+/// A directory of this process removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        let d = std::env::temp_dir().join(format!("srdma-ucx-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        TempDir(d)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// tests/c/mpi_check.c built with mpicc into `dir`.
+fn build_mpi_check(dir: &Path) -> String {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/mpi_check.c");
-    let dir = std::env::temp_dir().join(format!("srdma-ucx-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
     let prog = dir.join("mpi_check");
     let o = Command::new("mpicc")
         .args(["-O1", "-Wall", "-o"])
@@ -259,7 +276,35 @@ fn open_mpi_over_ucx() {
         .output()
         .unwrap();
     assert!(o.status.success(), "mpicc mpi_check.c: {}", text(&o));
-    let prog = prog.to_str().unwrap();
+    prog.to_str().unwrap().to_string()
+}
+
+/// mpi_check's run `o` passed on `ranks` ranks, UCX reporting no error.
+fn assert_mpi_passed(o: &Output, ranks: usize) {
+    assert!(o.status.success(), "{}", text(o));
+    let passed = format!("PASSED: 0 failures over {ranks} ranks");
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains(&passed),
+        "{}",
+        text(o)
+    );
+    assert!(
+        !String::from_utf8_lossy(&o.stderr).contains("UCX  ERROR"),
+        "{}",
+        text(o)
+    );
+}
+
+/// Open MPI 4.1 over UCX over srdma (`--mca pml ucx --mca osc ucx`, verbs transports only):
+/// tests/c/mpi_check.c checks point-to-point at eager and rendezvous sizes, collectives and
+/// one-sided RMA. Skipped without Open MPI (openmpi-bin, libopenmpi-dev).
+#[test]
+fn open_mpi_over_ucx() {
+    if !have_ucx() || !have_mpi() {
+        return;
+    }
+    let dir = TempDir::new("mpi");
+    let prog = build_mpi_check(&dir.0);
     let args = [
         "--oversubscribe",
         "-np",
@@ -276,7 +321,7 @@ fn open_mpi_over_ucx() {
         "LD_LIBRARY_PATH",
         "-x",
         "SRDMA_DEVICES",
-        prog,
+        &prog,
     ];
     let child = exec("127.0.75.1", "rc_verbs,ud_verbs,self", "mpirun", &args)
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
@@ -284,17 +329,120 @@ fn open_mpi_over_ucx() {
         .spawn()
         .unwrap();
     let o = wait(child, Duration::from_secs(60), "mpirun mpi_check");
-    let _ = std::fs::remove_dir_all(&dir);
-    assert!(o.status.success(), "{}", text(&o));
-    assert!(
-        String::from_utf8_lossy(&o.stdout).contains("PASSED: 0 failures over 2 ranks"),
-        "{}",
-        text(&o)
+    assert_mpi_passed(&o, 2);
+}
+
+/// mpirun's launch agent (`plm_rsh_agent`, in place of ssh) for hosts that are network
+/// namespaces: `agent HOST COMMAND...` runs the command line (through a shell, as ssh does)
+/// in namespace HOST with HOST as its host name (a UTS namespace: the daemons of two hosts
+/// sharing one would share their session directory and topology file in /tmp), under
+/// `srdma exec` seeing only the device of HOST's `eth0` address.
+const NETNS_AGENT: &str = r#"#!/bin/sh
+host=$1; shift
+addr=$(ip -n "$host" -4 -o addr show dev eth0 | sed -n 's/.* inet \([0-9.]*\).*/\1/p')
+[ -n "$addr" ] || { echo "agent: no IPv4 address on eth0 in namespace $host" >&2; exit 1; }
+exec ip netns exec "$host" unshare --uts /bin/sh -c 'hostname "$0" && exec "$@"' "$host" \
+    "$SRDMA" exec --device "ucx=$addr" /bin/sh -c "$*"
+"#;
+
+/// Open MPI between two hosts (network namespaces joined by veth, the way
+/// [`ucp_between_two_namespaces`] makes them), two ranks on each, mapped by node so that
+/// every rank's partner (rank ^ 1) is on the other host: mpi_check.c as in
+/// [`open_mpi_over_ucx`], over rc_verbs and ud_verbs only (no shared memory, no TCP but
+/// Open MPI's own out-of-band wiring). mpirun runs in the first namespace and starts a
+/// daemon on each host through [`NETNS_AGENT`]; the ranks inherit their daemon's `srdma exec`.
+/// The second host's `eth0` must have received at least the point-to-point payload of its
+/// two ranks.
+#[test]
+fn open_mpi_between_two_namespaces() {
+    if !have_ucx() || !have_mpi() {
+        return;
+    }
+    if std::env::var_os("SRDMA_SKIP_NETNS").is_some_and(|v| v == "1") {
+        eprintln!("skipped: SRDMA_SKIP_NETNS=1");
+        return;
+    }
+    let lab = srdma_netlab::Lab::star("mpi", 2, 94, 1500).unwrap_or_else(|e| {
+        panic!(
+            "creating network namespaces failed: {e}\n(needs root and iproute2; \
+             SRDMA_SKIP_NETNS=1 skips)"
+        )
+    });
+    let dir = TempDir::new("mpi-netns");
+    let prog = build_mpi_check(&dir.0);
+    let agent = dir.0.join("agent");
+    std::fs::write(&agent, NETNS_AGENT).unwrap();
+    std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let hostfile = dir.0.join("hosts");
+    let hosts: String = lab
+        .hosts
+        .iter()
+        .map(|h| format!("{} slots=2\n", h.ns))
+        .collect();
+    std::fs::write(&hostfile, hosts).unwrap();
+    let rx_bytes = || -> u64 {
+        lab.hosts[1]
+            .run("cat", &["/sys/class/net/eth0/statistics/rx_bytes"])
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let rx0 = rx_bytes();
+    let args = [
+        "--allow-run-as-root",
+        "--hostfile",
+        hostfile.to_str().unwrap(),
+        "-np",
+        "4",
+        "--map-by",
+        "node",
+        "--mca",
+        "plm_rsh_agent",
+        agent.to_str().unwrap(),
+        "--mca",
+        "oob_tcp_if_include",
+        "eth0",
+        "--mca",
+        "btl_tcp_if_include",
+        "eth0",
+        "--mca",
+        "pml",
+        "ucx",
+        "--mca",
+        "osc",
+        "ucx",
+        "-x",
+        "UCX_TLS",
+        &prog,
+    ];
+    let child = lab.hosts[0]
+        .command("mpirun")
+        .args(args)
+        .env("SRDMA", srdma())
+        .env("UCX_TLS", "rc_verbs,ud_verbs,self")
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env_remove("SRDMA_DEVICES")
+        .env_remove("SRDMA_DEV_NODES")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let o = common::wait(
+        child,
+        Duration::from_secs(120),
+        "mpirun mpi_check between namespaces",
     );
+    assert_mpi_passed(&o, 4);
+    // Each of the second host's ranks received 8 B + 1 KiB + ... + 4 MiB from its partner.
+    let rx = rx_bytes() - rx0;
+    let payload = 2 * (8 + 1024 + 8192 + 65536 + (1 << 20) + (4 << 20));
     assert!(
-        !String::from_utf8_lossy(&o.stderr).contains("UCX  ERROR"),
-        "{}",
-        text(&o)
+        rx >= payload,
+        "{}: {rx} bytes received, less than the {payload} sent to it",
+        lab.hosts[1].ns
     );
 }
 
