@@ -3,8 +3,8 @@
 //! and qperf 0.4.11's RC tests over rdma_cm (`-cm1`).
 //!
 //! Each test runs a server and a client on 127.0.0.1 (device `srdma_lo`, both processes
-//! sharing UDP 4791; libfabric finds a device by an interface address), or for the datagram
-//! endpoint also on two hosts (network namespaces, as root), one test at a time: both tools
+//! sharing UDP 4791; libfabric finds a device by an interface address), and fi_pingpong's
+//! endpoints also on two hosts (network namespaces, as root), one test at a time: both tools
 //! busy-poll, and two cores do not carry two such pairs. A missing tool skips its test with a
 //! message (`scripts/test.sh` installs libfabric-bin and qperf).
 
@@ -248,12 +248,17 @@ fn fi_pingpong_dgram() {
     fi_pingpong("verbs", "dgram", 47713, &["64", "256", "1k", "4k"]);
 }
 
-/// The datagram endpoint between two hosts (network namespaces joined by veth, MTU 1500, so
-/// a path MTU of 1024): the link-local GID 0 each end names itself by reaches the other's
-/// address. (msg and rdm do not run so: fi_pingpong's server binds "localhost", which only
-/// a device on 127.0.0.1 serves, on rxe as on srdma.)
-#[test]
-fn fi_pingpong_dgram_between_two_namespaces() {
+/// fi_pingpong between two hosts (network namespaces joined by veth, MTU 1500, so a path
+/// MTU of 1024), srdma at both ends, each end given its host's device only (`--device`; the
+/// default list also has `srdma_lo`, see below): both must exit 0 and report every message of
+/// every size in `sizes` acknowledged.
+///
+/// The server takes no address: libfabric's verbs provider binds "localhost", which the
+/// kernel's rdma_cm takes as a wildcard (no device), and then gives each device's endpoint
+/// that device's interface address, which the server sends the client. srdma binds a
+/// loopback address so when no device of its own has it (with `srdma_lo` listed, the server
+/// stays on 127.0.0.1, which the client cannot reach).
+fn fi_pingpong_between_namespaces(provider: &str, ep: &str, ctrl_port: u16, sizes: &[&str]) {
     let Some(prog) = tool("fi_pingpong", "libfabric-bin") else {
         return;
     };
@@ -265,14 +270,15 @@ fn fi_pingpong_dgram_between_two_namespaces() {
     let lab = srdma_netlab::Lab::star("fi", 2, 95, 1500).expect("creating namespaces");
     let (h0, h1) = (&lab.hosts[0], &lab.hosts[1]);
     let (sa, ca) = (h0.addr.to_string(), h1.addr.to_string());
-    let common = ["-p", "verbs", "-e", "dgram", "-I", "20", "-c"];
+    let port = ctrl_port.to_string();
+    let common = ["-p", provider, "-e", ep, "-I", "20", "-c"];
     let mut server = common.to_vec();
-    server.extend(["-B", "47714"]);
+    server.extend(["-B", &port]);
     let mut client = common.to_vec();
-    client.extend(["-P", "47714", &sa]);
+    client.extend(["-P", &port, &sa]);
     let srv = spawn_in(Some(h0), &sa, &prog, &server);
     let start = Instant::now();
-    while !listening_in(47714, |f| h0.run("cat", &[f]).unwrap_or_default())
+    while !listening_in(ctrl_port, |f| h0.run("cat", &[f]).unwrap_or_default())
         && start.elapsed() < Duration::from_secs(10)
     {
         std::thread::sleep(Duration::from_millis(50));
@@ -283,13 +289,48 @@ fn fi_pingpong_dgram_between_two_namespaces() {
     );
     let s = finish(srv, Instant::now() + Duration::from_secs(10));
     let all = format!("{}\n{}", show("server", &s), show("client", &c));
-    assert!(s.ok() && c.ok(), "fi_pingpong -e dgram failed\n{all}");
-    for e in [&s, &c] {
+    assert!(s.ok() && c.ok(), "fi_pingpong -e {ep} failed\n{all}");
+    for (who, e) in [("server", &s), ("client", &c)] {
         let rows = pingpong_rows(&e.out);
-        let sizes: Vec<&str> = rows.iter().map(|r| r.0.as_str()).collect();
-        assert_eq!(sizes, ["64", "256", "1k"], "{all}");
-        assert!(rows.iter().all(|r| r.1 == "20" && r.2 == "=20"), "{all}");
+        let got: Vec<&str> = rows.iter().map(|r| r.0.as_str()).collect();
+        assert_eq!(got, sizes, "{who}'s sizes\n{all}");
+        for (size, sent, ack) in &rows {
+            assert!(
+                sent == "20" && ack == "=20",
+                "{who}: {size} bytes: {sent} sent, {ack} acknowledged\n{all}"
+            );
+        }
     }
+}
+
+/// The datagram endpoint between two hosts: the link-local GID 0 each end names itself by
+/// reaches the other's address. Sizes up to the path MTU.
+#[test]
+fn fi_pingpong_dgram_between_two_namespaces() {
+    fi_pingpong_between_namespaces("verbs", "dgram", 47714, &["64", "256", "1k"]);
+}
+
+/// The connected endpoint between two hosts, srdma the server.
+#[test]
+fn fi_pingpong_msg_between_two_namespaces() {
+    fi_pingpong_between_namespaces(
+        "verbs",
+        "msg",
+        47716,
+        &["64", "256", "1k", "4k", "64k", "1m"],
+    );
+}
+
+/// The reliable datagram endpoint (ofi_rxm over verbs MSG endpoints) between two hosts,
+/// srdma the server.
+#[test]
+fn fi_pingpong_rdm_between_two_namespaces() {
+    fi_pingpong_between_namespaces(
+        "verbs;ofi_rxm",
+        "rdm",
+        47717,
+        &["64", "256", "1k", "4k", "64k", "1m"],
+    );
 }
 
 /// `qperf OPTIONS 127.0.0.1 TESTS` against a fresh server on TCP `port`, one second a test.

@@ -136,7 +136,7 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
 }
 
 /// `rdma_bind_addr`: the id's source address (and device, unless the address is a
-/// wildcard); port 0 picks one.
+/// wildcard, or a loopback address no device has); port 0 picks one.
 ///
 /// # Safety
 /// `id` NULL or live; `addr` NULL or a valid sockaddr.
@@ -162,8 +162,16 @@ fn bind(me: &mut Id, a: &mut SocketAddr) -> Result<(), c_int> {
         a.set_port(any_port());
     }
     if !a.ip().is_unspecified() {
-        let d = dev_for(a.ip()).ok_or(libc::EADDRNOTAVAIL)?;
-        me.attach(d)?;
+        match dev_for(a.ip()) {
+            Some(d) => me.attach(d)?,
+            // The kernel takes a loopback address as a wildcard (cma_any_addr): the id stays
+            // without a device and listens on every one. srdma keeps a device of its own on
+            // 127.0.0.1 (`srdma_lo`) when it is listed; without it, bind as the kernel does.
+            // libfabric's verbs provider binds "localhost" so, then lists every device's
+            // interface address as the source of its endpoints.
+            None if a.ip().is_loopback() => {}
+            None => return Err(libc::EADDRNOTAVAIL),
+        }
     }
     me.set_src(*a);
     Ok(())
