@@ -85,6 +85,64 @@ pub(crate) fn provide(count: usize) -> Result<bool, String> {
     if (0..count).all(|i| accessible_chardev(&ib.join(format!("uverbs{i}")))) {
         return Ok(false);
     }
+    private_mounts()?;
+    // The node bound on every uverbsN, reached through this descriptor once /dev is covered.
+    let null = File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
+    let null_path = PathBuf::from(format!("/proc/self/fd/{}", null.as_raw_fd()));
+    let (target, sub) = if ib.is_dir() {
+        (ib.to_path_buf(), None)
+    } else {
+        (PathBuf::from("/dev"), Some(OsStr::new("infiniband")))
+    };
+    cover(&target, "mode=755,size=1m", |target| {
+        let dir = match sub {
+            Some(s) => {
+                let d = target.join(s);
+                mkdir(&d)?;
+                d
+            }
+            None => target.to_path_buf(),
+        };
+        for i in 0..count {
+            let node = dir.join(format!("uverbs{i}"));
+            if node.symlink_metadata().is_ok() {
+                continue; // A real node of the same name, bound back.
+            }
+            File::create(&node)
+                .map(drop)
+                .and_then(|()| {
+                    mount(
+                        Some(null_path.as_os_str()),
+                        &node,
+                        None,
+                        libc::MS_BIND,
+                        None,
+                    )
+                })
+                .map_err(|e| format!("cannot make {}: {e}", node.display()))?;
+        }
+        Ok(())
+    })?;
+    Ok(true)
+}
+
+/// Creates directory `d` (mode 0755).
+pub(crate) fn mkdir(d: &Path) -> Result<(), String> {
+    std::fs::DirBuilder::new()
+        .mode(0o755)
+        .create(d)
+        .map_err(|e| format!("cannot create {}: {e}", d.display()))
+}
+
+/// Enters a private mount namespace for this process and the program it will exec (once;
+/// later calls do nothing), with mount events kept from the host. Must run while the
+/// process has one thread.
+pub(crate) fn private_mounts() -> Result<(), String> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static DONE: AtomicBool = AtomicBool::new(false);
+    if DONE.load(Ordering::Relaxed) {
+        return Ok(());
+    }
     enter_namespace()?;
     // Keep what is mounted below from reaching the host (a shared `/` would carry it there),
     // while still seeing the host's later mounts.
@@ -96,14 +154,20 @@ pub(crate) fn provide(count: usize) -> Result<bool, String> {
         None,
     )
     .map_err(|e| format!("cannot make the mounts private: {e}"))?;
-    // The node bound on every uverbsN, reached through this descriptor once /dev is covered.
-    let null = File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
-    let (target, sub) = if ib.is_dir() {
-        (ib.to_path_buf(), None)
-    } else {
-        (PathBuf::from("/dev"), Some(OsStr::new("infiniband")))
-    };
-    let entries = std::fs::read_dir(&target)
+    DONE.store(true, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Covers the directory `target` with a tmpfs (mount options `opts`) holding its original
+/// entries (directories and files bound back, symbolic links copied), then lets `populate`
+/// add to it. Inside [`private_mounts`] only. When a step fails, the original directory is
+/// put back in view: the program must not see a half-made one.
+pub(crate) fn cover(
+    target: &Path,
+    opts: &str,
+    populate: impl FnOnce(&Path) -> Result<(), String>,
+) -> Result<(), String> {
+    let entries = std::fs::read_dir(target)
         .and_then(|it| {
             it.map(|e| {
                 let e = e?;
@@ -112,37 +176,31 @@ pub(crate) fn provide(count: usize) -> Result<bool, String> {
             .collect::<io::Result<Vec<_>>>()
         })
         .map_err(|e| format!("cannot list {}: {e}", target.display()))?;
-    let old = File::open(&target).map_err(|e| format!("{}: {e}", target.display()))?;
+    let old = File::open(target).map_err(|e| format!("{}: {e}", target.display()))?;
     let old_dir = PathBuf::from(format!("/proc/self/fd/{}", old.as_raw_fd()));
-    let null_path = PathBuf::from(format!("/proc/self/fd/{}", null.as_raw_fd()));
     mount(
         Some(OsStr::new("tmpfs")),
-        &target,
+        target,
         Some("tmpfs"),
         libc::MS_NOSUID,
-        Some("mode=755,size=1m"),
+        Some(opts),
     )
     .map_err(|e| format!("cannot mount a tmpfs on {}: {e}", target.display()))?;
-    let filled = fill(&target, &old_dir, &entries, sub, &null_path, count);
+    let filled = bind_back(target, &old_dir, &entries).and_then(|()| populate(target));
     if let Err(e) = filled {
-        // Put the original directory back in view: the program must not see a half-made one.
         let c = CString::new(target.as_os_str().as_bytes()).unwrap_or_default();
         // SAFETY: `c` is a NUL-terminated path; detaching our own tmpfs has no other effect.
         unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
         return Err(e);
     }
-    Ok(true)
+    Ok(())
 }
 
-/// Populates the fresh tmpfs at `target`: the original `entries` (read through `old_dir`)
-/// bound back, then the `count` nodes (in the new directory `sub`, if given).
-fn fill(
+/// Puts the original `entries` (read through `old_dir`) into the fresh tmpfs at `target`.
+fn bind_back(
     target: &Path,
     old_dir: &Path,
     entries: &[(OsString, std::fs::FileType)],
-    sub: Option<&OsStr>,
-    null_path: &Path,
-    count: usize,
 ) -> Result<(), String> {
     let mut dirs = std::fs::DirBuilder::new();
     dirs.mode(0o755);
@@ -173,33 +231,6 @@ fn fill(
                 target.join(name).display()
             )
         })?;
-    }
-    let dir = match sub {
-        Some(s) => {
-            let d = target.join(s);
-            dirs.create(&d)
-                .map_err(|e| format!("cannot create {}: {e}", d.display()))?;
-            d
-        }
-        None => target.to_path_buf(),
-    };
-    for i in 0..count {
-        let node = dir.join(format!("uverbs{i}"));
-        if node.symlink_metadata().is_ok() {
-            continue; // A real node of the same name, bound back above.
-        }
-        File::create(&node)
-            .map(drop)
-            .and_then(|()| {
-                mount(
-                    Some(null_path.as_os_str()),
-                    &node,
-                    None,
-                    libc::MS_BIND,
-                    None,
-                )
-            })
-            .map_err(|e| format!("cannot make {}: {e}", node.display()))?;
     }
     Ok(())
 }

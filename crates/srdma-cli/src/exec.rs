@@ -7,13 +7,15 @@
 //! else in `../lib/srdma/` beside it (an installed layout). `--device` sets `SRDMA_DEVICES`,
 //! the devices the program sees (see the srdma-verbs crate). Unless they exist, the program
 //! also gets `/dev/infiniband/uverbsN` nodes in a private mount namespace (see
-//! [`crate::devnodes`]; `SRDMA_DEV_NODES=0` skips that).
+//! [`crate::devnodes`]; `SRDMA_DEV_NODES=0` skips that), and in the same namespace
+//! kernel-like `/sys/class/infiniband` entries for srdma's devices (see [`crate::sysfs`];
+//! `SRDMA_SYSFS=0` skips those).
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 
-use crate::{UsageError, devnodes};
+use crate::{UsageError, devnodes, sysfs};
 
 /// Options of `srdma exec`.
 #[derive(Debug, clap::Args)]
@@ -126,6 +128,18 @@ pub fn run(args: &Args) -> anyhow::Result<bool> {
             "srdma exec: note: no /dev/infiniband/uverbsN nodes for the program: {e}. \
              Programs that look for them (UCX) will not use srdma's devices; \
              `srdma setup-dev` (as root) makes them for good."
+        );
+    }
+    let list = args
+        .device
+        .clone()
+        .or_else(|| std::env::var("SRDMA_DEVICES").ok());
+    let devices = srdma::netdev::device_list(list.as_deref(), true);
+    if let Err(e) = sysfs::provide(&devices) {
+        eprintln!(
+            "srdma exec: note: no /sys/class/infiniband entries for the program: {e}. \
+             Programs that look there for a device's network interface (pyverbs' rdma_cm \
+             tests) will not find it."
         );
     }
     let err = cmd.exec();

@@ -9,6 +9,7 @@ mod perf;
 mod pingpong;
 mod relay;
 mod rping;
+mod sysfs;
 
 use std::io::Write;
 use std::path::PathBuf;

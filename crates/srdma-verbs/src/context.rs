@@ -14,7 +14,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_char, c_int, c_void};
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
@@ -54,18 +54,12 @@ fn copy_cstr(dst: &mut [c_char], s: &str) {
     }
 }
 
-/// The devices, read once per process.
+/// The devices, read once per process (`srdma::netdev::device_list` of `SRDMA_DEVICES`).
 pub(crate) fn devices() -> &'static [DevEntry] {
     DEVICES.get_or_init(|| {
-        let cfgs = match configured() {
-            Some(list) => list,
-            None => srdma::netdev::local_devices()
-                .unwrap_or_default()
-                .iter()
-                .map(|d| d.config(srdma::ROCEV2_PORT))
-                .collect(),
-        };
-        cfgs.into_iter()
+        let list = std::env::var("SRDMA_DEVICES").ok();
+        srdma::netdev::device_list(list.as_deref(), false)
+            .into_iter()
             .enumerate()
             .map(|(i, cfg)| {
                 // SAFETY: ibv_device is plain C data (chars, enums, nullable fn pointers):
@@ -87,54 +81,6 @@ pub(crate) fn devices() -> &'static [DevEntry] {
             })
             .collect()
     })
-}
-
-/// The device list of `SRDMA_DEVICES` or the configuration file, if either says one.
-fn configured() -> Option<Vec<DeviceConfig>> {
-    let text = match std::env::var("SRDMA_DEVICES") {
-        Ok(v) if !v.trim().is_empty() => v,
-        _ => {
-            let path =
-                std::env::var("SRDMA_CONFIG").unwrap_or_else(|_| "/etc/srdma/devices.conf".into());
-            std::fs::read_to_string(path).ok()?
-        }
-    };
-    let local = srdma::netdev::local_devices().unwrap_or_default();
-    let mut out = Vec::new();
-    for (k, entry) in text
-        .lines()
-        .map(|l| l.split('#').next().unwrap_or(""))
-        .flat_map(|l| l.split(|c: char| c == ',' || c.is_whitespace()))
-        .filter(|e| !e.is_empty())
-        .enumerate()
-    {
-        let (name, addr) = match entry.split_once('=') {
-            Some((n, a)) => (Some(n.to_string()), a),
-            None => (None, entry),
-        };
-        let (ip, port) = if let Ok(sa) = addr.parse::<SocketAddr>() {
-            (sa.ip(), sa.port())
-        } else if let Ok(ip) = addr.trim_matches(['[', ']']).parse::<IpAddr>() {
-            (ip, srdma::ROCEV2_PORT)
-        } else {
-            eprintln!("srdma: ignoring device entry {entry:?}: not [NAME=]ADDRESS[:PORT]");
-            continue;
-        };
-        let mut cfg = match local.iter().find(|d| d.addr == ip) {
-            Some(d) => d.config(port),
-            None => {
-                let mut c = DeviceConfig::new(ip);
-                c.name = format!("srdma{k}");
-                c.port = port;
-                c
-            }
-        };
-        if let Some(n) = name {
-            cfg.name = n;
-        }
-        out.push(cfg);
-    }
-    Some(out)
 }
 
 /// An open device: the `verbs_context` handed out (its `context` member is the

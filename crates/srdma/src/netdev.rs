@@ -83,6 +83,67 @@ pub fn local_devices() -> std::io::Result<Vec<LocalDev>> {
     Ok(out)
 }
 
+/// The devices srdma's drop-in library lists: those of `list` (`SRDMA_DEVICES`' syntax:
+/// entries `[NAME=]ADDRESS[:PORT]` separated by commas, blanks or lines, `#` starting a
+/// comment) when it is given and not blank, else of the file `SRDMA_CONFIG` names (default
+/// `/etc/srdma/devices.conf`) if it can be read, else one per local interface address
+/// ([`local_devices`], on UDP 4791). A name left out is the interface rule's for a local
+/// address, else `srdma<k>`. Entries that do not parse are left out, with a note on stderr
+/// unless `quiet`.
+pub fn device_list(list: Option<&str>, quiet: bool) -> Vec<DeviceConfig> {
+    let local = local_devices().unwrap_or_default();
+    let text = match list.filter(|v| !v.trim().is_empty()) {
+        Some(v) => v.to_string(),
+        None => {
+            let path =
+                std::env::var("SRDMA_CONFIG").unwrap_or_else(|_| "/etc/srdma/devices.conf".into());
+            match std::fs::read_to_string(path) {
+                Ok(t) => t,
+                Err(_) => {
+                    return local.iter().map(|d| d.config(crate::ROCEV2_PORT)).collect();
+                }
+            }
+        }
+    };
+    let mut out = Vec::new();
+    for (k, entry) in text
+        .lines()
+        .map(|l| l.split('#').next().unwrap_or(""))
+        .flat_map(|l| l.split(|c: char| c == ',' || c.is_whitespace()))
+        .filter(|e| !e.is_empty())
+        .enumerate()
+    {
+        let (name, addr) = match entry.split_once('=') {
+            Some((n, a)) => (Some(n.to_string()), a),
+            None => (None, entry),
+        };
+        let (ip, port) = if let Ok(sa) = addr.parse::<std::net::SocketAddr>() {
+            (sa.ip(), sa.port())
+        } else if let Ok(ip) = addr.trim_matches(['[', ']']).parse::<IpAddr>() {
+            (ip, crate::ROCEV2_PORT)
+        } else {
+            if !quiet {
+                eprintln!("srdma: ignoring device entry {entry:?}: not [NAME=]ADDRESS[:PORT]");
+            }
+            continue;
+        };
+        let mut cfg = match local.iter().find(|d| d.addr == ip) {
+            Some(d) => d.config(port),
+            None => {
+                let mut c = DeviceConfig::new(ip);
+                c.name = format!("srdma{k}");
+                c.port = port;
+                c
+            }
+        };
+        if let Some(n) = name {
+            cfg.name = n;
+        }
+        out.push(cfg);
+    }
+    out
+}
+
 /// The device on `addr`, if `addr` is a local interface address.
 pub fn local_device(addr: IpAddr) -> Option<LocalDev> {
     local_devices().ok()?.into_iter().find(|d| d.addr == addr)
