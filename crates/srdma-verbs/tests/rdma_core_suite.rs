@@ -1,9 +1,10 @@
 //! rdma-core's own test suite (Debian's python3-pyverbs 44, `/usr/share/doc/rdma-core/tests`)
 //! on the drop-in library, against what the same suite does on kernel rxe.
 //!
-//! The suite runs as a user would run it: `/usr/bin/python3 tests/run_tests.py --gid 1 -v`
-//! with the drop-in first on the loader's path, every device of this host listed, the first
-//! one chosen by the suite. `testdata/rdma-core-suite/rxe.txt` is the suite's verbose output
+//! The suite runs as a user would run it: `srdma exec /usr/bin/python3 tests/run_tests.py
+//! --gid 1 -v` (the drop-in first on the loader's path, and sysfs entries for srdma's
+//! devices, where the rdma_cm tests find a device's interface address), every device of this
+//! host listed, the first one chosen by the suite. `testdata/rdma-core-suite/rxe.txt` is the suite's verbose output
 //! on kernel rxe (Debian 6.1 kernel, rdma-core 44, in the interop lab's qemu guest): every
 //! test that passes there must pass here, a test may error or fail here only where it errors
 //! or fails on rxe, and a test srdma skips must be one rxe skips (or errors on: srdma says
@@ -99,6 +100,19 @@ const BEYOND_RXE: &[&str] = &[
     "tests.test_qpex.QpExTestCase.test_qp_ex_xrc_send",
     "tests.test_qpex.QpExTestCase.test_qp_ex_xrc_send_imm",
     "tests.test_relaxed_ordering.RoTestCase.test_ro_xrc_traffic",
+    // rxe (in the lab's guest) skips them: its device has no netdev in sysfs
+    // (`/sys/class/infiniband/rxe0/device/net/`), where the suite looks for the address to
+    // connect to. `srdma exec` gives srdma's devices those entries.
+    "tests.test_rdmacm.CMTestCase.test_rdmacm_async_ex_leave_multicast_traffic",
+    "tests.test_rdmacm.CMTestCase.test_rdmacm_async_ex_multicast_traffic",
+    "tests.test_rdmacm.CMTestCase.test_rdmacm_async_multicast_traffic",
+    "tests.test_rdmacm.CMTestCase.test_rdmacm_async_read",
+    "tests.test_rdmacm.CMTestCase.test_rdmacm_async_reject_traffic",
+    "tests.test_rdmacm.CMTestCase.test_rdmacm_async_traffic",
+    "tests.test_rdmacm.CMTestCase.test_rdmacm_async_traffic_external_qp",
+    "tests.test_rdmacm.CMTestCase.test_rdmacm_async_udp_traffic",
+    "tests.test_rdmacm.CMTestCase.test_rdmacm_async_write",
+    "tests.test_rdmacm.CMTestCase.test_rdmacm_sync_traffic",
 ];
 
 /// The suite's folder, copied out of python3-pyverbs' documentation and unzipped.
@@ -132,10 +146,18 @@ fn suite_copy() -> std::path::PathBuf {
 #[test]
 fn rdma_core_suite_matches_rxe() {
     let dir = suite_copy();
-    let child = Command::new("/usr/bin/python3")
-        .args(["tests/run_tests.py", "--gid", "1", "-v"])
+    let child = Command::new(common::srdma_bin())
+        .args([
+            "exec",
+            "/usr/bin/python3",
+            "tests/run_tests.py",
+            "--gid",
+            "1",
+            "-v",
+        ])
         .current_dir(&dir)
-        .env("LD_LIBRARY_PATH", common::lib_dir())
+        .env_remove("SRDMA_DEVICES")
+        .env_remove("SRDMA_SYSFS")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -5,8 +5,21 @@ use super::event::{event, with_conn, with_ud};
 use super::thread::{cm_errno, failure, run_connection, run_job};
 use super::*;
 
-/// Connection options from the application's `rdma_conn_param`.
+/// Connection options from the application's `rdma_conn_param` and `me`'s options.
 fn options(
+    me: &Id,
+    param: *const rdma_conn_param,
+    max_private: usize,
+    peer: Option<PeerParams>,
+) -> Result<ConnectOptions, c_int> {
+    let ack = lock(&me.sh.st).ack_timeout;
+    options_ack(ack, param, max_private, peer)
+}
+
+/// Connection options from the application's `rdma_conn_param`, with the QP's ACK timeout
+/// `ack` if the application set one (`RDMA_OPTION_ID_ACK_TIMEOUT`).
+fn options_ack(
+    ack: Option<u8>,
     param: *const rdma_conn_param,
     max_private: usize,
     peer: Option<PeerParams>,
@@ -27,6 +40,9 @@ fn options(
     };
     if let Some(p) = peer {
         o.retry_cnt = p.retry_count.min(7);
+    }
+    if let Some(a) = ack {
+        o.ack_timeout = a;
     }
     if param.is_null() {
         return Ok(o);
@@ -109,7 +125,7 @@ pub unsafe extern "C" fn rdma_connect(
         let idp = me.ptr() as usize;
         let sh = me.sh.clone();
         if me.is_ud() {
-            let o = match options(conn_param, SIDR_REQ_PRIVATE, None) {
+            let o = match options(me, conn_param, SIDR_REQ_PRIVATE, None) {
                 Ok(o) => o,
                 Err(e) => return err(e),
             };
@@ -136,7 +152,7 @@ pub unsafe extern "C" fn rdma_connect(
         if me.c.qp.is_null() {
             return connect_unmanaged(me, &gsi, src.port(), dst, conn_param);
         }
-        let o = match options(conn_param, REQ_PRIVATE, None) {
+        let o = match options(me, conn_param, REQ_PRIVATE, None) {
             Ok(o) => o,
             Err(e) => return err(e),
         };
@@ -203,7 +219,7 @@ fn connect_unmanaged(
     if qpn == 0 || qpn > 0xFF_FFFF {
         return err(libc::EINVAL);
     }
-    let o = match options(conn_param, REQ_PRIVATE, None) {
+    let o = match options(me, conn_param, REQ_PRIVATE, None) {
         Ok(o) => o,
         Err(e) => return err(e),
     };
@@ -248,7 +264,7 @@ fn accept_unmanaged(me: &mut Id, r: IbRequest, conn_param: *mut rdma_conn_param)
         lock(&me.sh.st).request = Some(Pending::Conn(r));
         return err(libc::EINVAL);
     };
-    let o = match options(conn_param, REP_PRIVATE, Some(r.peer_params())) {
+    let o = match options(me, conn_param, REP_PRIVATE, Some(r.peer_params())) {
         Ok(o) => o,
         Err(e) => {
             lock(&me.sh.st).request = Some(Pending::Conn(r));
@@ -317,7 +333,7 @@ pub unsafe extern "C" fn rdma_accept(
                     // SAFETY: a live QP of ours.
                     unsafe { (*me.c.qp).qp_num }
                 };
-                let o = match options(conn_param, SIDR_REP_PRIVATE, None) {
+                let o = match options(me, conn_param, SIDR_REP_PRIVATE, None) {
                     Ok(o) => o,
                     Err(e) => return err(e),
                 };
@@ -330,7 +346,7 @@ pub unsafe extern "C" fn rdma_accept(
                 if me.c.qp.is_null() {
                     return accept_unmanaged(me, r, conn_param);
                 }
-                let o = match options(conn_param, REP_PRIVATE, Some(r.peer_params())) {
+                let o = match options(me, conn_param, REP_PRIVATE, Some(r.peer_params())) {
                     Ok(o) => o,
                     Err(e) => {
                         lock(&me.sh.st).request = Some(Pending::Conn(r));
@@ -527,7 +543,12 @@ fn later_attrs(me: &Id, rtr: bool) -> Result<(QpAttr, AttrMask), c_int> {
     }
     match &st.request {
         Some(Pending::Conn(r)) => {
-            let o = options(std::ptr::null(), REP_PRIVATE, Some(r.peer_params()))?;
+            let o = options_ack(
+                st.ack_timeout,
+                std::ptr::null(),
+                REP_PRIVATE,
+                Some(r.peer_params()),
+            )?;
             Ok(r.qp_attrs(conn_qp_type(me), &o)[i])
         }
         _ => Err(libc::EINVAL),

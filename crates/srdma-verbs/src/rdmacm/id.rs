@@ -393,7 +393,8 @@ pub unsafe extern "C" fn rdma_migrate_id(
 }
 
 /// `rdma_set_option`: TOS, REUSEADDR, AFONLY, ACK_TIMEOUT and IB_PATH are accepted (the
-/// path and the rest are srdma's own); anything else is EINVAL.
+/// path and the rest but ACK_TIMEOUT, which the QP gets at RTS, are srdma's own); anything
+/// else is ENOSYS.
 ///
 /// # Safety
 /// `id` NULL or live; `optval` NULL or `optlen` readable bytes.
@@ -410,8 +411,23 @@ pub unsafe extern "C" fn rdma_set_option(
             return err(libc::EINVAL);
         }
         match (level, optname) {
-            // RDMA_OPTION_ID: TOS, REUSEADDR, AFONLY, ACK_TIMEOUT; RDMA_OPTION_IB: PATH.
-            (0, 0..=3) | (1, 1) => 0,
+            // RDMA_OPTION_ID_ACK_TIMEOUT: a u8, kept for the QP's RTS (RC ids only, as in
+            // the kernel's rdma_set_ack_timeout).
+            (0, 3) => {
+                // SAFETY: per the contract, and the id is live.
+                let Some(me) = (unsafe { id_of(id) }) else {
+                    return err(libc::EINVAL);
+                };
+                if optlen != 1 || me.is_ud() {
+                    return err(libc::EINVAL);
+                }
+                // SAFETY: `optval` holds `optlen` (1) readable bytes.
+                let v = unsafe { *optval.cast::<u8>() };
+                lock(&me.sh.st).ack_timeout = Some(v);
+                0
+            }
+            // RDMA_OPTION_ID: TOS, REUSEADDR, AFONLY; RDMA_OPTION_IB: PATH.
+            (0, 0..=2) | (1, 1) => 0,
             _ => err(libc::ENOSYS),
         }
     })

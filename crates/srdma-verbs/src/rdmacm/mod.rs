@@ -503,6 +503,9 @@ struct State {
     qp_attrs: Option<[(QpAttr, AttrMask); 2]>,
     /// The multicast groups joined.
     joined: Vec<Joined>,
+    /// `RDMA_OPTION_ID_ACK_TIMEOUT`: the QP's local ACK timeout from RTS on, as kernel
+    /// rdma_cm sets it (`cma_modify_qp_rts`).
+    ack_timeout: Option<u8>,
 }
 
 impl Shared {
