@@ -20,7 +20,7 @@
 #                   (rstream; riostream's riomap/riowrite), data verified, each side
 #                   listening
 #   ucx-*, fi-*     UCX's ucx_perftest (rc_verbs+ud_verbs, ud_verbs; both roles) and
-#                   libfabric's fi_pingpong (msg, rdm; srdma the client) on the drop-in
+#                   libfabric's fi_pingpong (msg, rdm; both roles) on the drop-in
 #                   against the same Debian builds on rxe
 # for SIZE in 64, 4096, 65536 (multi-packet at the path MTU 1024). Every scenario must exit 0
 # on both sides, and the guest's rxe hw counters must show no sequence error and no retry
@@ -333,15 +333,18 @@ for tls in rc_verbs,ud_verbs ud_verbs; do
     "env UCX_TLS=$tls $EXEC ucx_perftest -p 13341" || fail=1; }
 done
 # fi_pingpong's server takes no address: libfabric's verbs provider binds "localhost", which
-# kernel rdma_cm attaches to its first RDMA device (cma_bind_loopback), then listens on the
-# address of that device's netdev, found through sysfs (/sys/class/infiniband/DEV/...).
-# srdma's devices have no sysfs entries, so on srdma the server would stay on 127.0.0.1:
-# the server role on srdma is not run here yet (give it sysfs entries first).
+# kernel rdma_cm takes as a wildcard (cma_any_addr counts loopback addresses in: no device
+# attached), and then gives each device's endpoint that device's interface address (found by
+# binding each interface address; vrb_fill_addr -> vrb_get_srcaddr_devs). srdma binds a
+# loopback address so when none of its listed devices has it (here, --device 10.77.0.1).
 for ep in msg rdm; do
   prov=verbs; [ $ep = rdm ] && prov='verbs;ofi_rxm'
   selected "fi-$ep-server-on-rxe" && { scenario "fi-$ep-server-on-rxe" \
     "env FI_UNIVERSE_SIZE=64 fi_pingpong -p '$prov' -e $ep -S 4096 -I 20 -c" \
     "$RUNS/@/retry-host $EXEC fi_pingpong -p '$prov' -e $ep -S 4096 -I 20 -c 10.77.0.2" || fail=1; }
+  selected "fi-$ep-client-on-rxe" && { scenario "fi-$ep-client-on-rxe" \
+    "retry 80 0.5 env FI_UNIVERSE_SIZE=64 fi_pingpong -p '$prov' -e $ep -S 4096 -I 20 -c 10.77.0.1" \
+    "$EXEC fi_pingpong -p '$prov' -e $ep -S 4096 -I 20 -c" || fail=1; }
 done
 
 [ $fail = 0 ] && log "all scenarios passed" || log "some scenarios FAILED"

@@ -9,17 +9,19 @@
 //! `/sys/class`, with every original entry bound back, when that directory does not exist) and
 //! writes, for device `<dev>` (the `i`-th of the program's list):
 //!
-//! - `<dev>/node_type` (`1: CA`), `node_guid`, `sys_image_guid`, `node_desc`, `fw_ver`;
+//! - `<dev>/node_type` (`1: CA`), `node_guid`, `sys_image_guid`, `node_desc` (`srdma`; rxe's
+//!   is `rxe`), `fw_ver`, and `parent` (the interface, as rxe has it);
 //! - `<dev>/ports/1/`: `state` (`4: ACTIVE`), `phys_state` (`5: LinkUp`), `link_layer`
-//!   (`Ethernet`), `lid`, `sm_lid`, `lid_mask_count`, `sm_sl`, `pkeys/N`, and for each GID
+//!   (`Ethernet`), `rate`, `lid`, `sm_lid`, `lid_mask_count`, `sm_sl`, `pkeys/N`, and for each GID
 //!   in use `gids/N`, `gid_attrs/types/N` (`RoCE v2`) and `gid_attrs/ndevs/N` (the
 //!   interface). rxe has a `gids/N` for every index of its table (1024, unused ones all
 //!   zero; their `gid_attrs` fail to read); here the unused indexes are absent (a tmpfs file
 //!   takes a page of memory);
 //! - `<dev>/device/net/<ifname>`, a link to `/sys/class/net/<ifname>`, when the address is an
-//!   interface's;
+//!   interface's: a NIC's device directory lists its netdev there (pyverbs looks), rxe on a
+//!   virtual or virtio interface has no `device` (the lab's guest: pyverbs then skips);
 //! - `/sys/class/infiniband_verbs/abi_version` (`6`) and `uverbs<i>/ibdev` (`<dev>`),
-//!   `uverbs<i>/abi_version` (`1`).
+//!   `uverbs<i>/abi_version` (`2`), as rxe's (no `dev`: the node is a bind of `/dev/null`).
 //!
 //! The values are those of srdma's library (`ibv_query_device`, `ibv_query_port`,
 //! `ibv_query_gid` of a device on UDP 4791). Entries of real devices already there stay; a
@@ -67,7 +69,8 @@ fn write_device(dir: &Path, cfg: &DeviceConfig) -> Result<(), String> {
     put(&dir.join("node_type"), "1: CA")?;
     put(&dir.join("node_guid"), &guid_str(attr.node_guid))?;
     put(&dir.join("sys_image_guid"), &guid_str(attr.node_guid))?;
-    put(&dir.join("node_desc"), &cfg.name)?;
+    // rxe's is its driver's name.
+    put(&dir.join("node_desc"), "srdma")?;
     put(&dir.join("fw_ver"), &attr.fw_ver)?;
     let port = dir.join("ports");
     devnodes::mkdir(&port)?;
@@ -76,6 +79,8 @@ fn write_device(dir: &Path, cfg: &DeviceConfig) -> Result<(), String> {
     put(&port.join("state"), "4: ACTIVE")?;
     put(&port.join("phys_state"), "5: LinkUp")?;
     put(&port.join("link_layer"), pa.link_layer)?;
+    // 1X at 2.5 Gb/s, as `ibv_query_port` reports (and rxe).
+    put(&port.join("rate"), "2.5 Gb/sec (1X SDR)")?;
     for (f, v) in [
         ("lid", "0x0"),
         ("sm_lid", "0x0"),
@@ -109,6 +114,8 @@ fn write_device(dir: &Path, cfg: &DeviceConfig) -> Result<(), String> {
         put(&port.join(format!("pkeys/{i}")), v)?;
     }
     if let Some(n) = &ifname {
+        // rxe's `parent`: its netdev.
+        put(&dir.join("parent"), n)?;
         let net = dir.join("device/net");
         devnodes::mkdir(&dir.join("device"))?;
         devnodes::mkdir(&net)?;
@@ -143,7 +150,7 @@ fn write_verbs(verbs: &Path, devices: &[DeviceConfig]) -> Result<(), String> {
         if u.symlink_metadata().is_err() {
             devnodes::mkdir(&u)?;
             put(&u.join("ibdev"), &cfg.name)?;
-            put(&u.join("abi_version"), "1")?;
+            put(&u.join("abi_version"), "2")?;
         }
     }
     Ok(())
