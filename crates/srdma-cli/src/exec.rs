@@ -22,7 +22,8 @@ use crate::{UsageError, devnodes, sysfs};
 #[command(trailing_var_arg = true)]
 pub struct Args {
     /// The devices the program sees, as `[NAME=]ADDRESS[:PORT]`, comma-separated (sets
-    /// SRDMA_DEVICES; default: one per local interface address).
+    /// SRDMA_DEVICES; default: one per local interface address, loopback ones only when no
+    /// other interface has one).
     #[arg(long, value_name = "LIST")]
     pub device: Option<String>,
     /// The program and its arguments.

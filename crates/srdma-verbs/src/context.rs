@@ -2,8 +2,9 @@
 //! which fills in the objects' entries) opens with [`Context::open`], the queries, async
 //! events.
 //!
-//! The devices are srdma's (see `srdma::netdev`): one per address of every interface that is
-//! up, named as `srdma devinfo` names them. `SRDMA_DEVICES` (or the file named by
+//! The devices are srdma's (see `srdma::netdev::device_list`): one per address of every
+//! interface that is up, named as `srdma devinfo` names them, loopback ones only when no other
+//! interface has an address. `SRDMA_DEVICES` (or the file named by
 //! `SRDMA_CONFIG`, else `/etc/srdma/devices.conf`) replaces that list: entries
 //! `[NAME=]ADDRESS[:PORT]` separated by commas, blanks or lines (`#` starts a comment); a name
 //! left out is the interface rule's name for a local address, else `srdma<k>`.

@@ -249,9 +249,9 @@ fn fi_pingpong_dgram() {
 }
 
 /// fi_pingpong between two hosts (network namespaces joined by veth, MTU 1500, so a path
-/// MTU of 1024), srdma at both ends, each end given its host's device only (`--device`; the
-/// default list also has `srdma_lo`, see below): both must exit 0 and report every message of
-/// every size in `sizes` acknowledged.
+/// MTU of 1024), srdma at both ends, each end given its host's device (`--device`, what the
+/// default list holds there too): both must exit 0 and report every message of every size in
+/// `sizes` acknowledged.
 ///
 /// The server takes no address: libfabric's verbs provider binds "localhost", which the
 /// kernel's rdma_cm takes as a wildcard (no device), and then gives each device's endpoint

@@ -446,9 +446,11 @@ fn open_mpi_between_two_namespaces() {
     );
 }
 
-/// Two hosts (network namespaces joined by veth, MTU 1500), each process seeing only the
-/// device of its host's interface (every host has a `srdma_lo` with the same address, which
-/// UCX would take for a path to the peer): UCP tag matching and put over RC, tags over UD.
+/// Two hosts (network namespaces joined by veth, MTU 1500), each process on srdma's default
+/// device list: the device of its host's interface only, as the list leaves loopback devices
+/// out where another interface has an address (every host would have a `srdma_lo` with the
+/// same address, which UCX would take for a path to the peer). UCP tag matching and put over
+/// RC, tags over UD.
 #[test]
 fn ucp_between_two_namespaces() {
     if !have_ucx() {
@@ -463,19 +465,14 @@ fn ucp_between_two_namespaces() {
     let server = h0.addr.to_string();
     let in_ns = |h: &srdma_netlab::Host, tls: &str, args: &[&str]| {
         let mut c = h.command(srdma());
-        c.args([
-            "exec",
-            "--device",
-            &format!("ucx={}", h.addr),
-            "ucx_perftest",
-        ])
-        .args(args)
-        .env("UCX_TLS", tls)
-        .env_remove("SRDMA_DEVICES")
-        .env_remove("SRDMA_DEV_NODES")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        c.args(["exec", "ucx_perftest"])
+            .args(args)
+            .env("UCX_TLS", tls)
+            .env_remove("SRDMA_DEVICES")
+            .env_remove("SRDMA_DEV_NODES")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         c
     };
     for (i, (tls, test, size)) in [

@@ -3,7 +3,9 @@
 //! before IPv6), `srdma_<ifname>_<k>` its k-th further one. IPv6 link-local addresses are left
 //! out (a device cannot bind them without a scope). Loopback devices come last, so that the
 //! first device, which most programs open, is reachable from other hosts. `srdma devinfo`
-//! and the drop-in libibverbs list the same devices.
+//! lists them all; the drop-in libibverbs lists them too ([`device_list`]), but for the
+//! loopback devices when another interface has an address (every host has a `srdma_lo` on
+//! 127.0.0.1, which a program would take for a path to its peer).
 
 use std::ffi::CStr;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -87,7 +89,9 @@ pub fn local_devices() -> std::io::Result<Vec<LocalDev>> {
 /// entries `[NAME=]ADDRESS[:PORT]` separated by commas, blanks or lines, `#` starting a
 /// comment) when it is given and not blank, else of the file `SRDMA_CONFIG` names (default
 /// `/etc/srdma/devices.conf`) if it can be read, else one per local interface address
-/// ([`local_devices`], on UDP 4791). A name left out is the interface rule's for a local
+/// ([`local_devices`], on UDP 4791) without the loopback ones when another interface has an
+/// address: with it, a program's rdma_cm resolves 127.x destinations as the kernel does on
+/// a host without an RDMA device on `lo` (the first device, its own address). A name left out is the interface rule's for a local
 /// address, else `srdma<k>`. Entries that do not parse are left out, with a note on stderr
 /// unless `quiet`.
 pub fn device_list(list: Option<&str>, quiet: bool) -> Vec<DeviceConfig> {
@@ -100,7 +104,12 @@ pub fn device_list(list: Option<&str>, quiet: bool) -> Vec<DeviceConfig> {
             match std::fs::read_to_string(path) {
                 Ok(t) => t,
                 Err(_) => {
-                    return local.iter().map(|d| d.config(crate::ROCEV2_PORT)).collect();
+                    let others = local.iter().any(|d| !d.addr.is_loopback());
+                    return local
+                        .iter()
+                        .filter(|d| !(others && d.addr.is_loopback()))
+                        .map(|d| d.config(crate::ROCEV2_PORT))
+                        .collect();
                 }
             }
         }

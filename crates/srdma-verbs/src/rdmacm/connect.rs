@@ -113,7 +113,7 @@ pub unsafe extern "C" fn rdma_connect(
             if st.connecting || st.listening {
                 return err(libc::EINVAL);
             }
-            (st.dev, st.src, st.dst)
+            (st.dev, st.src, st.route_dst.or(st.dst))
         };
         let (Some(d), Some(src), Some(dst)) = (dev, src, dst) else {
             return err(libc::EINVAL);

@@ -212,15 +212,42 @@ pub unsafe extern "C" fn rdma_resolve_addr(
             .map(|a| a.ip())
             .filter(|ip| !ip.is_unspecified());
         let port = src.or(bound).map_or(0, |a| a.port());
-        let dev = match src_ip {
-            Some(ip) => dev_for(ip),
-            None => source_device(dst.ip()),
+        // A loopback destination when no device is on a loopback address (the default list
+        // where other interfaces have addresses), from an id on no device: the kernel's
+        // cma_bind_loopback, the first device (every srdma port is active), its own GID the
+        // destination, the id's addresses loopback ones. Devices on 127.x addresses (srdma's
+        // own, e.g. `SRDMA_DEVICES=127.0.0.2`) reach each other as before.
+        let loopback = dst.ip().is_loopback()
+            && !cm_devs().iter().any(|d| d.addr.is_loopback())
+            && src_ip.is_none_or(|ip| ip.is_loopback());
+        // An id bound to a loopback address without a device (a wildcard, see `bind`) picks
+        // its device as an unbound one does.
+        let src_ip = src_ip.filter(|&ip| !ip.is_loopback() || dev_for(ip).is_some());
+        let dev = if loopback {
+            (!cm_devs().is_empty()).then_some(0)
+        } else {
+            match src_ip {
+                Some(ip) => dev_for(ip),
+                None => source_device(dst.ip()),
+            }
         };
         let ev = match dev {
             Some(d) => match me.attach(d) {
                 Ok(()) => {
                     let port = if port == 0 { any_port() } else { port };
-                    me.set_src(SocketAddr::new(cm_devs()[d].addr, port));
+                    let addr = cm_devs()[d].addr;
+                    if loopback {
+                        let lo = if dst.is_ipv4() {
+                            IpAddr::V4(Ipv4Addr::LOCALHOST)
+                        } else {
+                            IpAddr::V6(std::net::Ipv6Addr::LOCALHOST)
+                        };
+                        me.set_src(SocketAddr::new(lo, port));
+                        me.c.route.addr.addr.dgid.raw = me.c.route.addr.addr.sgid.raw;
+                        lock(&me.sh.st).route_dst = Some(SocketAddr::new(addr, dst.port()));
+                    } else {
+                        me.set_src(SocketAddr::new(addr, port));
+                    }
                     event(me.ptr() as usize, RDMA_CM_EVENT_ADDR_RESOLVED, 0)
                 }
                 Err(e) => event(me.ptr() as usize, RDMA_CM_EVENT_ADDR_ERROR, -e),

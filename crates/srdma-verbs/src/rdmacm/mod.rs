@@ -506,6 +506,9 @@ struct State {
     /// `RDMA_OPTION_ID_ACK_TIMEOUT`: the QP's local ACK timeout from RTS on, as kernel
     /// rdma_cm sets it (`cma_modify_qp_rts`).
     ack_timeout: Option<u8>,
+    /// Where the CM's messages go when that is not `dst`: a loopback destination resolved
+    /// to the id's own device (see `rdma_resolve_addr`).
+    route_dst: Option<SocketAddr>,
 }
 
 impl Shared {
@@ -584,7 +587,9 @@ impl Id {
     fn set_dst(&mut self, a: SocketAddr) {
         write_addr(&mut self.c.route.addr.dst_storage, a);
         self.c.route.addr.addr.dgid.raw = Gid::from_ip(a.ip()).0;
-        lock(&self.sh.st).dst = Some(a);
+        let mut st = lock(&self.sh.st);
+        st.dst = Some(a);
+        st.route_dst = None;
     }
 
     /// The path record of a resolved route: the device's port, P_Key 0xFFFF, hop limit 64.
