@@ -152,12 +152,15 @@ impl Shared {
         };
         let r = sys::poll_readable([fd, self.socket.as_raw_fd(), groups, port, ep], timeout);
         let shm_news = r.as_ref().is_ok_and(|r| r[3] || r[4]);
+        // Only what polled readable is read: a doorbell costs no look at the UDP socket.
+        let udp = r.as_ref().is_ok_and(|r| r[1] || r[2]);
         if port >= 0 {
             let mut st = self.lock();
             if let Some(shm) = st.shm.as_mut() {
                 shm.disarm();
                 if shm_news {
-                    shm.service(self.now().as_nanos() as u64);
+                    let offer = r.as_ref().is_ok_and(|r| r[3]);
+                    shm.service(self.now().as_nanos() as u64, offer);
                 }
             }
         }
@@ -174,7 +177,7 @@ impl Shared {
         if ready[1] {
             let mut st = self.lock();
             self.flush_deferred(&mut st);
-            self.receive(&mut st, RX_BUDGET, Hold::Nothing, true);
+            self.receive(&mut st, RX_BUDGET, Hold::Nothing, udp);
             if now >= st.next_timer {
                 self.run_timers(&mut st);
             }
@@ -267,7 +270,7 @@ fn publish_stats(st: &mut State) -> Option<crate::stats::Pending> {
 fn service_shm(shared: &Shared) {
     let now = shared.now().as_nanos() as u64;
     if let Some(shm) = shared.lock().shm.as_mut() {
-        shm.service(now);
+        shm.service(now, true);
     }
 }
 
@@ -364,8 +367,10 @@ pub(super) fn progress(shared: &Shared) {
             if armed {
                 shm.disarm();
             }
-            if ready.is_ok_and(|[.., p, e]| p || e) {
-                shm.service(shared.now().as_nanos() as u64);
+            if let Ok([.., p, e]) = ready
+                && (p || e)
+            {
+                shm.service(shared.now().as_nanos() as u64, p);
             }
         }
         // Held-back packets the application left for this thread to send once their window

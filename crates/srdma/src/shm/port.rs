@@ -406,31 +406,31 @@ pub(crate) fn refuse(link: &OwnedFd) {
     };
 }
 
-/// Reads everything waiting on a link's socket.
+/// Reads what waits on a link's socket: one message (a doorbell, usually the only one: the
+/// producer rings once per nap; more stay readable for the next look).
 pub(crate) fn read_link(link: &OwnedFd) -> LinkNews {
     let mut buf = [0u8; 64];
-    loop {
-        // SAFETY: reads into a live buffer from our own socket.
-        let n = unsafe {
-            libc::recv(
-                link.as_raw_fd(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                libc::MSG_DONTWAIT,
-            )
+    // SAFETY: reads into a live buffer from our own socket.
+    let n = unsafe {
+        libc::recv(
+            link.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            libc::MSG_DONTWAIT,
+        )
+    };
+    if n == 0 {
+        return LinkNews::Gone;
+    }
+    if n < 0 {
+        return match io::Error::last_os_error().raw_os_error() {
+            Some(libc::EAGAIN) | Some(libc::EINTR) => LinkNews::Bells,
+            _ => LinkNews::Gone,
         };
-        if n == 0 {
-            return LinkNews::Gone;
-        }
-        if n < 0 {
-            let e = io::Error::last_os_error().raw_os_error();
-            return match e {
-                Some(libc::EAGAIN) | Some(libc::EINTR) => LinkNews::Bells,
-                _ => LinkNews::Gone,
-            };
-        }
-        if buf[..n as usize].contains(&b'r') {
-            return LinkNews::Refused;
-        }
+    }
+    if buf[..n as usize].contains(&b'r') {
+        LinkNews::Refused
+    } else {
+        LinkNews::Bells
     }
 }
