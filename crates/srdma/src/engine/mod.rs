@@ -249,6 +249,9 @@ pub(crate) struct Shared {
     /// The shared-memory driver's descriptors (see `shm::Shm::fds`), -1 without it: the
     /// driver lives in `State` as long as this does.
     shm_fds: [RawFd; 2],
+    /// How many links peers of this host produce into (`shm::Shm::ins`, as of the last
+    /// `service`): the progress thread arms the rings only when there are some.
+    shm_ins: AtomicUsize,
 }
 
 /// Keeps the progress thread alive exactly as long as some handle needs the device.
@@ -383,6 +386,7 @@ pub(crate) fn start(cfg: DeviceConfig, sock: crate::udp::Socket) -> Result<Arc<D
         groups_ep: std::sync::OnceLock::new(),
         groups_fd: AtomicI32::new(-1),
         shm_fds,
+        shm_ins: AtomicUsize::new(0),
     });
     let s2 = Arc::clone(&shared);
     let thread = std::thread::Builder::new()

@@ -161,6 +161,7 @@ impl Shared {
                 if shm_news {
                     let offer = r.as_ref().is_ok_and(|r| r[3]);
                     shm.service(self.now().as_nanos() as u64, offer);
+                    self.shm_ins.store(shm.ins(), Ordering::Relaxed);
                 }
             }
         }
@@ -271,6 +272,7 @@ fn service_shm(shared: &Shared) {
     let now = shared.now().as_nanos() as u64;
     if let Some(shm) = shared.lock().shm.as_mut() {
         shm.service(now, true);
+        shared.shm_ins.store(shm.ins(), Ordering::Relaxed);
     }
 }
 
@@ -348,8 +350,10 @@ pub(super) fn progress(shared: &Shared) {
         // The shared-memory driver's rings go with the socket: watched (doorbells asked
         // for) where the socket is.
         let [port, ep] = if sock >= 0 { shared.shm_fds } else { [-1, -1] };
-        // Doorbells only for a thread that may sleep (not for a look without waiting).
-        let armed = port >= 0 && wait != Some(Duration::ZERO);
+        // Doorbells only for a thread that may sleep (not for a look without waiting), and
+        // only where some peer produces into this device (no lock taken otherwise).
+        let armed =
+            port >= 0 && wait != Some(Duration::ZERO) && shared.shm_ins.load(Ordering::Relaxed) > 0;
         if armed && !shared.lock().shm.as_mut().is_none_or(|s| s.arm()) {
             wait = Some(Duration::ZERO);
         }
@@ -371,6 +375,7 @@ pub(super) fn progress(shared: &Shared) {
                 && (p || e)
             {
                 shm.service(shared.now().as_nanos() as u64, p);
+                shared.shm_ins.store(shm.ins(), Ordering::Relaxed);
             }
         }
         // Held-back packets the application left for this thread to send once their window

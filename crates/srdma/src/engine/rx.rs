@@ -144,6 +144,9 @@ impl Shared {
     /// Handles up to [`SHM_BATCH`] packets from each ring of the shared-memory driver;
     /// returns how many it took from all of them.
     fn receive_shm(&self, st: &mut State, now: Duration) -> usize {
+        if st.shm.as_ref().is_none_or(|s| !s.has_ins()) {
+            return 0;
+        }
         let Some(mut shm) = st.shm.take() else {
             return 0;
         };
@@ -155,6 +158,8 @@ impl Shared {
             shm.count_into(&mut st.counters);
             st.shm_took_at = now.as_nanos() as u64;
         }
+        // A ring found corrupt is gone.
+        self.shm_ins.store(shm.ins(), Ordering::Relaxed);
         st.shm = Some(shm);
         k
     }

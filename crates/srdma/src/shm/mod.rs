@@ -91,8 +91,8 @@ pub(crate) struct Shm {
     /// Every link's socket, by descriptor: one descriptor to poll for all of them.
     ep: OwnedFd,
     routes: HashMap<(SocketAddr, u8), Route>,
-    /// The last route looked up (an RC QP sends to one peer).
-    last: Option<((SocketAddr, u8), usize)>,
+    /// The last route looked up (an RC QP sends to one peer): the link, or UDP until when.
+    last: Option<((SocketAddr, u8), Route)>,
     outs: Vec<Option<Out>>,
     ins: Vec<In>,
     buf: Box<[u8]>,
@@ -130,6 +130,11 @@ impl Shm {
         !self.ins.is_empty()
     }
 
+    /// How many peers produce into this device.
+    pub(crate) fn ins(&self) -> usize {
+        self.ins.len()
+    }
+
     /// The out-link for a packet to QP `dqpn` at `dst` (`now`: ns since the engine's epoch),
     /// or `None`: UDP.
     pub(crate) fn route(&mut self, dst: SocketAddr, dqpn: u32, now: u64) -> Option<usize> {
@@ -138,25 +143,27 @@ impl Shm {
             return None;
         }
         let key = (dst, (dqpn >> 16) as u8);
-        if let Some((k, i)) = self.last
-            && k == key
-        {
-            return Some(i);
+        // One lookup per destination, not per packet (off-host peers included).
+        let route = match self.last {
+            Some((k, r)) if k == key => Some(r),
+            _ => self.routes.get(&key).copied(),
+        };
+        let route = match route {
+            Some(Route::Udp(until)) if now >= until => None,
+            r => r,
+        };
+        let route = route.unwrap_or_else(|| {
+            let r = self
+                .connect(key)
+                .map_or(Route::Udp(now.saturating_add(RETRY_NS)), Route::Link);
+            self.routes.insert(key, r);
+            r
+        });
+        self.last = Some((key, route));
+        match route {
+            Route::Link(i) => Some(i),
+            Route::Udp(_) => None,
         }
-        match self.routes.get(&key) {
-            Some(Route::Link(i)) => {
-                self.last = Some((key, *i));
-                return Some(*i);
-            }
-            Some(Route::Udp(until)) if now < *until => return None,
-            _ => {}
-        }
-        let r = self.connect(key);
-        self.routes.insert(
-            key,
-            r.map_or(Route::Udp(now.saturating_add(RETRY_NS)), Route::Link),
-        );
-        r
     }
 
     /// Offers a ring to the device at `key`, if one lives in this namespace: its slot name
