@@ -270,10 +270,17 @@ fn publish_stats(st: &mut State) -> Option<crate::stats::Pending> {
 /// Takes in what the shared-memory driver's descriptors say (new links, ended ones).
 fn service_shm(shared: &Shared) {
     let now = shared.now().as_nanos() as u64;
-    if let Some(shm) = shared.lock().shm.as_mut() {
+    let mut st = shared.lock();
+    if let Some(shm) = st.shm.as_mut() {
         shm.service(now, true);
         shared.shm_ins.store(shm.ins(), Ordering::Relaxed);
     }
+    // A link taken in here may hold packets already, and a thread asleep on the rings (armed
+    // before the link existed) hears nothing of them: their producer rang no doorbell, as
+    // nobody slept on that ring yet. Take them now.
+    shared.receive(&mut st, RX_BUDGET, Hold::Nothing, false);
+    drop(st);
+    shared.run_hooks();
 }
 
 /// The progress thread: receive, dispatch, acknowledge, retransmit, complete — so one-sided

@@ -63,7 +63,9 @@ struct In {
     /// The peer's address: the source of its packets.
     from: SocketAddr,
     ring: Consumer,
-    sock: OwnedFd,
+    /// `None` once the peer went: what it published before is still taken (as datagrams
+    /// already in a socket's buffer are), then the link ends.
+    sock: Option<OwnedFd>,
 }
 
 /// What the driver counted (the engine adds them to the device's counters).
@@ -275,23 +277,31 @@ impl Shm {
     /// Returns how many it took.
     pub(crate) fn drain(&mut self, max: usize, mut f: impl FnMut(SocketAddr, &[u8])) -> usize {
         let mut n = 0;
-        let mut broken = false;
+        let mut ended = false;
         for link in &mut self.ins {
             if link.ring.is_empty() {
+                ended |= link.sock.is_none();
                 continue;
             }
             let from = link.from;
             match link.ring.pop(&mut self.buf, max, |d| f(from, d)) {
-                Ok(k) => n += k,
+                Ok(k) => {
+                    n += k;
+                    ended |= link.sock.is_none() && link.ring.is_empty();
+                }
                 Err(ring::Corrupt) => {
-                    port::refuse(&link.sock);
-                    broken = true;
+                    if let Some(sock) = &link.sock {
+                        port::refuse(sock);
+                    }
+                    self.counts.refused += 1;
+                    ended = true;
                 }
             }
         }
-        if broken {
-            self.counts.refused += 1;
-            self.ins.retain(|l| !l.ring_broken());
+        if ended {
+            // Corrupt rings, and rings of peers that went once they are empty.
+            self.ins
+                .retain(|l| !l.ring.is_corrupt() && (l.sock.is_some() || !l.ring.is_empty()));
         }
         self.counts.rx_packets += n as u64;
         n
@@ -334,7 +344,7 @@ impl Shm {
                     self.ins.push(In {
                         from: hello.from,
                         ring,
-                        sock: hello.link,
+                        sock: Some(hello.link),
                     });
                 }
                 _ => {
@@ -346,7 +356,8 @@ impl Shm {
         let mut ready = [0 as RawFd; 64];
         let n = crate::sys::epoll_ready(&self.ep, &mut ready);
         for &fd in &ready[..n] {
-            if let Some(k) = self.ins.iter().position(|l| l.sock.as_raw_fd() == fd) {
+            let is = |l: &In| l.sock.as_ref().is_some_and(|s| s.as_raw_fd() == fd);
+            if let Some(k) = self.ins.iter().position(is) {
                 // A doorbell is for every thread that armed: while one still sleeps (or is
                 // on its way into `poll`, past its last look at the rings), it stays there
                 // for that one to see — taken here, it would be lost to it, and the peer
@@ -354,10 +365,14 @@ impl Shm {
                 if self.armed > 0 {
                     continue;
                 }
-                if port::read_link(&self.ins[k].sock) != port::LinkNews::Bells {
-                    // Whatever the peer published before it went is dropped with the ring,
-                    // as a datagram in flight to an exited process is.
-                    self.ins.swap_remove(k);
+                let link = &mut self.ins[k];
+                if link.sock.as_ref().map(port::read_link) != Some(port::LinkNews::Bells) {
+                    // The peer went (or refuses): its socket leaves the epoll set; what it
+                    // published before is still taken (`drain`), then the link ends.
+                    link.sock = None;
+                    if link.ring.is_empty() || link.ring.is_corrupt() {
+                        self.ins.swap_remove(k);
+                    }
                 }
                 continue;
             }
@@ -392,11 +407,6 @@ impl Shm {
 }
 
 impl In {
-    /// A ring the driver refused after it broke the rules (its socket got the refusal).
-    fn ring_broken(&self) -> bool {
-        self.ring.is_corrupt()
-    }
-
     #[cfg(test)]
     fn ring_mem_for_test(&self) -> (*mut u8, usize) {
         self.ring.raw()
@@ -461,6 +471,23 @@ mod tests {
         assert!(readable(b.fds()[1]));
         b.service(0, true);
         assert!(!b.has_ins());
+    }
+
+    #[test]
+    fn what_a_producer_published_before_it_went_is_still_taken() {
+        let (a_at, b_at) = (addr("127.0.0.1:47916"), addr("127.0.0.1:47917"));
+        let mut a = Shm::open(a_at, None).unwrap();
+        let mut b = Shm::open(b_at, None).unwrap();
+        let i = a.route(b_at, 0x11, 0).unwrap();
+        for _ in 0..3 {
+            assert!(a.push(i, 40, |_| true));
+        }
+        // The replies of a UD server that exits right after sending them (udaddy).
+        drop(a);
+        b.service(0, true);
+        assert!(b.has_ins(), "the ring still holds packets");
+        assert_eq!(b.drain(10, |from, _| assert_eq!(from, a_at)), 3);
+        assert!(!b.has_ins(), "then the link ends");
     }
 
     #[test]
