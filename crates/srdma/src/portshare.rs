@@ -129,7 +129,8 @@ fn name_of(addr: SocketAddr) -> Vec<u8> {
     format!("srdma-port-{}-{}", addr.ip(), addr.port()).into_bytes()
 }
 
-fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
+/// A libc return value as a result (negative: `errno`).
+pub(crate) fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
     if r < 0 {
         Err(io::Error::last_os_error())
     } else {
@@ -137,8 +138,8 @@ fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
     }
 }
 
-/// An abstract Unix address for `name`.
-fn unix_addr(name: &[u8]) -> (libc::sockaddr_un, libc::socklen_t) {
+/// An abstract Unix address for `name` (also the shared-memory driver's rendezvous names).
+pub(crate) fn unix_addr(name: &[u8]) -> (libc::sockaddr_un, libc::socklen_t) {
     // SAFETY: sockaddr_un is plain data; all zeroes is valid.
     let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
     a.sun_family = libc::AF_UNIX as libc::sa_family_t;

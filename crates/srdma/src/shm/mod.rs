@@ -56,6 +56,8 @@ struct Out {
     sock: OwnedFd,
     /// Pushed since the last doorbell check.
     dirty: bool,
+    /// The last push found the ring full (the peer's liveness was asked then).
+    full: bool,
 }
 
 /// A link a peer produces into.
@@ -191,6 +193,7 @@ impl Shm {
                 ring,
                 sock,
                 dirty: false,
+                full: false,
             };
             self.counts.links_out += 1;
             let i = match self.outs.iter().position(Option::is_none) {
@@ -221,14 +224,16 @@ impl Shm {
             Ok(Push::Withdrawn) => false,
             Ok(Push::Done) => {
                 out.dirty = true;
+                out.full = false;
                 self.counts.tx_packets += 1;
                 true
             }
             Ok(Push::Full) => {
                 self.counts.tx_full += 1;
                 // A peer that went without a word (the socket pair tells the progress
-                // thread, which may not have looked yet): ask the socket now.
-                if port::ring_bell(&out.sock).is_err() {
+                // thread, which may not have looked yet): ask the socket, once per run of
+                // full pushes (not a system call per dropped packet).
+                if !std::mem::replace(&mut out.full, true) && port::ring_bell(&out.sock).is_err() {
                     self.end_out(i, None);
                 }
                 false

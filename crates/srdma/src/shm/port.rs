@@ -15,6 +15,7 @@ use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use super::ring::{self, Mem};
+use crate::portshare::{cvt, unix_addr};
 
 /// A message on the rendezvous socket: [`MSG_LEN`] bytes.
 const MSG_MAGIC: u64 = u64::from_le_bytes(*b"srdmaShm");
@@ -22,30 +23,10 @@ const MSG_LEN: usize = 48;
 /// The only message: a ring offered (memfd and link socket attached).
 const KIND_HELLO: u8 = 1;
 
-fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(r)
-    }
-}
-
 /// The abstract name of the device at `addr` with port slot `slot` (`None`: unshared port).
 pub(crate) fn name_of(addr: SocketAddr, slot: Option<u8>) -> Vec<u8> {
     let slot = slot.map_or("u".to_string(), |s| s.to_string());
     format!("srdma-shm1-{}-{}-{slot}", addr.ip(), addr.port()).into_bytes()
-}
-
-fn unix_addr(name: &[u8]) -> (libc::sockaddr_un, libc::socklen_t) {
-    // SAFETY: sockaddr_un is plain data; all zeroes is valid.
-    let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    a.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    let n = name.len().min(a.sun_path.len() - 1);
-    for (d, s) in a.sun_path[1..=n].iter_mut().zip(name) {
-        *d = *s as libc::c_char;
-    }
-    let len = size_of::<libc::sa_family_t>() + 1 + n;
-    (a, len as libc::socklen_t)
 }
 
 fn dgram_socket() -> io::Result<OwnedFd> {
@@ -120,22 +101,7 @@ impl Port {
         let (a, alen) = unix_addr(to);
         let memfd = memfd(len)?;
         let (mine, theirs) = seqpacket_pair()?;
-        // SAFETY: maps `len` bytes of a memfd we just sized and sealed against shrinking.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                memfd.as_raw_fd(),
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: a live shared mapping of `len` bytes we own; the file cannot shrink.
-        let mem = unsafe { Mem::from_mapping(ptr.cast(), len) };
+        let mem = map_sealed(&memfd, len)?;
         let producer = ring::Producer::new(mem)
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "ring too small"))?;
         let mut m = [0u8; MSG_LEN];
@@ -297,7 +263,19 @@ fn hello_of(
     if unsafe { libc::fstat(memfd.as_raw_fd(), &mut st) } != 0 || (st.st_size as u64) < len as u64 {
         return Err("ring memory shorter than said");
     }
-    // SAFETY: maps `len` bytes of a file at least that long that cannot shrink.
+    let mem = map_sealed(&memfd, len).map_err(|_| "mapping the ring failed")?;
+    Ok(Hello {
+        from: SocketAddr::new(ip, port),
+        mem,
+        link,
+    })
+}
+
+/// Maps the first `len` bytes of `memfd`, which is at least that long and sealed against
+/// shrinking (checked by the caller), shared and writable.
+fn map_sealed(memfd: &OwnedFd, len: usize) -> io::Result<Mem> {
+    // SAFETY: maps `len` bytes of a file that holds them and cannot shrink (no access can
+    // fault); the kernel validates the descriptor.
     let ptr = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
@@ -309,15 +287,10 @@ fn hello_of(
         )
     };
     if ptr == libc::MAP_FAILED {
-        return Err("mapping the ring failed");
+        return Err(io::Error::last_os_error());
     }
-    // SAFETY: a live shared mapping of `len` bytes we own; the file cannot shrink.
-    let mem = unsafe { Mem::from_mapping(ptr.cast(), len) };
-    Ok(Hello {
-        from: SocketAddr::new(ip, port),
-        mem,
-        link,
-    })
+    // SAFETY: a live shared mapping of `len` bytes that only the returned `Mem` unmaps.
+    Ok(unsafe { Mem::from_mapping(ptr.cast(), len) })
 }
 
 /// A memfd of `len` bytes, sealed so that it cannot shrink (nor be unsealed).
@@ -359,25 +332,29 @@ fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(sv[0]), OwnedFd::from_raw_fd(sv[1])) })
 }
 
-/// Rings the doorbell on a link's socket (one byte; a full socket means one is waiting).
-pub(crate) fn ring_bell(link: &OwnedFd) -> io::Result<()> {
-    let b = [b'b'];
-    // SAFETY: sends one byte from a live buffer on our own socket.
+/// Sends one byte on a link's socket without waiting.
+fn send_byte(link: &OwnedFd, b: u8) -> io::Result<()> {
+    // SAFETY: sends one byte from a live local on our own socket.
     let n = unsafe {
         libc::send(
             link.as_raw_fd(),
-            b.as_ptr().cast(),
+            (&raw const b).cast(),
             1,
             libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
         )
     };
     if n == 1 {
-        return Ok(());
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
-    let e = io::Error::last_os_error();
-    match e.raw_os_error() {
-        Some(libc::EAGAIN) => Ok(()),
-        _ => Err(e),
+}
+
+/// Rings the doorbell on a link's socket (one byte; a full socket means one is waiting).
+pub(crate) fn ring_bell(link: &OwnedFd) -> io::Result<()> {
+    match send_byte(link, b'b') {
+        Err(e) if e.raw_os_error() != Some(libc::EAGAIN) => Err(e),
+        _ => Ok(()),
     }
 }
 
@@ -394,16 +371,7 @@ pub(crate) enum LinkNews {
 
 /// Says no to a link: the other end learns it before the socket closes.
 pub(crate) fn refuse(link: &OwnedFd) {
-    let b = [b'r'];
-    // SAFETY: sends one byte from a live buffer on our own socket.
-    let _ = unsafe {
-        libc::send(
-            link.as_raw_fd(),
-            b.as_ptr().cast(),
-            1,
-            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-        )
-    };
+    let _ = send_byte(link, b'r');
 }
 
 /// Reads what waits on a link's socket: one message (a doorbell, usually the only one: the
