@@ -65,7 +65,7 @@ pub use error::{Error, Result};
 pub use imm::{Ieth, ImmDt};
 pub use ip::{Encap, IpRepr, Ipv4Repr, Ipv6Repr, ROCEV2_PORT};
 pub use opcode::{Headers, Kind, Opcode, PayloadRule, Position, Transport};
-pub use packet::{Packet, PacketRepr};
+pub use packet::{MAX_HEADER_LEN, Packet, PacketRepr};
 pub use pretty::Verbose;
 pub use reth::{Feth, FethRepr, Reth, RethRepr};
 pub use seq::{Psn, Qpn};

@@ -10,9 +10,25 @@ use crate::ip::Encap;
 use crate::opcode::{Headers, Opcode, PayloadRule};
 use crate::reth::{Feth, FethRepr, Reth, RethRepr};
 use crate::{Error, Result};
+use core::ops::Range;
 
 /// Smallest RoCEv2 packet: a BTH and an ICRC.
 pub const MIN_PACKET_LEN: usize = BTH_LEN + ICRC_LEN;
+
+/// The longest headers (BTH and extension headers) any opcode carries: a
+/// [`PacketRepr::parse_head`] needs no more of a packet.
+pub const MAX_HEADER_LEN: usize = {
+    let mut max = 0;
+    let mut i = 0;
+    while i < Opcode::ALL.len() {
+        let hl = Opcode::ALL[i].header_len();
+        if hl > max {
+            max = hl;
+        }
+        i += 1;
+    }
+    max
+};
 
 /// A zero-copy view of a whole RoCEv2 packet.
 ///
@@ -42,37 +58,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
     /// Validates the structure (see the type's documentation).
     pub fn check_len(&self) -> Result<()> {
         let b = self.buffer.as_ref();
-        let bth = Bth::new_checked(b)?;
-        if bth.tver() != 0 {
-            return Err(Error::BadVersion(bth.tver()));
-        }
-        let opcode = bth.opcode()?;
-        let hl = opcode.header_len();
-        crate::error::need(opcode.name(), b, hl + ICRC_LEN)?;
-        let area = b.len() - hl - ICRC_LEN;
-        let pad = usize::from(bth.pad_cnt());
-        if pad > 0 && area <= pad {
-            return Err(Error::BadPad {
-                opcode,
-                pad: pad as u8,
-                reason: "pad without payload",
-            });
-        }
-        if area % 4 != 0 {
-            return Err(Error::LengthMismatch {
-                opcode,
-                len: area,
-                reason: "payload + pad is not a multiple of 4",
-            });
-        }
-        if opcode.payload_rule() == PayloadRule::None && area != 0 {
-            return Err(Error::LengthMismatch {
-                opcode,
-                len: area,
-                reason: "opcode carries no payload",
-            });
-        }
-        Ok(())
+        check_structure(b, b.len())
     }
 
     /// Gives the buffer back.
@@ -206,6 +192,50 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     }
 }
 
+/// The checks of [`Packet::check_len`] for a packet of `len` bytes whose first bytes are
+/// `b`: all its headers at least (or the whole packet, if shorter).
+fn check_structure(b: &[u8], len: usize) -> Result<()> {
+    let bth = Bth::new_checked(b)?;
+    if bth.tver() != 0 {
+        return Err(Error::BadVersion(bth.tver()));
+    }
+    let opcode = bth.opcode()?;
+    let hl = opcode.header_len();
+    // Headers missing from `b` count as missing from the packet.
+    let actual = if b.len() < hl { b.len() } else { len };
+    if actual < hl + ICRC_LEN {
+        return Err(Error::Truncated {
+            what: opcode.name(),
+            needed: hl + ICRC_LEN,
+            actual,
+        });
+    }
+    let area = len - hl - ICRC_LEN;
+    let pad = usize::from(bth.pad_cnt());
+    if pad > 0 && area <= pad {
+        return Err(Error::BadPad {
+            opcode,
+            pad: pad as u8,
+            reason: "pad without payload",
+        });
+    }
+    if area % 4 != 0 {
+        return Err(Error::LengthMismatch {
+            opcode,
+            len: area,
+            reason: "payload + pad is not a multiple of 4",
+        });
+    }
+    if opcode.payload_rule() == PayloadRule::None && area != 0 {
+        return Err(Error::LengthMismatch {
+            opcode,
+            len: area,
+            reason: "opcode carries no payload",
+        });
+    }
+    Ok(())
+}
+
 /// Every field of a RoCEv2 packet: the BTH, whichever extension headers its opcode carries,
 /// and the payload. The pad follows from the payload length and the ICRC from the IP header,
 /// so neither is stored: [`PacketRepr::emit`] writes zero pad bytes and
@@ -262,13 +292,26 @@ impl<'a> PacketRepr<'a> {
 
     /// Parses a whole packet straight from bytes (checks included).
     pub fn parse_bytes(bytes: &'a [u8]) -> Result<PacketRepr<'a>> {
-        let p = Packet::new_checked(bytes)?;
+        let (mut repr, payload) = PacketRepr::parse_head(bytes, bytes.len())?;
+        repr.payload = &bytes[payload];
+        Ok(repr)
+    }
+
+    /// Parses a packet of `len` bytes from `head`, its first bytes — all its headers at
+    /// least, or the whole packet if it is shorter than [`MAX_HEADER_LEN`] — with the checks
+    /// of [`PacketRepr::parse_bytes`]. Returns the repr with an empty payload and where the
+    /// payload lies in the packet. For a packet that lies where someone else may write: its
+    /// headers are read from a private copy once, and the payload taken from where it lies.
+    pub fn parse_head(head: &[u8], len: usize) -> Result<(PacketRepr<'a>, Range<usize>)> {
+        check_structure(head, len)?;
+        let bytes = head;
+        let p = Packet::new_unchecked(head);
         let bth = BthRepr::with_opcode(&p.bth(), p.opcode());
         let headers = bth.opcode.headers();
         let mut repr = PacketRepr::new(bth, &[]);
-        // One walk over the headers, in wire order; `check_len` guaranteed they fit.
+        // One walk over the headers, in wire order; `check_structure` guaranteed they fit.
         let mut at = BTH_LEN;
-        let mut take = |h: Headers, len: usize| -> Option<&'a [u8]> {
+        let mut take = |h: Headers, len: usize| -> Option<&[u8]> {
             if headers.contains(h) {
                 at += len;
                 Some(&bytes[at - len..at])
@@ -303,9 +346,8 @@ impl<'a> PacketRepr<'a> {
             .map(|b| AtomicAckEthRepr::parse(&AtomicAckEth::new_unchecked(b)))
             .transpose()?;
         let hl = bth.opcode.header_len();
-        let end = bytes.len() - ICRC_LEN - usize::from(bth.pad_cnt);
-        repr.payload = &bytes[hl..end];
-        Ok(repr)
+        let end = len - ICRC_LEN - usize::from(bth.pad_cnt);
+        Ok((repr, hl..end))
     }
 
     /// Pad bytes the payload needs: `(-len) & 3`.

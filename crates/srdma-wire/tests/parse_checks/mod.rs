@@ -114,6 +114,21 @@ fn packet_bytes(data: &[u8]) {
     let checked = Packet::new_checked(data);
     let parsed = PacketRepr::parse_bytes(data);
     assert_eq!(checked.is_ok(), parsed.is_ok(), "{checked:?} vs {parsed:?}");
+    // The headers from a prefix (as from a private copy of a shared ring's record) and the
+    // payload from where it lies: the same repr, the same verdict.
+    let cut = data.len().min(srdma_wire::MAX_HEADER_LEN);
+    match (PacketRepr::parse_head(&data[..cut], data.len()), &parsed) {
+        (Ok((mut r, range)), Ok(whole)) => {
+            r.payload = &data[range];
+            assert_eq!(&r, whole);
+        }
+        (Err(e), Err(whole)) => assert_eq!(&e, whole),
+        (head, whole) => panic!("parse_head {head:?} vs parse_bytes {whole:?}"),
+    }
+    // A head shorter than the headers is an error, never a panic.
+    for short in 0..cut {
+        let _ = black_box(PacketRepr::parse_head(&data[..short], data.len()));
+    }
     if let Ok(p) = checked {
         packet_view(&p);
     }

@@ -25,11 +25,12 @@ pub(super) const UDP_QUIET: Duration = Duration::from_micros(20);
 
 /// How a packet arrived.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Via {
+enum Via<'h> {
     /// A UDP datagram, at this place in its GRO buffer.
     Udp(u16),
-    /// A ring of the shared-memory driver.
-    SharedMemory,
+    /// A ring of the shared-memory driver, with a private copy of the packet's headers
+    /// (the packet lies in memory the peer shares: see `Shm::drain`).
+    SharedMemory(&'h [u8]),
 }
 
 /// Datagrams taken from one multicast group's socket per receive pass.
@@ -151,8 +152,8 @@ impl Shared {
             return 0;
         };
         let to = self.local.ip();
-        let k = shm.drain(SHM_BATCH, |from, data| {
-            self.handle_datagram_to(st, now, from, to, data, Via::SharedMemory);
+        let k = shm.drain(SHM_BATCH, |from, head, data| {
+            self.handle_datagram_to(st, now, from, to, data, Via::SharedMemory(head));
         });
         if k > 0 {
             shm.count_into(&mut st.counters);
@@ -230,7 +231,7 @@ impl Shared {
         from: SocketAddr,
         to: IpAddr,
         data: &[u8],
-        via: Via,
+        via: Via<'_>,
     ) {
         let Some(encap) = self.encap_between(from, to) else {
             st.counters.rx_malformed += 1;
@@ -242,7 +243,7 @@ impl Shared {
         // rxe and NICs others. A ring carries no ICRC worth checking: it protects nothing
         // inside one host's memory.
         let ident = match (via, encap.ip) {
-            (Via::SharedMemory, _) => Some(0),
+            (Via::SharedMemory(_), _) => Some(0),
             (Via::Udp(place), IpRepr::V4(_)) => {
                 st.counters.rx_datagrams += 1;
                 srdma_wire::icrc::verify_ipv4_ident_guess(&encap, data, place, &mut st.rx_icrc).ok()
@@ -254,7 +255,7 @@ impl Shared {
                     .map(|()| 0)
             }
         };
-        if let (Via::SharedMemory, Some(w)) = (via, st.capture.as_mut()) {
+        if let (Via::SharedMemory(_), Some(w)) = (via, st.capture.as_mut()) {
             // Captured with the ICRC it would carry over UDP, so that it checks.
             let mut pkt = data.to_vec();
             let _ = srdma_wire::Packet::new_unchecked(&mut pkt[..]).fill_icrc(&encap);
@@ -268,8 +269,19 @@ impl Shared {
             let _ = w.write_roce(now.as_nanos() as u64 + capture_epoch(), &e, data);
         }
         // rxe's order: the structure first (length, version, opcode, headers), the ICRC last.
-        // One parse serves both: the repr is used only once the ICRC has verified.
-        let Ok(repr) = PacketRepr::parse_bytes(data) else {
+        // One parse serves both: the repr is used only once the ICRC has verified. From a
+        // ring, the headers come from our own copy and the payload from the ring (placed
+        // with one copy, not two).
+        let parsed = match via {
+            Via::SharedMemory(head) => {
+                PacketRepr::parse_head(head, data.len()).map(|(mut repr, payload)| {
+                    repr.payload = &data[payload];
+                    repr
+                })
+            }
+            Via::Udp(_) => PacketRepr::parse_bytes(data),
+        };
+        let Ok(repr) = parsed else {
             st.counters.rx_malformed += 1;
             return;
         };

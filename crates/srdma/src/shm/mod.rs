@@ -99,7 +99,8 @@ pub(crate) struct Shm {
     last: Option<((SocketAddr, u8), Route)>,
     outs: Vec<Option<Out>>,
     ins: Vec<In>,
-    buf: Box<[u8]>,
+    /// The private copy of each packet's headers (see [`Shm::drain`]).
+    head: [u8; srdma_wire::MAX_HEADER_LEN],
     /// Threads between [`Shm::arm`] and [`Shm::disarm`].
     armed: u32,
     pub(crate) counts: Counts,
@@ -117,7 +118,7 @@ impl Shm {
             last: None,
             outs: Vec::new(),
             ins: Vec::new(),
-            buf: vec![0u8; ring::MAX_RECORD].into_boxed_slice(),
+            head: [0; srdma_wire::MAX_HEADER_LEN],
             armed: 0,
             counts: Counts::default(),
         })
@@ -278,9 +279,16 @@ impl Shm {
         }
     }
 
-    /// Takes up to `max` packets from each in-link, handing each to `f` with its source.
+    /// Takes up to `max` packets from each in-link, handing each to `f` with its source, a
+    /// private copy of its first [`srdma_wire::MAX_HEADER_LEN`] bytes (all its headers; the
+    /// whole packet if shorter) and the whole packet where it lies in the ring: parse the
+    /// headers from the copy (`PacketRepr::parse_head`), copy the payload from the ring.
     /// Returns how many it took.
-    pub(crate) fn drain(&mut self, max: usize, mut f: impl FnMut(SocketAddr, &[u8])) -> usize {
+    pub(crate) fn drain(
+        &mut self,
+        max: usize,
+        mut f: impl FnMut(SocketAddr, &[u8], &[u8]),
+    ) -> usize {
         let mut n = 0;
         let mut ended = false;
         for link in &mut self.ins {
@@ -289,7 +297,7 @@ impl Shm {
                 continue;
             }
             let from = link.from;
-            match link.ring.pop(&mut self.buf, max, |d| f(from, d)) {
+            match link.ring.pop(&mut self.head, max, |h, d| f(from, h, d)) {
                 Ok(k) => {
                     n += k;
                     ended |= link.sock.is_none() && link.ring.is_empty();
@@ -454,7 +462,7 @@ mod tests {
         }
         a.ring_bells();
         let mut got = Vec::new();
-        b.drain(1000, |from, d| got.push((from, d.to_vec())));
+        b.drain(1000, |from, _, d| got.push((from, d.to_vec())));
         assert_eq!(got.len(), 100);
         assert!(got.iter().all(|(from, _)| *from == a_at));
         assert!(
@@ -470,7 +478,7 @@ mod tests {
         assert!(readable(b.fds()[1]));
         b.disarm();
         b.service(0, true);
-        assert_eq!(b.drain(10, |_, _| {}), 1);
+        assert_eq!(b.drain(10, |_, _, _| {}), 1);
         // a goes: b's link ends.
         drop(a);
         assert!(readable(b.fds()[1]));
@@ -491,7 +499,7 @@ mod tests {
         drop(a);
         b.service(0, true);
         assert!(b.has_ins(), "the ring still holds packets");
-        assert_eq!(b.drain(10, |from, _| assert_eq!(from, a_at)), 3);
+        assert_eq!(b.drain(10, |from, _, _| assert_eq!(from, a_at)), 3);
         assert!(!b.has_ins(), "then the link ends");
     }
 
@@ -511,7 +519,7 @@ mod tests {
                 .cast::<u64>()
                 .write_volatile(u64::MAX)
         };
-        assert_eq!(b.drain(10, |_, _| {}), 0);
+        assert_eq!(b.drain(10, |_, _, _| {}), 0);
         assert!(!b.has_ins());
         assert!(readable(a.fds()[1]));
         a.service(5, true);

@@ -19,8 +19,11 @@
 //! Each side trusts only its own counter: the peer's is re-read, checked against the
 //! capacity, and a record that does not fit what was published makes the ring corrupt for
 //! good ([`Corrupt`]) — a peer that writes garbage can lose its own packets, never crash,
-//! hang or misdirect the reader. The consumer copies every record out before anyone looks
-//! at it, so a packet cannot change under the checks that parse it.
+//! hang or misdirect the reader. The consumer copies the first bytes of every record (a
+//! packet's headers) out before anyone looks at them, so nothing the checks read can change
+//! under them; the rest (a payload) is read where it lies, once, by whoever copies it to
+//! its destination — what a peer that breaks the rules can change there is only the bytes
+//! it sent.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
 
@@ -328,20 +331,25 @@ impl Consumer {
         self.mem.atomic32(SLEEPING_AT).store(n, Ordering::Relaxed);
     }
 
-    /// Takes up to `max` records, copying each into `buf` (at least [`MAX_RECORD`] bytes)
-    /// and handing it to `f`. Returns how many it took, or `Corrupt` (what was taken before
-    /// the fault was handed on).
+    /// Takes up to `max` records, handing each to `f` as its first `head.len()` bytes (or all
+    /// of it, if shorter) copied into `head`, and the whole record where it lies in the ring.
+    /// Returns how many it took, or `Corrupt` (what was taken before the fault was handed on).
+    ///
+    /// The records stay the consumer's until `pop` returns (the tail moves then), so a
+    /// producer that follows the rules writes none of them meanwhile; one that does not can
+    /// change only the bytes of the record it is in, and decisions must come from `head`.
     pub(crate) fn pop(
         &mut self,
-        buf: &mut [u8],
+        head: &mut [u8],
         max: usize,
-        mut f: impl FnMut(&[u8]),
+        mut f: impl FnMut(&[u8], &[u8]),
     ) -> Result<usize, Corrupt> {
         if self.corrupt {
             return Err(Corrupt);
         }
-        let head = self.mem.atomic64(HEAD_AT).load(Ordering::Acquire);
-        let avail = head.wrapping_sub(self.tail);
+        let head_len = head.len();
+        let at_head = self.mem.atomic64(HEAD_AT).load(Ordering::Acquire);
+        let avail = at_head.wrapping_sub(self.tail);
         if avail > self.cap {
             self.corrupt = true;
             return Err(Corrupt);
@@ -349,10 +357,10 @@ impl Consumer {
         let mut taken = 0;
         let mut tail = self.tail;
         let r = loop {
-            if tail == head || taken == max {
+            if tail == at_head || taken == max {
                 break Ok(taken);
             }
-            let left = head - tail;
+            let left = at_head - tail;
             let pos = (tail & (self.cap - 1)) as usize;
             if left < REC_HDR as u64 {
                 break Err(Corrupt);
@@ -370,25 +378,27 @@ impl Consumer {
             let to_end = self.cap - pos as u64;
             match kind {
                 KIND_WRAP if to_end <= left => tail += to_end,
-                KIND_PACKET if len <= MAX_RECORD && len <= buf.len() => {
+                KIND_PACKET if len <= MAX_RECORD => {
                     let need = (REC_HDR + round8(len)) as u64;
                     if need > to_end || need > left {
                         break Err(Corrupt);
                     }
-                    // SAFETY: `pos + 8 + len <= cap` (checked: need <= to_end), inside the
-                    // record area; `buf` holds `len` bytes. The producer may be writing
-                    // garbage meanwhile: we read bytes, which any value of is fine, and check
-                    // the copy, not the ring.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            self.mem.ptr.add(HEADER_LEN + pos + REC_HDR),
-                            buf.as_mut_ptr(),
-                            len,
-                        )
+                    let n = len.min(head_len);
+                    // SAFETY: `pos + 8 + len <= cap` (checked: need <= to_end): the record
+                    // lies inside the record area, which lives as long as `self.mem`; `head`
+                    // holds `n <= len` bytes. The producer published the record and writes
+                    // none of it until the tail moves (after this loop): the slice stays
+                    // what it is while `f` has it. Were the peer to break that rule, it
+                    // could change only bytes of this record, any value of which is fine to
+                    // copy: `len` was read once, and the checks read `head`, our own copy.
+                    let whole = unsafe {
+                        let at = self.mem.ptr.add(HEADER_LEN + pos + REC_HDR);
+                        std::ptr::copy_nonoverlapping(at, head.as_mut_ptr(), n);
+                        std::slice::from_raw_parts(at, len)
                     };
                     tail += need;
                     taken += 1;
-                    f(&buf[..len]);
+                    f(&head[..n], whole);
                 }
                 _ => break Err(Corrupt),
             }
@@ -411,9 +421,12 @@ pub(crate) fn read_untrusted(bytes: &[u8]) -> usize {
     let Some(mut c) = Consumer::attach(mem) else {
         return 0;
     };
-    let mut buf = vec![0u8; MAX_RECORD];
+    let mut head = [0u8; 64];
     let mut total = 0;
-    while let Ok(n) = c.pop(&mut buf, 64, |d| total += d.len()) {
+    while let Ok(n) = c.pop(&mut head, 64, |h, d| {
+        assert!(h.len() <= d.len() && d.starts_with(h));
+        total += d.len();
+    }) {
         if n == 0 {
             break;
         }
@@ -435,9 +448,12 @@ mod tests {
     }
 
     fn drain(c: &mut Consumer) -> Result<Vec<Vec<u8>>, Corrupt> {
-        let mut buf = vec![0u8; MAX_RECORD];
+        let mut head = [0u8; 16];
         let mut out = Vec::new();
-        c.pop(&mut buf, usize::MAX, |d| out.push(d.to_vec()))?;
+        c.pop(&mut head, usize::MAX, |h, d| {
+            assert_eq!(h, &d[..d.len().min(16)]);
+            out.push(d.to_vec())
+        })?;
         Ok(out)
     }
 
@@ -502,9 +518,9 @@ mod tests {
         assert!(!p.wants_bell());
         // Two threads asleep; one wakes, goes back to sleep: a new nap, a new doorbell.
         assert!(!c.arm(), "a packet waits");
-        let mut buf = vec![0u8; MAX_RECORD];
+        let mut head = [0u8; 8];
         let mut c = c;
-        c.pop(&mut buf, 10, |_| {}).unwrap();
+        c.pop(&mut head, 10, |_, _| {}).unwrap();
         assert!(c.arm());
         assert!(p.wants_bell());
         c.disarm();
@@ -564,9 +580,11 @@ mod tests {
                 // SAFETY (test): an 8-aligned word inside the heap buffer.
                 unsafe { ptr.add(at).cast::<u64>().write_volatile(v) };
             }
-            let mut buf = vec![0u8; MAX_RECORD];
+            let mut head = [0u8; 64];
             for _ in 0..3 {
-                if let Ok(n) = c.pop(&mut buf, 1000, |d| assert!(d.len() <= MAX_RECORD)) {
+                if let Ok(n) = c.pop(&mut head, 1000, |h, d| {
+                    assert!(d.len() <= MAX_RECORD && h.len() <= 64);
+                }) {
                     assert!(n <= 1000);
                 }
                 let _ = p.push((next() % 100) as usize, |_| true);
