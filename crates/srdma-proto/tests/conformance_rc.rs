@@ -1372,6 +1372,54 @@ fn the_psn_window_grows_while_the_responder_drains_it_and_falls_back_on_a_loss()
     assert_eq!(p.a.qp.counters().rcvd_seq_err, 1);
 }
 
+/// Rule (srdma): a path that holds a whole window (`Qp::path_holds_window`: a shared-memory
+/// ring) starts the window at `MAX_WINDOW_PSNS`; a loss still puts it back to 128.
+#[test]
+fn a_path_that_holds_the_window_opens_it_at_once_and_a_loss_still_closes_it() {
+    let mut p = rc_with(|a| a.path_mtu = Mtu::Mtu256);
+    p.a.qp.path_holds_window();
+    let n = 2 * MAX_WINDOW_PSNS;
+    let (_, dst) = post_big_write(&mut p, 1, n);
+    let mut k = 0;
+    while let Some((pkt, e)) = p.transmit(A) {
+        // The tenth packet is lost.
+        if k != 9 {
+            p.deliver(B, &pkt, e);
+        }
+        k += 1;
+    }
+    assert_eq!(
+        k, MAX_WINDOW_PSNS,
+        "the first burst fills the largest window"
+    );
+    while let Some((pkt, e)) = p.transmit(B) {
+        p.deliver(A, &pkt, e);
+    }
+    let mut resent = 0;
+    while let Some((pkt, e)) = p.transmit(A) {
+        p.deliver(B, &pkt, e);
+        resent += 1;
+    }
+    assert_eq!(resent, MAX_UNACKED_PSNS, "window after the NAK");
+    // Let everything through: the WRITE completes.
+    loop {
+        let mut moved = 0;
+        while let Some((pkt, e)) = p.transmit(A) {
+            p.deliver(B, &pkt, e);
+            moved += 1;
+        }
+        while let Some((pkt, e)) = p.transmit(B) {
+            p.deliver(A, &pkt, e);
+            moved += 1;
+        }
+        if moved == 0 {
+            break;
+        }
+    }
+    assert_eq!(st(&p.completions(A)), [(1, WcStatus::Success)]);
+    assert!(p.bytes(B, &dst).iter().all(|&b| b == 0x5A));
+}
+
 /// Rule (srdma): a responder that acknowledges part of what was sent while the rest waits in
 /// its queue (rxe ACKs the AckReq of every 64th packet as it reaches it) never lets the
 /// window grow: the requester keeps at most 128 PSNs outstanding, as toward rxe.

@@ -353,6 +353,14 @@ impl Qp {
         self.silent_writes
     }
 
+    /// The path to the responder holds a whole window of the largest size without loss (an
+    /// engine on the same host reached through a shared-memory ring larger than
+    /// [`MAX_WINDOW_PSNS`] packets): the PSN window opens that far at once instead of
+    /// growing from rxe's 128 on evidence. A loss still closes it (see `window`).
+    pub fn path_holds_window(&mut self) {
+        self.window.open_wide();
+    }
+
     /// Send WQEs posted and not yet completed.
     pub fn send_queue_len(&self) -> usize {
         self.sq.len()

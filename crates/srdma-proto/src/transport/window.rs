@@ -79,6 +79,11 @@ impl Window {
         }
     }
 
+    /// The path holds [`MAX_WINDOW_PSNS`] packets without loss: open that far now.
+    pub(super) fn open_wide(&mut self) {
+        self.psns = MAX_WINDOW_PSNS;
+    }
+
     /// A packet was lost: back to rxe's window, and more evidence before growing again.
     pub(super) fn lost(&mut self) {
         if self.psns > MAX_UNACKED_PSNS {

@@ -76,7 +76,11 @@ impl Shared {
                 let pkt = tx.slot();
                 let dqpn = u32::from_be_bytes([0, pkt[5], pkt[6], pkt[7]]);
                 if let Some(link) = shm.route(dst, dqpn, now_ns) {
-                    slot.path = crate::Path::SharedMemory;
+                    if slot.path != crate::Path::SharedMemory {
+                        // A ring holds the largest window: no need to grow into it.
+                        slot.path = crate::Path::SharedMemory;
+                        slot.qp.path_holds_window();
+                    }
                     if let Some(w) = capture.as_mut() {
                         // Captured whole (no pieces while capturing), with its ICRC.
                         let pkt = &mut pkt[..t.len];

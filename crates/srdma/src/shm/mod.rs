@@ -28,8 +28,17 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use ring::{Consumer, Producer, Push};
 
 /// Bytes of one ring (header and records): 8 MiB of records hold a QP's largest window
-/// (1024 PSNs of 4 KiB) with room to spare.
+/// (1024 PSNs of 4 KiB) with room to spare, so a QP whose packets take a ring starts with
+/// that window (`Qp::path_holds_window`).
 pub(crate) const RING_LEN: usize = ring::HEADER_LEN + (8 << 20);
+const _: () = {
+    // The largest packet (IB MTU 4096, every header, the ICRC's room) with its record header.
+    let record = 4096 + srdma_wire::MAX_HEADER_LEN + srdma_wire::icrc::ICRC_LEN + 8;
+    assert!(
+        RING_LEN - ring::HEADER_LEN
+            >= (srdma_proto::transport::MAX_WINDOW_PSNS as usize + 1) * record
+    );
+};
 /// How long a destination found without a same-host device goes over UDP before it is
 /// looked up again.
 const RETRY_NS: u64 = 1_000_000_000;
