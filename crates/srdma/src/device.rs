@@ -10,6 +10,7 @@ use std::sync::{Arc, MutexGuard};
 use srdma_proto::{AccessFlags, DeviceLimits, MrKeys, Mtu, PdId};
 use srdma_wire::Qpn;
 
+pub use crate::config::DeviceConfig;
 use crate::cq::{CompChannel, Cq};
 use crate::engine::{DeviceHandle, State};
 use crate::error::{Error, Result, io_err};
@@ -19,34 +20,6 @@ use crate::types::{DeviceCounters, Gid, Gso};
 
 /// The RoCEv2 UDP port.
 pub const ROCEV2_PORT: u16 = srdma_wire::ROCEV2_PORT;
-
-/// How to open a device.
-#[derive(Debug, Clone)]
-pub struct DeviceConfig {
-    /// Device name, as `ibv_devices` would show it.
-    pub name: String,
-    /// Local address to bind (a specific address: it is part of every packet's ICRC).
-    pub addr: IpAddr,
-    /// UDP port (4791 for RoCEv2; other ports let several devices share an address).
-    pub port: u16,
-    /// The port's active MTU (the path MTU RC/UC QPs may use at most; UD's message limit).
-    pub mtu: Mtu,
-    /// Queue and resource limits.
-    pub limits: DeviceLimits,
-    /// Write every packet sent and received to this pcap (default: `$SRDMA_PCAP`).
-    pub pcap: Option<PathBuf>,
-    /// When runs of packets to one peer go out as one UDP GSO message (default: `$SRDMA_GSO`,
-    /// else [`Gso::Auto`]).
-    pub gso: Gso,
-    /// On the RoCEv2 port, share the address with this host's other srdma processes (see
-    /// the port keeper); false binds the port alone. Default: true
-    /// unless `SRDMA_SHARE_PORT=0`.
-    pub share_port: bool,
-    /// Send to srdma devices of this host (same network namespace, same user) through
-    /// shared memory instead of UDP (see [`crate::DeviceCounters::tx_shm_packets`]). Default: true
-    /// unless `SRDMA_SHM=0`.
-    pub shm: bool,
-}
 
 impl DeviceConfig {
     /// A device on `addr`, port 4791, the active MTU rxe would give the interface holding

@@ -43,6 +43,7 @@
 //! ```
 
 pub mod cm;
+mod config;
 #[path = "examples_doc.rs"]
 pub mod cookbook;
 mod cq;

@@ -32,8 +32,8 @@ use srdma_proto::transport::MAX_PACKET_LEN;
 use srdma_proto::{MrTable, Qp as ProtoQp, Srq as ProtoSrq};
 use srdma_wire::pcap;
 
+use crate::config::DeviceConfig;
 use crate::cq::Cq;
-use crate::device::DeviceConfig;
 use crate::error::{Result, io_err};
 use crate::memory::Store;
 use crate::sys;
