@@ -1,7 +1,7 @@
 //! Completion queues and completion channels.
 
 use std::collections::VecDeque;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -10,6 +10,62 @@ use srdma_proto::Wc;
 
 use crate::error::{Result, io_err};
 use crate::sys;
+
+/// What a CQ and its channel ask of the device whose QPs complete into them: the engine
+/// implements it (`engine::Shared`), so that this module needs nothing of the engine's.
+pub(crate) trait Progress: Send + Sync {
+    /// The most completions a CQ of the device may hold (`DeviceLimits::max_cqe`).
+    fn max_cqe(&self) -> u32;
+    /// Drives the device from an application's poll that found too little; `polling`: the
+    /// caller keeps polling (the progress thread stands aside meanwhile).
+    fn drive_from_app(&self, polling: bool);
+    /// The application armed a CQ to sleep on its channel: the progress thread takes over.
+    fn app_sleeps(&self);
+    /// Waits up to `timeout` for channel descriptor `fd` while watching the device's socket
+    /// (receiving what arrives); says which of the two polled readable.
+    fn wait_with_socket(&self, fd: RawFd, timeout: Option<Duration>) -> std::io::Result<[bool; 2]>;
+    /// Registers a CQ with a completion hook, for the device to run.
+    fn add_hooked(&self, cq: Weak<CqInner>);
+    /// Some hooked CQ got completions: the device runs the hooks once it releases its lock.
+    fn hooks_due(&self);
+    /// Sends an async event to the device's event handler.
+    fn raise(&self, ev: crate::AsyncEvent);
+}
+
+/// The device a CQ belongs to, held weakly (the device holds its CQs).
+pub(crate) type Dev = Weak<dyn Progress>;
+
+/// No device (a channel no CQ was made with yet).
+fn no_dev() -> Dev {
+    Weak::<NoDev>::new()
+}
+
+/// The type behind [`no_dev`]: never instantiated.
+enum NoDev {}
+
+impl Progress for NoDev {
+    fn max_cqe(&self) -> u32 {
+        match *self {}
+    }
+    fn drive_from_app(&self, _: bool) {
+        match *self {}
+    }
+    fn app_sleeps(&self) {
+        match *self {}
+    }
+    fn wait_with_socket(&self, _: RawFd, _: Option<Duration>) -> std::io::Result<[bool; 2]> {
+        match *self {}
+    }
+    fn add_hooked(&self, _: Weak<CqInner>) {
+        match *self {}
+    }
+    fn hooks_due(&self) {
+        match *self {}
+    }
+    fn raise(&self, _: crate::AsyncEvent) {
+        match *self {}
+    }
+}
 
 /// A completion channel (`ibv_comp_channel`): a file descriptor that becomes readable when an
 /// armed CQ gets a completion, so an application can sleep in `poll`/`epoll` (or tokio/mio,
@@ -24,7 +80,7 @@ struct ChannelInner {
     fd: OwnedFd,
     events: Mutex<VecDeque<u32>>,
     /// The device of the channel's first CQ: [`CompChannel::get_event`] watches its socket.
-    dev: Mutex<Weak<crate::engine::Shared>>,
+    dev: Mutex<Dev>,
 }
 
 impl CompChannel {
@@ -35,7 +91,7 @@ impl CompChannel {
             inner: Arc::new(ChannelInner {
                 fd,
                 events: Mutex::new(VecDeque::new()),
-                dev: Mutex::new(Weak::new()),
+                dev: Mutex::new(no_dev()),
             }),
         })
     }
@@ -110,7 +166,7 @@ pub(crate) struct CqInner {
     overflowed: AtomicBool,
     channel: Option<CompChannel>,
     /// The device whose QPs complete here: a poll that finds too little drives it.
-    dev: Weak<crate::engine::Shared>,
+    dev: Dev,
     /// Called soon after completions arrived, by the thread that delivered them once it
     /// released the device lock (see `Shared::run_hooks`): the engine's own users (QP1's
     /// CM) take their completions without a thread of theirs in between.
@@ -133,12 +189,7 @@ impl Cq {
     /// Completions a new CQ has room for before its queue first grows.
     const PREALLOC: usize = 1024;
 
-    pub(crate) fn new(
-        id: u32,
-        cap: usize,
-        channel: Option<CompChannel>,
-        dev: Weak<crate::engine::Shared>,
-    ) -> Cq {
+    pub(crate) fn new(id: u32, cap: usize, channel: Option<CompChannel>, dev: Dev) -> Cq {
         if let Some(ch) = &channel {
             let mut d = lock(&ch.inner.dev);
             if d.strong_count() == 0 {
@@ -182,7 +233,7 @@ impl Cq {
     /// (InvalidArgument otherwise, the CQ unchanged).
     pub fn resize(&self, cqe: usize) -> Result<()> {
         let dev = self.inner.dev.upgrade().ok_or(crate::Error::DeviceFailed)?;
-        let max = dev.cfg.limits.max_cqe as usize;
+        let max = dev.max_cqe() as usize;
         let q = lock(&self.inner.queue);
         if cqe == 0 || cqe > max || cqe < q.len() {
             return Err(crate::Error::InvalidArgument(format!(
@@ -329,7 +380,7 @@ impl Cq {
         if self.inner.hook.get().is_some() {
             self.inner.hook_due.store(true, Ordering::Release);
             if let Some(dev) = self.inner.dev.upgrade() {
-                dev.hooks_due.store(true, Ordering::Release);
+                dev.hooks_due();
             }
         }
         let mut armed = lock(&self.inner.armed);

@@ -392,7 +392,7 @@ impl Device {
             self.next_id(),
             cqe,
             channel.cloned(),
-            Arc::downgrade(&self.h.shared),
+            Arc::downgrade(&self.h.shared) as crate::cq::Dev,
         ))
     }
 

@@ -119,3 +119,39 @@ pub(crate) fn deliver_completions(slot: &mut QpSlot) {
     }
     slot.state_seen = state;
 }
+
+/// What the CQs ask of their device (the trait is theirs, so `cq` imports nothing of the
+/// engine's).
+impl crate::cq::Progress for Shared {
+    fn max_cqe(&self) -> u32 {
+        self.cfg.limits.max_cqe
+    }
+
+    fn drive_from_app(&self, polling: bool) {
+        Shared::drive_from_app(self, polling);
+    }
+
+    fn app_sleeps(&self) {
+        Shared::app_sleeps(self);
+    }
+
+    fn wait_with_socket(
+        &self,
+        fd: std::os::fd::RawFd,
+        timeout: Option<std::time::Duration>,
+    ) -> std::io::Result<[bool; 2]> {
+        Shared::wait_with_socket(self, fd, timeout)
+    }
+
+    fn add_hooked(&self, cq: std::sync::Weak<crate::cq::CqInner>) {
+        Shared::add_hooked(self, cq);
+    }
+
+    fn hooks_due(&self) {
+        self.hooks_due.store(true, Ordering::Release);
+    }
+
+    fn raise(&self, ev: crate::AsyncEvent) {
+        Shared::raise(self, ev);
+    }
+}
