@@ -48,6 +48,7 @@ mod config;
 pub mod cookbook;
 mod cq;
 mod device;
+mod driver;
 mod engine;
 mod error;
 mod event;

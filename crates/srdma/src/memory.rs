@@ -144,6 +144,22 @@ pub(crate) struct Piece {
     pub(crate) dst: usize,
 }
 
+/// The pieces noted while the packet was built: what a driver sends or copies from.
+impl crate::driver::Payload for Store {
+    fn count(&self) -> usize {
+        self.pieces.len()
+    }
+
+    fn place(&self, i: usize) -> (usize, usize) {
+        let p = &self.pieces[i];
+        (p.dst, p.len)
+    }
+
+    fn bytes(&self, i: usize) -> Option<&[u8]> {
+        self.piece(&self.pieces[i])
+    }
+}
+
 impl Store {
     pub(crate) fn insert(&mut self, h: MrHandle, r: Arc<Region>) {
         self.regions.insert(h.index().value(), (h, r));

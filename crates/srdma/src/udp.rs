@@ -9,6 +9,9 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
+use srdma_wire::Packet;
+
+use crate::driver::{Driver, Frame, Outgoing, Payload, Received, Via};
 use crate::error::{Result, io_err};
 use crate::sys::{from_sockaddr, setsockopt, setsockopt_struct, to_sockaddr};
 
@@ -236,28 +239,34 @@ impl TxBatch {
         self.n == self.bufs.len() || self.np + MAX_PARTS > self.parts.len()
     }
 
-    /// The next free slot's buffer, to fill before [`TxBatch::commit`].
-    pub(crate) fn slot(&mut self) -> &mut [u8] {
-        &mut self.bufs[self.n]
+    /// Queues the first `len` bytes of `frame` for `dst`; `gso` allows sending it in one
+    /// segmented message with its same-sized neighbours to the same destination. The frame
+    /// becomes the next slot; `frame` gets that slot's free buffer (see [`Frame`]).
+    pub(crate) fn commit(
+        &mut self,
+        frame: &mut Frame,
+        len: usize,
+        dst: std::net::SocketAddr,
+        gso: bool,
+    ) {
+        let base = frame.as_ptr();
+        self.commit_parts(frame, len, dst, gso, [(base, len)]);
     }
 
-    /// Queues the first `len` bytes of the current slot for `dst`; `gso` allows sending it in
-    /// one segmented message with its same-sized neighbours to the same destination.
-    pub(crate) fn commit(&mut self, len: usize, dst: std::net::SocketAddr, gso: bool) {
-        let base = self.bufs[self.n].as_mut_ptr();
-        self.commit_parts(len, dst, gso, [(base.cast_const(), len)]);
-    }
-
-    /// Queues the current slot's datagram of `len` bytes for `dst`, sent from `parts` in
-    /// order (addresses in the slot or in registered memory; at most [`MAX_PARTS`], lengths
-    /// summing to `len`). The memory must stay valid and unchanged until the batch is sent.
+    /// Queues the datagram of `len` bytes built in `frame` for `dst`, sent from `parts` in
+    /// order (addresses in the frame or in registered memory; at most [`MAX_PARTS`],
+    /// lengths summing to `len`). The frame becomes the next slot (its bytes do not move),
+    /// `frame` gets that slot's free buffer; the registered memory must stay valid and
+    /// unchanged until the batch is sent.
     pub(crate) fn commit_parts(
         &mut self,
+        frame: &mut Frame,
         len: usize,
         dst: std::net::SocketAddr,
         gso: bool,
         parts: impl IntoIterator<Item = (*const u8, usize)>,
     ) {
+        std::mem::swap(&mut self.bufs[self.n], frame);
         self.first[self.n] = self.np;
         for (ptr, l) in parts.into_iter().take(MAX_PARTS) {
             self.parts[self.np] = libc::iovec {
@@ -582,6 +591,218 @@ impl RxBatch {
     }
 }
 
+/// The UDP driver: the device's socket with its send and receive batches. The engine keeps
+/// the socket itself (its progress thread polls it without the device lock) and hands the
+/// driver its descriptor, valid as long as the driver (both live as long as the device).
+pub(crate) struct Udp {
+    fd: RawFd,
+    tx: TxBatch,
+    rx: RxBatch,
+    /// What the ICRCs this driver computes keep from one packet to the next.
+    icrc: srdma_wire::icrc::Memo,
+    /// Receive buffers that held a GRO run of more than one datagram.
+    gro_buffers: u64,
+}
+
+impl Udp {
+    /// The driver of socket `fd`: sends in batches of `tx` datagrams of at most `size`
+    /// bytes, receives in batches of `rx` buffers of [`RX_BUF`] bytes (large enough for a GRO
+    /// run; a longer datagram is cut and fails to parse).
+    pub(crate) fn new(fd: RawFd, tx: usize, rx: usize, size: usize) -> Udp {
+        Udp {
+            fd,
+            tx: TxBatch::new(tx, size),
+            rx: RxBatch::new(rx, RX_BUF),
+            icrc: Default::default(),
+            gro_buffers: 0,
+        }
+    }
+
+    /// Datagrams queued and not yet sent.
+    pub(crate) fn queued(&self) -> usize {
+        self.tx.len()
+    }
+
+    /// Drops every queued datagram unsent.
+    pub(crate) fn discard(&mut self) {
+        self.tx.discard();
+    }
+}
+
+impl Driver for Udp {
+    /// UDP carries packets to every destination.
+    type Link = ();
+
+    fn route(&mut self, _: SocketAddr, _: u32, _: u64) -> Option<()> {
+        Some(())
+    }
+
+    fn is_full(&self) -> bool {
+        self.tx.is_full()
+    }
+
+    /// Queues the packet on the batch: with payload pieces, sent from them where it pays
+    /// (see [`commit_zero_copy`]), the ICRC computed across them; whole, from the frame.
+    fn queue(
+        &mut self,
+        (): (),
+        pkt: &Outgoing<'_>,
+        frame: &mut Frame,
+        payload: &impl Payload,
+    ) -> bool {
+        if payload.count() > 0 {
+            match commit_zero_copy(&mut self.tx, frame, payload, &mut self.icrc, pkt) {
+                ZeroCopy::Queued => return true,
+                ZeroCopy::Copied => {}
+                // Never send a packet whose payload is not all there.
+                ZeroCopy::Failed => return false,
+            }
+        }
+        if Packet::new_unchecked(&mut frame[..pkt.len])
+            .fill_icrc_with_memo(pkt.encap, &mut self.icrc)
+            .is_err()
+        {
+            return false;
+        }
+        self.tx.commit(frame, pkt.len, pkt.dst, pkt.gso);
+        true
+    }
+
+    fn flush(&mut self) -> usize {
+        if self.tx.len() == 0 {
+            return 0;
+        }
+        self.tx.send(self.fd)
+    }
+
+    /// One `recvmmsg`; each buffer's datagrams (a GRO run) one by one, with their place in
+    /// it (an empty datagram is one, malformed, packet too).
+    fn recv(&mut self, mut f: impl FnMut(SocketAddr, &[u8], Via<'_>)) -> Received {
+        let n = self.rx.recv(self.fd).unwrap_or(0);
+        let mut unreadable = 0;
+        for i in 0..n {
+            match self.rx.get(i) {
+                Some((data, from, _)) if data.is_empty() => f(from, data, Via::Udp(0)),
+                Some((data, from, seg)) => {
+                    if seg < data.len() {
+                        self.gro_buffers += 1;
+                    }
+                    for (j, pkt) in data.chunks(seg.max(1)).enumerate() {
+                        f(from, pkt, Via::Udp(j as u16));
+                    }
+                }
+                None => unreadable += 1,
+            }
+        }
+        Received {
+            taken: n,
+            full: n == self.rx.bufs.len(),
+            unreadable,
+        }
+    }
+
+    fn count_into(&self, c: &mut crate::types::DeviceCounters) {
+        c.tx_gso_messages = self.tx.gso_messages;
+        c.rx_gro_buffers = self.gro_buffers;
+    }
+}
+
+/// What became of a packet built with its payload left in registered memory.
+enum ZeroCopy {
+    /// Queued, sent from the pieces.
+    Queued,
+    /// The pieces were copied into the frame: send it as an ordinary packet.
+    Copied,
+    /// The payload could not be assembled: drop the packet (the transport retransmits).
+    Failed,
+}
+
+/// Payloads up to this many bytes are copied into the packet rather than sent from the
+/// registered memory (see [`commit_zero_copy`]).
+const COPY_BELOW: usize = 512;
+
+/// Most iovecs a packet is sent from without copying its payload (up to four pieces of
+/// registered memory, more are copied into the frame); at most [`MAX_PARTS`].
+const ZERO_COPY_PARTS: usize = 9;
+const _: () = assert!(ZERO_COPY_PARTS <= MAX_PARTS);
+
+/// Queues `pkt` on `tx` — headers and pad in `frame`, payload pieces in registered memory
+/// (noted by the store while the packet was built) — computing its ICRC across the pieces.
+/// When it cannot go out that way (too many pieces), or the payload is at most
+/// [`COPY_BELOW`] bytes, the pieces are copied into the frame instead.
+fn commit_zero_copy(
+    tx: &mut TxBatch,
+    frame: &mut Frame,
+    payload: &impl Payload,
+    memo: &mut srdma_wire::icrc::Memo,
+    pkt: &Outgoing<'_>,
+) -> ZeroCopy {
+    const ICRC: usize = srdma_wire::icrc::ICRC_LEN;
+    let len = pkt.len;
+    let base = frame.as_ptr() as usize;
+    let count = payload.count();
+    // A small payload is cheaper copied than sent as iovecs of its own (the kernel imports
+    // and copies each piece separately).
+    if (0..count).map(|i| payload.place(i).1).sum::<usize>() <= COPY_BELOW {
+        return materialize(frame, base, payload);
+    }
+    // A piece and the headers or gap before it, and the tail: few enough for a small array
+    // (one per packet: a `MAX_PARTS` array cost a 640-byte `memset` each, 1 % of a sender).
+    let mut parts = [(std::ptr::null::<u8>(), 0usize); ZERO_COPY_PARTS];
+    let mut n = 0;
+    let fits = 2 * count < ZERO_COPY_PARTS && len >= srdma_wire::bth::BTH_LEN + ICRC;
+    let hasher = fits
+        .then(|| {
+            srdma_wire::icrc::Hasher::with_memo(pkt.encap, len - ICRC, &frame[..len], memo).ok()
+        })
+        .flatten();
+    let Some(mut h) = hasher else {
+        return materialize(frame, base, payload);
+    };
+    let mut at = srdma_wire::bth::BTH_LEN;
+    let mut gap = 0;
+    for i in 0..count {
+        let (dst, plen) = payload.place(i);
+        let off = dst.wrapping_sub(base);
+        let src = payload.bytes(i);
+        let (Some(src), true) = (src, off >= at && off + plen <= len - ICRC) else {
+            return materialize(frame, base, payload);
+        };
+        h.update(&frame[at..off]);
+        h.update(src);
+        if off > gap {
+            parts[n] = (frame[gap..].as_ptr(), off - gap);
+            n += 1;
+        }
+        parts[n] = (src.as_ptr(), src.len());
+        n += 1;
+        at = off + plen;
+        gap = at;
+    }
+    h.update(&frame[at..len - ICRC]);
+    frame[len - ICRC..len].copy_from_slice(&h.finish().to_le_bytes());
+    parts[n] = (frame[gap..].as_ptr(), len - gap);
+    n += 1;
+    tx.commit_parts(frame, len, pkt.dst, pkt.gso, parts[..n].iter().copied());
+    ZeroCopy::Queued
+}
+
+/// Copies the payload pieces into the frame they stand for (whose address is `base`).
+fn materialize(frame: &mut [u8], base: usize, payload: &impl Payload) -> ZeroCopy {
+    for i in 0..payload.count() {
+        let (dst, len) = payload.place(i);
+        let off = dst.wrapping_sub(base);
+        match (
+            payload.bytes(i),
+            frame.get_mut(off..off.saturating_add(len)),
+        ) {
+            (Some(src), Some(dst)) => dst.copy_from_slice(src),
+            _ => return ZeroCopy::Failed,
+        }
+    }
+    ZeroCopy::Copied
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -608,9 +829,10 @@ mod tests {
         let tx_sock = UdpSocket::bind("127.0.0.1:0").unwrap();
         let mut tx = TxBatch::new(8, 256);
         // Three same-sized datagrams: two to A, then one to B, each allowed into a GSO run.
+        let mut frame = vec![0u8; 256];
         for (dst, fill) in [(&a, 1u8), (&a, 2), (&b, 3)] {
-            tx.slot()[..100].fill(fill);
-            tx.commit(100, dst.local_addr().unwrap(), true);
+            frame[..100].fill(fill);
+            tx.commit(&mut frame, 100, dst.local_addr().unwrap(), true);
         }
         assert_eq!(tx.send(tx_sock.as_raw_fd()), 0, "nothing refused");
         let (got_a, got_b) = (drain(&a), drain(&b));

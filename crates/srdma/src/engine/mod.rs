@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::BufWriter;
 use std::net::{SocketAddr, UdpSocket};
-use std::os::fd::{OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -34,6 +34,7 @@ use srdma_wire::pcap;
 
 use crate::config::DeviceConfig;
 use crate::cq::Cq;
+use crate::driver::Frame;
 use crate::error::{Result, io_err};
 use crate::memory::Store;
 use crate::sys;
@@ -147,9 +148,11 @@ pub(crate) struct State {
     next_id: u32,
     counters: DeviceCounters,
     capture: Option<pcap::Writer<BufWriter<File>>>,
-    tx: crate::udp::TxBatch,
-    /// The receive batch; `None` only while a receive pass has it out.
-    rx: Option<crate::udp::RxBatch>,
+    /// The UDP driver; `None` only while a receive pass has it out.
+    udp: Option<Box<crate::udp::Udp>>,
+    /// The buffer the next outgoing packet is built in (see [`Frame`]: the UDP driver swaps
+    /// it for a free one of its batch when it keeps the packet).
+    frame: Frame,
     touched: Vec<u32>,
     /// Buffer for datagrams the port keeper forwards (allocated on first use).
     fwd_buf: Vec<u8>,
@@ -179,8 +182,6 @@ pub(crate) struct State {
     /// What the receive path keeps from one datagram to the next to check ICRCs faster (see
     /// `handle_datagram`).
     rx_icrc: srdma_wire::icrc::Memo,
-    /// The same for the ICRCs the send path computes (see `Shared::flush`).
-    tx_icrc: srdma_wire::icrc::Memo,
     /// The multicast groups this device's UD QPs are attached to.
     groups: Vec<Group>,
     /// Receive buffer for the groups' sockets (allocated on first use).
@@ -338,16 +339,19 @@ pub(crate) fn start(cfg: DeviceConfig, sock: crate::udp::Socket) -> Result<Arc<D
         next_id: 1,
         counters: DeviceCounters::default(),
         capture,
-        tx: crate::udp::TxBatch::new(TX_BATCH, MAX_PACKET_LEN),
-        // Slots large enough for a GRO run; a longer datagram is cut and fails to parse.
-        rx: Some(crate::udp::RxBatch::new(RX_BATCH, crate::udp::RX_BUF)),
+        udp: Some(Box::new(crate::udp::Udp::new(
+            socket.as_raw_fd(),
+            TX_BATCH,
+            RX_BATCH,
+            MAX_PACKET_LEN,
+        ))),
+        frame: vec![0; MAX_PACKET_LEN],
         touched: Vec::with_capacity(64),
         fwd_buf: Vec::new(),
         deferred: Vec::with_capacity(64),
         paths: std::collections::HashMap::new(),
         probing: 0,
         rx_icrc: Default::default(),
-        tx_icrc: Default::default(),
         groups: Vec::new(),
         group_buf: Vec::new(),
         shm,

@@ -2,12 +2,11 @@
 //! a peer reaches its transport whole.
 
 use std::net::SocketAddr;
-use std::os::fd::AsRawFd;
 use std::time::Duration;
 
-use srdma_wire::Packet;
-
-use super::{Shared, State, capture_epoch};
+use super::tx::capture_tx;
+use super::{Shared, State};
+use crate::driver::{Driver, Outgoing, Whole};
 use crate::types::{Gid, Gso};
 
 /// What a device knows of the path to a peer address for UDP GSO (`Gso::Auto`, IPv4 peers
@@ -80,7 +79,8 @@ impl Shared {
         }
         let State {
             qps,
-            tx,
+            udp,
+            frame,
             paths,
             probing,
             counters,
@@ -133,31 +133,37 @@ impl Shared {
             return;
         };
         let (acks, psns) = (slot.qp.unproductive_acks(), slot.qp.psn_state());
-        let fd = self.socket.as_raw_fd();
-        if tx.len() > 0 {
-            counters.tx_errors += tx.send(fd) as u64;
-        }
+        let Some(udp) = udp.as_deref_mut() else {
+            return;
+        };
+        counters.tx_errors += udp.flush() as u64;
         for _ in 0..2 {
-            let Some(t) = slot.qp.gso_probe(tx.slot()) else {
+            let Some(t) = slot.qp.gso_probe(frame) else {
                 break;
             };
-            let pkt = &mut tx.slot()[..t.len];
-            if Packet::new_unchecked(&mut *pkt).fill_icrc(&encap).is_err() {
+            if let Some(w) = capture.as_mut() {
+                if !capture_tx(w, ns, &encap, &mut frame[..t.len]) {
+                    break;
+                }
+            }
+            let pkt = Outgoing {
+                len: t.len,
+                dst,
+                encap: &encap,
+                gso: true,
+            };
+            if !udp.queue((), &pkt, frame, &Whole) {
                 break;
             }
-            if let Some(w) = capture.as_mut() {
-                let _ = w.write_roce(now.as_nanos() as u64 + capture_epoch(), &encap, pkt);
-            }
-            tx.commit(t.len, dst, true);
         }
-        if tx.len() != 2 {
+        if udp.queued() != 2 {
             // Not idle after all (or no room): nothing sent, try at a later flush.
-            tx.discard();
+            udp.discard();
             return;
         }
         counters.tx_datagrams += 2;
-        counters.tx_errors += tx.send(fd) as u64;
-        counters.tx_gso_messages = tx.gso_messages;
+        counters.tx_errors += udp.flush() as u64;
+        udp.count_into(counters);
         let deadline = ns + PROBE_WAIT.as_nanos() as u64;
         *entry = PathGso::Probing {
             qpn,

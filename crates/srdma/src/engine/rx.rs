@@ -10,28 +10,17 @@ use srdma_proto::{Ctx, RecvMeta};
 use srdma_wire::{Encap, IpRepr, Kind, PacketRepr};
 
 use super::timers::note_timer;
-use super::{ACK_RIDES_AFTER, Hold, RX_BATCH, Shared, State, capture_epoch, deliver_completions};
+use super::{ACK_RIDES_AFTER, Hold, Shared, State, capture_epoch, deliver_completions};
+use crate::driver::{Driver, Received, Via};
 use crate::error::{Result, io_err};
 use crate::sys;
 use crate::types::Gid;
 
-/// Packets taken from each ring of the shared-memory driver per receive batch.
-const SHM_BATCH: usize = 64;
 /// While peers of this host send through shared memory, an application's polls look at the
 /// UDP socket only this long after it was last found empty: the rings cost nothing to look
 /// at, a socket a system call (a same-host 8 B ping-pong over rings is a few hundred ns).
 /// What comes over UDP meanwhile (off-host peers, CM) waits at most this long.
 pub(super) const UDP_QUIET: Duration = Duration::from_micros(20);
-
-/// How a packet arrived.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Via<'h> {
-    /// A UDP datagram, at this place in its GRO buffer.
-    Udp(u16),
-    /// A ring of the shared-memory driver, with a private copy of the packet's headers
-    /// (the packet lies in memory the peer shares: see `Shm::drain`).
-    SharedMemory(&'h [u8]),
-}
 
 /// Datagrams taken from one multicast group's socket per receive pass.
 const GROUP_BUDGET: usize = 64;
@@ -63,10 +52,9 @@ impl Shared {
     /// `udp`: look at the UDP socket too (the rings of the shared-memory driver are always
     /// looked at: that costs no system call).
     pub(super) fn receive(&self, st: &mut State, budget: usize, hold: Hold, udp: bool) -> bool {
-        let Some(mut rx) = st.rx.take() else {
+        if st.udp.is_none() {
             return false;
-        };
-        let fd = self.socket.as_raw_fd();
+        }
         let mut more = false;
         if udp && self.cm_forwarded.load(Ordering::Relaxed) {
             self.receive_forwarded(st);
@@ -77,34 +65,20 @@ impl Shared {
         for _ in 0..budget {
             let mut now = self.now();
             let k = self.receive_shm(st, now);
-            let n = if udp { rx.recv(fd).unwrap_or(0) } else { 0 };
-            if n == 0 && k == 0 {
+            let n = if udp {
+                self.receive_udp(st, &mut now)
+            } else {
+                Received::default()
+            };
+            if n.taken == 0 && k.taken == 0 {
                 if udp {
                     st.drained_at = now.as_nanos() as u64;
                     st.udp_quiet_until = now.as_nanos() as u64 + UDP_QUIET.as_nanos() as u64;
                 }
                 break;
             }
-            if n > 0 {
-                now = self.now();
+            if n.taken > 0 {
                 st.udp_quiet_until = 0;
-            }
-            for i in 0..n {
-                match rx.get(i) {
-                    // An empty datagram is one (malformed) packet too.
-                    Some((data, from, _)) if data.is_empty() => {
-                        self.handle_datagram(st, now, from, data, 0);
-                    }
-                    Some((data, from, seg)) => {
-                        if seg < data.len() {
-                            st.counters.rx_gro_buffers += 1;
-                        }
-                        for (j, pkt) in data.chunks(seg.max(1)).enumerate() {
-                            self.handle_datagram(st, now, from, pkt, j as u16);
-                        }
-                    }
-                    None => st.counters.rx_malformed += 1,
-                }
             }
             let mut touched = std::mem::take(&mut st.touched);
             for qpn in touched.drain(..) {
@@ -130,7 +104,7 @@ impl Shared {
                 }
             }
             st.touched = touched;
-            more = n == RX_BATCH || k == SHM_BATCH;
+            more = n.full || k.full;
             if !more {
                 if udp {
                     st.drained_at = now.as_nanos() as u64;
@@ -138,24 +112,44 @@ impl Shared {
                 break;
             }
         }
-        st.rx = Some(rx);
         more
     }
 
-    /// Handles up to [`SHM_BATCH`] packets from each ring of the shared-memory driver;
-    /// returns how many it took from all of them.
-    fn receive_shm(&self, st: &mut State, now: Duration) -> usize {
-        if st.shm.as_ref().is_none_or(|s| !s.has_ins()) {
-            return 0;
-        }
-        let Some(mut shm) = st.shm.take() else {
-            return 0;
+    /// Handles one batch of the UDP driver: its datagrams arrived at `now`, read once after
+    /// the receive (not per packet) and updated when something came.
+    fn receive_udp(&self, st: &mut State, now: &mut Duration) -> Received {
+        let Some(mut udp) = st.udp.take() else {
+            return Received::default();
         };
         let to = self.local.ip();
-        let k = shm.drain(SHM_BATCH, |from, head, data| {
-            self.handle_datagram_to(st, now, from, to, data, Via::SharedMemory(head));
+        let mut at = None;
+        let r = udp.recv(|from, data, via| {
+            let now = *at.get_or_insert_with(|| self.now());
+            self.handle_datagram_to(st, now, from, to, data, via);
         });
-        if k > 0 {
+        if r.taken > 0 {
+            *now = at.unwrap_or_else(|| self.now());
+        }
+        st.counters.rx_malformed += r.unreadable as u64;
+        udp.count_into(&mut st.counters);
+        st.udp = Some(udp);
+        r
+    }
+
+    /// Handles a batch of the shared-memory driver (up to `shm::RECV_BATCH` packets from
+    /// each of its rings).
+    fn receive_shm(&self, st: &mut State, now: Duration) -> Received {
+        if st.shm.as_ref().is_none_or(|s| !s.has_ins()) {
+            return Received::default();
+        }
+        let Some(mut shm) = st.shm.take() else {
+            return Received::default();
+        };
+        let to = self.local.ip();
+        let k = shm.recv(|from, data, via| {
+            self.handle_datagram_to(st, now, from, to, data, via);
+        });
+        if k.taken > 0 {
             shm.count_into(&mut st.counters);
             st.shm_took_at = now.as_nanos() as u64;
         }

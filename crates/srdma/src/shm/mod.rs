@@ -27,6 +27,8 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 use ring::{Consumer, Producer, Push};
 
+use crate::driver::{Driver, Frame, Outgoing, Payload, Received, Via};
+
 /// Bytes of one ring (header and records): 8 MiB of records hold a QP's largest window
 /// (1024 PSNs of 4 KiB) with room to spare, so a QP whose packets take a ring starts with
 /// that window (`Qp::path_holds_window`).
@@ -39,6 +41,8 @@ const _: () = {
             >= (srdma_proto::transport::MAX_WINDOW_PSNS as usize + 1) * record
     );
 };
+/// Packets taken from each ring per receive batch ([`Driver::recv`]).
+pub(crate) const RECV_BATCH: usize = 64;
 /// How long a destination found without a same-host device goes over UDP before it is
 /// looked up again.
 const RETRY_NS: u64 = 1_000_000_000;
@@ -147,37 +151,6 @@ impl Shm {
     /// How many peers produce into this device.
     pub(crate) fn ins(&self) -> usize {
         self.ins.len()
-    }
-
-    /// The out-link for a packet to QP `dqpn` at `dst` (`now`: ns since the engine's epoch),
-    /// or `None`: UDP.
-    pub(crate) fn route(&mut self, dst: SocketAddr, dqpn: u32, now: u64) -> Option<usize> {
-        // QP0/QP1 (steered by content on a shared port) and multicast stay on UDP.
-        if dqpn <= 1 || dqpn == srdma_wire::Qpn::MULTICAST.value() {
-            return None;
-        }
-        let key = (dst, (dqpn >> 16) as u8);
-        // One lookup per destination, not per packet (off-host peers included).
-        let route = match self.last {
-            Some((k, r)) if k == key => Some(r),
-            _ => self.routes.get(&key).copied(),
-        };
-        let route = match route {
-            Some(Route::Udp(until)) if now >= until => None,
-            r => r,
-        };
-        let route = route.unwrap_or_else(|| {
-            let r = self
-                .connect(key)
-                .map_or(Route::Udp(now.saturating_add(RETRY_NS)), Route::Link);
-            self.routes.insert(key, r);
-            r
-        });
-        self.last = Some((key, route));
-        match route {
-            Route::Link(i) => Some(i),
-            Route::Udp(_) => None,
-        }
     }
 
     /// Offers a ring to the device at `key`, if one lives in this namespace: its slot name
@@ -415,9 +388,78 @@ impl Shm {
             }
         }
     }
+}
+
+impl Driver for Shm {
+    /// An out-link (its slot).
+    type Link = usize;
+
+    /// The out-link for a packet to QP `dqpn` at `dst` (`now`: ns since the engine's epoch),
+    /// or `None`: UDP.
+    fn route(&mut self, dst: SocketAddr, dqpn: u32, now: u64) -> Option<usize> {
+        // QP0/QP1 (steered by content on a shared port) and multicast stay on UDP.
+        if dqpn <= 1 || dqpn == srdma_wire::Qpn::MULTICAST.value() {
+            return None;
+        }
+        let key = (dst, (dqpn >> 16) as u8);
+        // One lookup per destination, not per packet (off-host peers included).
+        let route = match self.last {
+            Some((k, r)) if k == key => Some(r),
+            _ => self.routes.get(&key).copied(),
+        };
+        let route = match route {
+            Some(Route::Udp(until)) if now >= until => None,
+            r => r,
+        };
+        let route = route.unwrap_or_else(|| {
+            let r = self
+                .connect(key)
+                .map_or(Route::Udp(now.saturating_add(RETRY_NS)), Route::Link);
+            self.routes.insert(key, r);
+            r
+        });
+        self.last = Some((key, route));
+        match route {
+            Route::Link(i) => Some(i),
+            Route::Udp(_) => None,
+        }
+    }
+
+    /// Copies the packet into the link's ring, its payload straight from registered memory
+    /// (the one copy); no ICRC is computed (a ring carries none worth checking). False when
+    /// it was not sent (ring full, a piece gone, the link just ended).
+    fn queue(
+        &mut self,
+        link: usize,
+        pkt: &Outgoing<'_>,
+        frame: &mut Frame,
+        payload: &impl Payload,
+    ) -> bool {
+        let base = frame.as_ptr() as usize;
+        let bytes = &frame[..pkt.len];
+        self.push(link, pkt.len, |out| assemble(out, bytes, base, payload))
+    }
+
+    /// Rings the doorbells (see [`Shm::ring_bells`]); a ring refuses nothing here.
+    fn flush(&mut self) -> usize {
+        self.ring_bells();
+        0
+    }
+
+    /// Up to [`RECV_BATCH`] packets from each in-link (see [`Shm::drain`]).
+    fn recv(&mut self, mut f: impl FnMut(SocketAddr, &[u8], Via<'_>)) -> Received {
+        let k = self.drain(RECV_BATCH, |from, head, data| {
+            f(from, data, Via::SharedMemory(head))
+        });
+        Received {
+            taken: k,
+            full: k == RECV_BATCH,
+            unreadable: 0,
+        }
+    }
 
     /// Copies what the driver counted into the device's counters.
-    pub(crate) fn count_into(&self, c: &mut crate::DeviceCounters) {
+    fn count_into(&self, c: &mut crate::types::DeviceCounters) {
         let k = &self.counts;
         c.tx_shm_packets = k.tx_packets;
         c.rx_shm_packets = k.rx_packets;
@@ -426,6 +468,26 @@ impl Shm {
         c.shm_links_in = k.links_in;
         c.shm_refused = k.refused;
     }
+}
+
+/// Writes the packet built in `frame` (whose address is `base`) into `out` (as long as the
+/// packet): its headers and gaps from `frame`, the payload pieces from registered memory.
+/// False when a piece is gone (the packet must not leave).
+fn assemble(out: &mut [u8], frame: &[u8], base: usize, payload: &impl Payload) -> bool {
+    let len = out.len();
+    let mut at = 0;
+    for i in 0..payload.count() {
+        let (dst, plen) = payload.place(i);
+        let off = dst.wrapping_sub(base);
+        let (Some(src), true) = (payload.bytes(i), off >= at && off + plen <= len) else {
+            return false;
+        };
+        out[at..off].copy_from_slice(&frame[at..off]);
+        out[off..off + plen].copy_from_slice(src);
+        at = off + plen;
+    }
+    out[at..].copy_from_slice(&frame[at..len]);
+    true
 }
 
 impl In {
