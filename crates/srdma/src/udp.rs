@@ -1,9 +1,10 @@
 //! The UDP driver: the socket a device sends and receives RoCEv2 on, shared with this host's
 //! other srdma processes on the RoCEv2 port (see `portshare`), with the options the engine
-//! relies on (DF, zero IPv6 checksums accepted, large buffers, GRO, non-blocking), and the
-//! batches the engine sends and receives with: `sendmmsg` with UDP GSO ([`TxBatch`]),
-//! `recvmmsg` with UDP GRO ([`RxBatch`]); and the socket of each IPv4 multicast group the
-//! device's UD QPs are attached to ([`join_group`]).
+//! relies on (DF, zero IPv6 checksums accepted, large buffers, GRO, non-blocking); the
+//! driver the engine sends and receives through ([`Udp`], a [`Driver`]: ICRCs computed here,
+//! payloads sent straight from registered memory), with its batches: `sendmmsg` with UDP GSO
+//! ([`TxBatch`]), `recvmmsg` with UDP GRO ([`RxBatch`]); and the socket of each IPv4
+//! multicast group the device's UD QPs are attached to ([`join_group`]).
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};

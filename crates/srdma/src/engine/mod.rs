@@ -3,8 +3,9 @@
 //! (posts send from the caller's thread, polls receive and complete); the progress thread makes
 //! sure one-sided operations finish without the application and sleeps when idle.
 //!
-//! This file holds the state and `start`; the rest is one file per concern: `tx` (sending,
-//! zero copy, GSO), `probe` (the GSO path probe), `rx` (receiving, multicast groups),
+//! This file holds the state and `start`; the rest is one file per concern: `tx` (sending
+//! through the drivers of `crate::driver`, GSO), `probe` (the GSO path probe), `rx`
+//! (receiving from the drivers, multicast groups),
 //! `timers`, `complete` (completions, hooks, events), `progress` (the progress thread
 //! and the application-driven progress), `xrc` (XRC SRQ routing) and `state` (what the rest
 //! of the crate does to the state: its fields are the engine's).
