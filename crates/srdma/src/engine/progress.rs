@@ -289,6 +289,11 @@ fn service_shm(shared: &Shared) {
 pub(super) fn progress(shared: &Shared) {
     let mut timeout = None;
     let mut look = FIRST_LOOK;
+    // Until when (ns since the epoch) a look without waiting may take the rings alone: a
+    // same-host peer streams through them and the socket was found empty less than
+    // `rx::UDP_QUIET` ago (the socket, the doorbells, new links and wake-ups cost system
+    // calls to look at; they wait that long at most).
+    let mut rings_only_until = 0;
     while !shared.stop.load(Ordering::Acquire) {
         if shared.inject_failure.load(Ordering::Relaxed) {
             panic!("srdma: injected failure of the progress thread (Device::inject_failure)");
@@ -364,13 +369,19 @@ pub(super) fn progress(shared: &Shared) {
         if armed && !shared.lock().shm.as_mut().is_none_or(|s| s.arm()) {
             wait = Some(Duration::ZERO);
         }
-        let fds = [sock, shared.wake.as_raw_fd(), keeper, groups, port, ep];
-        let ready = sys::poll_readable(fds, wait);
-        if ready.is_err() {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        let rings_only = wait == Some(Duration::ZERO) && now < rings_only_until;
+        let ready = if rings_only {
+            Ok([false; 6])
+        } else {
+            let fds = [sock, shared.wake.as_raw_fd(), keeper, groups, port, ep];
+            let ready = sys::poll_readable(fds, wait);
+            if ready.is_err() {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            sys::drain(&shared.wake);
+            ready
+        };
         shared.sleeps_deep.store(false, Ordering::SeqCst);
-        sys::drain(&shared.wake);
         let mut st = shared.lock();
         if port >= 0
             && let Some(shm) = st.shm.as_mut()
@@ -388,7 +399,7 @@ pub(super) fn progress(shared: &Shared) {
         // Held-back packets the application left for this thread to send once their window
         // passed.
         shared.flush_deferred_expired(&mut st);
-        let more = shared.receive(&mut st, RX_BUDGET, Hold::Riding, true);
+        let more = shared.receive(&mut st, RX_BUDGET, Hold::Riding, !rings_only);
         timeout = shared.run_timers(&mut st);
         // Come back for the held-back ACKs whose window ends first.
         if let Some(end) = shared.ride_ends(&st) {
@@ -407,6 +418,11 @@ pub(super) fn progress(shared: &Shared) {
         if more || spin || shm_spin {
             timeout = Some(Duration::ZERO);
         }
+        rings_only_until = if shm_spin && !more && !spin {
+            st.udp_quiet_until
+        } else {
+            0
+        };
         // Published under the lock: a post that arms an earlier timer after this sees the
         // value and wakes the thread.
         let until = timeout.map_or(u64::MAX, |t| (shared.now() + t).as_nanos() as u64);

@@ -62,23 +62,30 @@ impl Shared {
         if udp && !st.groups.is_empty() {
             self.receive_groups(st);
         }
+        // The socket once per call while it is empty: the rings' batches that follow cost no
+        // system call each.
+        let mut look_udp = udp;
         for _ in 0..budget {
             let mut now = self.now();
             let k = self.receive_shm(st, now);
-            let n = if udp {
+            let n = if look_udp {
                 self.receive_udp(st, &mut now)
             } else {
                 Received::default()
             };
+            if look_udp {
+                // The socket found empty (rings or not): quiet for a while.
+                st.udp_quiet_until = match n.taken {
+                    0 => now.as_nanos() as u64 + UDP_QUIET.as_nanos() as u64,
+                    _ => 0,
+                };
+                look_udp = n.taken > 0;
+            }
             if n.taken == 0 && k.taken == 0 {
                 if udp {
                     st.drained_at = now.as_nanos() as u64;
-                    st.udp_quiet_until = now.as_nanos() as u64 + UDP_QUIET.as_nanos() as u64;
                 }
                 break;
-            }
-            if n.taken > 0 {
-                st.udp_quiet_until = 0;
             }
             let mut touched = std::mem::take(&mut st.touched);
             for qpn in touched.drain(..) {
