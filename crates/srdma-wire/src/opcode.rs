@@ -565,6 +565,9 @@ mod tests {
         assert_eq!(h.offset_of(Headers::RETH), Some(0));
         assert_eq!(h.offset_of(Headers::IMM_DT), Some(16));
         assert_eq!(Opcode::RcFlush.headers().offset_of(Headers::RETH), Some(4));
+        // The longest: XRC compare-and-swap, BTH + XRCETH + AtomicETH.
+        assert_eq!(crate::MAX_HEADER_LEN, 44);
+        assert_eq!(Opcode::XrcCompareSwap.header_len(), crate::MAX_HEADER_LEN);
         assert_eq!(
             Opcode::RcAtomicAcknowledge
                 .headers()
