@@ -45,6 +45,8 @@ fi
 cargo build --locked -q -p srdma-verbs
 cargo test --workspace --locked "$@"
 # Between srdma devices of this host the run above goes through shared memory (the default);
-# the engine's own tests and Debian's tools and rdma_cm programs once more over UDP.
-SRDMA_SHM=0 cargo test --locked -p srdma "$@"
+# the engine's own tests, the relay, the pingpong and rping tools, and Debian's tools and
+# rdma_cm programs once more over UDP.
+SRDMA_SHM=0 cargo test --locked -p srdma -p srdma-relay "$@"
+SRDMA_SHM=0 cargo test --locked -p srdma-cli --test pingpong --test rping "$@"
 SRDMA_SHM=0 cargo test --locked -p srdma-verbs --test tools --test rdmacm "$@"
