@@ -1,0 +1,126 @@
+/* The kernel's share of srdma's busy round trip over UDP: a ping-pong of 40-byte datagrams
+ * (an 8 B SEND's size on the wire) with no user-space work, done the way the UDP baseline
+ * does it and the way srdma's UDP driver does it, between two addresses on UDP 4791.
+ *
+ *   gcc -O2 -o /tmp/udp_rtt_floor benchmarks/udp_rtt_floor.c
+ *   ip netns exec B /tmp/udp_rtt_floor server 10.197.0.2 10.197.0.1 MODE &
+ *   ip netns exec A /tmp/udp_rtt_floor client 10.197.0.1 10.197.0.2 MODE; wait
+ *
+ * MODE 0: connected socket, send + recv (srdma perf's UDP baseline);
+ *      1: unconnected, sendmmsg with an address + recvmmsg of up to 32 (srdma's driver);
+ *      2: as 1, and each reply followed by a 32-byte "ACK" datagram in the same sendmmsg;
+ *      3: as 2 with UDP_GRO on (srdma turns it on);
+ *      4: connected, sendmmsg of reply + ACK, recvmmsg.
+ * The client prints the half round trip averaged over 200000 round trips. */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define ITERS 200000
+#define BATCH 32
+
+static long now_ns(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return t.tv_sec * 1000000000L + t.tv_nsec;
+}
+
+static char rb[BATCH][2048];
+static struct mmsghdr rm[BATCH];
+static struct iovec riov[BATCH];
+static struct sockaddr_in from[BATCH];
+
+/* Waits for the peer's reply (datagrams starting with 1; "ACKs" start with 2). */
+static void wait_reply(int fd, int mode)
+{
+	if (mode == 0) {
+		char b[64];
+		while (recv(fd, b, sizeof b, 0) < 0)
+			;
+		return;
+	}
+	for (;;) {
+		int n = recvmmsg(fd, rm, BATCH, MSG_DONTWAIT, NULL);
+		for (int j = 0; j < n; j++)
+			if (rb[j][0] == 1)
+				return;
+	}
+}
+
+int main(int argc, char **argv)
+{
+	if (argc != 5 || (strcmp(argv[1], "server") && strcmp(argv[1], "client"))) {
+		fprintf(stderr, "usage: udp_rtt_floor server|client MY_IP PEER_IP MODE\n");
+		return 2;
+	}
+	int server = !strcmp(argv[1], "server"), mode = atoi(argv[4]), one = 1;
+	int pmtu = IP_PMTUDISC_DO;
+	int fd = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK, 0);
+	if (fd < 0) {
+		perror("socket");
+		return 1;
+	}
+	setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
+	if (mode == 3)
+		setsockopt(fd, IPPROTO_UDP, 104 /* UDP_GRO */, &one, sizeof one);
+	struct sockaddr_in me = { .sin_family = AF_INET, .sin_port = htons(4791) };
+	struct sockaddr_in peer = { .sin_family = AF_INET, .sin_port = htons(4791) };
+	if (inet_pton(AF_INET, argv[2], &me.sin_addr) != 1 ||
+	    inet_pton(AF_INET, argv[3], &peer.sin_addr) != 1) {
+		fprintf(stderr, "bad address\n");
+		return 2;
+	}
+	if (bind(fd, (struct sockaddr *)&me, sizeof me)) {
+		perror("bind");
+		return 1;
+	}
+	int connected = mode == 0 || mode == 4;
+	if (connected && connect(fd, (struct sockaddr *)&peer, sizeof peer)) {
+		perror("connect");
+		return 1;
+	}
+	for (int i = 0; i < BATCH; i++) {
+		riov[i].iov_base = rb[i];
+		riov[i].iov_len = sizeof rb[i];
+		rm[i].msg_hdr.msg_iov = &riov[i];
+		rm[i].msg_hdr.msg_iovlen = 1;
+		rm[i].msg_hdr.msg_name = &from[i];
+		rm[i].msg_hdr.msg_namelen = sizeof from[i];
+	}
+	char reply[40] = { 1 }, ack[32] = { 2 };
+	if (!server)
+		usleep(300000); /* let the server bind */
+	long start = now_ns();
+	for (int i = 0; i < ITERS; i++) {
+		if (server || i > 0)
+			wait_reply(fd, mode);
+		if (mode == 0) {
+			send(fd, reply, sizeof reply, 0);
+			continue;
+		}
+		struct iovec iv[2] = { { reply, sizeof reply }, { ack, sizeof ack } };
+		struct mmsghdr m[2];
+		memset(m, 0, sizeof m);
+		for (int k = 0; k < 2; k++) {
+			if (!connected) {
+				m[k].msg_hdr.msg_name = &peer;
+				m[k].msg_hdr.msg_namelen = sizeof peer;
+			}
+			m[k].msg_hdr.msg_iov = &iv[k];
+			m[k].msg_hdr.msg_iovlen = 1;
+		}
+		sendmmsg(fd, m, mode >= 2 ? 2 : 1, MSG_DONTWAIT);
+	}
+	if (!server) {
+		wait_reply(fd, mode);
+		printf("mode %d: half rtt %.2f us\n", mode, (double)(now_ns() - start) / ITERS / 2 / 1000);
+	}
+	return 0;
+}
