@@ -190,9 +190,15 @@ fn fi_pingpong(provider: &str, ep: &str, ctrl_port: u16, sizes: &[&str]) {
         || listening(ctrl_port),
         Duration::from_secs(10),
     );
-    let all = format!("{}\n{}", show("server", &s), show("client", &c));
+    check_pingpong(ep, sizes, &s, &c);
+}
+
+/// Both ends of a `fi_pingpong -e EP` run exited 0 and each printed a row per size in
+/// `sizes`, every one with 20 messages sent and 20 acknowledged.
+fn check_pingpong(ep: &str, sizes: &[&str], s: &Ended, c: &Ended) {
+    let all = format!("{}\n{}", show("server", s), show("client", c));
     assert!(s.ok() && c.ok(), "fi_pingpong -e {ep} failed\n{all}");
-    for (who, e) in [("server", &s), ("client", &c)] {
+    for (who, e) in [("server", s), ("client", c)] {
         let rows = pingpong_rows(&e.out);
         let got: Vec<&str> = rows.iter().map(|r| r.0.as_str()).collect();
         assert_eq!(got, sizes, "{who}'s sizes\n{all}");
@@ -288,19 +294,7 @@ fn fi_pingpong_between_namespaces(provider: &str, ep: &str, ctrl_port: u16, size
         Instant::now() + LIMIT,
     );
     let s = finish(srv, Instant::now() + Duration::from_secs(10));
-    let all = format!("{}\n{}", show("server", &s), show("client", &c));
-    assert!(s.ok() && c.ok(), "fi_pingpong -e {ep} failed\n{all}");
-    for (who, e) in [("server", &s), ("client", &c)] {
-        let rows = pingpong_rows(&e.out);
-        let got: Vec<&str> = rows.iter().map(|r| r.0.as_str()).collect();
-        assert_eq!(got, sizes, "{who}'s sizes\n{all}");
-        for (size, sent, ack) in &rows {
-            assert!(
-                sent == "20" && ack == "=20",
-                "{who}: {size} bytes: {sent} sent, {ack} acknowledged\n{all}"
-            );
-        }
-    }
+    check_pingpong(ep, sizes, &s, &c);
 }
 
 /// The datagram endpoint between two hosts: the link-local GID 0 each end names itself by

@@ -305,24 +305,9 @@ fn open_mpi_over_ucx() {
     }
     let dir = TempDir::new("mpi");
     let prog = build_mpi_check(&dir.0);
-    let args = [
-        "--oversubscribe",
-        "-np",
-        "2",
-        "--mca",
-        "pml",
-        "ucx",
-        "--mca",
-        "osc",
-        "ucx",
-        "-x",
-        "UCX_TLS",
-        "-x",
-        "LD_LIBRARY_PATH",
-        "-x",
-        "SRDMA_DEVICES",
-        &prog,
-    ];
+    let mut args = vec!["--oversubscribe", "-np", "2"];
+    args.extend(MPI_OVER_UCX);
+    args.extend(["-x", "LD_LIBRARY_PATH", "-x", "SRDMA_DEVICES", &prog]);
     let child = exec("127.0.75.1", "rc_verbs,ud_verbs,self", "mpirun", &args)
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
@@ -331,6 +316,12 @@ fn open_mpi_over_ucx() {
     let o = wait(child, Duration::from_secs(60), "mpirun mpi_check");
     assert_mpi_passed(&o, 2);
 }
+
+/// mpirun's options for point-to-point and one-sided traffic over UCX, with the ranks
+/// getting the launcher's `UCX_TLS`.
+const MPI_OVER_UCX: [&str; 8] = [
+    "--mca", "pml", "ucx", "--mca", "osc", "ucx", "-x", "UCX_TLS",
+];
 
 /// mpirun's launch agent (`plm_rsh_agent`, in place of ssh) for hosts that are network
 /// namespaces: `agent HOST COMMAND...` runs the command line (through a shell, as ssh does)
@@ -389,7 +380,7 @@ fn open_mpi_between_two_namespaces() {
             .unwrap()
     };
     let rx0 = rx_bytes();
-    let args = [
+    let mut args = vec![
         "--allow-run-as-root",
         "--hostfile",
         hostfile.to_str().unwrap(),
@@ -406,16 +397,9 @@ fn open_mpi_between_two_namespaces() {
         "--mca",
         "btl_tcp_if_include",
         "eth0",
-        "--mca",
-        "pml",
-        "ucx",
-        "--mca",
-        "osc",
-        "ucx",
-        "-x",
-        "UCX_TLS",
-        &prog,
     ];
+    args.extend(MPI_OVER_UCX);
+    args.push(&prog);
     let child = lab.hosts[0]
         .command("mpirun")
         .args(args)
