@@ -265,13 +265,14 @@ impl Shm {
     /// private copy of its first [`srdma_wire::MAX_HEADER_LEN`] bytes (all its headers; the
     /// whole packet if shorter) and the whole packet where it lies in the ring: parse the
     /// headers from the copy (`PacketRepr::parse_head`), copy the payload from the ring.
-    /// Returns how many it took.
+    /// Returns how many it took, and whether some ring gave `max` (more may wait there).
     pub(crate) fn drain(
         &mut self,
         max: usize,
         mut f: impl FnMut(SocketAddr, &[u8], &[u8]),
-    ) -> usize {
+    ) -> (usize, bool) {
         let mut n = 0;
+        let mut cut = false;
         let mut ended = false;
         for link in &mut self.ins {
             if link.ring.is_empty() {
@@ -282,6 +283,7 @@ impl Shm {
             match link.ring.pop(&mut self.head, max, |h, d| f(from, h, d)) {
                 Ok(k) => {
                     n += k;
+                    cut |= k == max;
                     ended |= link.sock.is_none() && link.ring.is_empty();
                 }
                 Err(ring::Corrupt) => {
@@ -299,7 +301,7 @@ impl Shm {
                 .retain(|l| !l.ring.is_corrupt() && (l.sock.is_some() || !l.ring.is_empty()));
         }
         self.counts.rx_packets += n as u64;
-        n
+        (n, cut)
     }
 
     /// The caller (a thread about to sleep on [`Shm::fds`]) wants doorbells for what peers
@@ -448,12 +450,12 @@ impl Driver for Shm {
 
     /// Up to [`RECV_BATCH`] packets from each in-link (see [`Shm::drain`]).
     fn recv(&mut self, mut f: impl FnMut(SocketAddr, &[u8], Via<'_>)) -> Received {
-        let k = self.drain(RECV_BATCH, |from, head, data| {
+        let (taken, full) = self.drain(RECV_BATCH, |from, head, data| {
             f(from, data, Via::SharedMemory(head))
         });
         Received {
-            taken: k,
-            full: k == RECV_BATCH,
+            taken,
+            full,
             unreadable: 0,
         }
     }
@@ -533,7 +535,15 @@ mod tests {
         }
         a.ring_bells();
         let mut got = Vec::new();
-        b.drain(1000, |from, _, d| got.push((from, d.to_vec())));
+        // A batch that stops at its limit says more may wait; the last one does not.
+        assert_eq!(
+            b.drain(60, |from, _, d| got.push((from, d.to_vec()))),
+            (60, true)
+        );
+        assert_eq!(
+            b.drain(60, |from, _, d| got.push((from, d.to_vec()))),
+            (40, false)
+        );
         assert_eq!(got.len(), 100);
         assert!(got.iter().all(|(from, _)| *from == a_at));
         assert!(
@@ -549,7 +559,7 @@ mod tests {
         assert!(readable(b.fds()[1]));
         b.disarm();
         b.service(0, true);
-        assert_eq!(b.drain(10, |_, _, _| {}), 1);
+        assert_eq!(b.drain(10, |_, _, _| {}), (1, false));
         // a goes: b's link ends.
         drop(a);
         assert!(readable(b.fds()[1]));
@@ -570,7 +580,7 @@ mod tests {
         drop(a);
         b.service(0, true);
         assert!(b.has_ins(), "the ring still holds packets");
-        assert_eq!(b.drain(10, |from, _, _| assert_eq!(from, a_at)), 3);
+        assert_eq!(b.drain(10, |from, _, _| assert_eq!(from, a_at)), (3, false));
         assert!(!b.has_ins(), "then the link ends");
     }
 
@@ -590,7 +600,7 @@ mod tests {
                 .cast::<u64>()
                 .write_volatile(u64::MAX)
         };
-        assert_eq!(b.drain(10, |_, _, _| {}), 0);
+        assert_eq!(b.drain(10, |_, _, _| {}), (0, false));
         assert!(!b.has_ins());
         assert!(readable(a.fds()[1]));
         a.service(5, true);
