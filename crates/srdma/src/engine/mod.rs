@@ -169,7 +169,7 @@ pub(crate) struct State {
     one_sided_at: u64,
     /// Whether that request came alone in its receive batch (see `progress::ONE_SIDED_SPIN`).
     one_sided_lone: bool,
-    /// When (ns since the epoch) a receive last left the socket empty (see
+    /// When (ns since the epoch) a receive that took datagrams last left the socket empty (see
     /// `progress::RX_REST`); taken (reset) by the next application poll, which skips the
     /// socket if it comes within `progress::RX_REST`.
     drained_at: u64,

@@ -65,7 +65,7 @@ impl Shared {
         // The socket once per call while it is empty: the rings' batches that follow cost no
         // system call each.
         let mut look_udp = udp;
-        for _ in 0..budget {
+        for round in 0..budget {
             let mut now = self.now();
             let k = self.receive_shm(st, now);
             let n = if look_udp {
@@ -82,7 +82,9 @@ impl Shared {
                 look_udp = n.taken > 0;
             }
             if n.taken == 0 && k.taken == 0 {
-                if udp {
+                // Empty after a batch that took something: the rest (`RX_REST`) begins. A
+                // look that found nothing completed nothing: the next poll looks again.
+                if udp && round > 0 {
                     st.drained_at = now.as_nanos() as u64;
                 }
                 break;
