@@ -10,7 +10,10 @@
  *      1: unconnected, sendmmsg with an address + recvmmsg of up to 32 (srdma's driver);
  *      2: as 1, and each reply followed by a 32-byte "ACK" datagram in the same sendmmsg;
  *      3: as 2 with UDP_GRO on (srdma turns it on);
- *      4: connected, sendmmsg of reply + ACK, recvmmsg.
+ *      4: connected, sendmmsg of reply + ACK, recvmmsg;
+ *      5: as 2, but received on a second socket on the port, connected to the peer (the
+ *         kernel prefers it to the unconnected one for the peer's datagrams);
+ *      6: as 2, but sent from a socket connected to the peer from an ephemeral port.
  * The client prints the half round trip averaged over 200000 round trips. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -67,6 +70,7 @@ int main(int argc, char **argv)
 		perror("socket");
 		return 1;
 	}
+	setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
 	setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
 	if (mode == 3)
 		setsockopt(fd, IPPROTO_UDP, 104 /* UDP_GRO */, &one, sizeof one);
@@ -86,6 +90,31 @@ int main(int argc, char **argv)
 		perror("connect");
 		return 1;
 	}
+	/* sfd sends; fd receives. */
+	int sfd = fd;
+	if (mode == 5 || mode == 6) {
+		struct sockaddr_in at = me;
+		int rfd = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK, 0);
+		if (rfd < 0) {
+			perror("socket");
+			return 1;
+		}
+		setsockopt(rfd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
+		if (mode == 5)
+			setsockopt(rfd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
+		else
+			at.sin_port = 0;
+		if (bind(rfd, (struct sockaddr *)&at, sizeof at) ||
+		    connect(rfd, (struct sockaddr *)&peer, sizeof peer)) {
+			perror("second socket");
+			return 1;
+		}
+		if (mode == 5)
+			fd = rfd;
+		else
+			sfd = rfd;
+	}
+	int send_connected = connected || mode == 6;
 	for (int i = 0; i < BATCH; i++) {
 		riov[i].iov_base = rb[i];
 		riov[i].iov_len = sizeof rb[i];
@@ -109,14 +138,14 @@ int main(int argc, char **argv)
 		struct mmsghdr m[2];
 		memset(m, 0, sizeof m);
 		for (int k = 0; k < 2; k++) {
-			if (!connected) {
+			if (!send_connected) {
 				m[k].msg_hdr.msg_name = &peer;
 				m[k].msg_hdr.msg_namelen = sizeof peer;
 			}
 			m[k].msg_hdr.msg_iov = &iv[k];
 			m[k].msg_hdr.msg_iovlen = 1;
 		}
-		sendmmsg(fd, m, mode >= 2 ? 2 : 1, MSG_DONTWAIT);
+		sendmmsg(sfd, m, mode >= 2 ? 2 : 1, MSG_DONTWAIT);
 	}
 	if (!server) {
 		wait_reply(fd, mode);
