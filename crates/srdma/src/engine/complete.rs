@@ -87,10 +87,14 @@ impl Shared {
     }
 }
 
-pub(crate) fn deliver_completions(slot: &mut QpSlot) {
+/// Moves QP `slot`'s completions to its CQs (a full CQ puts the QP in ERR, as rxe does);
+/// returns how many it moved.
+pub(crate) fn deliver_completions(slot: &mut QpSlot) -> usize {
     super::xrc::drop_orphans(&mut slot.qp);
     let mut overrun = false;
+    let mut delivered = 0;
     while let Some((side, wc)) = slot.qp.poll_completion() {
+        delivered += 1;
         let solicited = wc.solicited;
         overrun |= !match side {
             CqSide::Send => slot.send_cq.push(wc, false),
@@ -118,6 +122,7 @@ pub(crate) fn deliver_completions(slot: &mut QpSlot) {
         }
     }
     slot.state_seen = state;
+    delivered
 }
 
 /// What the CQs ask of their device (the trait is theirs, so `cq` imports nothing of the

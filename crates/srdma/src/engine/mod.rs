@@ -173,6 +173,9 @@ pub(crate) struct State {
     /// `progress::RX_REST`); taken (reset) by the next application poll, which skips the
     /// socket if it comes within `progress::RX_REST`.
     drained_at: u64,
+    /// Completions the engine moved to CQs since the device opened (see `progress::RX_REST`:
+    /// a receive that moved none is no reason for the application to skip a look).
+    delivered: u64,
     /// When (ns since the epoch) the published statistics may be refreshed next.
     stats_next: u64,
     stats: Option<crate::stats::Publisher>,
@@ -363,6 +366,7 @@ pub(crate) fn start(cfg: DeviceConfig, sock: crate::udp::Socket) -> Result<Arc<D
         one_sided_at: 0,
         one_sided_lone: false,
         drained_at: 0,
+        delivered: 0,
         stats_next: 0,
         stats: crate::stats::Publisher::new(&cfg.name, local),
     };

@@ -65,7 +65,8 @@ impl Shared {
         // The socket once per call while it is empty: the rings' batches that follow cost no
         // system call each.
         let mut look_udp = udp;
-        for round in 0..budget {
+        let delivered = st.delivered;
+        for _ in 0..budget {
             let mut now = self.now();
             let k = self.receive_shm(st, now);
             let n = if look_udp {
@@ -82,9 +83,11 @@ impl Shared {
                 look_udp = n.taken > 0;
             }
             if n.taken == 0 && k.taken == 0 {
-                // Empty after a batch that took something: the rest (`RX_REST`) begins. A
-                // look that found nothing completed nothing: the next poll looks again.
-                if udp && round > 0 {
+                // The rest (`RX_REST`) begins only after a receive that completed something
+                // for the application to collect; after a look that found nothing, or only
+                // what completes nothing (a peer's ACK of unsignaled sends), the next poll
+                // looks again.
+                if udp && st.delivered != delivered {
                     st.drained_at = now.as_nanos() as u64;
                 }
                 break;
@@ -104,7 +107,7 @@ impl Shared {
                 if !held {
                     self.flush(st, qpn);
                 } else if let Some(slot) = st.qps.get_mut(&qpn) {
-                    deliver_completions(slot);
+                    st.delivered += deliver_completions(slot) as u64;
                     note_timer(&mut st.next_timer, slot);
                     if !st.deferred.contains(&qpn) {
                         slot.deferred_at = now.as_nanos() as u64;
@@ -115,7 +118,7 @@ impl Shared {
             st.touched = touched;
             more = n.full || k.full;
             if !more {
-                if udp {
+                if udp && st.delivered != delivered {
                     st.drained_at = now.as_nanos() as u64;
                 }
                 break;

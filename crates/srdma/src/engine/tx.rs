@@ -140,7 +140,7 @@ impl Shared {
             shm.flush();
             shm.count_into(counters);
         }
-        deliver_completions(slot);
+        st.delivered += deliver_completions(slot) as u64;
         note_timer(&mut st.next_timer, slot);
         self.probe_answered(st, qpn, now);
     }
