@@ -173,8 +173,9 @@ pub(crate) struct State {
     /// `progress::RX_REST`); taken (reset) by the next application poll, which skips the
     /// socket if it comes within `progress::RX_REST`.
     drained_at: u64,
-    /// Completions the engine moved to CQs since the device opened (see `progress::RX_REST`:
-    /// a receive that moved none is no reason for the application to skip a look).
+    /// A running count of the completions flushes and held-back receives moved to CQs; only
+    /// its change across one receive matters (see `progress::RX_REST`: a receive that moved
+    /// none is no reason for the application to skip a look).
     delivered: u64,
     /// When (ns since the epoch) the published statistics may be refreshed next.
     stats_next: u64,
