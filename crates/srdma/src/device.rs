@@ -435,25 +435,6 @@ impl Device {
             self.h.shared.detach_group(st, qpn, None);
         }
     }
-
-    /// Sends `qpn`'s packets if an application-driven receive held them back.
-    pub(crate) fn flush_if_deferred(&self, st: &mut State, qpn: u32) {
-        if st.undefer(qpn) {
-            self.h.shared.flush(st, qpn);
-        }
-    }
-
-    /// Sends every packet `qpn` has ready, from the caller's thread (the "doorbell"), and
-    /// wakes the progress thread if the QP now has a timer earlier than the one it sleeps on.
-    pub(crate) fn flush(&self, st: &mut State, qpn: u32) {
-        let sh = &self.h.shared;
-        sh.flush(st, qpn);
-        if let Some(t) = st.slot(qpn).and_then(|s| s.qp.poll_timeout()) {
-            if (t.as_nanos() as u64) < sh.sleep_until.load(Ordering::Acquire) {
-                sys::signal(&sh.wake);
-            }
-        }
-    }
 }
 
 /// A protection domain (`ibv_pd`).

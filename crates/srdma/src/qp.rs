@@ -9,7 +9,7 @@ use srdma_wire::{Psn, Qpn};
 
 use crate::cq::Cq;
 use crate::device::{Device, Pd};
-use crate::engine::{QpSlot, deliver_completions};
+use crate::engine::QpSlot;
 use crate::error::{Error, Result};
 use crate::types::Gid;
 
@@ -150,7 +150,10 @@ impl Drop for QpInner {
         let mut st = self.dev.lock();
         // ACKs an application-driven receive held back still go out: the peer's last
         // message must not be left unacknowledged because this side destroyed its QP.
-        self.dev.flush_if_deferred(&mut st, self.qpn.value());
+        self.dev
+            .h
+            .shared
+            .flush_if_deferred(&mut st, self.qpn.value());
         self.dev.detach_all_groups(&mut st, self.qpn.value());
         st.remove_qp(self.qpn);
     }
@@ -230,18 +233,12 @@ impl Pd {
         }
         st.add_qp(
             qpn.value(),
-            QpSlot {
-                path: crate::Path::None,
-                state_seen: qp.state(),
+            QpSlot::new(
                 qp,
-                send_cq: init.send_cq.clone(),
-                recv_cq: init.recv_cq.clone(),
-                srq: init.srq.as_ref().map(|s| s.inner.id),
-                ack_rides_send: 0,
-                ack_flushed_at: 0,
-                deferred_at: 0,
-                posted_recv: false,
-            },
+                init.send_cq.clone(),
+                init.recv_cq.clone(),
+                init.srq.as_ref().map(|s| s.inner.id),
+            ),
         );
         drop(st);
         Ok(Qp {
@@ -323,37 +320,12 @@ impl Qp {
     /// `ibv_modify_qp`, checked against the IBTA table: a wrong transition or a missing
     /// attribute is an error naming it.
     pub fn modify(&self, attr: &QpAttr, mask: AttrMask) -> Result<()> {
-        let limits = self.inner.dev.config().limits.clone();
-        let mut st = self.inner.dev.lock();
-        // ACKs and responses held back for the application's next post or poll leave
-        // first: moving to ERR (a disconnect) must not swallow the ACK of what was received.
-        self.inner
-            .dev
-            .flush_if_deferred(&mut st, self.inner.qpn.value());
-        let slot = st
-            .slot_mut(self.inner.qpn.value())
-            .expect("a live Qp handle keeps its slot");
-        slot.qp.modify(attr, mask, &limits)?;
-        // The application's own move to ERR is no fatal event; an SRQ's QP still reports
-        // its last WQE.
-        if slot.qp.state() == QpState::Err && slot.state_seen != QpState::Err && slot.srq.is_some()
-        {
-            slot.send_cq
-                .raise(crate::AsyncEvent::QpLastWqeReached { qpn: slot.qp.qpn() });
-        }
-        slot.state_seen = slot.qp.state();
-        // Reset forgets the QP's work, and with it its completions not yet polled (flushes of
-        // the error state it leaves, typically): as libmlx5 cleans its CQs on RESET, so a QP
-        // brought back to RTS does not hand the application stale completions.
-        if mask.contains(AttrMask::STATE) && attr.qp_state == QpState::Reset {
-            let qpn = slot.qp.qpn();
-            slot.send_cq.forget_qp(qpn);
-            slot.recv_cq.forget_qp(qpn);
-        }
-        // Entering ERR flushes and SQD->RTS resumes work posted while draining: send what
-        // the QP has and deliver its completions.
-        self.inner.dev.flush(&mut st, self.inner.qpn.value());
-        Ok(())
+        let dev = &self.inner.dev;
+        let limits = dev.config().limits.clone();
+        let mut st = dev.lock();
+        dev.h
+            .shared
+            .modify_qp(&mut st, self.inner.qpn.value(), attr, mask, &limits)
     }
 
     /// `ibv_attach_mcast`: from the next datagram on, this UD QP gets a copy of every
@@ -467,73 +439,22 @@ impl Qp {
         let dev = &self.inner.dev;
         dev.check_alive()?;
         let mut st = dev.lock();
-        let qpn = self.inner.qpn.value();
-        let mut res = Ok(());
-        {
-            let slot = st.slot_mut(qpn).expect("a live Qp handle keeps its slot");
-            if slot.ack_flushed_at != 0 {
-                let now = dev.h.shared.now().as_nanos() as u64;
-                slot.ack_rides_send = if now.saturating_sub(slot.ack_flushed_at)
-                    < crate::engine::ACK_RIDE_WINDOW.as_nanos() as u64
-                {
-                    slot.ack_rides_send.saturating_add(1)
-                } else {
-                    0
-                };
-                slot.ack_flushed_at = 0;
-            }
-            for wr in wrs {
-                // A UD destination this device cannot reach would otherwise "complete" unsent.
-                let checked = match &wr.ud {
-                    Some(ud) => check_family(dev, Gid(ud.ah.dgid)),
-                    None => Ok(()),
-                };
-                if let Err(e) = checked.and_then(|()| slot.qp.post_send(wr).map_err(Error::from)) {
-                    res = Err(e);
-                    break;
-                }
-            }
-        }
-        // What a receive held back leaves now, behind the request (see `poll_transmit`):
-        // one more time the application answered what it received with a send.
-        if st.undefer(qpn) {
-            if let Some(slot) = st.slot_mut(qpn) {
-                slot.ack_rides_send = slot.ack_rides_send.saturating_add(1);
-            }
-        }
-        // A post may bring answers soon (at once from a QP of this device): the next poll
-        // looks at the socket (see `engine::RX_REST`).
-        st.expect_answers();
-        dev.flush(&mut st, qpn);
-        res
+        // A UD destination this device cannot reach would otherwise "complete" unsent.
+        let checked = wrs.into_iter().map(|wr| match &wr.ud {
+            Some(ud) => check_family(dev, Gid(ud.ah.dgid)).map(|()| wr),
+            None => Ok(wr),
+        });
+        dev.h
+            .shared
+            .post_send(&mut st, self.inner.qpn.value(), checked)
     }
 
     /// `ibv_post_recv`.
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
         let dev = &self.inner.dev;
         dev.check_alive()?;
-        let qpn = self.inner.qpn.value();
         let mut st = dev.lock();
-        // An ACK held back for the application's next post leaves now, unless this QP's
-        // application is known to post a send right after (see `QpSlot::ack_rides_send`):
-        // one that replenishes its receives and then does something else may not post or
-        // poll again for a long time (perftest -R posts a receive, then makes its next
-        // connection, while the peer waits for the ACK of its SEND before listening).
-        let rides = st
-            .slot(qpn)
-            .is_some_and(|s| s.ack_rides_send >= crate::engine::ACK_RIDES_AFTER);
-        if !rides && st.is_deferred(qpn) {
-            dev.flush_if_deferred(&mut st, qpn);
-            let now = dev.h.shared.now().as_nanos() as u64;
-            if let Some(s) = st.slot_mut(qpn) {
-                s.ack_flushed_at = now.max(1);
-            }
-        }
-        let s = st.slot_mut(qpn).expect("a live Qp handle keeps its slot");
-        s.qp.post_recv(wr)?;
-        s.posted_recv = true;
-        deliver_completions(s);
-        Ok(())
+        dev.h.shared.post_recv(&mut st, self.inner.qpn.value(), wr)
     }
 }
 

@@ -17,6 +17,7 @@ mod rx;
 mod state;
 mod timers;
 mod tx;
+mod verbs;
 mod xrc;
 
 use std::collections::BTreeMap;
@@ -41,7 +42,7 @@ use crate::memory::Store;
 use crate::sys;
 use crate::types::DeviceCounters;
 
-pub(crate) use complete::deliver_completions;
+use complete::deliver_completions;
 use probe::PathGso;
 use rx::Group;
 pub(crate) use rx::{MAX_MCAST_GRP, MAX_MCAST_QP_ATTACH};
@@ -51,16 +52,18 @@ const TX_BATCH: usize = 128;
 /// Buffers per `recvmmsg` (each may hold a GRO-coalesced run of datagrams).
 const RX_BATCH: usize = 32;
 
+/// A QP as the engine keeps it: the transport's state machine, the CQs its completions go
+/// to, and the engine's bookkeeping for it (set up by [`QpSlot::new`]).
 pub(crate) struct QpSlot {
     pub(crate) qp: ProtoQp,
     /// Which driver carried the QP's last packet.
     pub(crate) path: crate::Path,
     /// The state the application last saw or set: a move to ERR the engine makes on its
     /// own raises `QpFatal`.
-    pub(crate) state_seen: srdma_proto::QpState,
-    pub(crate) send_cq: Cq,
-    pub(crate) recv_cq: Cq,
-    pub(crate) srq: Option<u32>,
+    pub(super) state_seen: srdma_proto::QpState,
+    pub(super) send_cq: Cq,
+    pub(super) recv_cq: Cq,
+    pub(super) srq: Option<u32>,
     /// Learned: how many times in a row the application posted a send while what a receive
     /// brought was held back for it (an ACK, or nothing to send yet), or right after its
     /// `post_recv` or poll sent a held-back ACK (a SEND or WRITE ping-pong). From
@@ -69,15 +72,15 @@ pub(crate) struct QpSlot {
     /// send and leaves right behind it, in the same `sendmmsg`. Cleared when the progress
     /// thread had to send a held-back ACK because the application went elsewhere (a peer
     /// with a short retransmission timer, rxe in a slow VM, retries after a millisecond).
-    pub(crate) ack_rides_send: u8,
+    pub(super) ack_rides_send: u8,
     /// When (ns since the epoch) `post_recv` or a poll last sent a held-back ACK (0: not
     /// since the last send): a send soon after it counts towards `ack_rides_send`.
-    pub(crate) ack_flushed_at: u64,
+    pub(super) ack_flushed_at: u64,
     /// When (ns since the epoch) a receive last held this QP's packets back (put it in
     /// `State::deferred`).
-    pub(crate) deferred_at: u64,
+    pub(super) deferred_at: u64,
     /// Whether a receive was posted to the QP (see [`QpSlot::ack_tail`]).
-    pub(crate) posted_recv: bool,
+    pub(super) posted_recv: bool,
 }
 
 impl QpSlot {

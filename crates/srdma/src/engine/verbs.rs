@@ -1,0 +1,161 @@
+//! What the verbs do to a QP's slot: create it, modify it, post to it, and ring the
+//! doorbell. `qp.rs` checks the caller's arguments and calls these with the device locked;
+//! the slot's fields (the ACK-ride bookkeeping, the state the application saw) stay the
+//! engine's.
+
+use std::sync::atomic::Ordering;
+
+use srdma_proto::{AttrMask, DeviceLimits, QpAttr, QpState, RecvWr, SendWr};
+
+use super::{ACK_RIDE_WINDOW, ACK_RIDES_AFTER, QpSlot, Shared, State, deliver_completions};
+use crate::cq::Cq;
+use crate::error::{Error, Result};
+use crate::sys;
+
+impl QpSlot {
+    /// The slot of a new QP, with the CQs its completions go to and its SRQ (by id).
+    pub(crate) fn new(qp: srdma_proto::Qp, send_cq: Cq, recv_cq: Cq, srq: Option<u32>) -> QpSlot {
+        QpSlot {
+            path: crate::Path::None,
+            state_seen: qp.state(),
+            qp,
+            send_cq,
+            recv_cq,
+            srq,
+            ack_rides_send: 0,
+            ack_flushed_at: 0,
+            deferred_at: 0,
+            posted_recv: false,
+        }
+    }
+}
+
+impl Shared {
+    /// Sends every packet QP `qpn` has ready, from the caller's thread (the "doorbell"), and
+    /// wakes the progress thread if the QP now has a timer earlier than the one it sleeps on.
+    pub(crate) fn doorbell(&self, st: &mut State, qpn: u32) {
+        self.flush(st, qpn);
+        if let Some(t) = st.slot(qpn).and_then(|s| s.qp.poll_timeout()) {
+            if (t.as_nanos() as u64) < self.sleep_until.load(Ordering::Acquire) {
+                sys::signal(&self.wake);
+            }
+        }
+    }
+
+    /// Sends what a receive held back for QP `qpn`'s application (see `State::deferred`),
+    /// if anything.
+    pub(crate) fn flush_if_deferred(&self, st: &mut State, qpn: u32) {
+        if st.undefer(qpn) {
+            self.flush(st, qpn);
+        }
+    }
+
+    /// `ibv_modify_qp` of QP `qpn`, checked against the IBTA table by the transport.
+    pub(crate) fn modify_qp(
+        &self,
+        st: &mut State,
+        qpn: u32,
+        attr: &QpAttr,
+        mask: AttrMask,
+        limits: &DeviceLimits,
+    ) -> Result<()> {
+        // ACKs and responses held back for the application's next post or poll leave
+        // first: moving to ERR (a disconnect) must not swallow the ACK of what was received.
+        self.flush_if_deferred(st, qpn);
+        let slot = st.slot_mut(qpn).ok_or_else(|| no_qp(qpn))?;
+        slot.qp.modify(attr, mask, limits)?;
+        // The application's own move to ERR is no fatal event; an SRQ's QP still reports
+        // its last WQE.
+        if slot.qp.state() == QpState::Err && slot.state_seen != QpState::Err && slot.srq.is_some()
+        {
+            slot.send_cq
+                .raise(crate::AsyncEvent::QpLastWqeReached { qpn: slot.qp.qpn() });
+        }
+        slot.state_seen = slot.qp.state();
+        // Reset forgets the QP's work, and with it its completions not yet polled (flushes of
+        // the error state it leaves, typically): as libmlx5 cleans its CQs on RESET, so a QP
+        // brought back to RTS does not hand the application stale completions.
+        if mask.contains(AttrMask::STATE) && attr.qp_state == QpState::Reset {
+            let qpn = slot.qp.qpn();
+            slot.send_cq.forget_qp(qpn);
+            slot.recv_cq.forget_qp(qpn);
+        }
+        // Entering ERR flushes and SQD->RTS resumes work posted while draining: send what
+        // the QP has and deliver its completions.
+        self.doorbell(st, qpn);
+        Ok(())
+    }
+
+    /// `ibv_post_send` of `wrs` to QP `qpn`, then the doorbell. Stops at the first WR that
+    /// is refused (an `Err` from the caller's checks, or the transport's): the ones before
+    /// it are posted, as with `ibv_post_send`'s `bad_wr`.
+    pub(crate) fn post_send(
+        &self,
+        st: &mut State,
+        qpn: u32,
+        wrs: impl IntoIterator<Item = Result<SendWr>>,
+    ) -> Result<()> {
+        let mut res = Ok(());
+        {
+            let slot = st.slot_mut(qpn).ok_or_else(|| no_qp(qpn))?;
+            if slot.ack_flushed_at != 0 {
+                let now = self.now().as_nanos() as u64;
+                slot.ack_rides_send = if now.saturating_sub(slot.ack_flushed_at)
+                    < ACK_RIDE_WINDOW.as_nanos() as u64
+                {
+                    slot.ack_rides_send.saturating_add(1)
+                } else {
+                    0
+                };
+                slot.ack_flushed_at = 0;
+            }
+            for wr in wrs {
+                if let Err(e) = wr.and_then(|wr| slot.qp.post_send(wr).map_err(Error::from)) {
+                    res = Err(e);
+                    break;
+                }
+            }
+        }
+        // What a receive held back leaves now, behind the request (see `poll_transmit`):
+        // one more time the application answered what it received with a send.
+        if st.undefer(qpn) {
+            if let Some(slot) = st.slot_mut(qpn) {
+                slot.ack_rides_send = slot.ack_rides_send.saturating_add(1);
+            }
+        }
+        // A post may bring answers soon (at once from a QP of this device): the next poll
+        // looks at the socket (see `progress::RX_REST`).
+        st.expect_answers();
+        self.doorbell(st, qpn);
+        res
+    }
+
+    /// `ibv_post_recv` of `wr` to QP `qpn`.
+    pub(crate) fn post_recv(&self, st: &mut State, qpn: u32, wr: RecvWr) -> Result<()> {
+        // An ACK held back for the application's next post leaves now, unless this QP's
+        // application is known to post a send right after (see `QpSlot::ack_rides_send`):
+        // one that replenishes its receives and then does something else may not post or
+        // poll again for a long time (perftest -R posts a receive, then makes its next
+        // connection, while the peer waits for the ACK of its SEND before listening).
+        let rides = st
+            .slot(qpn)
+            .is_some_and(|s| s.ack_rides_send >= ACK_RIDES_AFTER);
+        if !rides && st.is_deferred(qpn) {
+            self.flush_if_deferred(st, qpn);
+            let now = self.now().as_nanos() as u64;
+            if let Some(s) = st.slot_mut(qpn) {
+                s.ack_flushed_at = now.max(1);
+            }
+        }
+        let s = st.slot_mut(qpn).ok_or_else(|| no_qp(qpn))?;
+        s.qp.post_recv(wr)?;
+        s.posted_recv = true;
+        deliver_completions(s);
+        Ok(())
+    }
+}
+
+/// A QP number with no slot: only a destroyed QP's (a live `Qp` handle keeps its slot).
+fn no_qp(qpn: u32) -> Error {
+    Error::InvalidArgument(format!("QP {qpn:#x} does not exist"))
+}
