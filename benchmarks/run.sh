@@ -249,9 +249,11 @@ setup() {
             r=$(jget "$n" '.ratios[0].t_typical')
             s=$(jget "$n" '.results[0].t_typical_us')
             b=$(jget "$n" '.baseline.results[0].t_typical_us')
-            local how="busy-poll vs busy-poll"
-            [ -n "$mode" ] && how="-e events vs blocking recv"
-            t+="| RC ${op^^} latency 8 B, half RTT ($how) ≤ ${LAT_MAX:-1.3}× UDP ping-pong | $(fmt "$s") µs | $(fmt "$b") µs | $(fmt "$r" 3)× | $(met "$r" "<=" "${LAT_MAX:-1.3}") | | |"$'\n'
+            # LAT_MAX (issue 28's same-host 0.7×) is for busy polling; with events both
+            # sides pay a wake-up per message, and the target stays 1.3×.
+            local how="busy-poll vs busy-poll" lmax=${LAT_MAX:-1.3}
+            [ -n "$mode" ] && how="-e events vs blocking recv" lmax=1.3
+            t+="| RC ${op^^} latency 8 B, half RTT ($how) ≤ ${lmax}× UDP ping-pong | $(fmt "$s") µs | $(fmt "$b") µs | $(fmt "$r" 3)× | $(met "$r" "<=" "$lmax") | | |"$'\n'
         done
     done
     if [ $HAVE_UCX = 1 ]; then
@@ -276,7 +278,7 @@ setup() {
 
 log "loopback, shared memory (the default between srdma processes of one host)"
 # Issue 28's targets: 1 MiB WRITE ≥ 2× one TCP stream, 64 B rate ≥ 5× the UDP blast, 8 B
-# half round trips ≤ 0.7× a UDP ping-pong.
+# busy half round trips ≤ 0.7× a UDP ping-pong.
 LAT_MAX=0.7 setup lo "" 127.203.0.1 "" 127.203.0.2 4096 \
     "Same host, shared memory: two processes, 127.203.0.1 ↔ 127.203.0.2 (path MTU 4096)" 2.0 5.0
 log "loopback over UDP (SRDMA_SHM=0)"
