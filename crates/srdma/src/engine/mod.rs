@@ -43,7 +43,6 @@ use crate::sys;
 use crate::types::DeviceCounters;
 
 use complete::deliver_completions;
-use probe::PathGso;
 use rx::Group;
 pub(crate) use rx::{MAX_MCAST_GRP, MAX_MCAST_QP_ATTACH};
 
@@ -184,7 +183,7 @@ pub(crate) struct State {
     stats_next: u64,
     stats: Option<crate::stats::Publisher>,
     /// What the GSO path probe (`Shared::probe_path`) learned of each peer address.
-    paths: std::collections::HashMap<std::net::IpAddr, PathGso>,
+    paths: probe::Paths,
     /// How many of `paths` are [`PathGso::Probing`]: flushes look at them only then.
     probing: usize,
     /// What the receive path keeps from one datagram to the next to check ICRCs faster (see
@@ -357,7 +356,7 @@ pub(crate) fn start(cfg: DeviceConfig, sock: crate::udp::Socket) -> Result<Arc<D
         touched: Vec::with_capacity(64),
         fwd_buf: Vec::new(),
         deferred: Vec::with_capacity(64),
-        paths: std::collections::HashMap::new(),
+        paths: probe::Paths::default(),
         probing: 0,
         rx_icrc: Default::default(),
         groups: Vec::new(),

@@ -1,7 +1,9 @@
 //! The GSO path probe (`Gso::Auto`): whether a GSO message cut into datagrams on the way to
 //! a peer reaches its transport whole.
 
-use std::net::SocketAddr;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use super::tx::capture_tx;
@@ -31,6 +33,27 @@ pub(super) enum PathGso {
     Verified,
     /// One did, the other did not: one datagram per send from now on.
     Refused,
+}
+
+/// What a device knows of the paths to its peers' addresses.
+pub(super) type Paths = HashMap<IpAddr, PathGso, BuildHasherDefault<AddrHasher>>;
+
+/// The hasher of [`Paths`], cheaper than the standard library's SipHash, which costs two hash
+/// computations per flush on a busy path. Its keys are the addresses of the application's
+/// own RC QPs' peers, not anything a packet chooses: no defence against chosen keys needed.
+#[derive(Debug, Default)]
+pub(super) struct AddrHasher(u64);
+
+impl Hasher for AddrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(5) ^ u64::from(b)).wrapping_mul(0x517C_C1B7_2722_0A95);
+        }
+    }
 }
 
 /// How long a probe's two ACKs may take.
@@ -103,6 +126,10 @@ impl Shared {
         }
         let dst = SocketAddr::new(Gid(a.ah_attr.dgid).ip(), a.ah_attr.udp_dport);
         if self.uncut(dst) {
+            return;
+        }
+        // Known, or being probed: the common case, one lookup per flush.
+        if !matches!(paths.get(&dst.ip()), None | Some(PathGso::Unknown { .. })) {
             return;
         }
         let ns = now.as_nanos() as u64;

@@ -78,6 +78,7 @@ impl Shared {
             RX_BUDGET,
             if polling { Hold::All } else { Hold::Nothing },
             udp,
+            Some(Duration::from_nanos(now)),
         );
         if now >= st.next_timer {
             self.run_timers(&mut st);
@@ -178,7 +179,7 @@ impl Shared {
         if ready[1] {
             let mut st = self.lock();
             self.flush_deferred(&mut st);
-            self.receive(&mut st, RX_BUDGET, Hold::Nothing, udp);
+            self.receive(&mut st, RX_BUDGET, Hold::Nothing, udp, None);
             if now >= st.next_timer {
                 self.run_timers(&mut st);
             }
@@ -278,7 +279,7 @@ fn service_shm(shared: &Shared) {
     // A link taken in here may hold packets already, and a thread asleep on the rings (armed
     // before the link existed) hears nothing of them: their producer rang no doorbell, as
     // nobody slept on that ring yet. Take them now.
-    shared.receive(&mut st, RX_BUDGET, Hold::Nothing, false);
+    shared.receive(&mut st, RX_BUDGET, Hold::Nothing, false, None);
     drop(st);
     shared.run_hooks();
 }
@@ -399,7 +400,7 @@ pub(super) fn progress(shared: &Shared) {
         // Held-back packets the application left for this thread to send once their window
         // passed.
         shared.flush_deferred_expired(&mut st);
-        let more = shared.receive(&mut st, RX_BUDGET, Hold::Riding, !rings_only);
+        let more = shared.receive(&mut st, RX_BUDGET, Hold::Riding, !rings_only, None);
         timeout = shared.run_timers(&mut st);
         // Come back for the held-back ACKs whose window ends first.
         if let Some(end) = shared.ride_ends(&st) {

@@ -146,11 +146,7 @@ impl Shared {
     }
 
     /// Whether datagrams to `dst` may go as GSO messages.
-    fn gso_for(
-        &self,
-        paths: &std::collections::HashMap<std::net::IpAddr, PathGso>,
-        dst: SocketAddr,
-    ) -> bool {
+    fn gso_for(&self, paths: &super::probe::Paths, dst: SocketAddr) -> bool {
         match self.cfg.gso {
             Gso::Never => false,
             Gso::Always => true,
