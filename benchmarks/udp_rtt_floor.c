@@ -13,7 +13,15 @@
  *      4: connected, sendmmsg of reply + ACK, recvmmsg;
  *      5: as 2, but received on a second socket on the port, connected to the peer (the
  *         kernel prefers it to the unconnected one for the peer's datagrams);
- *      6: as 2, but sent from a socket connected to the peer from an ephemeral port.
+ *      6: as 2, but sent from a socket connected to the peer from an ephemeral port;
+ *      7: as 3 (with a control buffer for the GRO cmsg), but each look is one recvmsg (one
+ *         datagram) instead of a recvmmsg;
+ *      8: as 7, but a look is a recvmsg only after an empty look, a recvmmsg after one
+ *         that found a datagram.
+ * Environment: ACK_EVERY=N sends the "ACK" (modes 2..8) only every Nth round trip (a
+ * responder that coalesces ACKs); SPIN_NS=T busy-waits T ns between taking the peer's
+ * datagram and sending the reply, at both ends (user-space work on the critical path, as
+ * srdma's engine has).
  * The client prints the half round trip averaged over 200000 round trips. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -39,6 +47,7 @@ static char rb[BATCH][2048];
 static struct mmsghdr rm[BATCH];
 static struct iovec riov[BATCH];
 static struct sockaddr_in from[BATCH];
+static char ctrl[BATCH][32];
 
 /* Waits for the peer's reply (datagrams starting with 1; "ACKs" start with 2). */
 static void wait_reply(int fd, int mode)
@@ -49,8 +58,19 @@ static void wait_reply(int fd, int mode)
 			;
 		return;
 	}
+	static int found;
 	for (;;) {
-		int n = recvmmsg(fd, rm, BATCH, MSG_DONTWAIT, NULL);
+		int n;
+		if (mode == 7 || (mode == 8 && !found)) {
+			rm[0].msg_hdr.msg_namelen = sizeof from[0];
+			rm[0].msg_hdr.msg_controllen = rm[0].msg_hdr.msg_control ? sizeof ctrl[0] : 0;
+			n = recvmsg(fd, &rm[0].msg_hdr, MSG_DONTWAIT) < 0 ? 0 : 1;
+		} else {
+			for (int j = 0; j < BATCH; j++)
+				rm[j].msg_hdr.msg_controllen = rm[j].msg_hdr.msg_control ? sizeof ctrl[j] : 0;
+			n = recvmmsg(fd, rm, BATCH, MSG_DONTWAIT, NULL);
+		}
+		found = n > 0;
 		for (int j = 0; j < n; j++)
 			if (rb[j][0] == 1)
 				return;
@@ -64,6 +84,8 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	int server = !strcmp(argv[1], "server"), mode = atoi(argv[4]), one = 1;
+	int acks_every = getenv("ACK_EVERY") ? atoi(getenv("ACK_EVERY")) : 0;
+	long spin_ns = getenv("SPIN_NS") ? atol(getenv("SPIN_NS")) : 0;
 	int pmtu = IP_PMTUDISC_DO;
 	int fd = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK, 0);
 	if (fd < 0) {
@@ -72,7 +94,7 @@ int main(int argc, char **argv)
 	}
 	setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
 	setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
-	if (mode == 3)
+	if (mode == 3 || mode >= 7)
 		setsockopt(fd, IPPROTO_UDP, 104 /* UDP_GRO */, &one, sizeof one);
 	struct sockaddr_in me = { .sin_family = AF_INET, .sin_port = htons(4791) };
 	struct sockaddr_in peer = { .sin_family = AF_INET, .sin_port = htons(4791) };
@@ -122,6 +144,8 @@ int main(int argc, char **argv)
 		rm[i].msg_hdr.msg_iovlen = 1;
 		rm[i].msg_hdr.msg_name = &from[i];
 		rm[i].msg_hdr.msg_namelen = sizeof from[i];
+		if (mode == 3 || mode >= 7)
+			rm[i].msg_hdr.msg_control = ctrl[i];
 	}
 	char reply[40] = { 1 }, ack[32] = { 2 };
 	if (!server)
@@ -130,6 +154,9 @@ int main(int argc, char **argv)
 	for (int i = 0; i < ITERS; i++) {
 		if (server || i > 0)
 			wait_reply(fd, mode);
+		if (spin_ns)
+			for (long t0 = now_ns(); now_ns() - t0 < spin_ns;)
+				;
 		if (mode == 0) {
 			send(fd, reply, sizeof reply, 0);
 			continue;
@@ -145,7 +172,8 @@ int main(int argc, char **argv)
 			m[k].msg_hdr.msg_iov = &iv[k];
 			m[k].msg_hdr.msg_iovlen = 1;
 		}
-		sendmmsg(sfd, m, mode >= 2 ? 2 : 1, MSG_DONTWAIT);
+		int acks = mode >= 2 && (acks_every == 0 || i % acks_every == 0);
+		sendmmsg(sfd, m, acks ? 2 : 1, MSG_DONTWAIT);
 	}
 	if (!server) {
 		wait_reply(fd, mode);
