@@ -59,10 +59,10 @@ pub(crate) struct QpSlot {
     pub(crate) path: crate::Path,
     /// The state the application last saw or set: a move to ERR the engine makes on its
     /// own raises `QpFatal`.
-    pub(super) state_seen: srdma_proto::QpState,
-    pub(super) send_cq: Cq,
-    pub(super) recv_cq: Cq,
-    pub(super) srq: Option<u32>,
+    state_seen: srdma_proto::QpState,
+    send_cq: Cq,
+    recv_cq: Cq,
+    srq: Option<u32>,
     /// Learned: how many times in a row the application posted a send while what a receive
     /// brought was held back for it (an ACK, or nothing to send yet), or right after its
     /// `post_recv` or poll sent a held-back ACK (a SEND or WRITE ping-pong). From
@@ -71,15 +71,15 @@ pub(crate) struct QpSlot {
     /// send and leaves right behind it, in the same `sendmmsg`. Cleared when the progress
     /// thread had to send a held-back ACK because the application went elsewhere (a peer
     /// with a short retransmission timer, rxe in a slow VM, retries after a millisecond).
-    pub(super) ack_rides_send: u8,
+    ack_rides_send: u8,
     /// When (ns since the epoch) `post_recv` or a poll last sent a held-back ACK (0: not
     /// since the last send): a send soon after it counts towards `ack_rides_send`.
-    pub(super) ack_flushed_at: u64,
+    ack_flushed_at: u64,
     /// When (ns since the epoch) a receive last held this QP's packets back (put it in
     /// `State::deferred`).
-    pub(super) deferred_at: u64,
+    deferred_at: u64,
     /// Whether a receive was posted to the QP (see [`QpSlot::ack_tail`]).
-    pub(super) posted_recv: bool,
+    posted_recv: bool,
 }
 
 impl QpSlot {
