@@ -7,8 +7,9 @@
 //! through the drivers of `crate::driver`, GSO), `probe` (the GSO path probe), `rx`
 //! (receiving from the drivers, multicast groups),
 //! `timers`, `complete` (completions, hooks, events), `progress` (the progress thread
-//! and the application-driven progress), `xrc` (XRC SRQ routing) and `state` (what the rest
-//! of the crate does to the state: its fields are the engine's).
+//! and the application-driven progress), `xrc` (XRC SRQ routing), `verbs` (what modify,
+//! post and the doorbell do to a QP's slot) and `state` (what the rest of the crate does to
+//! the state: its fields are the engine's).
 
 mod complete;
 mod probe;
