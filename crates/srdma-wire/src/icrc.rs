@@ -186,40 +186,49 @@ const PSN_AT: usize = BTH_LEN - 3;
 const PSEUDO_MAX: usize = IPV6_LEN + UDP_LEN + BTH_LEN;
 
 /// What a sender or a receiver keeps from one packet to the next to make the next ICRC
-/// cheaper: the CRC state after the last packet's masked pseudo header up to its PSN (the
-/// packets of one QP's stream differ there only in the PSN), see [`Hasher::with_memo`]; and
-/// the factor of the last IPv4 length whose Identification was guessed, see
-/// [`verify_ipv4_ident_guess`].
+/// cheaper: the CRC state after the masked pseudo headers of the last two kinds of packet up to
+/// their PSN (the packets of one QP's stream differ there only in the PSN; a ping-pong
+/// alternates two kinds, its requests and its ACKs, which one entry would forget each time),
+/// see [`Hasher::with_memo`]; and the factor of the last IPv4 length whose Identification was
+/// guessed, see [`verify_ipv4_ident_guess`].
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Memo {
-    /// What the remembered pseudo header was made of: encapsulation, packet length, BTH up
-    /// to the PSN (byte 4 masked).
-    key: Option<(Encap, usize, [u8; PSN_AT])>,
-    /// The CRC state after that pseudo header up to the PSN.
-    state: u32,
+    /// The pseudo headers remembered, the most recently used first: what each was made of
+    /// (encapsulation, packet length, BTH up to the PSN with byte 4 masked) and the CRC state
+    /// after it up to the PSN.
+    seen: [Option<(MemoKey, u32)>; 2],
     ident_len: usize,
     ident_factor: u32,
 }
 
+/// What a pseudo header up to the PSN is made of.
+type MemoKey = (Encap, usize, [u8; PSN_AT]);
+
 impl Memo {
     /// The CRC state after the masked pseudo header of a packet of `roce_len` bytes carried in
-    /// `encap` up to its PSN, from the memo when the last packet had the same, and remembered
-    /// for the next otherwise.
+    /// `encap` up to its PSN, from the memo when one of the last two kinds of packet had the
+    /// same, and remembered (in place of the older one) otherwise.
     fn state_to_psn(&mut self, encap: &Encap, roce_len: usize, bth: &[u8]) -> Result<u32> {
         crate::error::need("BTH", bth, BTH_LEN)?;
         // Keyed by what the pseudo header is made of (BTH byte 4 is masked).
         let mut head = [0u8; PSN_AT];
         head.copy_from_slice(&bth[..PSN_AT]);
         head[4] = 0xFF;
-        let key = Some((*encap, roce_len, head));
-        if self.key != key {
-            let (pseudo, n) = pseudo_header(encap, roce_len, bth)?;
-            let mut h = crc32fast::Hasher::new_with_initial(CRC_OF_LRH_PLACEHOLDER);
-            h.update(&pseudo[..n - (BTH_LEN - PSN_AT)]);
-            self.state = h.finalize();
-            self.key = key;
+        let key = (*encap, roce_len, head);
+        match self.seen {
+            [Some((k, state)), _] if k == key => return Ok(state),
+            [_, Some((k, state))] if k == key => {
+                self.seen.swap(0, 1);
+                return Ok(state);
+            }
+            _ => {}
         }
-        Ok(self.state)
+        let (pseudo, n) = pseudo_header(encap, roce_len, bth)?;
+        let mut h = crc32fast::Hasher::new_with_initial(CRC_OF_LRH_PLACEHOLDER);
+        h.update(&pseudo[..n - (BTH_LEN - PSN_AT)]);
+        let state = h.finalize();
+        self.seen = [Some((key, state)), self.seen[0]];
+        Ok(state)
     }
 }
 
@@ -593,6 +602,47 @@ mod tests {
                 "len {len} id {ident}"
             );
             assert_eq!(ipv4_icrc_with_ident(id0, len, 0), id0);
+        }
+    }
+
+    /// A memo serving packets of three kinds in turn (two remembered at a time: a request and
+    /// an ACK of a ping-pong, then a third that evicts the older) gives every packet the ICRC
+    /// a computation from scratch gives, whatever it remembers.
+    #[test]
+    fn memo_of_two_kinds_matches_a_full_computation() {
+        let encap = |last: u8| Encap {
+            ip: crate::IpRepr::V4(crate::ip::Ipv4Repr {
+                src: core::net::Ipv4Addr::new(10, 77, 0, 1),
+                dst: core::net::Ipv4Addr::new(10, 77, 0, last),
+                tos: 0,
+                ttl: 64,
+                ident: 0,
+                flags_frag: crate::ip::IPV4_DF,
+            }),
+            src_port: 4791,
+            dst_port: 4791,
+        };
+        // BTH opcode, length and destination differ by kind; the PSN by packet.
+        let kinds: [(u8, usize, u8); 3] = [(0x04, 24, 2), (0x11, 16, 2), (0x04, 24, 3)];
+        let mut memo = Memo::default();
+        let order = [0usize, 1, 0, 1, 1, 0, 2, 0, 1, 2, 2, 1, 0];
+        for (n, &k) in order.iter().enumerate() {
+            let (opcode, len, last) = kinds[k];
+            let mut buf = [0u8; 24];
+            let roce = &mut buf[..len];
+            roce[0] = opcode;
+            roce[4] = 0x5a; // masked
+            roce[7] = 0x11 + k as u8; // destination QP
+            roce[9..12].copy_from_slice(&(n as u32).to_be_bytes()[1..]); // PSN
+            for (i, b) in roce.iter_mut().enumerate().skip(BTH_LEN) {
+                *b = (i * 13 + n) as u8;
+            }
+            let e = encap(last);
+            assert_eq!(
+                compute_with_memo(&e, roce, &mut memo).unwrap(),
+                compute(&e, roce).unwrap(),
+                "packet {n} of kind {k}"
+            );
         }
     }
 
