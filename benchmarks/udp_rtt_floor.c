@@ -9,13 +9,13 @@
  * MODE 0: connected socket, send + recv (srdma perf's UDP baseline);
  *      1: unconnected, sendmmsg with an address + recvmmsg of up to 32 (srdma's driver);
  *      2: as 1, and each reply followed by a 32-byte "ACK" datagram in the same sendmmsg;
- *      3: as 2 with UDP_GRO on (srdma turns it on);
+ *      3: as 2 with UDP_GRO on (srdma turns it on), its cmsg received into a control
+ *         buffer as srdma's driver does (before 2026-11-28 mode 3 passed none);
  *      4: connected, sendmmsg of reply + ACK, recvmmsg;
  *      5: as 2, but received on a second socket on the port, connected to the peer (the
  *         kernel prefers it to the unconnected one for the peer's datagrams);
  *      6: as 2, but sent from a socket connected to the peer from an ephemeral port;
- *      7: as 3 (with a control buffer for the GRO cmsg), but each look is one recvmsg (one
- *         datagram) instead of a recvmmsg;
+ *      7: as 3, but each look is one recvmsg (one datagram) instead of a recvmmsg;
  *      8: as 7, but a look is a recvmsg only after an empty look, a recvmmsg after one
  *         that found a datagram.
  * Environment: ACK_EVERY=N sends the "ACK" (modes 2..8) only every Nth round trip (a
