@@ -195,8 +195,8 @@ pub(crate) struct State {
     /// Receive buffer for the groups' sockets (allocated on first use).
     group_buf: Vec<u8>,
     /// The shared-memory driver (`None`: off, or it could not open); taken out while its
-    /// rings are read.
-    shm: Option<crate::shm::Shm>,
+    /// rings are read (boxed: a look moves a pointer, not the driver).
+    shm: Option<Box<crate::shm::Shm>>,
     /// Until when (ns since the epoch) an application's poll leaves the UDP socket alone
     /// while peers send through shared memory (see `rx::UDP_QUIET`).
     udp_quiet_until: u64,
@@ -332,7 +332,8 @@ pub(crate) fn start(cfg: DeviceConfig, sock: crate::udp::Socket) -> Result<Arc<D
     let shm = cfg
         .shm
         .then(|| crate::shm::Shm::open(local, keeper.is_some().then_some(slot)).ok())
-        .flatten();
+        .flatten()
+        .map(Box::new);
     let shm_fds = shm.as_ref().map_or([-1, -1], |s| s.fds());
     let state = State {
         mrs: MrTable::new(crate::random::random_u64()),
