@@ -363,6 +363,20 @@ impl<'a> PacketRepr<'a> {
     /// Checks that the extension headers present are exactly those the opcode carries and
     /// that the payload fits the opcode (no payload where none is allowed).
     pub fn check(&self) -> Result<()> {
+        self.check_headers()?;
+        let op = self.bth.opcode;
+        if op.payload_rule() == PayloadRule::None && !self.payload.is_empty() {
+            return Err(Error::LengthMismatch {
+                opcode: op,
+                len: self.payload.len(),
+                reason: "opcode carries no payload",
+            });
+        }
+        Ok(())
+    }
+
+    /// [`check`](Self::check) but for the payload: the extension headers and their fields.
+    fn check_headers(&self) -> Result<()> {
         let op = self.bth.opcode;
         let want = op.headers();
         let have = [
@@ -394,15 +408,7 @@ impl<'a> PacketRepr<'a> {
                 });
             }
         }
-        self.check_ranges()?;
-        if op.payload_rule() == PayloadRule::None && !self.payload.is_empty() {
-            return Err(Error::LengthMismatch {
-                opcode: op,
-                len: self.payload.len(),
-                reason: "opcode carries no payload",
-            });
-        }
-        Ok(())
+        self.check_ranges()
     }
 
     /// Fields wider than their wire encoding would be silently cut by `emit`; refuse them.
@@ -456,9 +462,7 @@ impl<'a> PacketRepr<'a> {
     /// registered memory, saving a copy). `self.payload` is ignored; headers, zero pad and a
     /// zero ICRC are written. Returns the packet length.
     pub fn emit_headers(&self, buf: &mut [u8], payload_len: usize) -> Result<usize> {
-        let mut probe = *self;
-        probe.payload = &[];
-        probe.check()?;
+        self.check_headers()?;
         let op = self.bth.opcode;
         if op.payload_rule() == PayloadRule::None && payload_len != 0 {
             return Err(Error::LengthMismatch {
