@@ -1,6 +1,6 @@
 //! The few Linux calls std does not expose, shared by the engine and the UDP driver: raw
-//! socket options, socket addresses, eventfd, poll and epoll; the interface MTU. The UDP socket
-//! itself, its options and batches are `udp`.
+//! socket options, socket addresses, a socket's queued bytes, eventfd, poll and epoll; the
+//! interface MTU. The UDP socket itself, its options and batches are `udp`.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -14,6 +14,17 @@ pub(crate) fn setsockopt(
     value: libc::c_int,
 ) -> io::Result<()> {
     setsockopt_struct(fd, level, name, &value)
+}
+
+/// The bytes of the first datagram queued on UDP socket `fd` (`FIONREAD`): 0 when none is
+/// (or the first is empty).
+pub(crate) fn bytes_queued(fd: RawFd) -> io::Result<usize> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int through the pointer, which points to a live int.
+    if unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(usize::try_from(n).unwrap_or(0))
 }
 
 /// A non-blocking eventfd: the wake-up line of the progress thread and of completion channels.

@@ -10,7 +10,7 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
-use srdma_wire::Packet;
+use srdma_wire::{Packet, Position};
 
 use crate::driver::{Driver, Frame, Outgoing, Payload, Received, Via};
 use crate::error::{Result, io_err};
@@ -26,6 +26,8 @@ pub(crate) struct Socket {
     pub(crate) slot: u8,
     /// The connection to the port keeper while the slot is ours.
     pub(crate) keeper: Option<OwnedFd>,
+    /// Whether the kernel took UDP_GRO (see [`RxBatch`]: off again while traffic is sparse).
+    pub(crate) gro: bool,
 }
 
 /// Opens a device's socket, bound to `bind`; on the RoCEv2 port, `share_port` shares the
@@ -59,7 +61,7 @@ pub(crate) fn open(bind: SocketAddr, share_port: bool) -> Result<Socket> {
         let _ = setsockopt(fd, libc::IPPROTO_IP, libc::IP_MULTICAST_TTL, 64);
     }
     // Best effort: without GRO every datagram is its own buffer, as before.
-    set_gro(fd);
+    let gro = set_gro(fd, true);
     socket
         .set_nonblocking(true)
         .map_err(io_err("making the socket non-blocking"))?;
@@ -71,6 +73,7 @@ pub(crate) fn open(bind: SocketAddr, share_port: bool) -> Result<Socket> {
         local,
         slot,
         keeper,
+        gro,
     })
 }
 
@@ -151,10 +154,11 @@ const GSO_MAX_BYTES: usize = 65507;
 /// Receive buffer of one (possibly GRO-coalesced) datagram.
 pub(crate) const RX_BUF: usize = 65536;
 
-/// Asks the kernel to hand over coalesced runs of same-sized datagrams (UDP_GRO). Returns
-/// whether it agreed (older kernels do not know the option).
-pub(crate) fn set_gro(fd: RawFd) -> bool {
-    setsockopt(fd, SOL_UDP, UDP_GRO, 1).is_ok()
+/// Asks the kernel to hand over coalesced runs of same-sized datagrams (UDP_GRO), or (`on`
+/// false) every datagram alone again. Returns whether it agreed (older kernels do not know
+/// the option).
+pub(crate) fn set_gro(fd: RawFd, on: bool) -> bool {
+    setsockopt(fd, SOL_UDP, UDP_GRO, libc::c_int::from(on)).is_ok()
 }
 
 /// Control-message space of one message: a cmsghdr plus a u16/int, rounded up (CMSG_SPACE).
@@ -466,8 +470,13 @@ impl TxBatch {
     }
 }
 
-/// Datagrams received with `recvmmsg`, buffers allocated once. With UDP_GRO on the socket a
-/// buffer may hold a run of same-sized datagrams; [`RxBatch::get`] says the segment size.
+/// Datagrams received, buffers allocated once: with `recvmmsg`, a batch per call, while
+/// datagrams come more than one to a look; with UDP_GRO on the socket a buffer may then hold
+/// a run of same-sized datagrams ([`RxBatch::get`] says the segment size). While they come
+/// at most one to a look (a ping-pong), one `recvfrom` per look with GRO off: veth MTU 1500,
+/// 8 B SEND ping-pong, the half round trip 5.8 → 5.35 µs (a `recvmmsg` that finds nothing
+/// costs ~400 ns here, a `recvfrom` ~270; one that finds a datagram goes on to look for the
+/// next, and a look of its own comes after it anyway). See [`Look`].
 pub(crate) struct RxBatch {
     bufs: Vec<Vec<u8>>,
     lens: Vec<usize>,
@@ -479,15 +488,46 @@ pub(crate) struct RxBatch {
     n: usize,
     /// Whether every message was armed once (later calls re-arm only the used ones).
     armed: bool,
+    /// Messages the last `recvmmsg` filled (to re-arm).
+    filled: usize,
+    /// How the next look receives.
+    look: Look,
+    /// Looks in a row that took nothing of a stream (in [`Look::Batch`], see
+    /// [`RxBatch::bulk`]); busy looks that took a datagram (in [`Look::Single`]).
+    run: u32,
+    /// Whether the socket takes UDP_GRO (it was on when the socket opened).
+    gro: bool,
 }
+
+/// How [`RxBatch::recv`] looks at the socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Look {
+    /// `recvmmsg` of up to a batch, GRO on (if the kernel has it). After [`SINGLE_AFTER`]
+    /// looks in a row that took nothing of a stream (see [`RxBatch::bulk`]): GRO off and, if
+    /// nothing is queued then, [`Look::Single`].
+    Batch,
+    /// GRO off: an application's busy poll takes one datagram with `recvfrom` (it looks
+    /// again soon); other looks (the progress thread's, a wait on a completion channel,
+    /// which sleeps after it) and one in [`PROBE_EVERY`] busy looks still take all there is
+    /// with `recvmmsg`. When a look finds a stream: [`Look::Batch`], then GRO on.
+    Single,
+}
+
+/// Looks in a row that took at most one datagram, none of a multi-packet message, before the
+/// socket is read one datagram at a time (a few milliseconds of busy polling: a ping-pong of
+/// large messages, which looks that often between them, keeps its GRO).
+const SINGLE_AFTER: u32 = 4096;
+/// Without GRO, every this many busy looks that took a datagram one is a `recvmmsg`, which
+/// sees whether datagrams wait several at a time (a stream of single-packet messages).
+const PROBE_EVERY: u32 = 16;
 
 // SAFETY: as for TxBatch: pointers into own heap buffers only (they never move), re-armed
 // before each syscall that could use them.
 unsafe impl Send for RxBatch {}
 
 impl RxBatch {
-    /// `count` buffers of `size` bytes.
-    pub(crate) fn new(count: usize, size: usize) -> RxBatch {
+    /// `count` buffers of `size` bytes; `gro`: UDP_GRO is on.
+    pub(crate) fn new(count: usize, size: usize, gro: bool) -> RxBatch {
         // SAFETY: all-zero is a valid value for these plain C structs.
         let zero_addr: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
         // SAFETY: as above.
@@ -508,6 +548,10 @@ impl RxBatch {
             ctrl: vec![Cmsg([0; 32]); count],
             n: 0,
             armed: false,
+            filled: 0,
+            look: Look::Batch,
+            run: 0,
+            gro,
         }
     }
 
@@ -536,12 +580,117 @@ impl RxBatch {
         self.hdrs[i].msg_len = 0;
     }
 
-    /// Receives up to a batch without blocking; returns how many buffers were filled.
-    /// Only the messages the previous call filled are re-armed: a poll that finds nothing
-    /// costs the syscall alone.
-    pub(crate) fn recv(&mut self, fd: RawFd) -> io::Result<usize> {
+    /// Receives without blocking, up to a batch, or (`busy`: an application's busy poll,
+    /// which looks again soon) one datagram when GRO is off (see [`Look`]); returns how many
+    /// buffers were filled.
+    pub(crate) fn recv(&mut self, fd: RawFd, busy: bool) -> io::Result<usize> {
+        // Every PROBE_EVERY-th datagram-taking busy look without GRO is a batch, so that a
+        // stream of single-packet messages shows as one (see `bulk`).
+        let one = busy && self.look == Look::Single && self.run % PROBE_EVERY != PROBE_EVERY - 1;
+        let r = if one {
+            self.recv_one(fd)
+        } else {
+            self.recv_batch(fd)
+        };
+        let n = *r.as_ref().unwrap_or(&0);
+        let bulk = self.bulk();
+        match self.look {
+            Look::Single if bulk => {
+                // Batches again, ready for coalesced buffers before GRO is back.
+                self.run = 0;
+                self.look = Look::Batch;
+                if self.gro {
+                    self.gro = set_gro(fd, true);
+                }
+            }
+            Look::Single => self.run = self.run.wrapping_add(u32::from(n > 0)),
+            Look::Batch => {
+                self.run = if bulk { 0 } else { self.run + 1 };
+                if self.run >= SINGLE_AFTER {
+                    self.run = 0;
+                    if self.gro_off(fd) {
+                        self.look = Look::Single;
+                    }
+                }
+            }
+        }
+        r
+    }
+
+    /// Turns GRO off for [`Look::Single`]; false (GRO on again) when something is queued
+    /// by then. Once GRO is off the kernel cuts what it queues into datagrams, but it gives
+    /// the segment size of a buffer coalesced before only while GRO is on: such a buffer,
+    /// read without it, would be taken for one packet, fail its ICRC check and be dropped.
+    /// Hence the switch only with the socket empty after GRO went off. (What is left: a
+    /// buffer another CPU was queueing at that very moment, which passed the kernel's check
+    /// before GRO went off and joined the queue after this one found it empty — a peer's
+    /// burst right when its traffic had been sparse for [`SINGLE_AFTER`] looks, with that
+    /// CPU held up inside a few hundred nanoseconds of the kernel's receive path. It would
+    /// fail its ICRC check, be dropped and counted as a corrupt packet, and RC retransmits
+    /// it.)
+    fn gro_off(&mut self, fd: RawFd) -> bool {
+        if !self.gro {
+            return true;
+        }
+        if !set_gro(fd, false) {
+            return false;
+        }
+        if crate::sys::bytes_queued(fd).is_ok_and(|n| n == 0) {
+            return true;
+        }
+        self.gro = set_gro(fd, true);
+        false
+    }
+
+    /// Whether the last receive looked like a stream: more than three datagrams (a
+    /// ping-pong's reply comes with ACKs, which a late look finds together), a coalesced
+    /// buffer, or a packet that is not the last of its message (the rest of a multi-packet
+    /// message follows).
+    fn bulk(&self) -> bool {
+        self.n > 3
+            || (0..self.n).any(|i| {
+                self.segs[i] < self.lens[i]
+                    || srdma_wire::Opcode::from_u8(self.bufs[i][0]).is_some_and(|o| {
+                        matches!(o.position(), Some(Position::First | Position::Middle))
+                    })
+            })
+    }
+
+    /// One datagram, with `recvfrom` (GRO off: it is one packet).
+    fn recv_one(&mut self, fd: RawFd) -> io::Result<usize> {
+        let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        // SAFETY: buffer 0 and address 0 are live heap storage of this batch; the kernel
+        // writes at most their lengths.
+        let r = unsafe {
+            libc::recvfrom(
+                fd,
+                self.bufs[0].as_mut_ptr().cast(),
+                self.bufs[0].len(),
+                libc::MSG_DONTWAIT,
+                (&raw mut self.addrs[0]).cast(),
+                &mut len,
+            )
+        };
+        if r < 0 {
+            self.n = 0;
+            let e = io::Error::last_os_error();
+            return if e.kind() == io::ErrorKind::WouldBlock {
+                Ok(0)
+            } else {
+                Err(e)
+            };
+        }
+        self.n = 1;
+        self.lens[0] = r as usize;
+        self.segs[0] = r as usize;
+        Ok(1)
+    }
+
+    /// Up to a batch with `recvmmsg`. Only the messages the previous call filled are
+    /// re-armed: a poll that finds nothing costs the syscall alone.
+    fn recv_batch(&mut self, fd: RawFd) -> io::Result<usize> {
         let count = self.bufs.len();
-        let rearm = if self.armed { self.n } else { count };
+        let rearm = if self.armed { self.filled } else { count };
         for i in 0..rearm {
             self.arm(i);
         }
@@ -560,6 +709,7 @@ impl RxBatch {
         };
         if r < 0 {
             self.n = 0;
+            self.filled = 0;
             let e = io::Error::last_os_error();
             return if e.kind() == io::ErrorKind::WouldBlock {
                 Ok(0)
@@ -568,6 +718,7 @@ impl RxBatch {
             };
         }
         self.n = r as usize;
+        self.filled = self.n;
         for i in 0..self.n {
             let len = self.hdrs[i].msg_len as usize;
             self.lens[i] = len;
@@ -603,19 +754,23 @@ pub(crate) struct Udp {
     icrc: srdma_wire::icrc::Memo,
     /// Receive buffers that held a GRO run of more than one datagram.
     gro_buffers: u64,
+    /// The next receive is an application's busy poll: one datagram is enough (see
+    /// [`RxBatch::recv`]).
+    pub(crate) busy_look: bool,
 }
 
 impl Udp {
     /// The driver of socket `fd`: sends in batches of `tx` datagrams of at most `size`
     /// bytes, receives in batches of `rx` buffers of [`RX_BUF`] bytes (large enough for a GRO
-    /// run; a longer datagram is cut and fails to parse).
-    pub(crate) fn new(fd: RawFd, tx: usize, rx: usize, size: usize) -> Udp {
+    /// run; a longer datagram is cut and fails to parse); `gro`: UDP_GRO is on.
+    pub(crate) fn new(fd: RawFd, tx: usize, rx: usize, size: usize, gro: bool) -> Udp {
         Udp {
             fd,
             tx: TxBatch::new(tx, size),
-            rx: RxBatch::new(rx, RX_BUF),
+            rx: RxBatch::new(rx, RX_BUF, gro),
             icrc: Default::default(),
             gro_buffers: 0,
+            busy_look: false,
         }
     }
 
@@ -679,7 +834,7 @@ impl Driver for Udp {
     /// One `recvmmsg`; each buffer's datagrams (a GRO run) one by one, with their place in
     /// it (an empty datagram is one, malformed, packet too).
     fn recv(&mut self, mut f: impl FnMut(SocketAddr, &[u8], Via<'_>)) -> Received {
-        let n = self.rx.recv(self.fd).unwrap_or(0);
+        let n = self.rx.recv(self.fd, self.busy_look).unwrap_or(0);
         let mut unreadable = 0;
         for i in 0..n {
             match self.rx.get(i) {
@@ -848,5 +1003,145 @@ mod tests {
         // The two to A went as one segmented message (where the kernel takes UDP_SEGMENT);
         // B's never joined it.
         assert!(tx.gso_messages <= 1);
+    }
+
+    /// A receiving socket with GRO on (as the device's), its batch, and a sender.
+    fn rx_pair() -> (UdpSocket, RxBatch, UdpSocket, TxBatch) {
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let gro = set_gro(rx.as_raw_fd(), true);
+        let batch = RxBatch::new(8, RX_BUF, gro);
+        (
+            rx,
+            batch,
+            UdpSocket::bind("127.0.0.1:0").unwrap(),
+            TxBatch::new(64, 256),
+        )
+    }
+
+    /// Queues `count` datagrams of `len` bytes starting with `opcode` for `to` and sends them
+    /// (as one GSO message where the kernel takes it).
+    fn send_run(
+        tx: &mut TxBatch,
+        from: &UdpSocket,
+        to: &UdpSocket,
+        opcode: u8,
+        len: usize,
+        count: usize,
+    ) {
+        let mut frame = vec![0u8; 256];
+        for i in 0..count {
+            frame[..len].fill(i as u8);
+            frame[0] = opcode;
+            tx.commit(&mut frame, len, to.local_addr().unwrap(), true);
+        }
+        assert_eq!(tx.send(from.as_raw_fd()), 0);
+    }
+
+    /// Busy looks until one takes something (the datagrams are on loopback: at once).
+    fn look(batch: &mut RxBatch, fd: RawFd, busy: bool) -> usize {
+        for _ in 0..1000 {
+            let n = batch.recv(fd, busy).unwrap();
+            if n > 0 {
+                return n;
+            }
+        }
+        panic!("nothing arrived");
+    }
+
+    /// Empty looks until the batch reads one datagram at a time.
+    fn go_single(batch: &mut RxBatch, fd: RawFd) {
+        for _ in 0..SINGLE_AFTER {
+            assert_eq!(batch.recv(fd, true).unwrap(), 0);
+        }
+        assert_eq!(
+            batch.look,
+            Look::Single,
+            "sparse traffic: one datagram a look"
+        );
+    }
+
+    #[test]
+    fn sparse_traffic_is_read_one_datagram_a_busy_look_and_a_stream_in_batches_again() {
+        let (rx, mut batch, from, mut tx) = rx_pair();
+        let fd = rx.as_raw_fd();
+        go_single(&mut batch, fd);
+        // Three SEND_ONLYs (0x04): a busy look takes one, another look the rest.
+        send_run(&mut tx, &from, &rx, 0x04, 40, 3);
+        assert_eq!(look(&mut batch, fd, true), 1);
+        assert_eq!(batch.get(0).unwrap().0.len(), 40);
+        assert_eq!(
+            look(&mut batch, fd, false),
+            2,
+            "a look that is no busy poll takes all"
+        );
+        assert_eq!(batch.look, Look::Single, "two at a time is no stream");
+        // A stream of single-packet messages: a probe look every PROBE_EVERY busy looks
+        // sees many waiting, and batches (with GRO) are back.
+        send_run(&mut tx, &from, &rx, 0x04, 40, 40);
+        let mut taken = 0;
+        while batch.look == Look::Single {
+            taken += look(&mut batch, fd, true);
+            assert!(taken <= 40, "still one at a time after the whole stream");
+        }
+        assert!(taken <= PROBE_EVERY as usize + 8);
+    }
+
+    #[test]
+    fn a_multi_packet_message_brings_batches_and_gro_back() {
+        let (rx, mut batch, from, mut tx) = rx_pair();
+        let fd = rx.as_raw_fd();
+        go_single(&mut batch, fd);
+        // A GSO run of WRITE_MIDDLEs (0x07) sent while GRO is off arrives cut: the first
+        // look takes one datagram of its size and switches.
+        send_run(&mut tx, &from, &rx, 0x07, 100, 4);
+        assert_eq!(look(&mut batch, fd, true), 1);
+        assert_eq!(batch.get(0).unwrap().0.len(), 100);
+        assert_eq!(batch.look, Look::Batch);
+        assert_eq!(look(&mut batch, fd, true), 3, "the rest in one batch");
+        // With GRO back, the next run comes as one buffer that says its segment size (the
+        // kernel keeps a GSO message whole on loopback).
+        send_run(&mut tx, &from, &rx, 0x07, 100, 4);
+        if batch.gro && tx.gso_messages > 0 {
+            assert_eq!(look(&mut batch, fd, true), 1);
+            let (data, _, seg) = batch.get(0).unwrap();
+            assert_eq!((data.len(), seg), (400, 100));
+            return;
+        }
+        let mut sizes = Vec::new();
+        while sizes.len() < 4 {
+            let n = look(&mut batch, fd, true);
+            for i in 0..n {
+                let (data, _, seg) = batch.get(i).unwrap();
+                sizes.extend(data.chunks(seg).map(<[u8]>::len));
+            }
+        }
+        assert_eq!(sizes, [100; 4]);
+    }
+
+    #[test]
+    fn gro_stays_on_while_something_is_queued() {
+        let (rx, mut batch, from, mut tx) = rx_pair();
+        if !batch.gro {
+            return; // a kernel without UDP_GRO: nothing coalesced to keep apart
+        }
+        let fd = rx.as_raw_fd();
+        for _ in 0..SINGLE_AFTER - 1 {
+            assert_eq!(batch.recv(fd, true).unwrap(), 0);
+        }
+        // Queued before GRO would go off (and coalesced where the kernel does): the switch
+        // waits, and the run is read with its segment size.
+        send_run(&mut tx, &from, &rx, 0x04, 60, 3);
+        std::thread::sleep(Duration::from_millis(10));
+        assert!(!batch.gro_off(fd), "not with a datagram queued");
+        assert!(batch.gro, "GRO is on again");
+        let mut sizes = Vec::new();
+        while sizes.len() < 3 {
+            let n = look(&mut batch, fd, true);
+            for i in 0..n {
+                let (data, _, seg) = batch.get(i).unwrap();
+                sizes.extend(data.chunks(seg).map(<[u8]>::len));
+            }
+        }
+        assert_eq!(sizes, [60; 3]);
     }
 }

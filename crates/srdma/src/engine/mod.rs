@@ -318,6 +318,7 @@ pub(crate) fn start(cfg: DeviceConfig, sock: crate::udp::Socket) -> Result<Arc<D
         local,
         slot,
         keeper,
+        gro,
     } = sock;
     let capture = match &cfg.pcap {
         Some(p) => Some(
@@ -353,6 +354,7 @@ pub(crate) fn start(cfg: DeviceConfig, sock: crate::udp::Socket) -> Result<Arc<D
             TX_BATCH,
             RX_BATCH,
             MAX_PACKET_LEN,
+            gro,
         ))),
         frame: vec![0; MAX_PACKET_LEN],
         touched: Vec::with_capacity(64),

@@ -78,7 +78,7 @@ impl Shared {
             let now = now.take().unwrap_or_else(|| self.now());
             let k = self.receive_shm(st, now);
             let n = if look_udp {
-                self.receive_udp(st, now)
+                self.receive_udp(st, now, hold == Hold::All)
             } else {
                 Received::default()
             };
@@ -138,11 +138,13 @@ impl Shared {
     /// Handles one batch of the UDP driver, its datagrams as arrived at `now`, the time of
     /// the look (read just before the receive call: at most that call's microsecond early,
     /// which no timer of the transport resolves; a clock read after it cost a busy round
-    /// trip ~25 ns).
-    fn receive_udp(&self, st: &mut State, now: Duration) -> Received {
+    /// trip ~25 ns). `busy`: an application's busy poll, which may take one datagram (see
+    /// `udp::RxBatch::recv`).
+    fn receive_udp(&self, st: &mut State, now: Duration, busy: bool) -> Received {
         let Some(mut udp) = st.udp.take() else {
             return Received::default();
         };
+        udp.busy_look = busy;
         let to = self.local.ip();
         let r = udp.recv(|from, data, via| {
             self.handle_datagram_to(st, now, from, to, data, via);
