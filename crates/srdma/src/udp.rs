@@ -3,8 +3,9 @@
 //! relies on (DF, zero IPv6 checksums accepted, large buffers, GRO, non-blocking); the
 //! driver the engine sends and receives through ([`Udp`], a [`Driver`]: ICRCs computed here,
 //! payloads sent straight from registered memory), with its batches: `sendmmsg` with UDP GSO
-//! ([`TxBatch`]), `recvmmsg` with UDP GRO ([`RxBatch`]); and the socket of each IPv4
-//! multicast group the device's UD QPs are attached to ([`join_group`]).
+//! ([`TxBatch`]), `recvmmsg` with UDP GRO, or one `recvfrom` a busy look while traffic is
+//! sparse ([`RxBatch`]); and the socket of each IPv4 multicast group the device's UD QPs are
+//! attached to ([`join_group`]).
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
@@ -492,8 +493,8 @@ pub(crate) struct RxBatch {
     filled: usize,
     /// How the next look receives.
     look: Look,
-    /// Looks in a row that took nothing of a stream (in [`Look::Batch`], see
-    /// [`RxBatch::bulk`]); busy looks that took a datagram (in [`Look::Single`]).
+    /// Busy looks since the last that took something of a stream (in [`Look::Batch`], see
+    /// [`RxBatch::bulk`]); looks that took a datagram (in [`Look::Single`]).
     run: u32,
     /// Whether the socket takes UDP_GRO (it was on when the socket opened).
     gro: bool,
@@ -503,8 +504,8 @@ pub(crate) struct RxBatch {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Look {
     /// `recvmmsg` of up to a batch, GRO on (if the kernel has it). After [`SINGLE_AFTER`]
-    /// looks in a row that took nothing of a stream (see [`RxBatch::bulk`]): GRO off and, if
-    /// nothing is queued then, [`Look::Single`].
+    /// busy looks with none in between that took something of a stream (see
+    /// [`RxBatch::bulk`]): GRO off and, if nothing is queued then, [`Look::Single`].
     Batch,
     /// GRO off: an application's busy poll takes one datagram with `recvfrom` (it looks
     /// again soon); other looks (the progress thread's, a wait on a completion channel,
@@ -513,9 +514,9 @@ enum Look {
     Single,
 }
 
-/// Looks in a row that took at most one datagram, none of a multi-packet message, before the
-/// socket is read one datagram at a time (a few milliseconds of busy polling: a ping-pong of
-/// large messages, which looks that often between them, keeps its GRO).
+/// Busy looks without a stream before the socket is read one datagram at a time (a few
+/// milliseconds of busy polling: a ping-pong of large messages, which looks that often
+/// between them, keeps its GRO).
 const SINGLE_AFTER: u32 = 4096;
 /// Without GRO, every this many busy looks that took a datagram one is a `recvmmsg`, which
 /// sees whether datagrams wait several at a time (a stream of single-packet messages).
@@ -605,7 +606,13 @@ impl RxBatch {
             }
             Look::Single => self.run = self.run.wrapping_add(u32::from(n > 0)),
             Look::Batch => {
-                self.run = if bulk { 0 } else { self.run + 1 };
+                // Only busy looks count: where nothing polls a CQ (an application that spins
+                // on its memory), one datagram a look would serve no one.
+                if bulk {
+                    self.run = 0;
+                } else if busy {
+                    self.run += 1;
+                }
                 if self.run >= SINGLE_AFTER {
                     self.run = 0;
                     if self.gro_off(fd) {

@@ -127,8 +127,12 @@ pub(crate) const ACK_RIDES_AFTER: u8 = 8;
 enum Hold {
     /// Nothing: everything leaves now.
     Nothing,
-    /// Everything but requests: the receive was the application's poll.
+    /// Everything but requests: the receive was the application's read of its memory,
+    /// which polls it for a peer's WRITE.
     All,
+    /// As [`Hold::All`], for the application's busy poll of a CQ: it looks again soon, and
+    /// one datagram a look may be enough (see `udp::RxBatch::recv`).
+    Poll,
     /// The ACKs of QPs whose application posts a send right after it takes what they
     /// acknowledge (`QpSlot::ack_rides_send`), for at most [`ACK_RIDE_WINDOW`]: the
     /// progress thread's receive for an application that waits on its memory, not its CQ

@@ -52,6 +52,19 @@ impl Shared {
     /// one else is (the progress thread keeps out while polls keep coming).
     /// `polling`: the caller keeps polling (the thread stands aside for a grace period).
     pub(crate) fn drive_from_app(&self, polling: bool) {
+        self.drive_as_app(if polling { Hold::Poll } else { Hold::Nothing });
+    }
+
+    /// Called from an application's read of registered memory: as a CQ poll (an application
+    /// that spins on its memory for a peer's WRITE keeps polling), but each look takes all
+    /// there is (a WRITE comes with the ACK of the application's own, which it waits for).
+    pub(crate) fn drive_from_memory_read(&self) {
+        self.drive_as_app(Hold::All);
+    }
+
+    /// [`Shared::drive_from_app`]: `hold` [`Hold::Nothing`] for a last look before sleeping.
+    fn drive_as_app(&self, hold: Hold) {
+        let polling = hold != Hold::Nothing;
         if self.fatal.load(Ordering::Acquire) {
             return;
         }
@@ -76,7 +89,7 @@ impl Shared {
         self.receive(
             &mut st,
             RX_BUDGET,
-            if polling { Hold::All } else { Hold::Nothing },
+            hold,
             udp,
             Some(Duration::from_nanos(now)),
         );
