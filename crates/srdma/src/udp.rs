@@ -1055,6 +1055,19 @@ mod tests {
         panic!("nothing arrived");
     }
 
+    /// The sizes of the next `count` datagrams, each buffer cut at its segment size.
+    fn datagram_sizes(batch: &mut RxBatch, fd: RawFd, count: usize) -> Vec<usize> {
+        let mut sizes = Vec::new();
+        while sizes.len() < count {
+            let n = look(batch, fd, true);
+            for i in 0..n {
+                let (data, _, seg) = batch.get(i).unwrap();
+                sizes.extend(data.chunks(seg).map(<[u8]>::len));
+            }
+        }
+        sizes
+    }
+
     /// Empty looks until the batch reads one datagram at a time.
     fn go_single(batch: &mut RxBatch, fd: RawFd) {
         for _ in 0..SINGLE_AFTER {
@@ -1114,15 +1127,7 @@ mod tests {
             assert_eq!((data.len(), seg), (400, 100));
             return;
         }
-        let mut sizes = Vec::new();
-        while sizes.len() < 4 {
-            let n = look(&mut batch, fd, true);
-            for i in 0..n {
-                let (data, _, seg) = batch.get(i).unwrap();
-                sizes.extend(data.chunks(seg).map(<[u8]>::len));
-            }
-        }
-        assert_eq!(sizes, [100; 4]);
+        assert_eq!(datagram_sizes(&mut batch, fd, 4), [100; 4]);
     }
 
     #[test]
@@ -1141,14 +1146,6 @@ mod tests {
         std::thread::sleep(Duration::from_millis(10));
         assert!(!batch.gro_off(fd), "not with a datagram queued");
         assert!(batch.gro, "GRO is on again");
-        let mut sizes = Vec::new();
-        while sizes.len() < 3 {
-            let n = look(&mut batch, fd, true);
-            for i in 0..n {
-                let (data, _, seg) = batch.get(i).unwrap();
-                sizes.extend(data.chunks(seg).map(<[u8]>::len));
-            }
-        }
-        assert_eq!(sizes, [60; 3]);
+        assert_eq!(datagram_sizes(&mut batch, fd, 3), [60; 3]);
     }
 }
