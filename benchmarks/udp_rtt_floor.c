@@ -17,8 +17,14 @@
  *      6: as 2, but sent from a socket connected to the peer from an ephemeral port;
  *      7: as 3, but each look is one recvmsg (one datagram) instead of a recvmmsg;
  *      8: as 7, but a look is a recvmsg only after an empty look, a recvmmsg after one
- *         that found a datagram.
- * Environment: ACK_EVERY=N sends the "ACK" (modes 2..8) only every Nth round trip (a
+ *         that found a datagram;
+ *      9: as 2, but each look is one recvfrom (no msghdr, no control buffer: srdma's
+ *         busy looks while GRO is off, since 2026-11-28).
+ *
+ *   ip netns exec A /tmp/udp_rtt_floor looks MY_IP
+ * times a look at an empty socket (bound to MY_IP:4791, SO_REUSEPORT) with each receive
+ * call: recv, recvfrom, recvmsg, recvmmsg of 1 and of 32.
+ * Environment: ACK_EVERY=N sends the "ACK" (modes 2..9) only every Nth round trip (a
  * responder that coalesces ACKs); SPIN_NS=T busy-waits T ns between taking the peer's
  * datagram and sending the reply, at both ends (user-space work on the critical path, as
  * srdma's engine has).
@@ -61,7 +67,10 @@ static void wait_reply(int fd, int mode)
 	static int found;
 	for (;;) {
 		int n;
-		if (mode == 7 || (mode == 8 && !found)) {
+		if (mode == 9) {
+			socklen_t l = sizeof from[0];
+			n = recvfrom(fd, rb[0], sizeof rb[0], MSG_DONTWAIT, (struct sockaddr *)&from[0], &l) < 0 ? 0 : 1;
+		} else if (mode == 7 || (mode == 8 && !found)) {
 			rm[0].msg_hdr.msg_namelen = sizeof from[0];
 			rm[0].msg_hdr.msg_controllen = rm[0].msg_hdr.msg_control ? sizeof ctrl[0] : 0;
 			n = recvmsg(fd, &rm[0].msg_hdr, MSG_DONTWAIT) < 0 ? 0 : 1;
@@ -77,8 +86,60 @@ static void wait_reply(int fd, int mode)
 	}
 }
 
+/* Points the receive messages at their buffers and addresses (and control buffers). */
+static void arm_receive(int with_control)
+{
+	for (int i = 0; i < BATCH; i++) {
+		riov[i].iov_base = rb[i];
+		riov[i].iov_len = sizeof rb[i];
+		rm[i].msg_hdr.msg_iov = &riov[i];
+		rm[i].msg_hdr.msg_iovlen = 1;
+		rm[i].msg_hdr.msg_name = &from[i];
+		rm[i].msg_hdr.msg_namelen = sizeof from[i];
+		if (with_control)
+			rm[i].msg_hdr.msg_control = ctrl[i];
+	}
+}
+
+/* Nanoseconds per look at an empty socket, for each receive call. */
+static int looks(const char *ip)
+{
+	int one = 1, fd = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK, 0);
+	struct sockaddr_in me = { .sin_family = AF_INET, .sin_port = htons(4791) };
+	if (fd < 0 || inet_pton(AF_INET, ip, &me.sin_addr) != 1) {
+		fprintf(stderr, "bad address\n");
+		return 2;
+	}
+	setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
+	if (bind(fd, (struct sockaddr *)&me, sizeof me)) {
+		perror("bind");
+		return 1;
+	}
+	arm_receive(1);
+	for (int i = 0; i < BATCH; i++)
+		rm[i].msg_hdr.msg_controllen = sizeof ctrl[i];
+	const char *names[] = { "recv", "recvfrom", "recvmsg", "recvmmsg 1", "recvmmsg 32" };
+	for (int k = 0; k < 5; k++) {
+		long t = now_ns();
+		for (int i = 0; i < ITERS * 10; i++) {
+			socklen_t l = sizeof from[0];
+			switch (k) {
+			case 0: recv(fd, rb[0], sizeof rb[0], MSG_DONTWAIT); break;
+			case 1: recvfrom(fd, rb[0], sizeof rb[0], MSG_DONTWAIT, (struct sockaddr *)&from[0], &l); break;
+			case 2: recvmsg(fd, &rm[0].msg_hdr, MSG_DONTWAIT); break;
+			case 3: recvmmsg(fd, rm, 1, MSG_DONTWAIT, NULL); break;
+			default: recvmmsg(fd, rm, BATCH, MSG_DONTWAIT, NULL); break;
+			}
+		}
+		printf("%-12s %.0f ns per empty look\n", names[k], (double)(now_ns() - t) / (ITERS * 10));
+	}
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
+	if (argc == 3 && !strcmp(argv[1], "looks"))
+		return looks(argv[2]);
 	if (argc != 5 || (strcmp(argv[1], "server") && strcmp(argv[1], "client"))) {
 		fprintf(stderr, "usage: udp_rtt_floor server|client MY_IP PEER_IP MODE\n");
 		return 2;
@@ -94,7 +155,7 @@ int main(int argc, char **argv)
 	}
 	setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
 	setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
-	if (mode == 3 || mode >= 7)
+	if (mode == 3 || mode == 7 || mode == 8)
 		setsockopt(fd, IPPROTO_UDP, 104 /* UDP_GRO */, &one, sizeof one);
 	struct sockaddr_in me = { .sin_family = AF_INET, .sin_port = htons(4791) };
 	struct sockaddr_in peer = { .sin_family = AF_INET, .sin_port = htons(4791) };
@@ -137,16 +198,7 @@ int main(int argc, char **argv)
 			sfd = rfd;
 	}
 	int send_connected = connected || mode == 6;
-	for (int i = 0; i < BATCH; i++) {
-		riov[i].iov_base = rb[i];
-		riov[i].iov_len = sizeof rb[i];
-		rm[i].msg_hdr.msg_iov = &riov[i];
-		rm[i].msg_hdr.msg_iovlen = 1;
-		rm[i].msg_hdr.msg_name = &from[i];
-		rm[i].msg_hdr.msg_namelen = sizeof from[i];
-		if (mode == 3 || mode >= 7)
-			rm[i].msg_hdr.msg_control = ctrl[i];
-	}
+	arm_receive(mode == 3 || mode == 7 || mode == 8);
 	char reply[40] = { 1 }, ack[32] = { 2 };
 	if (!server)
 		usleep(300000); /* let the server bind */
