@@ -657,10 +657,13 @@ impl RxBatch {
     fn bulk(&self) -> bool {
         self.n > 3
             || (0..self.n).any(|i| {
+                let first = self.bufs[i][..self.lens[i]].first().copied();
                 self.segs[i] < self.lens[i]
-                    || srdma_wire::Opcode::from_u8(self.bufs[i][0]).is_some_and(|o| {
-                        matches!(o.position(), Some(Position::First | Position::Middle))
-                    })
+                    || first
+                        .and_then(srdma_wire::Opcode::from_u8)
+                        .is_some_and(|o| {
+                            matches!(o.position(), Some(Position::First | Position::Middle))
+                        })
             })
     }
 
