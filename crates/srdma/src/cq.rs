@@ -261,6 +261,11 @@ impl Cq {
         n
     }
 
+    /// Whether completions wait in the CQ, delivered and not polled yet.
+    pub(crate) fn holds_any(&self) -> bool {
+        !lock(&self.inner.queue).is_empty()
+    }
+
     fn take(&self, out: &mut Vec<Wc>, max: usize) -> usize {
         let mut q = lock(&self.inner.queue);
         let n = max.min(q.len());

@@ -474,7 +474,7 @@ impl TxBatch {
 /// Datagrams received, buffers allocated once: with `recvmmsg`, a batch per call, while
 /// datagrams come more than one to a look; with UDP_GRO on the socket a buffer may then hold
 /// a run of same-sized datagrams ([`RxBatch::get`] says the segment size). While they come
-/// at most one to a look (a ping-pong), one `recvfrom` per busy CQ poll with GRO off: veth
+/// at most one to a look (a ping-pong), one `recvfrom` per busy poll with GRO off: veth
 /// MTU 1500, 8 B SEND ping-pong, the half round trip 5.8 → 5.35 µs (a `recvmmsg` that finds
 /// nothing costs ~400 ns here, a `recvfrom` ~270; one that finds a datagram goes on to look
 /// for the next, and a look of its own comes after it anyway). See [`Look`].
@@ -507,9 +507,9 @@ enum Look {
     /// busy looks with none in between that took something of a stream (see
     /// [`RxBatch::bulk`]): GRO off and, if nothing is queued then, [`Look::Single`].
     Batch,
-    /// GRO off: an application's busy poll of a CQ takes one datagram with `recvfrom` (it
-    /// looks again soon); other looks (the progress thread's, a wait on a completion
-    /// channel, which sleeps after it, a read of registered memory) and one in
+    /// GRO off: an application's busy poll (of a CQ, or a read of registered memory) takes
+    /// one datagram with `recvfrom` (it looks again soon); other looks (the progress
+    /// thread's, a wait on a completion channel, which sleeps after it) and one in
     /// [`PROBE_EVERY`] busy looks still take all there is with `recvmmsg`. When a look finds
     /// a stream: [`Look::Batch`], then GRO on.
     Single,
@@ -583,7 +583,7 @@ impl RxBatch {
     }
 
     /// Receives without blocking, up to a batch, or (`busy`: an application's busy poll of
-    /// a CQ, which looks again soon) one datagram when GRO is off (see [`Look`]); returns how
+    /// a CQ or of its memory, which looks again soon) one datagram when GRO is off (see [`Look`]); returns how
     /// many buffers were filled.
     pub(crate) fn recv(&mut self, fd: RawFd, busy: bool) -> io::Result<usize> {
         // Every PROBE_EVERY-th datagram-taking busy look without GRO is a batch, so that a
@@ -607,8 +607,8 @@ impl RxBatch {
             }
             Look::Single => self.run = self.run.wrapping_add(u32::from(n > 0)),
             Look::Batch => {
-                // Only busy looks count: where nothing polls a CQ (an application that spins
-                // on its memory), one datagram a look would serve no one.
+                // Only busy looks count: where nothing polls (the progress thread's looks),
+                // one datagram a look would serve no one.
                 if bulk {
                     self.run = 0;
                 } else if busy {

@@ -81,6 +81,13 @@ pub(crate) struct QpSlot {
     deferred_at: u64,
     /// Whether a receive was posted to the QP (see [`QpSlot::ack_tail`]).
     posted_recv: bool,
+    /// Learned at each post, a score of the posts that came before the application took
+    /// the completions of its earlier sends (one of them still unacknowledged, or waiting
+    /// in the send CQ): one up for each (to [`UNWAITED_MAX`]), four down for each post that
+    /// came after (the application waited for them). From [`UNWAITED_AT`] on, the
+    /// application is taken not to wait for its sends' completions, which their ACKs bring
+    /// (see [`QpSlot::ack_tail`]).
+    unwaited: u8,
 }
 
 impl QpSlot {
@@ -92,16 +99,29 @@ impl QpSlot {
     /// Which one the peer's application needs first is its business; this side's own
     /// application is the guess (a ping-pong runs one program at both ends). One whose
     /// replies and send completions reach it through one CQ takes whichever comes first:
-    /// the reply alone is sooner. One with a separate send CQ can wait for its send's
-    /// completion before it looks for the reply (perftest's `ib_send_lat`), and one that
-    /// takes no SENDs learns of the peer's WRITEs from memory and polls its CQ only for its
-    /// own completions (`ib_write_lat`): both wait for the ACK, and the pair brings the
-    /// peer's next message with it. Figures in benchmarks/README.md ("8 B ping-pong
-    /// latency").
+    /// the reply alone is sooner. One that does not wait for its sends' completions (it
+    /// spins on its memory for the peer's WRITE and collects them later, as `srdma perf
+    /// write-lat`, or posts unsignaled) needs the reply alone too: a GSO message costs its
+    /// sender more than the reply's datagram alone (veth, 8 B WRITE ping-pong: 7.5–7.9 µs
+    /// half round trip with the pair, 5.7–6.6 with the ACK behind as a datagram of its
+    /// own). One that polls a separate send CQ until its send completes before it looks
+    /// for the reply (perftest's `ib_send_lat`, `ib_write_lat`) waits for the ACK, and the
+    /// pair brings the peer's next message with it. Figures in benchmarks/README.md ("8 B
+    /// ping-pong latency", "Whether the application waits for the ACK").
     fn ack_tail(&self) -> bool {
         let shares_cq = Arc::ptr_eq(&self.send_cq.inner, &self.recv_cq.inner);
         let receives = self.posted_recv || self.srq.is_some();
-        !(shares_cq && receives)
+        self.unwaited < UNWAITED_AT && !(shares_cq && receives)
+    }
+
+    /// At a post (before the WR joins the send queue): learns whether the application took
+    /// the completions of its earlier sends first (see [`QpSlot::unwaited`]).
+    fn note_post(&mut self) {
+        self.unwaited = if self.qp.send_queue_len() > 0 || self.send_cq.holds_any() {
+            (self.unwaited + 1).min(UNWAITED_MAX)
+        } else {
+            self.unwaited.saturating_sub(4)
+        };
     }
 
     /// When (ns since the epoch) what a receive held back for this QP has waited
@@ -117,6 +137,16 @@ impl QpSlot {
 /// application's polls for that send.
 pub(crate) const ACK_RIDE_WINDOW: Duration = Duration::from_micros(100);
 
+/// The score of posts without waiting (`QpSlot::unwaited`) from which an application is
+/// taken not to wait for its sends' completions: eight such posts in a row, or more than
+/// four in five for long. One that waits only for its peer's reply, and takes its send
+/// completions on the way, posts before its ACK came back now and then: such posts must not
+/// change its ACKs' way.
+pub(crate) const UNWAITED_AT: u8 = 8;
+/// The most the score of `QpSlot::unwaited` counts up to: an application that starts to
+/// wait is recognized within a few posts.
+const UNWAITED_MAX: u8 = 16;
+
 /// How many quick send-after-`post_recv` in a row make a QP's ACKs wait for its sends (a
 /// few hand-shakes in a row must not: perftest's do, then it goes quiet).
 pub(crate) const ACK_RIDES_AFTER: u8 = 8;
@@ -127,10 +157,8 @@ pub(crate) const ACK_RIDES_AFTER: u8 = 8;
 enum Hold {
     /// Nothing: everything leaves now.
     Nothing,
-    /// Everything but requests: the receive was the application's read of its memory,
-    /// which polls it for a peer's WRITE.
-    All,
-    /// As [`Hold::All`], for the application's busy poll of a CQ: it looks again soon, and
+    /// Everything but requests: the receive was the application's busy poll of a CQ, or
+    /// its read of its memory, which polls it for a peer's WRITE. It looks again soon, and
     /// one datagram a look may be enough (see `udp::RxBatch::recv`).
     Poll,
     /// The ACKs of QPs whose application posts a send right after it takes what they

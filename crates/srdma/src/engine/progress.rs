@@ -55,11 +55,13 @@ impl Shared {
         self.drive_as_app(if polling { Hold::Poll } else { Hold::Nothing });
     }
 
-    /// Called from an application's read of registered memory: as a CQ poll (an application
-    /// that spins on its memory for a peer's WRITE keeps polling), but each look takes all
-    /// there is (a WRITE comes with the ACK of the application's own, which it waits for).
+    /// Called from an application's read of registered memory: as a busy CQ poll (an
+    /// application that spins on its memory for a peer's WRITE keeps polling). While traffic
+    /// is sparse a look takes one datagram: the peer's WRITE, alone, as it comes from an
+    /// application that does not wait for its sends' completions (see `QpSlot::ack_tail`).
+    /// Loopback UDP, 8 B `srdma perf write-lat`: 5.8 → 4.7 µs with that; veth 6.5 → 5.3.
     pub(crate) fn drive_from_memory_read(&self) {
-        self.drive_as_app(Hold::All);
+        self.drive_as_app(Hold::Poll);
     }
 
     /// [`Shared::drive_from_app`]: `hold` [`Hold::Nothing`] for a last look before sleeping.

@@ -108,7 +108,7 @@ impl Shared {
                     !s.qp.has_requests_ready()
                         && match hold {
                             Hold::Nothing => false,
-                            Hold::All | Hold::Poll => true,
+                            Hold::Poll => true,
                             Hold::Riding => s.ack_rides_send >= ACK_RIDES_AFTER,
                         }
                 });
@@ -138,8 +138,8 @@ impl Shared {
     /// Handles one batch of the UDP driver, its datagrams as arrived at `now`, the time of
     /// the look (read just before the receive call: at most that call's microsecond early,
     /// which no timer of the transport resolves; a clock read after it cost a busy round
-    /// trip ~25 ns). `busy`: an application's busy poll of a CQ, which may take one
-    /// datagram (see `udp::RxBatch::recv`).
+    /// trip ~25 ns). `busy`: an application's busy poll of a CQ or of its memory, which
+    /// may take one datagram (see `udp::RxBatch::recv`).
     fn receive_udp(&self, st: &mut State, now: Duration, busy: bool) -> Received {
         let Some(mut udp) = st.udp.take() else {
             return Received::default();

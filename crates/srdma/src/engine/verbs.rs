@@ -26,6 +26,7 @@ impl QpSlot {
             ack_flushed_at: 0,
             deferred_at: 0,
             posted_recv: false,
+            unwaited: 0,
         }
     }
 }
@@ -109,6 +110,7 @@ impl Shared {
                 };
                 slot.ack_flushed_at = 0;
             }
+            slot.note_post();
             for wr in wrs {
                 if let Err(e) = wr.and_then(|wr| slot.qp.post_send(wr).map_err(Error::from)) {
                     res = Err(e);
