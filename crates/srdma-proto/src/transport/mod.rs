@@ -330,6 +330,11 @@ impl Qp {
         self.cfg.qp_type
     }
 
+    /// Whether every send WR completes, signaled or not (`sq_sig_all`).
+    pub fn signals_all(&self) -> bool {
+        self.cfg.sq_sig_all
+    }
+
     /// Current state.
     pub fn state(&self) -> QpState {
         self.state

@@ -82,12 +82,14 @@ pub(crate) struct QpSlot {
     /// Whether a receive was posted to the QP (see [`QpSlot::ack_tail`]).
     posted_recv: bool,
     /// Learned at each post, a score of the posts that came before the application took
-    /// the completions of its earlier sends (one of them still unacknowledged, or waiting
-    /// in the send CQ): one up for each (to [`UNWAITED_MAX`]), four down for each post that
-    /// came after (the application waited for them). From [`UNWAITED_AT`] on, the
+    /// the completion of its last send (it was unsignaled, is still unacknowledged, or
+    /// waits in the send CQ): one up for each (to [`UNWAITED_MAX`]), four down for each post
+    /// that came after (the application waited for it). From [`UNWAITED_AT`] on, the
     /// application is taken not to wait for its sends' completions, which their ACKs bring
     /// (see [`QpSlot::ack_tail`]).
     unwaited: u8,
+    /// Whether the last send WR posted to the QP completes (signaled, or `sq_sig_all`).
+    last_signaled: bool,
 }
 
 impl QpSlot {
@@ -114,10 +116,12 @@ impl QpSlot {
         self.unwaited < UNWAITED_AT && !(shares_cq && receives)
     }
 
-    /// At a post (before the WR joins the send queue): learns whether the application took
-    /// the completions of its earlier sends first (see [`QpSlot::unwaited`]).
+    /// At a post (before its WRs join the send queue): learns whether the application took
+    /// the completion of its last send first (see [`QpSlot::unwaited`]).
     fn note_post(&mut self) {
-        self.unwaited = if self.qp.send_queue_len() > 0 || self.send_cq.holds_any() {
+        let waited =
+            self.last_signaled && self.qp.send_queue_len() == 0 && !self.send_cq.holds_any();
+        self.unwaited = if !waited {
             (self.unwaited + 1).min(UNWAITED_MAX)
         } else {
             self.unwaited.saturating_sub(4)

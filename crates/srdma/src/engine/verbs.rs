@@ -27,6 +27,7 @@ impl QpSlot {
             deferred_at: 0,
             posted_recv: false,
             unwaited: 0,
+            last_signaled: true,
         }
     }
 }
@@ -112,7 +113,13 @@ impl Shared {
             }
             slot.note_post();
             for wr in wrs {
-                if let Err(e) = wr.and_then(|wr| slot.qp.post_send(wr).map_err(Error::from)) {
+                let posted = wr.and_then(|wr| {
+                    let signaled = wr.flags.contains(srdma_proto::SendFlags::SIGNALED);
+                    slot.qp.post_send(wr).map_err(Error::from)?;
+                    slot.last_signaled = signaled || slot.qp.signals_all();
+                    Ok(())
+                });
+                if let Err(e) = posted {
                     res = Err(e);
                     break;
                 }
