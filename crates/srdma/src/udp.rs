@@ -583,8 +583,8 @@ impl RxBatch {
     }
 
     /// Receives without blocking, up to a batch, or (`busy`: an application's busy poll of
-    /// a CQ or of its memory, which looks again soon) one datagram when GRO is off (see [`Look`]); returns how
-    /// many buffers were filled.
+    /// a CQ or of its memory, which looks again soon) one datagram when GRO is off (see
+    /// [`Look`]); returns how many buffers were filled.
     pub(crate) fn recv(&mut self, fd: RawFd, busy: bool) -> io::Result<usize> {
         // Every PROBE_EVERY-th datagram-taking busy look without GRO is a batch, so that a
         // stream of single-packet messages shows as one (see `bulk`).

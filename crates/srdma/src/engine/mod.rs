@@ -105,9 +105,10 @@ impl QpSlot {
     /// spins on its memory for the peer's WRITE and collects them later, as `srdma perf
     /// write-lat`, or posts unsignaled) needs the reply alone too, which its memory reads
     /// then take one datagram a look (veth, 8 B WRITE ping-pong: 6.5–7.9 µs half round trip
-    /// with the pair, 5.2–5.3 with the reply alone). One that polls a separate send CQ until its send completes before it looks
-    /// for the reply (perftest's `ib_send_lat`, `ib_write_lat`) waits for the ACK, and the
-    /// pair brings the peer's next message with it. Figures in benchmarks/README.md ("8 B
+    /// with the pair, 5.2–5.3 with the reply alone). One that polls a separate send CQ
+    /// until its send completes before it looks for the reply (perftest's `ib_send_lat`,
+    /// `ib_write_lat`) waits for the ACK, and the pair brings the peer's next message with
+    /// it. Figures in benchmarks/README.md ("8 B
     /// ping-pong latency", "Whether the application waits for the ACK").
     fn ack_tail(&self) -> bool {
         let shares_cq = Arc::ptr_eq(&self.send_cq.inner, &self.recv_cq.inner);
