@@ -2,7 +2,7 @@
 
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -173,6 +173,9 @@ pub(crate) struct CqInner {
     hook: std::sync::OnceLock<Hook>,
     /// Completions arrived since the hook last ran.
     hook_due: AtomicBool,
+    /// Times the application came for completions and found none, or armed the CQ to sleep
+    /// until one comes (see [`Cq::waits`]).
+    waits: AtomicU32,
 }
 
 /// A completion hook: runs outside the device lock, on the engine's or a polling
@@ -208,6 +211,7 @@ impl Cq {
                 dev,
                 hook: std::sync::OnceLock::new(),
                 hook_due: AtomicBool::new(false),
+                waits: AtomicU32::new(0),
             }),
         }
     }
@@ -258,7 +262,16 @@ impl Cq {
             self.drive();
             n += self.take(out, max - n);
         }
+        if n == 0 && max > 0 {
+            self.inner.waits.fetch_add(1, Ordering::Relaxed);
+        }
         n
+    }
+
+    /// A counter (it wraps) of the times the application waited on this CQ: polled it and
+    /// found nothing, or armed it. The engine compares it between a QP's posts.
+    pub(crate) fn waits(&self) -> u32 {
+        self.inner.waits.load(Ordering::Relaxed)
     }
 
     /// Whether completions wait in the CQ, delivered and not polled yet.
@@ -303,7 +316,11 @@ impl Cq {
             return Some(wc);
         }
         self.drive();
-        lock(&self.inner.queue).pop_front()
+        let wc = lock(&self.inner.queue).pop_front();
+        if wc.is_none() {
+            self.inner.waits.fetch_add(1, Ordering::Relaxed);
+        }
+        wc
     }
 
     /// `ibv_req_notify_cq`: the next completion (with `solicited_only`, the next receive
@@ -311,6 +328,7 @@ impl Cq {
     /// fires one event on the CQ's channel.
     pub fn req_notify(&self, solicited_only: bool) {
         *lock(&self.inner.armed) = Some(solicited_only);
+        self.inner.waits.fetch_add(1, Ordering::Relaxed);
         // Arming means the application is about to sleep on the channel: hand the device
         // back to the progress thread now instead of after the poll grace period.
         if let Some(dev) = self.inner.dev.upgrade() {

@@ -94,16 +94,16 @@ impl Side {
         self.qp.post_send(wr).unwrap();
     }
 
-    /// Takes the send completions that came; with `wait`, polls until one did.
+    /// Polls the send CQ: until a completion came (`wait`), else once (a completion a poll
+    /// did not take waits for the next round's).
     fn reap(&self, wait: bool, peer: &Side) {
         let start = Instant::now();
-        let mut got = false;
         loop {
-            while let Some(wc) = self.send_cq.poll_one() {
+            if let Some(wc) = self.send_cq.poll_one() {
                 assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
-                got = true;
+                return;
             }
-            if got || !wait {
+            if !wait {
                 return;
             }
             assert!(
@@ -219,8 +219,8 @@ fn the_ack_rides_as_the_tail_of_the_reply_only_for_separate_send_and_receive_cqs
 /// Runs a WRITE ping-pong, each side on a thread of its own (A writes first; each side
 /// answers the peer's WRITE, which it learns of from its memory, with its own), and returns
 /// the GSO messages each side sent during it. `wait`: after each post the application polls
-/// its send CQ until the WRITE completes (perftest's `ib_write_lat`); else it takes what
-/// completed so far and turns to its memory.
+/// its send CQ until the WRITE completes (perftest's `ib_write_lat`); else it polls once and
+/// turns to its memory.
 fn write_ping_pong(a: &Side, b: &Side, wait: bool) -> (u64, u64) {
     connect(a, b);
     let c = |n: u64| (n % 255) as u8 + 1;

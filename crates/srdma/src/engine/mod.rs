@@ -81,15 +81,18 @@ pub(crate) struct QpSlot {
     deferred_at: u64,
     /// Whether a receive was posted to the QP (see [`QpSlot::ack_tail`]).
     posted_recv: bool,
-    /// Learned at each post, a score of the posts that came before the application took
-    /// the completion of its last send (it was unsignaled, is still unacknowledged, or
-    /// waits in the send CQ): one up for each (to [`UNWAITED_MAX`]), four down for each post
-    /// that came after (the application waited for it). From [`UNWAITED_AT`] on, the
-    /// application is taken not to wait for its sends' completions, which their ACKs bring
-    /// (see [`QpSlot::ack_tail`]).
+    /// Learned at each post, a score of the posts that came without the application waiting
+    /// for the completion of its last send (it was unsignaled, is still unacknowledged or
+    /// not polled yet, or came before the application's first look: no poll of the send CQ
+    /// found it empty since that send): one up for each (to [`UNWAITED_MAX`]), four down for
+    /// each post that came after such a wait. From [`UNWAITED_AT`] on, the application is
+    /// taken not to wait for its sends' completions, which their ACKs bring (see
+    /// [`QpSlot::ack_tail`]).
     unwaited: u8,
     /// Whether the last send WR posted to the QP completes (signaled, or `sq_sig_all`).
     last_signaled: bool,
+    /// The send CQ's [`Cq::waits`] at the last post.
+    waits_at_post: u32,
 }
 
 impl QpSlot {
@@ -119,8 +122,12 @@ impl QpSlot {
     /// At a post (before its WRs join the send queue): learns whether the application took
     /// the completion of its last send first (see [`QpSlot::unwaited`]).
     fn note_post(&mut self) {
-        let waited =
-            self.last_signaled && self.qp.send_queue_len() == 0 && !self.send_cq.holds_any();
+        let waits = self.send_cq.waits();
+        let waited = self.last_signaled
+            && waits != self.waits_at_post
+            && self.qp.send_queue_len() == 0
+            && !self.send_cq.holds_any();
+        self.waits_at_post = waits;
         self.unwaited = if !waited {
             (self.unwaited + 1).min(UNWAITED_MAX)
         } else {

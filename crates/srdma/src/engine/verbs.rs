@@ -28,6 +28,7 @@ impl QpSlot {
             posted_recv: false,
             unwaited: 0,
             last_signaled: true,
+            waits_at_post: 0,
         }
     }
 }
