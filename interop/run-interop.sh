@@ -143,7 +143,7 @@ scenario() { # name guest-command host-command
       : > "$out/bad-counters"
     fi
     if [ -s "$out/bad-counters" ]; then
-      log "FAIL $name: rxe counters show errors: $(tr '\n' ' ' < "$out/bad-counters")"
+      log "FAIL $name: rxe counters show errors: $(tr '\n' ' ' < "$out/bad-counters")$(grep -E '^[1-9][0-9]* packets dropped by kernel' "$out/tcpdump.log" | sed 's/^/(capture: /; s/$/)/')"
       return 1
     fi
     [ -n "$dups" ] && echo "gso probe copies: $probes" >> "$out/cnt-diff"

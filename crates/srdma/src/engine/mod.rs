@@ -111,8 +111,8 @@ impl QpSlot {
     /// with the pair, 5.2–5.3 with the reply alone). One that polls a separate send CQ
     /// until its send completes before it looks for the reply (perftest's `ib_send_lat`,
     /// `ib_write_lat`) waits for the ACK, and the pair brings the peer's next message with
-    /// it. Figures in benchmarks/README.md ("8 B
-    /// ping-pong latency", "Whether the application waits for the ACK").
+    /// it. Figures in benchmarks/README.md ("8 B ping-pong latency", "Whether the
+    /// application waits for the ACK").
     fn ack_tail(&self) -> bool {
         let shares_cq = Arc::ptr_eq(&self.send_cq.inner, &self.recv_cq.inner);
         let receives = self.posted_recv || self.srq.is_some();
