@@ -596,7 +596,7 @@ impl Mr {
     ///
     /// Like [`Mr::with_bytes`], reading drives the device first.
     pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
-        self.pd.dev.h.shared.drive_from_memory_read();
+        self.pd.dev.h.shared.drive_from_app(true);
         self.read_quietly(offset, dst)
     }
 
@@ -620,7 +620,7 @@ impl Mr {
     /// for a peer's RDMA WRITE (as perftest's latency tests do) sees it land without waiting
     /// for the progress thread.
     pub fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
-        self.pd.dev.h.shared.drive_from_memory_read();
+        self.pd.dev.h.shared.drive_from_app(true);
         let _st = self.pd.dev.lock();
         // SAFETY: the device lock is held for the whole borrow, so the engine cannot write
         // these bytes concurrently, and no `&mut` to them exists.

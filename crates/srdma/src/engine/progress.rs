@@ -48,25 +48,16 @@ const FIRST_LOOK: Duration = Duration::from_micros(25);
 const STATS_EVERY: Duration = Duration::from_millis(250);
 
 impl Shared {
-    /// Called from an application's CQ poll: drives the device from the caller's thread if no
-    /// one else is (the progress thread keeps out while polls keep coming).
-    /// `polling`: the caller keeps polling (the thread stands aside for a grace period).
+    /// Called from an application's CQ poll, or its read of registered memory (an application
+    /// that spins on its memory for a peer's WRITE polls as one that spins on its CQ): drives
+    /// the device from the caller's thread if no one else is (the progress thread keeps out
+    /// while polls keep coming). `polling`: the caller keeps polling (the thread stands aside
+    /// for a grace period, and while traffic is sparse a look takes one datagram: the peer's
+    /// WRITE comes alone from an application that does not wait for its sends' completions,
+    /// see `QpSlot::ack_tail`; loopback UDP, 8 B `srdma perf write-lat`: 5.8 → 4.7 µs with
+    /// memory reads looking so, veth 6.5 → 5.3).
     pub(crate) fn drive_from_app(&self, polling: bool) {
-        self.drive_as_app(if polling { Hold::Poll } else { Hold::Nothing });
-    }
-
-    /// Called from an application's read of registered memory: as a busy CQ poll (an
-    /// application that spins on its memory for a peer's WRITE keeps polling). While traffic
-    /// is sparse a look takes one datagram: the peer's WRITE, alone, as it comes from an
-    /// application that does not wait for its sends' completions (see `QpSlot::ack_tail`).
-    /// Loopback UDP, 8 B `srdma perf write-lat`: 5.8 → 4.7 µs with that; veth 6.5 → 5.3.
-    pub(crate) fn drive_from_memory_read(&self) {
-        self.drive_as_app(Hold::Poll);
-    }
-
-    /// [`Shared::drive_from_app`]: `hold` [`Hold::Nothing`] for a last look before sleeping.
-    fn drive_as_app(&self, hold: Hold) {
-        let polling = hold != Hold::Nothing;
+        let hold = if polling { Hold::Poll } else { Hold::Nothing };
         if self.fatal.load(Ordering::Acquire) {
             return;
         }
