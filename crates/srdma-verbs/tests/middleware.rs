@@ -420,9 +420,7 @@ fn qperf_without_rdma_cm_fails_as_on_rxe() {
 #[test]
 fn a_signal_ends_an_event_wait_as_on_a_kernel_device() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/event_signal.c");
-    let dir = std::env::temp_dir().join(format!("srdma-middleware-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let prog = dir.join("event_signal");
+    let prog = common::scratch_dir("middleware").join("event_signal");
     let cc = Command::new("cc")
         .args(["-O1", "-Wall", "-o"])
         .arg(&prog)

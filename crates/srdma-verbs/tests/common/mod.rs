@@ -26,8 +26,16 @@ pub fn lib_dir() -> &'static Path {
         let lib = target.join("debug/libibverbs.so").canonicalize().unwrap();
         let exe = std::env::current_exe().unwrap();
         let stem = exe.file_stem().unwrap().to_string_lossy().into_owned();
-        let dir = std::env::temp_dir().join(format!("srdma-{stem}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        // The test's name, without the hash cargo appends (it changes with every build).
+        let name = match stem.rsplit_once('-') {
+            Some((name, hash))
+                if hash.len() == 16 && hash.bytes().all(|b| b.is_ascii_hexdigit()) =>
+            {
+                name
+            }
+            _ => &stem,
+        };
+        let dir = scratch_dir(name);
         for name in ["libibverbs.so.1", "librdmacm.so.1"] {
             let link = dir.join(name);
             let _ = std::fs::remove_file(&link);
@@ -35,6 +43,30 @@ pub fn lib_dir() -> &'static Path {
         }
         dir
     })
+}
+
+/// A directory `srdma-NAME-PID` in the temporary directory, created for this process.
+/// The test binary cannot remove it when it exits (the statics that hold it are never
+/// dropped), so the same directories of processes that are gone are removed first: one
+/// run's directories last until the next run.
+pub fn scratch_dir(name: &str) -> PathBuf {
+    let tmp = std::env::temp_dir();
+    let prefix = format!("srdma-{name}-");
+    if let Ok(entries) = std::fs::read_dir(&tmp) {
+        for e in entries.flatten() {
+            let file = e.file_name();
+            let pid = file.to_str().and_then(|f| f.strip_prefix(&prefix));
+            if let Some(pid) = pid.and_then(|p| p.parse::<u32>().ok())
+                && pid != std::process::id()
+                && !Path::new(&format!("/proc/{pid}")).exists()
+            {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+    let dir = tmp.join(format!("{prefix}{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
 }
 
 /// `target/debug/srdma`, built (with the drop-in library beside it, where `srdma exec`
