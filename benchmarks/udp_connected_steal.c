@@ -13,7 +13,10 @@
  * VARIANT 0: no connected socket (each byte reaches its member, whatever the source port);
  *         1: conn joins the group (SO_REUSEPORT);
  *         2: every socket also has SO_REUSEADDR and conn has it alone (not in the group);
- *         3: as 2, and conn shut down for reading. */
+ *         3: as 2, and conn shut down for reading;
+ *         4: conn has SO_REUSEPORT and SO_BINDTODEVICE (the interface the peer's datagrams
+ *            come in on, here "vb"): it forms a group of its own, and the steered group
+ *            has no connected member. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <linux/filter.h>
@@ -53,14 +56,28 @@ int main(int argc, char **argv)
 		fprintf(stderr, "usage: udp_connected_steal recv VARIANT | send SPORT BYTE\n");
 		return 2;
 	}
-	int v = atoi(argv[2]), addr = v >= 2;
+	int v = atoi(argv[2]), addr = v == 2 || v == 3;
 	int g0 = bound(1, addr, "10.196.0.2", 4791), g1 = bound(1, addr, "10.196.0.2", 4791);
 	struct sock_filter code[] = { { 0x30, 0, 0, 0 }, { 0x16, 0, 0, 0 } }; /* ldb [0]; ret a */
 	struct sock_fprog prog = { 2, code };
 	if (setsockopt(g0, SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, &prog, sizeof prog))
 		perror("SO_ATTACH_REUSEPORT_CBPF");
 	int conn = -1;
-	if (v >= 1) {
+	if (v == 4) {
+		int one = 1;
+		conn = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK, 0);
+		setsockopt(conn, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
+		if (setsockopt(conn, SOL_SOCKET, SO_BINDTODEVICE, "vb", 3))
+			perror("SO_BINDTODEVICE");
+		struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(4791) };
+		inet_pton(AF_INET, "10.196.0.2", &a.sin_addr);
+		if (bind(conn, (struct sockaddr *)&a, sizeof a))
+			perror("bind conn");
+		struct sockaddr_in p = { .sin_family = AF_INET, .sin_port = htons(4791) };
+		inet_pton(AF_INET, "10.196.0.1", &p.sin_addr);
+		if (connect(conn, (struct sockaddr *)&p, sizeof p))
+			perror("connect");
+	} else if (v >= 1) {
 		conn = bound(v == 1, addr, "10.196.0.2", 4791);
 		struct sockaddr_in p = { .sin_family = AF_INET, .sin_port = htons(4791) };
 		inet_pton(AF_INET, "10.196.0.1", &p.sin_addr);
