@@ -22,7 +22,9 @@ pub struct DeviceConfig {
     pub mtu: Mtu,
     /// Queue and resource limits.
     pub limits: DeviceLimits,
-    /// Write every packet sent and received to this pcap (default: `$SRDMA_PCAP`).
+    /// Write every packet sent and received to this pcap (default: `$SRDMA_PCAP`). A file
+    /// another device of this process captures to is not truncated: this device then writes
+    /// `NAME-2.EXT` (`-3`, … for the next ones) beside it, and says so on stderr.
     pub pcap: Option<PathBuf>,
     /// When runs of packets to one peer go out as one UDP GSO message (default: `$SRDMA_GSO`,
     /// else [`Gso::Auto`]).

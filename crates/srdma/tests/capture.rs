@@ -16,13 +16,36 @@ use srdma_wire::{Opcode, PacketRepr, Psn, pcap};
 #[test]
 fn devices_capture_what_they_send_and_receive() {
     let dir = std::env::temp_dir().join(format!("srdma-capture-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    write_captured(&dir, ["127.0.30.1", "127.0.30.2"], ["a.pcap", "b.pcap"]);
+    check_captures(&dir, ["a.pcap", "b.pcap"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Two devices of one process given the same capture file (as `SRDMA_PCAP` gives every
+/// device the drop-in opens): the second writes `NAME-2.EXT` instead of truncating the
+/// first's file, and both captures are whole.
+#[test]
+fn a_second_device_on_the_same_capture_file_writes_its_own() {
+    let dir = std::env::temp_dir().join(format!("srdma-capture-same-{}", std::process::id()));
+    write_captured(
+        &dir,
+        ["127.0.32.1", "127.0.32.2"],
+        ["same.pcap", "same.pcap"],
+    );
+    check_captures(&dir, ["same.pcap", "same-2.pcap"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The WRITE of [`devices_capture_what_they_send_and_receive`] from a device on `ips[0]` to
+/// one on `ips[1]`, capturing to `names` in `dir`; returns once both devices are closed.
+fn write_captured(dir: &std::path::Path, ips: [&str; 2], names: [&str; 2]) {
+    std::fs::create_dir_all(dir).unwrap();
     let open = |ip: &str, name: &str| {
         let mut c = DeviceConfig::new(ip.parse().unwrap());
         c.pcap = Some(dir.join(name));
         Device::open(c).unwrap()
     };
-    let (a, b) = (open("127.0.30.1", "a.pcap"), open("127.0.30.2", "b.pcap"));
+    let (a, b) = (open(ips[0], names[0]), open(ips[1], names[1]));
     let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
     let (ca, cb) = (a.create_cq(8, None).unwrap(), b.create_cq(8, None).unwrap());
     let qa = pa.create_qp(&QpInit::new(QpType::Rc, &ca, &ca)).unwrap();
@@ -71,7 +94,12 @@ fn devices_capture_what_they_send_and_receive() {
     let shm = a.counters().tx_shm_packets;
     assert_eq!(shm > 0, a.config().shm, "{:?}", a.counters());
     drop((qa, qb, src, dst, ca, cb, pa, pb, a, b)); // closes and flushes the captures
-    for name in ["a.pcap", "b.pcap"] {
+}
+
+/// Each of `names` in `dir` is a capture of the WRITE of [`write_captured`]: its three
+/// packets and the ACK, every ICRC verifying.
+fn check_captures(dir: &std::path::Path, names: [&str; 2]) {
+    for name in names {
         let data = std::fs::read(dir.join(name)).unwrap();
         let reader = pcap::Reader::new(&data).unwrap();
         let lt = reader.linktype();
@@ -95,7 +123,6 @@ fn devices_capture_what_they_send_and_receive() {
             "{name}"
         );
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// In a SEND ping-pong whose application polls its CQ between replenishing its receive and

@@ -354,6 +354,44 @@ fn capture_epoch() -> u64 {
     })
 }
 
+/// The file a device given capture path `given` writes: `given` itself, unless a device of
+/// this process already captures there (the drop-in opens a device per context, and a
+/// program may open several), in which case `NAME-2.EXT`, `NAME-3.EXT`, …: a capture never
+/// truncates another's. Names are not given out twice in a process's life, so the capture
+/// of a closed device stays too.
+fn capture_path(given: &std::path::Path) -> std::path::PathBuf {
+    static TAKEN: Mutex<Vec<std::path::PathBuf>> = Mutex::new(Vec::new());
+    // "x.pcap" and "./x.pcap" are one file: compare with the directory resolved.
+    let key = |p: &std::path::Path| match (p.parent(), p.file_name()) {
+        (Some(dir), Some(name)) => {
+            let dir = if dir.as_os_str().is_empty() {
+                std::path::Path::new(".")
+            } else {
+                dir
+            };
+            dir.canonicalize()
+                .map_or_else(|_| p.to_path_buf(), |d| d.join(name))
+        }
+        _ => p.to_path_buf(),
+    };
+    let mut taken = TAKEN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut path = given.to_path_buf();
+    let mut n = 1;
+    while taken.contains(&key(&path)) {
+        n += 1;
+        let stem = given.file_stem().unwrap_or_default().to_string_lossy();
+        let name = match given.extension() {
+            Some(ext) => format!("{stem}-{n}.{}", ext.to_string_lossy()),
+            None => format!("{stem}-{n}"),
+        };
+        path = given.with_file_name(name);
+    }
+    taken.push(key(&path));
+    path
+}
+
 /// Starts the engine of a device on its socket: the state, and the progress thread.
 pub(crate) fn start(cfg: DeviceConfig, sock: crate::udp::Socket) -> Result<Arc<DeviceHandle>> {
     let crate::udp::Socket {
@@ -364,12 +402,25 @@ pub(crate) fn start(cfg: DeviceConfig, sock: crate::udp::Socket) -> Result<Arc<D
         gro,
     } = sock;
     let capture = match &cfg.pcap {
-        Some(p) => Some(
-            pcap::Writer::new(BufWriter::new(
-                File::create(p).map_err(io_err(format!("creating {}", p.display())))?,
-            ))
-            .map_err(io_err("writing the pcap header"))?,
-        ),
+        Some(given) => {
+            let p = capture_path(given);
+            if p != *given {
+                eprintln!(
+                    "srdma: device {} on {} captures to {} ({} is another device's of this \
+                     process)",
+                    cfg.name,
+                    local,
+                    p.display(),
+                    given.display()
+                );
+            }
+            Some(
+                pcap::Writer::new(BufWriter::new(
+                    File::create(&p).map_err(io_err(format!("creating {}", p.display())))?,
+                ))
+                .map_err(io_err("writing the pcap header"))?,
+            )
+        }
         None => None,
     };
     // Best effort: without its rendezvous socket the device still works, over UDP alone.
