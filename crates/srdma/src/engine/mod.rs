@@ -406,8 +406,8 @@ pub(crate) fn start(cfg: DeviceConfig, sock: crate::udp::Socket) -> Result<Arc<D
             let p = capture_path(given);
             if p != *given {
                 eprintln!(
-                    "srdma: device {} on {} captures to {} ({} is another device's of this \
-                     process)",
+                    "srdma: device {} on {} captures to {}: another device of this process \
+                     captures to {}",
                     cfg.name,
                     local,
                     p.display(),
