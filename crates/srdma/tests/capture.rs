@@ -21,8 +21,8 @@ fn devices_capture_what_they_send_and_receive() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// Two devices of one process given the same capture file (as `SRDMA_PCAP` gives every
-/// device the drop-in opens): the second writes `NAME-2.EXT` instead of truncating the
+/// Two devices of one process given the same capture file (as `DeviceConfig::new` gives
+/// every device `$SRDMA_PCAP`): the second writes `NAME-2.EXT` instead of truncating the
 /// first's file, and both captures are whole.
 #[test]
 fn a_second_device_on_the_same_capture_file_writes_its_own() {

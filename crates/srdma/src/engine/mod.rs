@@ -355,10 +355,11 @@ fn capture_epoch() -> u64 {
 }
 
 /// The file a device given capture path `given` writes: `given` itself, unless a device of
-/// this process already captures there (the drop-in opens a device per context, and a
-/// program may open several), in which case `NAME-2.EXT`, `NAME-3.EXT`, …: a capture never
-/// truncates another's. Names are not given out twice in a process's life, so the capture
-/// of a closed device stays too.
+/// this process already captures there (every device a program opens with the default
+/// configuration gets `$SRDMA_PCAP`), in which case `NAME-2.EXT`, `NAME-3.EXT`, …: a
+/// capture never truncates another's. Names are not given out twice in a process's life,
+/// so the capture of a closed device stays too. (The drop-in library's devices capture
+/// nothing.)
 fn capture_path(given: &std::path::Path) -> std::path::PathBuf {
     static TAKEN: Mutex<Vec<std::path::PathBuf>> = Mutex::new(Vec::new());
     // "x.pcap" and "./x.pcap" are one file: compare with the directory resolved.
