@@ -362,35 +362,34 @@ fn capture_epoch() -> u64 {
 /// nothing.)
 fn capture_path(given: &std::path::Path) -> std::path::PathBuf {
     static TAKEN: Mutex<Vec<std::path::PathBuf>> = Mutex::new(Vec::new());
-    // "x.pcap" and "./x.pcap" are one file: compare with the directory resolved.
-    let key = |p: &std::path::Path| match (p.parent(), p.file_name()) {
-        (Some(dir), Some(name)) => {
-            let dir = if dir.as_os_str().is_empty() {
-                std::path::Path::new(".")
-            } else {
-                dir
-            };
-            dir.canonicalize()
-                .map_or_else(|_| p.to_path_buf(), |d| d.join(name))
-        }
-        _ => p.to_path_buf(),
+    // No file name ("/", ".."): creating it fails as before.
+    let Some(name) = given.file_name() else {
+        return given.to_path_buf();
     };
+    // Every candidate lies beside `given`; "x.pcap" and "./x.pcap" are one file: compare
+    // with the directory resolved once.
+    let dir = given
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    let stem = given.file_stem().unwrap_or(name).to_string_lossy();
+    let mut file = name.to_os_string();
     let mut taken = TAKEN
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let mut path = given.to_path_buf();
-    let mut n = 1;
-    while taken.contains(&key(&path)) {
-        n += 1;
-        let stem = given.file_stem().unwrap_or_default().to_string_lossy();
-        let name = match given.extension() {
+    for n in 2.. {
+        if !taken.contains(&dir.join(&file)) {
+            break;
+        }
+        file = match given.extension() {
             Some(ext) => format!("{stem}-{n}.{}", ext.to_string_lossy()),
             None => format!("{stem}-{n}"),
-        };
-        path = given.with_file_name(name);
+        }
+        .into();
     }
-    taken.push(key(&path));
-    path
+    taken.push(dir.join(&file));
+    given.with_file_name(file)
 }
 
 /// Starts the engine of a device on its socket: the state, and the progress thread.
