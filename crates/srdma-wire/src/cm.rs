@@ -122,6 +122,9 @@ impl MadHdr {
 pub struct Req {
     /// The sender's communication ID.
     pub local_comm_id: u32,
+    /// The vendor of the ECE options the sender offers (24 bits; the options are the MAD
+    /// header's attribute modifier: IBA comment 9434, Linux `CM_REQ_VENDOR_ID`); 0: none.
+    pub vendor_id: u32,
     /// The service (rdma_cm: `port_space << 16 | port`).
     pub service_id: u64,
     /// The sender's node GUID.
@@ -198,6 +201,9 @@ pub struct Req {
 pub struct Rep {
     /// The replier's communication ID.
     pub local_comm_id: u32,
+    /// The vendor of the ECE options the replier accepted (24 bits, in three bytes:
+    /// `CM_REP_VENDOR_ID_H/M/L`; the options are the MAD header's attribute modifier).
+    pub vendor_id: u32,
     /// The REQ's.
     pub remote_comm_id: u32,
     /// Q_Key.
@@ -410,6 +416,7 @@ impl CmMsg {
         let msg = match h.attr_id {
             attr::REQ => CmMsg::Req(Req {
                 local_comm_id: be32(b, 0),
+                vendor_id: be24(b, 5),
                 service_id: be64(b, 8),
                 local_ca_guid: be64(b, 16),
                 local_qkey: be32(b, 28),
@@ -447,6 +454,7 @@ impl CmMsg {
             }),
             attr::REP => CmMsg::Rep(Rep {
                 local_comm_id: be32(b, 0),
+                vendor_id: u32::from(b[15]) << 16 | u32::from(b[19]) << 8 | u32::from(b[23]),
                 remote_comm_id: be32(b, 4),
                 local_qkey: be32(b, 8),
                 local_qpn: be24(b, 12),
@@ -537,6 +545,7 @@ impl CmMsg {
         match self {
             CmMsg::Req(m) => {
                 set_be32(b, 0, m.local_comm_id);
+                set_be24(b, 5, m.vendor_id & 0xFF_FFFF);
                 set_be64(b, 8, m.service_id);
                 set_be64(b, 16, m.local_ca_guid);
                 set_be32(b, 28, m.local_qkey);
@@ -586,6 +595,9 @@ impl CmMsg {
                 b[27] = (m.rnr_retry_count << 5) | (u8::from(m.srq) << 4);
                 set_be64(b, 28, m.local_ca_guid);
                 b[36..232].copy_from_slice(&m.private_data);
+                b[15] = (m.vendor_id >> 16) as u8;
+                b[19] = (m.vendor_id >> 8) as u8;
+                b[23] = m.vendor_id as u8;
             }
             CmMsg::Rtu(m) => {
                 set_be32(b, 0, m.local_comm_id);

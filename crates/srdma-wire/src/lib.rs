@@ -54,6 +54,7 @@ pub mod packet;
 pub mod pcap;
 mod pretty;
 pub mod reth;
+pub mod sack;
 pub mod seq;
 pub mod sport;
 
@@ -68,4 +69,5 @@ pub use opcode::{Headers, Kind, Opcode, PayloadRule, Position, Transport};
 pub use packet::{MAX_HEADER_LEN, Packet, PacketRepr};
 pub use pretty::Verbose;
 pub use reth::{Feth, FethRepr, Reth, RethRepr};
+pub use sack::{Sack, SackRepr};
 pub use seq::{Psn, Qpn};

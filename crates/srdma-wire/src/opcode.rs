@@ -72,6 +72,9 @@ pub enum Kind {
     AtomicWrite,
     /// Congestion notification.
     Cnp,
+    /// srdma's selective acknowledgement (`SRDMA_SACK`, between srdma peers that agreed to
+    /// selective repeat).
+    Sack,
 }
 
 /// A set of extension headers, in wire order after the BTH.
@@ -99,11 +102,13 @@ impl Headers {
     pub const CNP_RESERVED: Headers = Headers(1 << 8);
     /// XRC ETH: the XRC SRQ a request is for (first after the BTH).
     pub const XRCETH: Headers = Headers(1 << 9);
+    /// srdma's SACK ETH: the PSN ranges a responder holds beyond the expected one.
+    pub const SACK_ETH: Headers = Headers(1 << 10);
     /// No extension header.
     pub const NONE: Headers = Headers(0);
 
     /// Each header with its size and name, in the order they appear on the wire.
-    pub const ORDER: [(Headers, usize, &'static str); 10] = [
+    pub const ORDER: [(Headers, usize, &'static str); 11] = [
         (Headers::XRCETH, 4, "XRCETH"),
         (Headers::DETH, 8, "DETH"),
         (Headers::FETH, 4, "FETH"),
@@ -114,6 +119,7 @@ impl Headers {
         (Headers::AETH, 4, "AETH"),
         (Headers::ATOMIC_ACK_ETH, 8, "AtomicAckETH"),
         (Headers::CNP_RESERVED, 16, "CNP reserved"),
+        (Headers::SACK_ETH, 32, "SackETH"),
     ];
 
     /// True when every header of `other` is in `self`.
@@ -313,6 +319,7 @@ opcodes! {
     XrcFetchAdd = 0xB4, "XRC_FETCH_ADD", FetchAdd, Some(Only), X.with(Headers::ATOMIC_ETH);
     XrcSendLastWithInvalidate = 0xB6, "XRC_SEND_LAST_WITH_INVALIDATE", Send, Some(Last), X.with(Headers::IETH);
     XrcSendOnlyWithInvalidate = 0xB7, "XRC_SEND_ONLY_WITH_INVALIDATE", Send, Some(Only), X.with(Headers::IETH);
+    SrdmaSack = 0xE0, "SRDMA_SACK", Sack, Some(Only), Headers::SACK_ETH;
 }
 
 /// How much payload a packet of an opcode may carry.
@@ -341,6 +348,8 @@ impl Opcode {
     #[inline]
     pub const fn transport(self) -> Transport {
         match self.value() >> 5 {
+            // srdma's own RC acknowledgement, in the manufacturer-specific range.
+            _ if self.value() == Opcode::SrdmaSack as u8 => Transport::Rc,
             0 => Transport::Rc,
             1 => Transport::Uc,
             3 => Transport::Ud,
@@ -368,7 +377,11 @@ impl Opcode {
     pub const fn is_request(self) -> bool {
         !matches!(
             self.kind(),
-            Kind::ReadResponse | Kind::Acknowledge | Kind::AtomicAcknowledge | Kind::Cnp
+            Kind::ReadResponse
+                | Kind::Acknowledge
+                | Kind::AtomicAcknowledge
+                | Kind::Cnp
+                | Kind::Sack
         )
     }
 
@@ -377,7 +390,7 @@ impl Opcode {
     pub const fn is_response(self) -> bool {
         matches!(
             self.kind(),
-            Kind::ReadResponse | Kind::Acknowledge | Kind::AtomicAcknowledge
+            Kind::ReadResponse | Kind::Acknowledge | Kind::AtomicAcknowledge | Kind::Sack
         )
     }
 
@@ -578,7 +591,7 @@ mod tests {
 
     #[test]
     fn table_round_trips_and_classifies() {
-        assert_eq!(Opcode::ALL.len(), 63);
+        assert_eq!(Opcode::ALL.len(), 64);
         for v in 0..=255u8 {
             if let Some(op) = Opcode::from_u8(v) {
                 assert_eq!(op.value(), v);
@@ -587,6 +600,9 @@ mod tests {
         assert_eq!(Opcode::UcSendOnly.transport(), Transport::Uc);
         assert_eq!(Opcode::UdSendOnly.transport(), Transport::Ud);
         assert_eq!(Opcode::Cnp.transport(), Transport::Cnp);
+        assert_eq!(Opcode::SrdmaSack.transport(), Transport::Rc);
+        assert!(Opcode::SrdmaSack.is_response() && !Opcode::SrdmaSack.is_request());
+        assert_eq!(Opcode::SrdmaSack.header_len(), 12 + 32);
         assert!(Opcode::RcRdmaWriteLastWithImmediate.consumes_recv_wqe());
         assert!(!Opcode::RcRdmaWriteLast.consumes_recv_wqe());
         assert!(Opcode::RcSendFirst.consumes_recv_wqe());

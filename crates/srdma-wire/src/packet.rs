@@ -263,6 +263,8 @@ pub struct PacketRepr<'a> {
     pub aeth: Option<AethRepr>,
     /// AtomicAckETH.
     pub atomic_ack_eth: Option<AtomicAckEthRepr>,
+    /// srdma's SACK ETH (`SRDMA_SACK`).
+    pub sack: Option<crate::sack::SackRepr>,
     /// Payload (pad excluded).
     pub payload: &'a [u8],
 }
@@ -281,6 +283,7 @@ impl<'a> PacketRepr<'a> {
             ieth: None,
             aeth: None,
             atomic_ack_eth: None,
+            sack: None,
             payload,
         }
     }
@@ -345,6 +348,11 @@ impl<'a> PacketRepr<'a> {
         repr.atomic_ack_eth = take(Headers::ATOMIC_ACK_ETH, 8)
             .map(|b| AtomicAckEthRepr::parse(&AtomicAckEth::new_unchecked(b)))
             .transpose()?;
+        // The CNP's reserved bytes come before the SACK ETH in the order (no opcode has both).
+        let _ = take(Headers::CNP_RESERVED, 16);
+        repr.sack = take(Headers::SACK_ETH, 32)
+            .map(|b| crate::sack::SackRepr::parse(&crate::sack::Sack::new_unchecked(b)))
+            .transpose()?;
         let hl = bth.opcode.header_len();
         let end = len - ICRC_LEN - usize::from(bth.pad_cnt);
         Ok((repr, hl..end))
@@ -389,6 +397,7 @@ impl<'a> PacketRepr<'a> {
             (Headers::IETH, self.ieth.is_some()),
             (Headers::AETH, self.aeth.is_some()),
             (Headers::ATOMIC_ACK_ETH, self.atomic_ack_eth.is_some()),
+            (Headers::SACK_ETH, self.sack.is_some()),
         ];
         for (h, present) in have {
             if want.contains(h) != present {
@@ -520,6 +529,11 @@ impl<'a> PacketRepr<'a> {
         if headers.contains(Headers::CNP_RESERVED) {
             let o = at(Headers::CNP_RESERVED);
             buf[o..o + 16].fill(0);
+        }
+        if let Some(h) = self.sack {
+            h.emit(&mut crate::sack::Sack::new_unchecked(
+                &mut buf[at(Headers::SACK_ETH)..],
+            ));
         }
         // Zero pad (rare: payloads are mostly whole words) and ICRC; a fixed-size store for
         // the ICRC rather than a `memset` call per packet.

@@ -62,6 +62,13 @@ impl fmt::Display for PacketRepr<'_> {
         if let Some(h) = self.atomic_ack_eth {
             write!(f, " atomicacketh[orig={:#x}]", h.orig)?;
         }
+        if let Some(h) = self.sack {
+            f.write_str(" sack[")?;
+            for (i, (s, e)) in h.ranges().enumerate() {
+                write!(f, "{}{}..{}", if i > 0 { " " } else { "" }, s, e)?;
+            }
+            f.write_str("]")?;
+        }
         write!(f, " len={}", self.payload.len())
     }
 }
@@ -165,6 +172,13 @@ impl fmt::Display for Verbose<'_, '_> {
         }
         if let Some(h) = r.atomic_ack_eth {
             writeln!(f, "    AtomicAckETH: orig={:#018x} ({})", h.orig, h.orig)?;
+        }
+        if let Some(h) = r.sack {
+            f.write_str("    SackETH:")?;
+            for (s, e) in h.ranges() {
+                write!(f, " {s}..{e}")?;
+            }
+            writeln!(f)?;
         }
         write!(
             f,

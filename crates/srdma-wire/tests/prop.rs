@@ -178,6 +178,16 @@ fn packet_of(opcode: Opcode) -> impl Strategy<Value = Owned> {
             h.contains(Headers::ATOMIC_ACK_ETH),
             any::<u64>().prop_map(|orig| AtomicAckEthRepr { orig }),
         ),
+        header(
+            h.contains(Headers::SACK_ETH),
+            vec((u24(), u24()), 4).prop_map(|b| {
+                let mut r = srdma_wire::SackRepr::default();
+                for (i, (s, e)) in b.into_iter().enumerate() {
+                    r.blocks[i] = (Psn::new(s), Psn::new(e));
+                }
+                r
+            }),
+        ),
         payload(opcode.payload_rule()),
     )
         .prop_map(
@@ -191,6 +201,7 @@ fn packet_of(opcode: Opcode) -> impl Strategy<Value = Owned> {
                 ieth,
                 aeth,
                 atomic_ack_eth,
+                sack,
                 payload,
             )| {
                 bth.pad_cnt = (payload.len().wrapping_neg() & 3) as u8;
@@ -206,6 +217,7 @@ fn packet_of(opcode: Opcode) -> impl Strategy<Value = Owned> {
                         ieth,
                         aeth,
                         atomic_ack_eth,
+                        sack,
                         payload: &[],
                     },
                     payload,

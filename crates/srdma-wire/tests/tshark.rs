@@ -148,6 +148,12 @@ fn case(op: Opcode, n: usize, v6: bool) -> Case {
             orig: u64::MAX - n64,
         });
     }
+    if h.contains(Headers::SACK_ETH) {
+        let mut sack = srdma_wire::SackRepr::default();
+        sack.blocks[0] = (Psn::new(0x10 + n32), Psn::new(0x20 + n32));
+        sack.blocks[1] = (Psn::new(0xFF_FFF0), Psn::new(3));
+        repr.sack = Some(sack);
+    }
     let (src, dst) = if v6 {
         (
             IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, n as u16, 0, 0, 0, 1)),
@@ -230,10 +236,13 @@ fn cases() -> Vec<Case> {
 // ---------------------------------------------------------------------------------------------
 
 /// Opcodes tshark 4.0 does not know: it shows their BTH, then the rest of the packet as
-/// `infiniband.vendor` bytes. XRC opcodes (0xA0..) are among them.
+/// `infiniband.vendor` bytes. XRC opcodes (0xA0..) are among them, and srdma's own
+/// `SRDMA_SACK` (0xE0, manufacturer specific).
 fn not_decoded(op: Opcode) -> bool {
-    matches!(op, Opcode::RcFlush | Opcode::RcAtomicWrite | Opcode::Cnp)
-        || op.transport() == srdma_wire::Transport::Xrc
+    matches!(
+        op,
+        Opcode::RcFlush | Opcode::RcAtomicWrite | Opcode::Cnp | Opcode::SrdmaSack
+    ) || op.transport() == srdma_wire::Transport::Xrc
 }
 
 /// The fields asked of tshark, in column order. Every one not expected is expected absent.
