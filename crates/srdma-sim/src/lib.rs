@@ -4,6 +4,8 @@
 //! time as arguments and hand back datagrams and deadlines. This crate is the network they
 //! run on in tests: hosts ([`Endpoint`]s) joined by links ([`LinkConfig`]: latency, jitter,
 //! bandwidth with a FIFO queue and tail drop, loss, duplication, reordering, bit corruption),
+//! bottlenecks toward a host that every sender shares ([`Bottleneck`]: rate, queue,
+//! drop-tail, ECN marking),
 //! a virtual clock ([`Instant`]) that jumps from event to event, and a pcap tap whose
 //! captures `srdma decode`, tshark and Wireshark read as RoCEv2.
 //!
@@ -30,7 +32,7 @@
 //!     fn poll_transmit(&mut self, _now: Instant, buf: &mut Vec<u8>) -> Option<Transmit> {
 //!         let (dst, p) = self.out.pop()?;
 //!         buf.extend_from_slice(&p);
-//!         Some(Transmit { src: self.me, dst })
+//!         Some(Transmit::new(self.me, dst))
 //!     }
 //!     fn poll_timeout(&mut self) -> Option<Instant> { None }
 //!     fn handle_timeout(&mut self, _now: Instant) {}
@@ -51,12 +53,14 @@
 #![forbid(unsafe_code)]
 
 mod link;
+mod port;
 mod rng;
 mod sim;
 mod tap;
 mod time;
 
 pub use link::{LinkConfig, LinkStats, SimError};
+pub use port::{Bottleneck, EcnMarking, PortStats, ecn};
 pub use rng::Rng;
 pub use sim::{
     DEFAULT_STALL_LIMIT, DatagramInfo, DropReason, Endpoint, HostId, Outcome, Sim, TraceEvent,

@@ -8,6 +8,7 @@ use std::io::{self, Write};
 use std::path::Path;
 
 use crate::link::{Link, LinkConfig, LinkStats, SimError};
+use crate::port::{Bottleneck, Port, PortStats, Verdict};
 use crate::tap::{Capture, PCAP_DIR_ENV, Tap};
 use crate::time::Instant;
 
@@ -22,6 +23,21 @@ pub trait Endpoint {
     /// A datagram from `src` to `dst` arrived at `now`. `dst` has this host's IP address and
     /// whatever port the sender chose: demultiplexing ports is the endpoint's business.
     fn handle_datagram(&mut self, now: Instant, src: SocketAddr, dst: SocketAddr, payload: &[u8]);
+
+    /// [`handle_datagram`](Endpoint::handle_datagram), with the ECN codepoint the datagram
+    /// arrived with (see [`crate::ecn`]: a [`crate::Bottleneck`] may have marked it CE). The
+    /// default ignores it.
+    fn handle_datagram_ecn(
+        &mut self,
+        now: Instant,
+        src: SocketAddr,
+        dst: SocketAddr,
+        ecn: u8,
+        payload: &[u8],
+    ) {
+        let _ = ecn;
+        self.handle_datagram(now, src, dst, payload);
+    }
 
     /// The next datagram to send, if any: its payload is written into `buf` (empty on entry,
     /// with capacity recycled from earlier datagrams, so steady-state sending allocates
@@ -41,6 +57,16 @@ impl<T: Endpoint + ?Sized> Endpoint for Box<T> {
     fn handle_datagram(&mut self, now: Instant, src: SocketAddr, dst: SocketAddr, payload: &[u8]) {
         (**self).handle_datagram(now, src, dst, payload);
     }
+    fn handle_datagram_ecn(
+        &mut self,
+        now: Instant,
+        src: SocketAddr,
+        dst: SocketAddr,
+        ecn: u8,
+        payload: &[u8],
+    ) {
+        (**self).handle_datagram_ecn(now, src, dst, ecn, payload);
+    }
     fn poll_transmit(&mut self, now: Instant, buf: &mut Vec<u8>) -> Option<Transmit> {
         (**self).poll_transmit(now, buf)
     }
@@ -59,6 +85,15 @@ pub struct Transmit {
     pub src: SocketAddr,
     /// Destination socket address (UDP port 4791 for RoCEv2).
     pub dst: SocketAddr,
+    /// The ECN codepoint of its IP header (see [`crate::ecn`]; 0: not ECN-capable).
+    pub ecn: u8,
+}
+
+impl Transmit {
+    /// A datagram from `src` to `dst`, not ECN-capable.
+    pub const fn new(src: SocketAddr, dst: SocketAddr) -> Transmit {
+        Transmit { src, dst, ecn: 0 }
+    }
 }
 
 /// A host of a simulator: an index in the order of [`Sim::add_host`].
@@ -159,6 +194,9 @@ struct InFlight {
     generation: u64,
     src: SocketAddr,
     dst: SocketAddr,
+    ecn: u8,
+    /// On its way to the destination's bottleneck (not yet through it).
+    to_port: bool,
     buf: Vec<u8>,
 }
 
@@ -199,6 +237,8 @@ pub struct Sim<E> {
     default_link: LinkConfig,
     links: Vec<Link>,
     link_index: BTreeMap<(IpAddr, IpAddr), usize>,
+    /// The bottlenecks toward hosts, by the host's address.
+    ports: BTreeMap<IpAddr, Port>,
     queue: BinaryHeap<InFlight>,
     next_seq: u64,
     /// Recycled payload buffers: the simulator allocates only until it has as many as the
@@ -222,6 +262,7 @@ impl<E: Endpoint> Sim<E> {
             default_link: LinkConfig::IDEAL,
             links: Vec::new(),
             link_index: BTreeMap::new(),
+            ports: BTreeMap::new(),
             queue: BinaryHeap::new(),
             next_seq: 0,
             pool: Vec::new(),
@@ -418,6 +459,28 @@ impl<E: Endpoint> Sim<E> {
     /// Datagrams on the wire (sent, not yet delivered or dropped).
     pub fn in_flight(&self) -> usize {
         self.queue.len()
+    }
+
+    /// Puts a bottleneck in front of the host at `host`: every datagram to it, from any
+    /// sender and over any link, then goes through one queue drained at the bottleneck's
+    /// rate (after the link's own delay and faults), tail-dropped past its limit and
+    /// ECN-marked as configured.
+    pub fn set_bottleneck(&mut self, host: IpAddr, b: Bottleneck) -> Result<(), SimError> {
+        b.validate()?;
+        let mut h = self.seed ^ 0x706f_7274;
+        let v = match host {
+            IpAddr::V4(a) => u128::from_be_bytes(a.to_ipv6_mapped().octets()),
+            IpAddr::V6(a) => u128::from_be_bytes(a.octets()),
+        };
+        h ^= (v >> 64) as u64 ^ v as u64;
+        self.ports
+            .insert(host, Port::new(b, crate::rng::splitmix64(&mut h)));
+        Ok(())
+    }
+
+    /// What the bottleneck toward `host` saw, if it has one.
+    pub fn port_stats(&self, host: IpAddr) -> Option<PortStats> {
+        self.ports.get(&host).map(|p| p.stats)
     }
 
     fn link(&mut self, src: IpAddr, dst: IpAddr) -> usize {
@@ -695,16 +758,24 @@ impl<E: Endpoint> Sim<E> {
     }
 
     fn schedule(&mut self, at: Instant, link: usize, generation: u64, tx: Transmit, buf: Vec<u8>) {
-        self.next_seq += 1;
-        self.queue.push(InFlight {
+        let to_port = self.ports.contains_key(&tx.dst.ip());
+        self.push(InFlight {
             at,
-            seq: self.next_seq,
+            seq: 0,
             link,
             generation,
             src: tx.src,
             dst: tx.dst,
+            ecn: tx.ecn,
+            to_port,
             buf,
         });
+    }
+
+    fn push(&mut self, mut d: InFlight) {
+        self.next_seq += 1;
+        d.seq = self.next_seq;
+        self.queue.push(d);
     }
 
     fn deliver(&mut self) {
@@ -715,7 +786,29 @@ impl<E: Endpoint> Sim<E> {
         let tx = Transmit {
             src: d.src,
             dst: d.dst,
+            ecn: d.ecn,
         };
+        if d.to_port && d.generation == self.links[d.link].generation {
+            if let Some(port) = self.ports.get_mut(&d.dst.ip()) {
+                match port.arrive(now, d.buf.len(), d.ecn) {
+                    Verdict::Drop => {
+                        let reason = DropReason::QueueFull;
+                        count_drop(&mut self.links[d.link].stats, reason);
+                        note(&mut self.trace, now, || {
+                            TraceKind::Dropped(info(&tx, &d.buf), reason)
+                        });
+                        self.pool.push(d.buf);
+                    }
+                    Verdict::Depart(at, ecn) => self.push(InFlight {
+                        at,
+                        ecn,
+                        to_port: false,
+                        ..d
+                    }),
+                }
+                return;
+            }
+        }
         let to = match self.by_ip.get(&d.dst.ip()) {
             _ if d.generation != self.links[d.link].generation => Err(DropReason::LinkDown),
             Some(&id) if self.hosts[id.0].up => Ok(id),
@@ -732,7 +825,8 @@ impl<E: Endpoint> Sim<E> {
                 });
                 let h = &mut self.hosts[id.0];
                 h.dirty = true;
-                h.endpoint.handle_datagram(now, d.src, d.dst, &d.buf);
+                h.endpoint
+                    .handle_datagram_ecn(now, d.src, d.dst, d.ecn, &d.buf);
             }
             Err(reason) => {
                 count_drop(stats, reason);

@@ -82,7 +82,7 @@ impl Endpoint for Flow {
             }
             _ => return None,
         };
-        Some(Transmit { src: self.me, dst })
+        Some(Transmit::new(self.me, dst))
     }
     fn poll_timeout(&mut self) -> Option<Instant> {
         None

@@ -77,7 +77,7 @@ impl Endpoint for Node {
         };
         buf.extend_from_slice(&p);
         self.sent.push((now, p));
-        Some(Transmit { src: self.me?, dst })
+        Some(Transmit::new(self.me?, dst))
     }
     fn poll_timeout(&mut self) -> Option<Instant> {
         let s = self.script.front().map(|s| s.0);
