@@ -38,6 +38,16 @@ pub struct Counters {
     pub qkey_violations: u64,
     /// Packets dropped for a P_Key mismatch (`bad_pkey_cntr`).
     pub bad_pkey: u64,
+    /// Request packets sent again (go-back-N or selective retransmission).
+    pub retransmitted_pkts: u64,
+    /// Local ACK timeouts: the retransmission timer fired (mlx5 `local_ack_timeout_err`).
+    pub local_ack_timeout_err: u64,
+    /// Packets received marked ECN CE (mlx5 `np_ecn_marked_roce_packets`).
+    pub np_ecn_marked_roce_packets: u64,
+    /// CNPs sent for them (mlx5 `np_cnp_sent`).
+    pub np_cnp_sent: u64,
+    /// CNPs received that cut the sending rate (mlx5 `rp_cnp_handled`).
+    pub rp_cnp_handled: u64,
 }
 
 impl AddAssign for Counters {
@@ -58,12 +68,18 @@ impl AddAssign for Counters {
         self.dropped_pkts += o.dropped_pkts;
         self.qkey_violations += o.qkey_violations;
         self.bad_pkey += o.bad_pkey;
+        self.retransmitted_pkts += o.retransmitted_pkts;
+        self.local_ack_timeout_err += o.local_ack_timeout_err;
+        self.np_ecn_marked_roce_packets += o.np_ecn_marked_roce_packets;
+        self.np_cnp_sent += o.np_cnp_sent;
+        self.rp_cnp_handled += o.rp_cnp_handled;
     }
 }
 
 impl Counters {
-    /// Name and value of every counter, in rxe's order (for `devinfo --stats`).
-    pub fn entries(&self) -> [(&'static str, u64); 16] {
+    /// Name and value of every counter, in rxe's order, then mlx5's congestion counters (for
+    /// `devinfo --stats`).
+    pub fn entries(&self) -> [(&'static str, u64); 21] {
         [
             ("sent_pkts", self.sent_pkts),
             ("rcvd_pkts", self.rcvd_pkts),
@@ -81,6 +97,14 @@ impl Counters {
             ("dropped_pkts", self.dropped_pkts),
             ("qkey_violations", self.qkey_violations),
             ("bad_pkey", self.bad_pkey),
+            ("retransmitted_pkts", self.retransmitted_pkts),
+            ("local_ack_timeout_err", self.local_ack_timeout_err),
+            (
+                "np_ecn_marked_roce_packets",
+                self.np_ecn_marked_roce_packets,
+            ),
+            ("np_cnp_sent", self.np_cnp_sent),
+            ("rp_cnp_handled", self.rp_cnp_handled),
         ]
     }
 }

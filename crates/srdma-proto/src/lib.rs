@@ -60,6 +60,7 @@
 mod flags;
 
 pub mod access;
+pub mod congestion;
 pub mod counters;
 pub mod limits;
 pub mod memory;
@@ -85,6 +86,6 @@ pub use qp::{
     validate_modify,
 };
 pub use srq::Srq;
-pub use transport::{CqSide, Ctx, Dest, Qp, QpConfig, RecvMeta, Transmit, XrcRole};
+pub use transport::{CqSide, Ctx, Dest, Qp, QpConfig, RecvMeta, Reliability, Transmit, XrcRole};
 pub use wc::{SendFlags, Wc, WcFlags, WcOpcode, WcStatus, WrOpcode};
 pub use wr::{PostError, RecvWr, SendOp, SendWr, Sge, SgeList, UdDest};

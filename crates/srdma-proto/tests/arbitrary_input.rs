@@ -282,8 +282,23 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
             out.push((format!("churn-t{ty}-s{step}"), script(ty, 1, churn(step))));
         }
     }
+    // The RC ones again with selective repeat (setup flag 0x40): SACKs, kept packets and
+    // early retransmissions under the same replays and losses.
+    let rc: Vec<_> = out
+        .iter()
+        .filter(|(name, _)| name.contains("-t0-"))
+        .map(|(name, data)| {
+            let mut data = data.clone();
+            data[SETUP_FLAGS_BYTE] |= 0x40;
+            (format!("{name}-sr"), data)
+        })
+        .collect();
+    out.extend(rc);
     out
 }
+
+/// Where a script keeps its setup's flags: the third byte, after the type and the MTU.
+const SETUP_FLAGS_BYTE: usize = 2;
 
 /// The normal exchange alone completes every work request successfully for RC, UC and UD at
 /// every MTU: the driver's "tidy" requests are valid, so the mutated replays start from real

@@ -6,6 +6,11 @@ use std::time::Duration;
 use srdma_wire::{Kind, NakCode, PacketRepr, Position, Psn, Syndrome};
 
 use super::requester::scatter;
+
+/// Early retransmissions in a row double the wait up to this many times (2^3 = 8× the
+/// measured RTO): a flow locked out of a full queue must come back while the others are
+/// there still, not after they left.
+const MAX_RTO_BACKOFF: u32 = 3;
 use super::{Ctx, Qp, WqeState, send_wc};
 use crate::wc::{SendFlags, WcStatus};
 use crate::wr::SendOp;
@@ -14,6 +19,10 @@ impl Qp {
     /// A response packet (ACKNOWLEDGE, READ response, ATOMIC ACKNOWLEDGE) for this requester.
     pub(super) fn handle_response(&mut self, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_>) {
         let psn = pkt.bth.psn;
+        if pkt.bth.opcode.kind() == Kind::Sack {
+            self.handle_sack(ctx, pkt);
+            return;
+        }
         // A response for a PSN never sent is a ghost (IBA 9.7.5.1.2): drop it.
         if !psn.before(self.max_sent_psn) {
             self.counters.dropped_pkts += 1;
@@ -83,6 +92,59 @@ impl Qp {
         }
     }
 
+    /// Selective repeat: a SACK acknowledges everything before its PSN (the responder's
+    /// expected one) and reports ranges it holds beyond; the holes below the highest one are
+    /// queued to be sent again (once per loss episode: a hole that stays is the timer's).
+    /// Only what was sent and not yet acknowledged is believed: a block that claims more is
+    /// ignored, so a forged SACK can neither acknowledge what never left nor hide a loss for
+    /// longer than one retransmission timeout (the timer forgets every report).
+    fn handle_sack(&mut self, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_>) {
+        let psn = pkt.bth.psn;
+        let valid = self.reliability == super::Reliability::SelectiveRepeat
+            && !psn.after(self.max_sent_psn)
+            && !psn.before(self.comp_psn);
+        let Some(sack) = pkt.sack.filter(|_| valid) else {
+            self.counters.dropped_pkts += 1;
+            self.unproductive_acks += 1;
+            return;
+        };
+        self.counters.rcvd_pkts += 1;
+        let before = self.comp_psn;
+        if self.retire_acked(psn) {
+            // A READ or atomic before it went unanswered: its request is resent whole.
+            self.progress(ctx.now, before);
+            self.start_retry(ctx.now, false);
+            return;
+        }
+        self.progress(ctx.now, before);
+        let mut reported = false;
+        for (s, e) in sack.ranges() {
+            if s.before(e) && !s.before(self.comp_psn) && !e.after(self.max_sent_psn) {
+                self.scoreboard.insert(s, e);
+                reported = true;
+            }
+        }
+        let Some(high) = self.scoreboard.high().filter(|_| reported) else {
+            return;
+        };
+        self.counters.rcvd_seq_err += 1;
+        self.cc.on_loss(ctx.now, self.req_psn);
+        let mut p = if self.resend_upto.after(self.comp_psn) {
+            self.resend_upto
+        } else {
+            self.comp_psn
+        };
+        while p.before(high) {
+            if !self.scoreboard.contains(p) {
+                self.resend.push_back(p);
+            }
+            p = p.add(1);
+        }
+        if high.after(self.resend_upto) {
+            self.resend_upto = high;
+        }
+    }
+
     /// Completes, in order, the SEND/WRITE WQEs acknowledged by a response that covers every
     /// PSN before `upto`, and moves `comp_psn` up to `upto` inside a partly acknowledged
     /// SEND/WRITE. Returns true when a READ or atomic before `upto` is still unanswered: its
@@ -144,8 +206,11 @@ impl Qp {
         if self.comp_psn == before {
             return;
         }
-        self.window
-            .acked(self.max_sent_psn.diff(self.comp_psn).max(0) as u32);
+        self.scoreboard.prune(self.comp_psn);
+        let newly = self.comp_psn.diff(before).max(0) as u32;
+        let outstanding = self.max_sent_psn.diff(self.comp_psn).max(0) as u32;
+        self.cc
+            .on_ack(now, self.comp_psn, newly, outstanding, self.req_psn);
         self.retry_left = self.attr.retry_cnt;
         self.rnr_retry_left = self.attr.rnr_retry;
         self.retry_started_at = None;
@@ -158,6 +223,28 @@ impl Qp {
         } else {
             None
         };
+        self.rto_backoff = 0;
+        self.rto_deadline = None;
+        if self.comp_psn.before(self.max_sent_psn) {
+            self.arm_rto(now);
+        }
+    }
+
+    /// Selective repeat: arms the retransmission on measured RTT (RFC 6298's RTO, doubled
+    /// for each early retransmission in a row), if it comes before the IBTA timer.
+    pub(super) fn arm_rto(&mut self, now: Duration) {
+        if self.reliability != super::Reliability::SelectiveRepeat {
+            return;
+        }
+        let rto = self
+            .cc
+            .rtt()
+            .rto()
+            .saturating_mul(1 << self.rto_backoff.min(MAX_RTO_BACKOFF));
+        let at = now + rto;
+        if self.retrans_deadline.is_none_or(|d| at < d) {
+            self.rto_deadline = Some(at);
+        }
     }
 
     fn read_response(&mut self, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_>) {
@@ -278,6 +365,7 @@ impl Qp {
         }
         self.rewind();
         self.retrans_deadline = None;
+        self.rto_deadline = None;
         self.rnr_deadline = Some(now + crate::timer::rnr_timer(timer_code));
     }
 
@@ -299,10 +387,28 @@ impl Qp {
         }
         self.retry_left -= 1;
         self.counters.completer_retry_err += 1;
-        self.window.lost();
+        if timeout {
+            self.cc.on_timeout(now);
+        } else {
+            self.cc.on_loss(now, self.req_psn);
+        }
         self.retry_started_at = Some(self.comp_psn);
         self.rewind();
         self.rearm(now);
+    }
+
+    /// Selective repeat: queues every PSN sent and not acknowledged that the responder did
+    /// not report.
+    fn resend_unreported(&mut self) {
+        self.resend.clear();
+        let mut p = self.comp_psn;
+        while p.before(self.max_sent_psn) {
+            if !self.scoreboard.contains(p) {
+                self.resend.push_back(p);
+            }
+            p = p.add(1);
+        }
+        self.resend_upto = self.max_sent_psn;
     }
 
     /// Points the requester back at `comp_psn`: the WQE holding it resumes from that packet
@@ -326,10 +432,36 @@ impl Qp {
         }
         self.req_cursor = cursor.unwrap_or(self.req_cursor);
         self.noack_pkts = 0;
+        // Everything is sent again: no report holds, no hole is queued.
+        self.scoreboard.clear();
+        self.resend.clear();
+        self.resend_upto = comp;
     }
 
     /// Timers due at `now`.
     pub(super) fn completer_timeout(&mut self, now: Duration) {
+        if self.rto_deadline.is_some_and(|d| now >= d) {
+            self.rto_deadline = None;
+            if self.comp_psn.before(self.max_sent_psn) && self.rnr_deadline.is_none() {
+                // Early retransmission: charges no retry (the IBTA timer does that). The
+                // first is a loss (it may be spurious: a queue that filled fast) and
+                // resends what the responder did not report; a second in a row is a
+                // blackout, as a TCP RTO: the window collapses, and no report is trusted,
+                // everything goes again from the oldest unacknowledged PSN.
+                if self.rto_backoff == 0 {
+                    self.cc.on_loss(now, self.req_psn);
+                } else {
+                    self.cc.on_timeout(now);
+                }
+                if self.rto_backoff == 0 && !self.scoreboard.is_empty() {
+                    self.resend_unreported();
+                } else {
+                    self.rewind();
+                }
+                self.rto_backoff += 1;
+                self.arm_rto(now);
+            }
+        }
         if self.rnr_deadline.is_some_and(|d| now >= d) {
             self.rnr_deadline = None;
             self.rearm(now);
@@ -337,6 +469,7 @@ impl Qp {
         if self.retrans_deadline.is_some_and(|d| now >= d) {
             self.retrans_deadline = None;
             if self.comp_psn.before(self.max_sent_psn) {
+                self.counters.local_ack_timeout_err += 1;
                 self.start_retry(now, true);
             }
         }

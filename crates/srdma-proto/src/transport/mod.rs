@@ -13,10 +13,10 @@
 mod completer;
 mod requester;
 mod responder;
-mod window;
+mod selective;
 mod xrc;
 
-pub use window::MAX_WINDOW_PSNS;
+pub use crate::congestion::MAX_WINDOW_PSNS;
 pub use xrc::XrcRole;
 
 use std::collections::VecDeque;
@@ -33,10 +33,10 @@ use crate::srq::Srq;
 use crate::wc::{SendFlags, Wc, WcOpcode, WcStatus};
 use crate::wr::{PostError, RecvWr, SendOp, SendWr};
 
-/// The PSNs an RC requester keeps unacknowledged at first and after a loss (rxe
-/// `RXE_MAX_UNACKED_PSNS`, fixed there); the window grows toward a responder that keeps up,
-/// up to [`MAX_WINDOW_PSNS`].
-pub const MAX_UNACKED_PSNS: u32 = 128;
+/// The PSNs an RC requester keeps unacknowledged at first (rxe `RXE_MAX_UNACKED_PSNS`,
+/// fixed there); the window grows toward a responder that keeps up, up to
+/// [`MAX_WINDOW_PSNS`], and shrinks on congestion (see [`crate::congestion`]).
+pub const MAX_UNACKED_PSNS: u32 = crate::congestion::INITIAL_WINDOW_PSNS;
 /// The requester sets AckReq at least every this many packets (rxe `RXE_MAX_PKT_PER_ACK`).
 pub const MAX_PKT_PER_ACK: u32 = 64;
 /// Largest message (IBA: 2^31 bytes; rxe `RXE_PORT_MAX_MSG_SZ`).
@@ -88,8 +88,20 @@ pub struct Transmit {
 /// What the receiving engine knows about a packet beyond its bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RecvMeta {
-    /// The IP and UDP headers it arrived in (fills the GRH of UD receive buffers).
+    /// The IP and UDP headers it arrived in (fills the GRH of UD receive buffers; the
+    /// traffic class carries the ECN bits the packet arrived with).
     pub encap: Encap,
+}
+
+impl RecvMeta {
+    /// Whether the packet arrived marked "congestion experienced" (ECN CE, both bits set).
+    pub fn ecn_ce(&self) -> bool {
+        let tc = match self.encap.ip {
+            srdma_wire::IpRepr::V4(h) => h.tos,
+            srdma_wire::IpRepr::V6(h) => h.traffic_class,
+        };
+        tc & 3 == 3
+    }
 }
 
 /// Which completion queue a completion belongs to.
@@ -99,6 +111,20 @@ pub enum CqSide {
     Send,
     /// The receive CQ.
     Recv,
+}
+
+/// How an RC QP recovers lost packets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Reliability {
+    /// The IBTA's: the responder NAKs the first missing PSN and drops what follows, the
+    /// requester resends from there; retransmission on the QP's `timeout` alone. What rxe and
+    /// RoCE NICs speak, and the default.
+    #[default]
+    GoBackN,
+    /// srdma's, agreed by both ends at connection time (ECE): besides go-back-N, the
+    /// requester also retransmits on its measured RTT, well before the IBTA timer, which
+    /// still decides when retries are used up (`retry_cnt` × `timeout` keeps its meaning).
+    SelectiveRepeat,
 }
 
 /// How a QP is created (`ibv_qp_init_attr`).
@@ -211,6 +237,11 @@ enum RespOut {
     /// The positive ACK of one duplicate request: sent as it is, never merged with the ACKs
     /// around it (the requester may be counting them, see [`Qp::gso_probe`]).
     DupAck { psn: Psn },
+    /// A congestion notification packet to the peer's QP: a request came marked CE.
+    Cnp,
+    /// Selective repeat: what the responder keeps ahead of the expected PSN (built when it
+    /// leaves).
+    Sack,
 }
 
 /// One queue pair.
@@ -232,7 +263,12 @@ pub struct Qp {
     max_sent_psn: Psn,
     noack_pkts: u32,
     rd_atomic: u32,
-    window: window::Window,
+    /// The congestion controller: the PSN window and the pacing rate.
+    cc: crate::congestion::Controller,
+    /// Pacing holds the next request back until then (see [`Qp::poll_timeout`]).
+    pace_until: Option<Duration>,
+    /// How often CE-marked packets are answered with a CNP.
+    cnp_gate: crate::congestion::CnpGate,
 
     // Completer.
     comp_psn: Psn,
@@ -241,6 +277,20 @@ pub struct Qp {
     retry_started_at: Option<Psn>,
     retrans_deadline: Option<Duration>,
     rnr_deadline: Option<Duration>,
+    /// How the QP recovers losses: the IBTA's go-back-N, or selective repeat with an srdma
+    /// peer that agreed to it.
+    reliability: Reliability,
+    /// Selective repeat: a retransmission on measured RTT, earlier than the IBTA timer,
+    /// which it leaves alone (see [`Qp::set_reliability`]).
+    rto_deadline: Option<Duration>,
+    /// Early retransmissions in a row without progress: each doubles the next wait.
+    rto_backoff: u32,
+    /// Selective repeat, requester: what the responder reported it holds.
+    scoreboard: selective::Scoreboard,
+    /// Selective repeat, requester: PSNs to send again (holes the SACKs showed).
+    resend: VecDeque<Psn>,
+    /// Selective repeat, requester: the holes below this PSN are queued already.
+    resend_upto: Psn,
 
     // Responder.
     epsn: Psn,
@@ -251,6 +301,8 @@ pub struct Qp {
     /// RDMA WRITE messages executed without an immediate (see [`Qp::silent_writes`]).
     silent_writes: u64,
     nak_sent: bool,
+    /// Selective repeat, responder: requests kept ahead of the expected PSN.
+    reorder: selective::Reorder,
     uc_drop: bool,
     inbound: Inbound,
     resources: VecDeque<Resource>,
@@ -299,17 +351,26 @@ impl Qp {
             max_sent_psn: Psn::new(0),
             noack_pkts: 0,
             rd_atomic: 0,
-            window: window::Window::default(),
+            cc: crate::congestion::Controller::default(),
+            pace_until: None,
+            cnp_gate: crate::congestion::CnpGate::default(),
             comp_psn: Psn::new(0),
             retry_left: 0,
             rnr_retry_left: 0,
             retry_started_at: None,
             retrans_deadline: None,
             rnr_deadline: None,
+            reliability: Reliability::GoBackN,
+            rto_deadline: None,
+            rto_backoff: 0,
+            scoreboard: selective::Scoreboard::default(),
+            resend: VecDeque::new(),
+            resend_upto: Psn::new(0),
             epsn: Psn::new(0),
             ack_psn: Psn::new(0),
             msn: 0,
             nak_sent: false,
+            reorder: selective::Reorder::default(),
             uc_drop: false,
             ack_yielded: false,
             unproductive_acks: 0,
@@ -363,7 +424,26 @@ impl Qp {
     /// [`MAX_WINDOW_PSNS`] packets): the PSN window opens that far at once instead of
     /// growing from rxe's 128 on evidence. A loss still closes it (see `window`).
     pub fn path_holds_window(&mut self) {
-        self.window.open_wide();
+        self.cc.unlimited();
+    }
+
+    /// Chooses how the QP recovers losses: [`Reliability::SelectiveRepeat`] only with a peer
+    /// that agreed to it (both ends must set it).
+    pub fn set_reliability(&mut self, r: Reliability) {
+        self.reliability = r;
+        if r == Reliability::SelectiveRepeat {
+            self.cc.selective_peer();
+        }
+    }
+
+    /// How the QP recovers losses.
+    pub fn reliability(&self) -> Reliability {
+        self.reliability
+    }
+
+    /// Where the QP's congestion control stands (window, rate, RTT, what it reacted to).
+    pub fn congestion(&self) -> crate::congestion::CcStats {
+        self.cc.stats()
     }
 
     /// Send WQEs posted and not yet completed.
@@ -480,6 +560,10 @@ impl Qp {
         self.rd_atomic = 0;
         self.retrans_deadline = None;
         self.rnr_deadline = None;
+        self.rto_deadline = None;
+        self.reorder.clear();
+        self.resend.clear();
+        self.scoreboard.clear();
         if keep_responses {
             self.resp_out.retain(|r| matches!(r, RespOut::Ack { .. }));
         } else {
@@ -666,14 +750,29 @@ impl Qp {
 
     /// When [`handle_timeout`](Self::handle_timeout) must next be called, if ever.
     pub fn poll_timeout(&self) -> Option<Duration> {
-        match (self.retrans_deadline, self.rnr_deadline) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [
+            self.retrans_deadline,
+            self.rnr_deadline,
+            self.pace_until,
+            self.rto_deadline,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// When pacing lets the next request go, if it holds one back (part of
+    /// [`Qp::poll_timeout`]): an engine keeps this deadline to the microsecond, where the
+    /// transport's other timers may round up.
+    pub fn pace_deadline(&self) -> Option<Duration> {
+        self.pace_until
     }
 
     /// Runs the timers that are due at `now`.
     pub fn handle_timeout(&mut self, ctx: &mut Ctx<'_>) {
+        if self.pace_until.is_some_and(|t| ctx.now >= t) {
+            self.pace_until = None;
+        }
         self.completer_timeout(ctx.now);
     }
 
@@ -682,6 +781,10 @@ impl Qp {
     /// counted, as rxe drops them: silently.
     pub fn handle_packet(&mut self, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_>, meta: &RecvMeta) {
         let op = pkt.bth.opcode;
+        if op == srdma_wire::Opcode::Cnp {
+            self.handle_cnp(ctx.now);
+            return;
+        }
         // rxe_recv.c hdr_check / check_type_state / check_keys.
         let class_ok = self.xrc_accepts(op).unwrap_or(matches!(
             (op.transport(), self.cfg.qp_type),
@@ -703,6 +806,9 @@ impl Qp {
             self.counters.dropped_pkts += 1;
             return;
         }
+        if meta.ecn_ce() {
+            self.ecn_marked(ctx.now);
+        }
         if op.is_request() {
             if !matches!(
                 self.state,
@@ -722,6 +828,34 @@ impl Qp {
                 return;
             }
             self.handle_response(ctx, pkt);
+        }
+    }
+
+    /// A CNP for this QP (the notification point of its peer saw our packets marked CE):
+    /// DCQCN cuts the sending rate. Only a connected QP that sends has a rate to cut (a CNP
+    /// for anything else is counted and ignored, as a NIC ignores it).
+    fn handle_cnp(&mut self, now: Duration) {
+        if self.cfg.qp_type == QpType::Ud || !matches!(self.state, QpState::Rts | QpState::Sqd) {
+            self.counters.dropped_pkts += 1;
+            return;
+        }
+        self.counters.rp_cnp_handled += 1;
+        self.cc.on_cnp(now);
+    }
+
+    /// A packet for this QP came marked CE (a queue on the path is filling): answer with a
+    /// CNP to the peer's QP, at most one per [`crate::congestion::CNP_INTERVAL`], as RoCE
+    /// NICs do (DCQCN's notification point). UD has no peer QP to tell.
+    fn ecn_marked(&mut self, now: Duration) {
+        self.counters.np_ecn_marked_roce_packets += 1;
+        if self.cfg.qp_type != QpType::Ud
+            && matches!(
+                self.state,
+                QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+            )
+            && self.cnp_gate.marked(now)
+        {
+            self.resp_out.push_back(RespOut::Cnp);
         }
     }
 
@@ -800,13 +934,14 @@ impl Qp {
     /// True when the requester has request packets ready to send right now (responses and
     /// acknowledgements aside).
     pub fn has_requests_ready(&self) -> bool {
-        self.rnr_deadline.is_none() && self.req_cursor < self.sq.len()
+        self.rnr_deadline.is_none()
+            && self.pace_until.is_none()
+            && (self.req_cursor < self.sq.len() || !self.resend.is_empty())
     }
 
     /// True when the QP has something to send right now.
     pub fn wants_transmit(&self) -> bool {
-        !self.resp_out.is_empty()
-            || (self.rnr_deadline.is_none() && self.req_cursor < self.sq.len())
+        !self.resp_out.is_empty() || self.has_requests_ready()
     }
 
     fn connected_dest(&self) -> Dest {

@@ -13,6 +13,11 @@ use crate::wr::{SendOp, Sge};
 impl Qp {
     /// The next request packet, if the send queue has one that may go now.
     pub(super) fn next_request(&mut self, ctx: &mut Ctx<'_>, buf: &mut [u8]) -> Option<Transmit> {
+        if !self.resend.is_empty() {
+            if let Some(t) = self.next_resend(ctx, buf) {
+                return Some(t);
+            }
+        }
         loop {
             if !matches!(self.state, QpState::Rts | QpState::Sqd) || self.rnr_deadline.is_some() {
                 return None;
@@ -46,7 +51,14 @@ impl Qp {
                 }
                 WqeState::Active => {}
             }
-            return match self.build_request(ctx, idx, buf) {
+            // A connected QP whose rate is limited (CNPs) waits for its pacer.
+            if ty_connected(self.cfg.qp_type)
+                && let Some(t) = self.cc.pace(ctx.now)
+            {
+                self.pace_until = Some(t);
+                return None;
+            }
+            return match self.build_request(ctx, idx, buf, None) {
                 Ok(t) => t,
                 Err(status) => {
                     // A UD WQE fails alone and the next one may go at once; on RC/UC the QP
@@ -56,6 +68,66 @@ impl Qp {
                 }
             };
         }
+    }
+
+    /// Selective repeat: the next hole a SACK showed, sent again (a READ or atomic whose
+    /// PSNs are in a hole: its request, once).
+    fn next_resend(&mut self, ctx: &mut Ctx<'_>, buf: &mut [u8]) -> Option<Transmit> {
+        if !matches!(self.state, QpState::Rts | QpState::Sqd) || self.rnr_deadline.is_some() {
+            return None;
+        }
+        while let Some(&p) = self.resend.front() {
+            if p.before(self.comp_psn)
+                || !p.before(self.max_sent_psn)
+                || self.scoreboard.contains(p)
+            {
+                self.resend.pop_front();
+                continue;
+            }
+            // What is in flight (RFC 6675's pipe): sent, not acknowledged, not reported
+            // and not waiting here to be sent again. A resend is a packet in flight too: the
+            // window holds them back as it holds new ones.
+            let outstanding = self.max_sent_psn.diff(self.comp_psn).max(0) as u32;
+            let pipe = outstanding
+                .saturating_sub(self.scoreboard.count())
+                .saturating_sub(self.resend.len() as u32);
+            if pipe >= self.cc.window() {
+                self.cc.held();
+                return None;
+            }
+            self.resend.pop_front();
+            let Some(idx) = self.sq.iter().position(|w| {
+                w.state != WqeState::Posted && !p.before(w.first_psn) && !p.after(w.last_psn)
+            }) else {
+                continue;
+            };
+            let w = &self.sq[idx];
+            let k = if w.wr.op.is_read_or_atomic() {
+                let (first, last) = (w.first_psn, w.last_psn);
+                self.resend.retain(|q| q.before(first) || q.after(last));
+                if self.scoreboard.contains(first) {
+                    // The request arrived; its responses are the requester's to wait for.
+                    continue;
+                }
+                w.read_done / self.pmtu()
+            } else {
+                p.diff(w.first_psn) as u32
+            };
+            if let Some(t) = self.cc.pace(ctx.now) {
+                self.resend.push_front(p);
+                self.pace_until = Some(t);
+                return None;
+            }
+            match self.build_request(ctx, idx, buf, Some(k)) {
+                Ok(Some(t)) => return Some(t),
+                Ok(None) => {}
+                Err(status) => {
+                    self.local_error(idx, status);
+                    return None;
+                }
+            }
+        }
+        None
     }
 
     /// Assigns PSNs to a posted WQE, unless a fence, the `max_rd_atomic` limit or the PSN
@@ -73,8 +145,8 @@ impl Qp {
         if rd_atomic && self.rd_atomic >= max_rd_atomic {
             return false;
         }
-        if rc && self.req_psn.diff(self.comp_psn) >= self.window.psns() as i32 {
-            self.window.held();
+        if rc && self.req_psn.diff(self.comp_psn) >= self.cc.window() as i32 {
+            self.cc.held();
             return false;
         }
         let npkts = match wqe.wr.op {
@@ -99,11 +171,14 @@ impl Qp {
     }
 
     /// Builds the next packet of WQE `idx` into `buf`. `Ok(None)`: the PSN window is full.
+    /// `resend`: instead, packet `k` of the WQE again (selective repeat), which moves
+    /// nothing on.
     fn build_request(
         &mut self,
         ctx: &mut Ctx<'_>,
         idx: usize,
         buf: &mut [u8],
+        resend: Option<u32>,
     ) -> Result<Option<super::Transmit>, WcStatus> {
         let ty = self.cfg.qp_type;
         let pmtu = self.pmtu();
@@ -113,12 +188,15 @@ impl Qp {
             QpType::Ud => Transport::Ud,
         };
         let wqe = &self.sq[idx];
-        let psn = wqe.first_psn.add(wqe.next_pkt);
-        if ty == QpType::Rc && psn.diff(self.comp_psn) >= self.window.psns() as i32 {
-            self.window.held();
+        let k = resend.unwrap_or(wqe.next_pkt);
+        let psn = wqe.first_psn.add(k);
+        if resend.is_none()
+            && ty == QpType::Rc
+            && psn.diff(self.comp_psn) >= self.cc.window() as i32
+        {
+            self.cc.held();
             return Ok(None);
         }
-        let k = wqe.next_pkt;
         let n = wqe.npkts;
         let position = super::position(n, k);
         let end = matches!(position, Position::Last | Position::Only);
@@ -160,7 +238,10 @@ impl Qp {
                 bth.solicited = end
                     && wqe.wr.flags.contains(SendFlags::SOLICITED)
                     && (is_send || imm.is_some());
-                bth.ack_req = ty == QpType::Rc && (end || self.noack_pkts + 1 >= MAX_PKT_PER_ACK);
+                bth.ack_req = ty == QpType::Rc
+                    && (end
+                        || self.noack_pkts + 1 >= self.cc.ack_every(MAX_PKT_PER_ACK)
+                        || (resend.is_some() && self.resend.is_empty()));
                 repr = PacketRepr::new(bth, &[]);
                 repr.imm_dt = imm;
                 repr.ieth = inv.filter(|_| end);
@@ -284,6 +365,11 @@ impl Qp {
             buf[hl..hl + d.len()].copy_from_slice(&d);
         }
         let ack_req = repr.bth.ack_req;
+        if resend.is_some() {
+            self.counters.retransmitted_pkts += 1;
+            self.cc.on_resent(ctx.now, len as u32);
+            return Ok(Some(super::Transmit { len, dest }));
+        }
         let (kind_send, last_psn) = (
             wqe.wr.op.is_send() || matches!(wqe.wr.op, SendOp::WriteWithImm { .. }),
             wqe.last_psn,
@@ -298,6 +384,12 @@ impl Qp {
         };
         self.noack_pkts = if ack_req { 0 } else { self.noack_pkts + 1 };
         let sent_through = if request_done { last_psn } else { psn };
+        if psn.before(self.max_sent_psn) {
+            self.counters.retransmitted_pkts += 1;
+            self.cc.on_resent(ctx.now, len as u32);
+        } else {
+            self.cc.on_sent(ctx.now, psn, len as u32, ack_req);
+        }
         if self.max_sent_psn.diff(sent_through) <= 0 {
             self.max_sent_psn = sent_through.add(1);
         }
@@ -316,6 +408,9 @@ impl Qp {
         if ty == QpType::Rc && self.retrans_deadline.is_none() {
             self.retrans_deadline =
                 crate::timer::local_ack_timeout(self.attr.timeout).map(|t| ctx.now + t);
+        }
+        if ty == QpType::Rc && self.rto_deadline.is_none() {
+            self.arm_rto(ctx.now);
         }
         Ok(Some(super::Transmit { len, dest }))
     }
@@ -474,4 +569,9 @@ fn walk(
     } else {
         Err(WcStatus::LocLenErr)
     }
+}
+
+/// RC and UC QPs send to one peer QP, whose CNPs may limit their rate.
+fn ty_connected(ty: QpType) -> bool {
+    matches!(ty, QpType::Rc | QpType::Uc)
 }

@@ -11,7 +11,10 @@ use srdma_wire::{
 };
 
 use super::requester::scatter;
-use super::{Ctx, Inbound, MAX_MSG_SIZE, Qp, RecvMeta, Resource, RespOut, Transmit, packets};
+use super::selective::Held;
+use super::{
+    Ctx, Inbound, MAX_MSG_SIZE, Qp, RecvMeta, Reliability, Resource, RespOut, Transmit, packets,
+};
 use crate::access::AccessFlags;
 use crate::qp::QpType;
 use crate::wc::{Wc, WcFlags, WcOpcode, WcStatus};
@@ -19,6 +22,9 @@ use crate::wr::RecvWr;
 
 /// Bytes of GRH at the head of every UD receive buffer.
 pub const GRH_LEN: usize = 40;
+
+/// Selective repeat: a SACK at least every this many packets kept ahead.
+const SACK_EVERY: usize = 16;
 
 /// Why a request was not executed.
 enum Refuse {
@@ -47,6 +53,10 @@ impl Qp {
         let psn = pkt.bth.psn;
         let d = psn.diff(self.epsn);
         if d > 0 {
+            if self.reliability == Reliability::SelectiveRepeat {
+                self.hold_ahead(pkt, d as u32);
+                return;
+            }
             // One PSN-sequence NAK per gap, carrying the expected PSN (IBA 9.7.5.1.3).
             if !self.nak_sent {
                 // rxe counts out_of_seq_request once per gap, when it sends the NAK.
@@ -62,6 +72,17 @@ impl Qp {
             return;
         }
         self.nak_sent = false;
+        self.execute_in_order(ctx, pkt);
+        if !self.reorder.is_empty() {
+            self.replay_held(ctx);
+        }
+    }
+
+    /// Executes the request at the expected PSN, answering a refusal (RNR NAK, or a NAK
+    /// that moves the QP to ERR); the packets kept ahead move with the expected PSN.
+    fn execute_in_order(&mut self, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_>) {
+        let psn = pkt.bth.psn;
+        let before = self.epsn;
         match self.execute(ctx, pkt) {
             Ok(()) => {}
             Err(Refuse::Rnr) => {
@@ -78,6 +99,74 @@ impl Qp {
                 self.fail_inbound(status);
                 self.enter_error(true);
             }
+        }
+        self.reorder.advance(self.epsn.diff(before).max(0) as u32);
+    }
+
+    /// Selective repeat: keeps a request that came `ahead` PSNs early, and tells the
+    /// requester what is missing when a new gap shows (and on every AckReq, and every
+    /// [`SACK_EVERY`] packets kept, so that a lost SACK costs little).
+    fn hold_ahead(&mut self, pkt: &PacketRepr<'_>, ahead: u32) {
+        let held = self.reorder.hold(ahead, || {
+            let mut copy = vec![0; pkt.buffer_len()];
+            let n = pkt.emit(&mut copy).unwrap_or(0);
+            copy.truncate(n);
+            copy
+        });
+        let sack = match held {
+            Held::Kept { after_gap } => {
+                if after_gap {
+                    self.counters.out_of_seq_request += 1;
+                }
+                after_gap || pkt.bth.ack_req || self.reorder.len() % SACK_EVERY == 0
+            }
+            Held::Duplicate => {
+                self.counters.duplicate_request += 1;
+                pkt.bth.ack_req
+            }
+            Held::Dropped => {
+                self.counters.dropped_pkts += 1;
+                false
+            }
+        };
+        if sack {
+            self.queue_sack();
+        }
+    }
+
+    /// Executes the packets kept ahead that the expected PSN has reached, in order; then
+    /// acknowledges (everything kept went in) or reports the next gap.
+    fn replay_held(&mut self, ctx: &mut Ctx<'_>) {
+        let mut replayed = false;
+        while let Some(bytes) = self.reorder.take() {
+            let Ok(pkt) = PacketRepr::parse_bytes(&bytes) else {
+                self.reorder.advance(1);
+                continue;
+            };
+            replayed = true;
+            let before = self.epsn;
+            self.execute_in_order(ctx, &pkt);
+            if self.epsn == before {
+                // Refused (RNR NAK, error): the requester resends from there.
+                self.reorder.clear();
+                return;
+            }
+        }
+        if !replayed {
+            return;
+        }
+        if !self.reorder.is_empty() {
+            self.queue_sack();
+        } else if self.ack_psn == self.epsn {
+            self.queue_ack(self.epsn.sub(1), Syndrome::ACK);
+        }
+    }
+
+    /// Queues a SACK (one: a SACK still waiting at the tail is built when it leaves, from
+    /// what is kept then).
+    fn queue_sack(&mut self) {
+        if !matches!(self.resp_out.back(), Some(RespOut::Sack)) {
+            self.resp_out.push_back(RespOut::Sack);
         }
     }
 
@@ -617,6 +706,25 @@ impl Qp {
                     r.aeth = aeth(syndrome);
                     self.resp_out.pop_front();
                     let len = r.emit(buf).ok()?;
+                    return Some(Transmit { len, dest });
+                }
+                RespOut::Sack => {
+                    bth.opcode = Opcode::SrdmaSack;
+                    bth.psn = self.epsn;
+                    let mut r = PacketRepr::new(bth, &[]);
+                    r.sack = Some(self.reorder.sack(self.epsn));
+                    self.resp_out.pop_front();
+                    let len = r.emit(buf).ok()?;
+                    return Some(Transmit { len, dest });
+                }
+                RespOut::Cnp => {
+                    // As ConnectX sends it: BECN set, PSN 0, 16 reserved zero bytes.
+                    bth.opcode = Opcode::Cnp;
+                    bth.becn = true;
+                    let r = PacketRepr::new(bth, &[]);
+                    self.resp_out.pop_front();
+                    let len = r.emit(buf).ok()?;
+                    self.counters.np_cnp_sent += 1;
                     return Some(Transmit { len, dest });
                 }
                 RespOut::Atomic { psn, orig } => {

@@ -28,6 +28,8 @@ pub struct Host {
     /// Packet buffer, zeroed once: the sim's buffers arrive empty and zero-filling 4 KiB per
     /// packet would dominate the run.
     scratch: Vec<u8>,
+    /// Send every packet ECN-capable (ECT(0)), as RoCE NICs do.
+    pub ect: bool,
 }
 
 impl Host {
@@ -43,6 +45,7 @@ impl Host {
             rx_no_qp: 0,
             icrc: true,
             scratch: vec![0; MAX_PACKET_LEN],
+            ect: true,
         }
     }
 
@@ -59,8 +62,18 @@ impl Host {
 }
 
 fn encap(src: SocketAddr, dst: SocketAddr) -> Encap {
+    encap_ecn(src, dst, 0)
+}
+
+/// The encapsulation with the ECN codepoint `ecn` in the traffic class.
+fn encap_ecn(src: SocketAddr, dst: SocketAddr, ecn: u8) -> Encap {
+    let mut ip = IpRepr::between(src.ip(), dst.ip()).unwrap();
+    match &mut ip {
+        IpRepr::V4(h) => h.tos = ecn,
+        IpRepr::V6(h) => h.traffic_class = ecn,
+    }
     Encap {
-        ip: IpRepr::between(src.ip(), dst.ip()).unwrap(),
+        ip,
         src_port: src.port(),
         dst_port: dst.port(),
     }
@@ -77,7 +90,18 @@ fn now_of(t: Instant) -> Duration {
 
 impl Endpoint for Host {
     fn handle_datagram(&mut self, now: Instant, src: SocketAddr, dst: SocketAddr, payload: &[u8]) {
-        let encap = encap(src, dst);
+        self.handle_datagram_ecn(now, src, dst, 0, payload);
+    }
+
+    fn handle_datagram_ecn(
+        &mut self,
+        now: Instant,
+        src: SocketAddr,
+        dst: SocketAddr,
+        ecn: u8,
+        payload: &[u8],
+    ) {
+        let encap = encap_ecn(src, dst, ecn);
         if self.icrc && srdma_wire::icrc::verify(&encap, payload).is_err() {
             self.rx_bad += 1;
             return;
@@ -122,7 +146,8 @@ impl Endpoint for Host {
                     .unwrap();
                 buf.clear();
                 buf.extend_from_slice(pkt);
-                return Some(Transmit { src, dst });
+                let ecn = if self.ect { srdma_sim::ecn::ECT0 } else { 0 };
+                return Some(Transmit { src, dst, ecn });
             }
         }
         None

@@ -809,6 +809,13 @@ impl World {
             };
             w.connect(e, &conn)
                 .unwrap_or_else(|err| panic!("driver: connecting end {e} failed: {err}"));
+            // Bit 6: both ends recover by selective repeat (SACKs, kept packets, early
+            // retransmission).
+            if setup.flags & 0x40 != 0 {
+                w.sides[e]
+                    .qp
+                    .set_reliability(srdma_proto::Reliability::SelectiveRepeat);
+            }
         }
         w
     }
@@ -1412,6 +1419,7 @@ impl World {
         r.atomic_ack_eth = h
             .contains(Headers::ATOMIC_ACK_ETH)
             .then_some(AtomicAckEthRepr { orig: c.val });
+        r.sack = h.contains(Headers::SACK_ETH).then(|| sack_of(psn, c.val));
         emit(&r)
     }
 
@@ -1836,11 +1844,33 @@ fn change_opcode(r: &mut PacketRepr<'_>, payload: &mut Vec<u8>, a: u32, b: u32) 
         r.atomic_ack_eth
             .unwrap_or(AtomicAckEthRepr { orig: u64::from(b) })
     });
+    r.sack = h.contains(Headers::SACK_ETH).then(|| {
+        r.sack
+            .unwrap_or(sack_of(r.bth.psn, u64::from(a) << 32 | u64::from(b)))
+    });
     match op.payload_rule() {
         PayloadRule::None => payload.clear(),
         PayloadRule::Exactly8 => payload.resize(8, 0),
         _ => {}
     }
+}
+
+/// A SACK ETH of blocks around `psn`, shaped by the bits of `v`: near (within a window),
+/// far, inverted, empty, across the 2^24 wrap.
+fn sack_of(psn: Psn, v: u64) -> srdma_wire::SackRepr {
+    let mut r = srdma_wire::SackRepr::default();
+    for (i, blk) in r.blocks.iter_mut().enumerate() {
+        let bits = (v >> (16 * i)) as u32;
+        let start = match bits & 3 {
+            0 => psn.add(1 + (bits >> 2) % 64),
+            1 => psn.add(bits >> 2),
+            2 => psn.sub((bits >> 2) % 64),
+            _ => Psn::new(bits),
+        };
+        let len = (bits >> 8) % 32;
+        *blk = (start, start.add(len));
+    }
+    r
 }
 
 fn tweak_header(r: &mut PacketRepr<'_>, a: u32, b: u32) {
