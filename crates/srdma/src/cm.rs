@@ -320,6 +320,10 @@ pub struct ConnectOptions {
     /// does; a client racing a server that is about to listen again (perftest -R between
     /// its two connections) wants a second or so.
     pub unlisted_retry: Duration,
+    /// IB CM, a QP the application moves itself (the CM has none): the ECE options the REQ
+    /// offers or the REP accepts (`rdma_set_local_ece`). A QP the CM connects offers its
+    /// own ([`crate::Qp::query_ece`]).
+    pub ece: crate::Ece,
 }
 
 impl Default for ConnectOptions {
@@ -338,6 +342,7 @@ impl Default for ConnectOptions {
             min_rnr_timer: 12,
             hop_limit: 64,
             unlisted_retry: Duration::ZERO,
+            ece: crate::Ece::default(),
         }
     }
 }

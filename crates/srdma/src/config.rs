@@ -37,4 +37,9 @@ pub struct DeviceConfig {
     /// shared memory instead of UDP (see [`crate::DeviceCounters::tx_shm_packets`]). Default: true
     /// unless `SRDMA_SHM=0`.
     pub shm: bool,
+    /// Send every RoCEv2 datagram ECN-capable (ECT(0), as RoCE NICs do), so that a switch
+    /// that marks congestion marks it instead of dropping it; a peer that sees the mark
+    /// answers with a CNP, and this device's QPs slow down by DCQCN's rules. CE marks on what
+    /// arrives are read and answered with CNPs either way. Default: true unless `SRDMA_ECN=0`.
+    pub ecn: bool,
 }

@@ -41,6 +41,7 @@ impl DeviceConfig {
             gso: Gso::from_env(),
             share_port: crate::portshare::enabled(),
             shm: crate::shm::enabled_by_env(),
+            ecn: std::env::var("SRDMA_ECN").map_or(true, |v| v != "0"),
         }
     }
 }
@@ -227,7 +228,7 @@ impl Device {
                 cfg.mtu.bytes()
             )));
         }
-        let sock = crate::udp::open(SocketAddr::new(cfg.addr, cfg.port), cfg.share_port)?;
+        let sock = crate::udp::open(SocketAddr::new(cfg.addr, cfg.port), cfg.share_port, cfg.ecn)?;
         Ok(Device {
             h: crate::engine::start(cfg, sock)?,
         })

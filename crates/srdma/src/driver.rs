@@ -23,8 +23,14 @@ pub(crate) type Frame = Vec<u8>;
 /// How a received packet arrived.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Via<'h> {
-    /// A UDP datagram, at this place in its GRO buffer.
-    Udp(u16),
+    /// A UDP datagram, at this place in its GRO buffer, with the ECN codepoint it arrived
+    /// with.
+    Udp {
+        /// Its place in its GRO buffer.
+        place: u16,
+        /// The ECN bits of its IP header (3: congestion experienced).
+        ecn: u8,
+    },
     /// A ring of the shared-memory driver, with a private copy of the packet's first
     /// [`srdma_wire::MAX_HEADER_LEN`] bytes: the packet lies in memory the peer shares, so
     /// its headers are parsed from the copy (`PacketRepr::parse_head`) and its payload

@@ -39,7 +39,7 @@ use srdma_wire::{Psn, Qpn};
 
 use crate::cm::{CmError, CmEvent, ConnectOptions, reason, to_error};
 use crate::device::{Device, Mr, Pd};
-use crate::qp::{Qp, QpInit, RemoteQp, ah};
+use crate::qp::{Ece, Qp, QpInit, RemoteQp, ah};
 use crate::types::Gid;
 use crate::{Cq, Error};
 
@@ -951,8 +951,12 @@ fn start(
     .emit(&mut private);
     private[wire::CMA_HDR_LEN..wire::CMA_HDR_LEN + opts.private_data.len()]
         .copy_from_slice(&opts.private_data);
+    // The QP's ECE offer (srdma's selective repeat) rides in the REQ: the vendor in its
+    // field, the options in the MAD's attribute modifier.
+    let ece = qp.as_ref().map_or(opts.ece, Qp::query_ece);
     let req = CmMsg::Req(wire::Req {
         local_comm_id: comm_id,
+        vendor_id: ece.vendor_id & 0xFF_FFFF,
         service_id: wire::service_id(wire::port_space::TCP, server.port()),
         local_ca_guid: dev.query().node_guid,
         local_qkey: 0,
@@ -988,7 +992,8 @@ fn start(
         alternate_path: [0; 44],
         private_data: private,
     });
-    let hdr = MadHdr::cm(wire::attr::REQ, tid);
+    let mut hdr = MadHdr::cm(wire::attr::REQ, tid);
+    hdr.attr_mod = ece.options;
     gsi.send(peer, &hdr, &req)?;
     Ok(Connecting {
         gsi: gsi.clone(),
@@ -1069,7 +1074,7 @@ impl Connecting {
         };
         // The first REQ is out (`start_connect`).
         let mut sends = 1;
-        let rep = loop {
+        let (rep, rep_options) = loop {
             let until = (Instant::now() + RESEND).min(started + opts.timeout);
             let answer = gsi.recv_keyed(until, &[Key::Comm(comm_id)], |i| match &i.msg {
                 CmMsg::Rep(m) => m.remote_comm_id == comm_id,
@@ -1077,9 +1082,9 @@ impl Connecting {
                 CmMsg::Mra(m) => m.remote_comm_id == comm_id,
                 _ => false,
             });
-            match answer.map(|i| i.msg) {
-                Some(CmMsg::Rep(m)) => break m,
-                Some(CmMsg::Rej(m))
+            match answer.map(|i| (i.msg, i.hdr.attr_mod)) {
+                Some((CmMsg::Rep(m), options)) => break (m, options),
+                Some((CmMsg::Rej(m), _))
                     if m.reason == reason::INVALID_SERVICE_ID
                         && started.elapsed() + UNLISTED_EVERY < opts.unlisted_retry =>
                 {
@@ -1088,7 +1093,7 @@ impl Connecting {
                     std::thread::sleep(UNLISTED_EVERY);
                     sends -= 1;
                 }
-                Some(CmMsg::Rej(m)) => {
+                Some((CmMsg::Rej(m), _)) => {
                     return fail(CmError::Rejected {
                         reason: m.reason,
                         private_data: m.private_data.to_vec(),
@@ -1111,6 +1116,10 @@ impl Connecting {
         };
         let initiator = initiator.min(rep.responder_resources);
         let params = opts.params(mtu, Psn::new(rep.starting_psn), initiator, responder);
+        let peer_ece = Ece {
+            vendor_id: rep.vendor_id,
+            options: rep_options,
+        };
         Ok(Responded {
             gsi,
             qp,
@@ -1122,6 +1131,7 @@ impl Connecting {
             remote,
             params,
             rep,
+            peer_ece,
         })
     }
 }
@@ -1139,6 +1149,8 @@ pub struct Responded {
     remote: RemoteQp,
     params: crate::ConnectParams,
     rep: wire::Rep,
+    /// The ECE options the REP accepted.
+    peer_ece: Ece,
 }
 
 impl std::fmt::Debug for Responded {
@@ -1161,6 +1173,11 @@ impl Responded {
         &self.rep.private_data
     }
 
+    /// The ECE options the peer's REP accepted (`rdma_get_remote_ece`).
+    pub fn peer_ece(&self) -> Ece {
+        self.peer_ece
+    }
+
     /// The attributes of the local QP for RTR and RTS, with their masks: what the CM gives
     /// a QP it connects (`rdma_init_qp_attr`).
     pub fn qp_attrs(&self) -> [(crate::QpAttr, crate::AttrMask); 2] {
@@ -1171,7 +1188,11 @@ impl Responded {
     /// moved to ERR if it cannot be connected.
     pub fn establish(self) -> Result<IbConnection, CmError> {
         if let Some(qp) = &self.qp {
-            if let Err(e) = qp.connect(&self.remote, &self.params) {
+            // What the REP accepted of the REQ's offer (none from rxe or a NIC: go-back-N).
+            let connected = qp
+                .set_ece(self.peer_ece)
+                .and_then(|_| qp.connect(&self.remote, &self.params));
+            if let Err(e) = connected {
                 let _ = to_error(qp);
                 return Err(e.into());
             }
@@ -1576,6 +1597,14 @@ impl IbRequest {
         PeerParams::of_req(&self.req)
     }
 
+    /// The ECE options the REQ offers (`rdma_get_remote_ece`).
+    pub fn peer_ece(&self) -> Ece {
+        Ece {
+            vendor_id: self.req.vendor_id,
+            options: self.hdr.attr_mod,
+        }
+    }
+
     /// The application's private data (after the rdma_cm header).
     pub fn private_data(&self) -> &[u8] {
         &self.req.private_data[wire::CMA_HDR_LEN..]
@@ -1680,17 +1709,25 @@ impl IbRequest {
         let rq_psn = self.psn;
         let comm_id = dev.comm_id_prefix() | (random_u32() >> 8);
         let reg = CommIdReg::new(&self.gsi, comm_id);
+        // The REP accepts what both ends offer of the REQ's ECE (for a QP the application
+        // moves itself, what it set: `rdma_set_local_ece`).
+        let mut ece = opts.ece;
         if let Some(qp) = &qp {
-            if let Err(e) = qp.connect(&remote, &params) {
+            let connected = qp
+                .set_ece(self.peer_ece())
+                .and_then(|_| qp.connect(&remote, &params));
+            if let Err(e) = connected {
                 let _ = self.reject_with(reason::NO_RESOURCES);
                 return Err(e.into());
             }
+            ece = qp.query_ece();
         }
         let mut private = [0u8; 196];
         let n = opts.private_data.len().min(196);
         private[..n].copy_from_slice(&opts.private_data[..n]);
         let rep = CmMsg::Rep(wire::Rep {
             local_comm_id: comm_id,
+            vendor_id: ece.vendor_id & 0xFF_FFFF,
             remote_comm_id: req.local_comm_id,
             local_qkey: 0,
             local_qpn: qpn.value(),
@@ -1706,7 +1743,8 @@ impl IbRequest {
             local_ca_guid: dev.query().node_guid,
             private_data: private,
         });
-        let hdr = MadHdr::cm(wire::attr::REP, self.hdr.tid);
+        let mut hdr = MadHdr::cm(wire::attr::REP, self.hdr.tid);
+        hdr.attr_mod = ece.options;
         self.gsi.send(self.from, &hdr, &rep)?;
         Ok(Accepting {
             request: self,

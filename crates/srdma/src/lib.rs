@@ -86,9 +86,10 @@ pub use event::{AsyncEvent, EventHandler};
 pub use lease::{Buf, BufPool, LeasedQp, RawPost};
 pub use mw::{Mw, MwBindInfo, inc_rkey};
 pub use qp::xrc::Xrcd;
-pub use qp::{ConnectParams, Qp, QpInit, RemoteQp, Srq, ah, connect_attrs};
+pub use qp::{ConnectParams, Ece, Qp, QpInit, RemoteQp, Srq, ah, connect_attrs};
 pub use random::{random_psn, random_u64};
 pub use srdma_proto::XrcRole;
+pub use srdma_proto::congestion::CcStats;
 pub use srdma_proto::qp::AhAttr;
 pub use srdma_proto::{
     AccessFlags, AttrMask, Counters, DeviceLimits, LKey, Mtu, MwBind, MwInfo, MwState, MwType,

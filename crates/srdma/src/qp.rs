@@ -15,6 +15,61 @@ use crate::types::Gid;
 
 pub(crate) mod xrc;
 
+/// Enhanced connection establishment options (`struct ibv_ece`): how two ends of a
+/// connection agree on what goes beyond the IBTA, carried in the connection manager's REQ
+/// and REP (IB CM: the vendor ID fields and the MAD's attribute modifier). srdma offers
+/// [`Ece::SELECTIVE_REPEAT`] under [`Ece::SRDMA_VENDOR_ID`]; a peer that does not know it
+/// (rxe, a NIC) answers with none, and both keep go-back-N.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Ece {
+    /// The IEEE OUI of the vendor whose options these are (0: none).
+    pub vendor_id: u32,
+    /// The vendor's option bits.
+    pub options: u32,
+}
+
+impl Ece {
+    /// srdma's vendor ID: a locally administered OUI (the 0x02 bit of its first octet set,
+    /// as no IEEE assignment is srdma's) spelling "SR".
+    pub const SRDMA_VENDOR_ID: u32 = 0x02_5352;
+    /// Option: selective repeat (the responder keeps what arrives out of order and reports
+    /// it in SACKs; the requester resends only what is missing, and on its measured RTT).
+    pub const SELECTIVE_REPEAT: u32 = 1;
+
+    /// What srdma offers.
+    pub const fn srdma() -> Ece {
+        Ece {
+            vendor_id: Ece::SRDMA_VENDOR_ID,
+            options: Ece::SELECTIVE_REPEAT,
+        }
+    }
+
+    /// What `self` (offered here) and `peer` (offered or accepted there) agree on: the
+    /// common options of one vendor, or none.
+    pub const fn agree(self, peer: Ece) -> Ece {
+        if self.vendor_id == 0 || self.vendor_id != peer.vendor_id {
+            return Ece {
+                vendor_id: 0,
+                options: 0,
+            };
+        }
+        Ece {
+            vendor_id: self.vendor_id,
+            options: self.options & peer.options,
+        }
+    }
+
+    /// Whether these options include srdma's selective repeat.
+    pub const fn selective_repeat(&self) -> bool {
+        self.vendor_id == Ece::SRDMA_VENDOR_ID && self.options & Ece::SELECTIVE_REPEAT != 0
+    }
+
+    /// Whether QPs offer srdma's options: true unless `SRDMA_ECE=0`.
+    pub fn enabled_by_env() -> bool {
+        std::env::var("SRDMA_ECE").map_or(true, |v| v != "0")
+    }
+}
+
 /// How to create a QP (`ibv_qp_init_attr` plus the INIT attributes).
 #[derive(Debug, Clone)]
 pub struct QpInit {
@@ -307,6 +362,60 @@ impl Qp {
     /// The QP's transport counters.
     pub fn counters(&self) -> srdma_proto::Counters {
         self.with(|s| *s.qp.counters())
+    }
+
+    /// Where the QP's congestion control stands: window, pacing rate, RTT, and what it
+    /// reacted to (losses, delay, timeouts, CNPs).
+    pub fn congestion(&self) -> crate::CcStats {
+        self.with(|s| s.qp.congestion())
+    }
+
+    /// `ibv_query_ece`: the enhanced connection establishment options of this QP — what it
+    /// offers before [`Qp::set_ece`] (srdma's selective repeat, for an RC QP, unless
+    /// `SRDMA_ECE=0`), what was agreed after.
+    pub fn query_ece(&self) -> Ece {
+        let offer = self.offer();
+        self.with(|s| s.ece.unwrap_or(offer))
+    }
+
+    /// `ibv_set_ece`: the peer's options (its REQ, REP, or [`Qp::query_ece`] exchanged out
+    /// of band), before the QP reaches RTS; returns what is agreed: the options both offer
+    /// — srdma's selective repeat when both ends are srdma and both offered it. Anything
+    /// else (another vendor's options, none) agrees on nothing and leaves the IBTA's
+    /// go-back-N, as toward rxe or a NIC.
+    ///
+    /// Errors: [`Error::InvalidArgument`] once the QP is in RTS or later (the peer's
+    /// responder may already expect one way of recovery).
+    pub fn set_ece(&self, ece: Ece) -> Result<Ece> {
+        let offer = self.offer();
+        let agreed = offer.agree(ece);
+        self.with(|s| {
+            if !matches!(s.qp.state(), QpState::Reset | QpState::Init | QpState::Rtr) {
+                return Err(Error::InvalidArgument(format!(
+                    "ECE is set before RTS (QP {} is in {:?})",
+                    s.qp.qpn(),
+                    s.qp.state()
+                )));
+            }
+            // Another vendor's options are never echoed back as if agreed (a NIC would then
+            // speak its own protocol to this QP): nothing is agreed with it.
+            s.ece = Some(agreed);
+            s.qp.set_reliability(if agreed.selective_repeat() {
+                srdma_proto::Reliability::SelectiveRepeat
+            } else {
+                srdma_proto::Reliability::GoBackN
+            });
+            Ok(agreed)
+        })
+    }
+
+    /// What this QP offers: selective repeat for an RC QP, unless turned off.
+    fn offer(&self) -> Ece {
+        if self.inner.qp_type == QpType::Rc && Ece::enabled_by_env() {
+            Ece::srdma()
+        } else {
+            Ece::default()
+        }
     }
 
     fn with<R>(&self, f: impl FnOnce(&mut QpSlot) -> R) -> R {

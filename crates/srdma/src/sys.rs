@@ -152,6 +152,37 @@ pub(crate) fn poll_readable<const N: usize>(
     Ok(p.map(|x| x.revents & (libc::POLLIN | libc::POLLERR | libc::POLLHUP) != 0))
 }
 
+/// [`poll_readable`] to the nanosecond (`ppoll`): for a deadline that must not be rounded
+/// up to the next millisecond (a paced QP's next packet).
+pub(crate) fn poll_readable_precise<const N: usize>(
+    fds: [RawFd; N],
+    timeout: Option<Duration>,
+) -> io::Result<[bool; N]> {
+    let mut p = fds.map(|fd| libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    });
+    let ts = timeout.map(|t| libc::timespec {
+        tv_sec: t.as_secs().min(i64::MAX as u64) as libc::time_t,
+        tv_nsec: libc::c_long::from(t.subsec_nanos() as i32),
+    });
+    let tsp = ts
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: `p` is a live array of `N` pollfd structs; `tsp` is null or points at `ts`,
+    // which outlives the call; no signal mask is passed.
+    let r = unsafe { libc::ppoll(p.as_mut_ptr(), N as libc::nfds_t, tsp, std::ptr::null()) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::Interrupted {
+            return Ok([false; N]);
+        }
+        return Err(e);
+    }
+    Ok(p.map(|x| x.revents & (libc::POLLIN | libc::POLLERR | libc::POLLHUP) != 0))
+}
+
 /// `setsockopt` with a C struct as the value.
 pub(crate) fn setsockopt_struct<T>(
     fd: RawFd,

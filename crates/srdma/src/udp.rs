@@ -32,8 +32,8 @@ pub(crate) struct Socket {
 }
 
 /// Opens a device's socket, bound to `bind`; on the RoCEv2 port, `share_port` shares the
-/// address with this host's other srdma processes.
-pub(crate) fn open(bind: SocketAddr, share_port: bool) -> Result<Socket> {
+/// address with this host's other srdma processes; `ecn`: what it sends is ECN-capable.
+pub(crate) fn open(bind: SocketAddr, share_port: bool, ecn: bool) -> Result<Socket> {
     // On the RoCEv2 port, share the address with this host's other srdma processes
     // (see portshare); the slot numbers our QPs.
     let share = if bind.port() == srdma_wire::ROCEV2_PORT && share_port {
@@ -56,6 +56,9 @@ pub(crate) fn open(bind: SocketAddr, share_port: bool) -> Result<Socket> {
         set_no_check6_rx(fd).map_err(io_err("setting UDP_NO_CHECK6_RX"))?;
     }
     set_buffers(fd, 8 << 20);
+    // Best effort: ECN marks of what arrives are read (a receive that cannot tell answers
+    // no CE with a CNP), and what leaves is ECT(0) as from a RoCE NIC.
+    let _ = set_ecn(fd, v6, ecn);
     // Multicast (IPv4 only) leaves with the TTL of unicast (64, what rdma_cm's address
     // handles say and rxe puts in the header), not the socket default of 1.
     if !v6 {
@@ -113,6 +116,23 @@ pub(crate) fn join_group(group: Ipv4Addr, local: Ipv4Addr, port: u16) -> io::Res
     Ok(socket)
 }
 
+/// The ECN codepoint ECT(0): ECN-capable transport (RFC 3168), what RoCE NICs send.
+pub(crate) const ECT0: u8 = 0b10;
+
+/// Asks for the traffic class of every datagram received (ECN marks: `IP_RECVTOS`,
+/// `IPV6_RECVTCLASS`) and, with `mark`, sends ECT(0) (`IP_TOS` / `IPV6_TCLASS` 0x02: the
+/// socket is shared with the host's other srdma processes, which all mark alike).
+pub(crate) fn set_ecn(fd: RawFd, ipv6: bool, mark: bool) -> io::Result<()> {
+    let tc = if mark { libc::c_int::from(ECT0) } else { 0 };
+    if ipv6 {
+        setsockopt(fd, libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS, 1)?;
+        setsockopt(fd, libc::IPPROTO_IPV6, libc::IPV6_TCLASS, tc)
+    } else {
+        setsockopt(fd, libc::IPPROTO_IP, libc::IP_RECVTOS, 1)?;
+        setsockopt(fd, libc::IPPROTO_IP, libc::IP_TOS, tc)
+    }
+}
+
 /// Sets DF (IP_PMTUDISC_DO) so Linux sends IPv4 ID 0 from an unconnected socket.
 pub(crate) fn set_dont_fragment(fd: RawFd, ipv6: bool) -> io::Result<()> {
     if ipv6 {
@@ -165,7 +185,7 @@ pub(crate) fn set_gro(fd: RawFd, on: bool) -> bool {
 /// Control-message space of one message: a cmsghdr plus a u16/int, rounded up (CMSG_SPACE).
 #[derive(Clone, Copy)]
 #[repr(C, align(8))]
-struct Cmsg([u8; 32]);
+struct Cmsg([u8; 64]);
 
 /// Most pieces (iovecs) one datagram may be sent from.
 pub(crate) const MAX_PARTS: usize = 40;
@@ -229,7 +249,7 @@ impl TxBatch {
             np: 0,
             hdrs: vec![zero_hdr; count],
             segs: vec![0; count],
-            ctrl: vec![Cmsg([0; 32]); count],
+            ctrl: vec![Cmsg([0; 64]); count],
             n: 0,
             gso: true,
             gso_messages: 0,
@@ -482,6 +502,9 @@ pub(crate) struct RxBatch {
     bufs: Vec<Vec<u8>>,
     lens: Vec<usize>,
     segs: Vec<usize>,
+    /// The ECN codepoint each buffer's datagrams arrived with (GRO coalesces only datagrams
+    /// with the same traffic class); 0 where unknown (`recvfrom`).
+    ecn: Vec<u8>,
     addrs: Vec<libc::sockaddr_storage>,
     iovs: Vec<libc::iovec>,
     hdrs: Vec<libc::mmsghdr>,
@@ -538,6 +561,7 @@ impl RxBatch {
             bufs: vec![vec![0u8; size]; count],
             lens: vec![0; count],
             segs: vec![0; count],
+            ecn: vec![0; count],
             addrs: vec![zero_addr; count],
             iovs: vec![
                 libc::iovec {
@@ -547,7 +571,7 @@ impl RxBatch {
                 count
             ],
             hdrs: vec![zero_hdr; count],
-            ctrl: vec![Cmsg([0; 32]); count],
+            ctrl: vec![Cmsg([0; 64]); count],
             n: 0,
             armed: false,
             filled: 0,
@@ -562,6 +586,11 @@ impl RxBatch {
     pub(crate) fn get(&self, i: usize) -> Option<(&[u8], std::net::SocketAddr, usize)> {
         let addr = from_sockaddr(&self.addrs[i])?;
         Some((&self.bufs[i][..self.lens[i]], addr, self.segs[i]))
+    }
+
+    /// The ECN codepoint buffer `i` of the last receive arrived with.
+    pub(crate) fn ecn(&self, i: usize) -> u8 {
+        self.ecn[i]
     }
 
     /// Points message `i` at its buffer, address and control space (all heap storage that
@@ -694,6 +723,7 @@ impl RxBatch {
         self.n = 1;
         self.lens[0] = r as usize;
         self.segs[0] = r as usize;
+        self.ecn[0] = 0;
         Ok(1)
     }
 
@@ -734,17 +764,24 @@ impl RxBatch {
             let len = self.hdrs[i].msg_len as usize;
             self.lens[i] = len;
             self.segs[i] = len;
+            self.ecn[i] = 0;
             let h = &self.hdrs[i].msg_hdr;
             // SAFETY: the kernel filled `msg_controllen` bytes of our control buffer with
             // well-formed cmsgs; CMSG_FIRSTHDR/NXTHDR stay inside it.
             unsafe {
                 let mut cm = libc::CMSG_FIRSTHDR(h);
                 while !cm.is_null() {
-                    if (*cm).cmsg_level == SOL_UDP && (*cm).cmsg_type == UDP_GRO {
+                    let (level, ty) = ((*cm).cmsg_level, (*cm).cmsg_type);
+                    if level == SOL_UDP && ty == UDP_GRO {
                         let seg = std::ptr::read_unaligned(libc::CMSG_DATA(cm).cast::<u16>());
                         if seg > 0 {
                             self.segs[i] = seg as usize;
                         }
+                    } else if level == libc::IPPROTO_IP && ty == libc::IP_TOS {
+                        self.ecn[i] = *libc::CMSG_DATA(cm) & 3;
+                    } else if level == libc::IPPROTO_IPV6 && ty == libc::IPV6_TCLASS {
+                        let tc = std::ptr::read_unaligned(libc::CMSG_DATA(cm).cast::<i32>());
+                        self.ecn[i] = (tc & 3) as u8;
                     }
                     cm = libc::CMSG_NXTHDR(h, cm);
                 }
@@ -848,14 +885,18 @@ impl Driver for Udp {
         let n = self.rx.recv(self.fd, self.busy_look).unwrap_or(0);
         let mut unreadable = 0;
         for i in 0..n {
+            let ecn = self.rx.ecn(i);
             match self.rx.get(i) {
-                Some((data, from, _)) if data.is_empty() => f(from, data, Via::Udp(0)),
+                Some((data, from, _)) if data.is_empty() => {
+                    f(from, data, Via::Udp { place: 0, ecn });
+                }
                 Some((data, from, seg)) => {
                     if seg < data.len() {
                         self.gro_buffers += 1;
                     }
                     for (j, pkt) in data.chunks(seg.max(1)).enumerate() {
-                        f(from, pkt, Via::Udp(j as u16));
+                        let place = j as u16;
+                        f(from, pkt, Via::Udp { place, ecn });
                     }
                 }
                 None => unreadable += 1,

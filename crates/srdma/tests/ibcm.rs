@@ -329,6 +329,7 @@ fn peer_vanishing_before_the_rtu_times_out() {
     .emit(&mut private);
     let req = wire::Req {
         local_comm_id: 77,
+        vendor_id: 0,
         service_id: wire::service_id(wire::port_space::TCP, 7400),
         local_ca_guid: 1,
         local_qkey: 0,

@@ -93,6 +93,16 @@ pub(crate) struct QpSlot {
     last_signaled: bool,
     /// The send CQ's [`Cq::waits`] at the last post.
     waits_at_post: u32,
+    /// The ECE options set on the QP (`Qp::set_ece`), if any.
+    pub(crate) ece: Option<crate::Ece>,
+    /// The deadline (ns since the epoch) of the QP's entry in `State::timers` (u64::MAX:
+    /// none).
+    timer_at: u64,
+    /// The QP is on `State::touched` (a receive gave it packets: it is flushed after the
+    /// batch), so that a batch with thousands of QPs does not search the list per packet.
+    touched: bool,
+    /// The QP is on `State::shm_blocked` (a full ring held it back).
+    shm_blocked: bool,
 }
 
 impl QpSlot {
@@ -208,8 +218,13 @@ pub(crate) struct State {
     /// of a ping-pong) or at its next poll, whichever comes first.
     deferred: Vec<u32>,
     due: Vec<u32>,
+    /// The QPs' deadlines, earliest first.
+    timers: timers::TimerSet,
     /// Earliest QP timer, in ns since the epoch (u64::MAX: none).
     next_timer: u64,
+    /// Earliest pacing deadline of a QP (as of the last `run_timers`), in ns since the epoch
+    /// (u64::MAX: none): the progress thread sleeps towards it to the microsecond.
+    next_pace: u64,
     /// When (ns since the epoch) a READ or atomic request last arrived (see
     /// `progress::ONE_SIDED_SPIN`).
     one_sided_at: u64,
@@ -245,6 +260,8 @@ pub(crate) struct State {
     udp_quiet_until: u64,
     /// When (ns since the epoch) a receive last took packets from the shared-memory rings.
     shm_took_at: u64,
+    /// QPs a full shared-memory ring held back (`Shared::flush_blocked` tries them again).
+    shm_blocked: Vec<u32>,
 }
 
 pub(crate) struct Shared {
@@ -462,8 +479,11 @@ pub(crate) fn start(cfg: DeviceConfig, sock: crate::udp::Socket) -> Result<Arc<D
         shm,
         udp_quiet_until: 0,
         shm_took_at: 0,
+        shm_blocked: Vec::new(),
         due: Vec::with_capacity(64),
+        timers: timers::TimerSet::default(),
         next_timer: u64::MAX,
+        next_pace: u64::MAX,
         one_sided_at: 0,
         one_sided_lone: false,
         drained_at: 0,

@@ -32,6 +32,9 @@ const ONE_SIDED_SPIN: Duration = Duration::from_micros(50);
 /// consumer costs its peer a doorbell and itself a wake-up per burst (loopback, 64 B WRITE
 /// stream: the target's thread spent a quarter of its time switching in and out of `poll`).
 const SHM_SPIN: Duration = Duration::from_micros(50);
+/// While a full shared-memory ring holds QPs back, how soon the progress thread looks again
+/// whether the peer made room.
+const SHM_ROOM_LOOK: Duration = Duration::from_micros(20);
 /// How long after an application's last poll the progress thread keeps out of the way:
 /// while an application polls, its polls drive the device (no thread hand-off on the hot
 /// path); when it stops, the thread takes over within this time.
@@ -212,10 +215,11 @@ impl Shared {
                 return true;
             }
             slot.ack_flushed_at = now.max(1);
-            self.flush(st, qpn);
+            self.queue_out(st, qpn);
             false
         });
         st.deferred = deferred;
+        self.send_queued(st);
     }
 
     /// The progress thread's part of what receives held back: packets wait for their
@@ -237,10 +241,11 @@ impl Shared {
                 return true;
             }
             slot.ack_rides_send = 0;
-            self.flush(st, qpn);
+            self.queue_out(st, qpn);
             false
         });
         st.deferred = deferred;
+        self.send_queued(st);
     }
 
     /// When the first window of the held-back ACKs ends (ns since the epoch).
@@ -254,11 +259,10 @@ impl Shared {
 
     /// Sends what earlier application-driven receives held back.
     pub(crate) fn flush_deferred(&self, st: &mut State) {
-        let mut deferred = std::mem::take(&mut st.deferred);
-        for qpn in deferred.drain(..) {
-            self.flush(st, qpn);
-        }
+        let deferred = std::mem::take(&mut st.deferred);
+        self.flush_each(st, &deferred);
         st.deferred = deferred;
+        st.deferred.clear();
     }
 }
 
@@ -301,6 +305,8 @@ pub(super) fn progress(shared: &Shared) {
     // `rx::UDP_QUIET` ago (the socket, the doorbells, new links and wake-ups cost system
     // calls to look at; they wait that long at most).
     let mut rings_only_until = 0;
+    // The next sleep ends at a pacing deadline (see `State::next_pace`).
+    let mut precise = false;
     while !shared.stop.load(Ordering::Acquire) {
         if shared.inject_failure.load(Ordering::Relaxed) {
             panic!("srdma: injected failure of the progress thread (Device::inject_failure)");
@@ -381,7 +387,14 @@ pub(super) fn progress(shared: &Shared) {
             Ok([false; 6])
         } else {
             let fds = [sock, shared.wake.as_raw_fd(), keeper, groups, port, ep];
-            let ready = sys::poll_readable(fds, wait);
+            // A paced QP's next packet is kept to the microsecond; every other sleep rounds
+            // up to the millisecond (the IBTA timers then fire no earlier than a kernel
+            // rxe's, which count jiffies).
+            let ready = if precise {
+                sys::poll_readable_precise(fds, wait)
+            } else {
+                sys::poll_readable(fds, wait)
+            };
             if ready.is_err() {
                 std::thread::sleep(Duration::from_millis(1));
             }
@@ -425,6 +438,11 @@ pub(super) fn progress(shared: &Shared) {
         if more || spin || shm_spin {
             timeout = Some(Duration::ZERO);
         }
+        // QPs a full ring holds back: look again soon (the peer that reads it rings no bell
+        // for room).
+        if !st.shm_blocked.is_empty() {
+            timeout = Some(timeout.map_or(SHM_ROOM_LOOK, |t| t.min(SHM_ROOM_LOOK)));
+        }
         rings_only_until = if shm_spin && !more && !spin {
             st.udp_quiet_until
         } else {
@@ -434,6 +452,7 @@ pub(super) fn progress(shared: &Shared) {
         // value and wakes the thread.
         let until = timeout.map_or(u64::MAX, |t| (shared.now() + t).as_nanos() as u64);
         shared.sleep_until.store(until, Ordering::Release);
+        precise = st.next_pace <= until;
         if let Some(w) = st.capture.as_mut() {
             let _ = w.flush();
         }

@@ -63,6 +63,8 @@ impl Shared {
         if st.udp.is_none() {
             return false;
         }
+        // QPs a full ring held back: the peer may have read since.
+        self.flush_blocked(st);
         let mut more = false;
         if udp && self.cm_forwarded.load(Ordering::Relaxed) {
             self.receive_forwarded(st);
@@ -102,6 +104,9 @@ impl Shared {
             }
             let mut touched = std::mem::take(&mut st.touched);
             for qpn in touched.drain(..) {
+                if let Some(s) = st.qps.get_mut(&qpn) {
+                    s.touched = false;
+                }
                 // Requests (a window the ACKs just opened) go now; only ACKs and responses
                 // wait for the application's reply.
                 let held = st.qps.get(&qpn).is_some_and(|s| {
@@ -113,17 +118,19 @@ impl Shared {
                         }
                 });
                 if !held {
-                    self.flush(st, qpn);
+                    self.queue_out(st, qpn);
                 } else if let Some(slot) = st.qps.get_mut(&qpn) {
                     st.delivered += deliver_completions(slot) as u64;
-                    note_timer(&mut st.next_timer, slot);
                     if !st.deferred.contains(&qpn) {
                         slot.deferred_at = now.as_nanos() as u64;
                         st.deferred.push(qpn);
                     }
+                    note_timer(st, qpn);
                 }
             }
             st.touched = touched;
+            // Every QP's packets of this batch in one go.
+            self.send_queued(st);
             more = n.full || k.full;
             if !more {
                 if udp && st.delivered != delivered {
@@ -189,11 +196,11 @@ impl Shared {
         while let Some((from, n)) = crate::portshare::recv_forwarded(conn, &mut buf) {
             self.handle_datagram(st, self.now(), from, &buf[..n], 0);
         }
-        let mut touched = std::mem::take(&mut st.touched);
-        for qpn in touched.drain(..) {
-            self.flush(st, qpn);
-        }
+        let touched = std::mem::take(&mut st.touched);
+        self.untouch(st, &touched);
+        self.flush_each(st, &touched);
         st.touched = touched;
+        st.touched.clear();
         st.fwd_buf = buf;
     }
 
@@ -210,14 +217,15 @@ impl Shared {
                     break;
                 };
                 let now = *now.get_or_insert_with(|| self.now());
-                self.handle_datagram_to(st, now, from, to, &buf[..n], Via::Udp(0));
+                let via = Via::Udp { place: 0, ecn: 0 };
+                self.handle_datagram_to(st, now, from, to, &buf[..n], via);
             }
         }
-        let mut touched = std::mem::take(&mut st.touched);
-        for qpn in touched.drain(..) {
-            self.flush(st, qpn);
-        }
+        let touched = std::mem::take(&mut st.touched);
+        self.untouch(st, &touched);
+        self.flush_each(st, &touched);
         st.touched = touched;
+        st.touched.clear();
         st.group_buf = buf;
     }
 
@@ -232,7 +240,8 @@ impl Shared {
         data: &[u8],
         place: u16,
     ) {
-        self.handle_datagram_to(st, now, from, self.local.ip(), data, Via::Udp(place));
+        let via = Via::Udp { place, ecn: 0 };
+        self.handle_datagram_to(st, now, from, self.local.ip(), data, via);
     }
 
     /// Handles one datagram sent to address `to` (the device's, or a multicast group's).
@@ -246,10 +255,18 @@ impl Shared {
         data: &[u8],
         via: Via<'_>,
     ) {
-        let Some(encap) = self.encap_between(from, to) else {
+        let Some(mut encap) = self.encap_between(from, to) else {
             st.counters.rx_malformed += 1;
             return;
         };
+        // The ECN bits it arrived with (the ICRC masks them): a CE mark makes its QP answer
+        // with a CNP.
+        if let Via::Udp { ecn, .. } = via {
+            match &mut encap.ip {
+                IpRepr::V4(h) => h.tos = ecn,
+                IpRepr::V6(h) => h.traffic_class = ecn,
+            }
+        }
         // IPv6: every covered field is known. IPv4: the ID is not (a UDP socket cannot see
         // it); one pass solves for it — srdma peers send 0 (or 0, 1, 2, … across a GSO run,
         // which reaches us uncut over veth: the place in the GRO buffer is the likely ID),
@@ -257,11 +274,11 @@ impl Shared {
         // inside one host's memory.
         let ident = match (via, encap.ip) {
             (Via::SharedMemory(_), _) => Some(0),
-            (Via::Udp(place), IpRepr::V4(_)) => {
+            (Via::Udp { place, .. }, IpRepr::V4(_)) => {
                 st.counters.rx_datagrams += 1;
                 srdma_wire::icrc::verify_ipv4_ident_guess(&encap, data, place, &mut st.rx_icrc).ok()
             }
-            (Via::Udp(_), IpRepr::V6(_)) => {
+            (Via::Udp { .. }, IpRepr::V6(_)) => {
                 st.counters.rx_datagrams += 1;
                 srdma_wire::icrc::verify_with_memo(&encap, data, &mut st.rx_icrc)
                     .ok()
@@ -292,7 +309,7 @@ impl Shared {
                     repr
                 })
             }
-            Via::Udp(_) => PacketRepr::parse_bytes(data),
+            Via::Udp { .. } => PacketRepr::parse_bytes(data),
         };
         let Ok(repr) = parsed else {
             st.counters.rx_malformed += 1;
@@ -311,8 +328,8 @@ impl Shared {
             return;
         }
         if repr.bth.opcode == srdma_wire::Opcode::Cnp {
+            // Counted here, and handed to its QP like any packet (DCQCN: its rate drops).
             st.counters.rx_cnp += 1;
-            return;
         }
         if matches!(
             repr.bth.opcode.kind(),
@@ -366,7 +383,7 @@ impl Shared {
             self.silent_writes_until
                 .store(until.as_nanos() as u64, Ordering::Relaxed);
         }
-        if !touched.contains(&qpn) {
+        if !std::mem::replace(&mut slot.touched, true) {
             touched.push(qpn);
         }
     }
@@ -413,7 +430,7 @@ impl Shared {
             let srq = slot.srq.and_then(|id| srqs.get_mut(&id));
             let mut ctx = Ctx { now, mrs, mem, srq };
             slot.qp.handle_packet(&mut ctx, repr, &RecvMeta { encap });
-            if !touched.contains(&qpn) {
+            if !std::mem::replace(&mut slot.touched, true) {
                 touched.push(qpn);
             }
         }
@@ -486,6 +503,15 @@ impl Shared {
     /// Whether QP `qpn` is attached to some multicast group.
     pub(crate) fn in_group(st: &State, qpn: u32) -> bool {
         st.groups.iter().any(|g| g.qpns.contains(&qpn))
+    }
+
+    /// Takes `qpns` off the touched list's bookkeeping (they are flushed now).
+    fn untouch(&self, st: &mut State, qpns: &[u32]) {
+        for qpn in qpns {
+            if let Some(s) = st.qps.get_mut(qpn) {
+                s.touched = false;
+            }
+        }
     }
 
     /// The RoCEv2 encapsulation of a datagram from `from` to `to` on the device's port.

@@ -66,7 +66,9 @@ impl State {
     /// Forgets QP `qpn` (destroyed). Type 2 windows bound to it die with it: a later QP with
     /// the same number must not inherit them.
     pub(crate) fn remove_qp(&mut self, qpn: Qpn) {
-        self.qps.remove(&qpn.value());
+        if let Some(slot) = self.qps.remove(&qpn.value()) {
+            self.timers.disarm(qpn.value(), &slot);
+        }
         self.mrs.unbind_qp_windows(qpn);
         self.xrc.qp_gone(qpn.value());
     }

@@ -25,11 +25,44 @@ impl Shared {
     }
 
     /// Sends everything QP `qpn` has to send, then hands its completions to its CQs.
+    pub(crate) fn flush(&self, st: &mut State, qpn: u32) {
+        self.queue_out(st, qpn);
+        self.send_queued(st);
+    }
+
+    /// [`Shared::flush`] of several QPs, their packets sent together: one `sendmmsg` (and
+    /// one round of doorbells) for all, not one per QP — thousands of QPs that each have a
+    /// packet or two after a receive batch (their ACKs came) cost a system call or two.
+    pub(crate) fn flush_each(&self, st: &mut State, qpns: &[u32]) {
+        for &qpn in qpns {
+            self.queue_out(st, qpn);
+        }
+        self.send_queued(st);
+    }
+
+    /// Sends what the drivers hold queued (`sendmmsg`, doorbells) and counts.
+    pub(crate) fn send_queued(&self, st: &mut State) {
+        let State {
+            counters, udp, shm, ..
+        } = st;
+        if let Some(udp) = udp.as_deref_mut() {
+            counters.tx_errors += udp.flush() as u64;
+            udp.count_into(counters);
+        }
+        if let Some(shm) = shm.as_mut() {
+            shm.flush();
+            shm.count_into(counters);
+        }
+    }
+
+    /// Builds and queues everything QP `qpn` has to send (the drivers send it at the next
+    /// [`Shared::send_queued`], or when their batch fills), then hands its completions to
+    /// its CQs.
     ///
     /// Each packet is built in `State::frame` (its payload left in registered memory
     /// unless a capture wants it whole), then goes to the first driver that routes it:
     /// shared memory, else UDP.
-    pub(crate) fn flush(&self, st: &mut State, qpn: u32) {
+    pub(super) fn queue_out(&self, st: &mut State, qpn: u32) {
         let now = self.now();
         self.probe_path(st, qpn, now);
         let State {
@@ -49,6 +82,18 @@ impl Shared {
             return;
         };
         let now_ns = now.as_nanos() as u64;
+        // A connected QP whose peer is a device of this host: the ring it goes through, to
+        // ask for room before each packet is built (a full ring holds the QP back, see
+        // `shm`).
+        let ring = match shm.as_mut() {
+            Some(shm) if slot.qp.qp_type() != srdma_proto::QpType::Ud => {
+                let attr = slot.qp.attr();
+                let dst = SocketAddr::new(Gid(attr.ah_attr.dgid).ip(), attr.ah_attr.udp_dport);
+                shm.route(dst, attr.dest_qp_num.value(), now_ns)
+            }
+            _ => None,
+        };
+        let mut blocked = false;
         let ack_tail = slot.ack_tail();
         // Payload goes to the drivers straight from registered memory, except when a
         // capture wants each packet whole.
@@ -59,6 +104,13 @@ impl Shared {
         loop {
             if udp.is_full() {
                 counters.tx_errors += udp.flush() as u64;
+            }
+            if let (Some(link), Some(shm)) = (ring, shm.as_mut())
+                && slot.qp.wants_transmit()
+                && !shm.has_room(link, srdma_proto::transport::MAX_PACKET_LEN)
+            {
+                blocked = true;
+                break;
             }
             let srq = slot.srq.and_then(|id| srqs.get_mut(&id));
             mem.deferring = zero_copy;
@@ -134,15 +186,27 @@ impl Shared {
                 counters.tx_errors += 1;
             }
         }
-        counters.tx_errors += udp.flush() as u64;
-        udp.count_into(counters);
-        if let Some(shm) = shm.as_mut() {
-            shm.flush();
-            shm.count_into(counters);
-        }
         st.delivered += deliver_completions(slot) as u64;
-        note_timer(&mut st.next_timer, slot);
+        if blocked && !std::mem::replace(&mut slot.shm_blocked, true) {
+            st.shm_blocked.push(qpn);
+        }
+        note_timer(st, qpn);
         self.probe_answered(st, qpn, now);
+    }
+
+    /// Flushes again the QPs a full ring held back (see `shm`): whoever reads the rings or
+    /// waits on the device calls this, and the QPs still without room stay on the list.
+    pub(crate) fn flush_blocked(&self, st: &mut State) {
+        if st.shm_blocked.is_empty() {
+            return;
+        }
+        let blocked = std::mem::take(&mut st.shm_blocked);
+        for qpn in &blocked {
+            if let Some(s) = st.qps.get_mut(qpn) {
+                s.shm_blocked = false;
+            }
+        }
+        self.flush_each(st, &blocked);
     }
 
     /// Whether datagrams to `dst` may go as GSO messages.

@@ -29,6 +29,10 @@ impl QpSlot {
             unwaited: 0,
             last_signaled: true,
             waits_at_post: 0,
+            ece: None,
+            timer_at: u64::MAX,
+            touched: false,
+            shm_blocked: false,
         }
     }
 }

@@ -12,9 +12,14 @@
 //! process exited or closed the device), which ends the link: a restarted peer gets a new
 //! one, an exited one's ring memory is freed with the last mapping.
 //!
-//! A full ring drops the packet, as a full socket buffer does: the transport retransmits,
-//! and a peer that froze or died leaves its QPs' peers to their retry timers exactly as over
-//! UDP. What cannot be routed here — QP0/QP1 (the port keeper steers CM MADs by content),
+//! A full ring never drops a connected QP's packet: the engine asks for room
+//! ([`Shm::has_room`]) before it has the QP build one, and a QP that finds none waits (its
+//! packets stay in its send queue) until the peer has read — memory is not a network, and
+//! nothing sent between two processes of one host is ever retransmitted for want of room
+//! (4,096 QPs streaming into one ring used to turn drops into retry exhaustion). Only what
+//! is built before its route is known (UD) can still find a ring full, and is dropped as a
+//! full socket buffer drops it. A peer that froze or died leaves its QPs' peers to their
+//! retry timers exactly as over UDP. What cannot be routed here — QP0/QP1 (the port keeper steers CM MADs by content),
 //! multicast, peers in other namespaces or of other users, kernel rxe and every off-host
 //! peer — goes over UDP, byte for byte as before.
 
@@ -225,6 +230,30 @@ impl Shm {
                 self.counts.refused += 1;
                 self.end_out(i, Some(u64::MAX));
                 false
+            }
+        }
+    }
+
+    /// Whether out-link `i` has room for a packet of `len` bytes now. A link that just ended
+    /// (its destination goes over UDP from now on) has room. No room: the peer is asked
+    /// whether it is still there, once per run of full looks, as a full push asks.
+    pub(crate) fn has_room(&mut self, i: usize, len: usize) -> bool {
+        let Some(out) = self.outs.get_mut(i).and_then(Option::as_mut) else {
+            return true;
+        };
+        match out.ring.has_room(len) {
+            Ok(true) => true,
+            Ok(false) => {
+                if !std::mem::replace(&mut out.full, true) && port::ring_bell(&out.sock).is_err() {
+                    self.end_out(i, None);
+                    return true;
+                }
+                false
+            }
+            Err(ring::Corrupt) => {
+                self.counts.refused += 1;
+                self.end_out(i, Some(u64::MAX));
+                true
             }
         }
     }

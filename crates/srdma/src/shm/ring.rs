@@ -190,6 +190,20 @@ impl Producer {
         Ok(self.cap - used)
     }
 
+    /// Whether a record of `len` bytes would fit now (re-reading the consumer's tail only if
+    /// the last reading leaves too little), or `Corrupt`.
+    pub(crate) fn has_room(&mut self, len: usize) -> Result<bool, Corrupt> {
+        if len > MAX_RECORD {
+            return Ok(false);
+        }
+        let need = (REC_HDR + round8(len)) as u64;
+        let pos = self.head & (self.cap - 1);
+        let to_end = self.cap - pos;
+        let total = if need > to_end { to_end + need } else { need };
+        let used = self.head - self.tail;
+        Ok(self.cap - used >= total || self.free()? >= total)
+    }
+
     /// Offers a record of `len` bytes, which `fill` writes (it returns false to withdraw it:
     /// nothing is published). `Corrupt` when the consumer broke the rules.
     pub(crate) fn push(
