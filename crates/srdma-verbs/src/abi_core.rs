@@ -749,6 +749,17 @@ pub struct ibv_qp_init_attr {
     pub sq_sig_all: c_int,
 }
 
+/// `struct ibv_ece`: enhanced connection establishment options.
+#[repr(C)]
+pub struct ibv_ece {
+    /// The vendor (IEEE OUI) whose options these are.
+    pub vendor_id: u32,
+    /// The vendor's option bits.
+    pub options: u32,
+    /// Reserved: 0.
+    pub comp_mask: u32,
+}
+
 /// `struct ibv_qp_attr`.
 #[repr(C)]
 pub struct ibv_qp_attr {
@@ -1357,6 +1368,7 @@ mod tests {
                 max_dest_rd_atomic, min_rnr_timer, port_num, timeout, retry_cnt, rnr_retry,
                 alt_port_num, alt_timeout, rate_limit
             }
+            struct ibv_ece { vendor_id, options, comp_mask }
             struct ibv_srq_attr { max_wr, max_sge, srq_limit }
             struct ibv_srq_init_attr { srq_context, attr }
             struct ibv_srq_init_attr_ex { srq_context, attr, comp_mask, srq_type, pd, xrcd, cq, tm_cap }

@@ -3,7 +3,7 @@
 //! - Real: the `*_str` functions (rdma-core's strings), the rate conversions (rdma-core's
 //!   tables), `ibv_get_sysfs_path`.
 //! - Unsupported, with rdma-core's errno for a provider without the feature: memory windows'
-//!   entry points, dma-buf MRs, ECE, importing objects from
+//!   entry points, dma-buf MRs, importing objects from
 //!   another process, resolving a RoCE L2 address (EOPNOTSUPP; NULL with errno for pointers).
 //! - Provider-only (`IBVERBS_PRIVATE_34`): the kernel command and ioctl helpers a provider
 //!   library calls (`ibv_cmd_*`, `execute_ioctl`, …). They exist so that libmlx5.so.1 and
@@ -199,18 +199,6 @@ pub extern "C" fn mbps_to_ibv_rate(mbps: c_int) -> c_int {
 pub extern "C" fn ibv_reg_dmabuf_mr() -> *mut c_void {
     set_errno(libc::EOPNOTSUPP);
     std::ptr::null_mut()
-}
-
-/// `ibv_query_ece`: no enhanced connection establishment: EOPNOTSUPP.
-#[unsafe(no_mangle)]
-pub extern "C" fn ibv_query_ece(_qp: *mut c_void, _ece: *mut c_void) -> c_int {
-    libc::EOPNOTSUPP
-}
-
-/// `ibv_set_ece`: EOPNOTSUPP.
-#[unsafe(no_mangle)]
-pub extern "C" fn ibv_set_ece(_qp: *mut c_void, _ece: *mut c_void) -> c_int {
-    libc::EOPNOTSUPP
 }
 
 /// `ibv_resolve_eth_l2_from_gid`: srdma needs no L2 address (the kernel routes its UDP):

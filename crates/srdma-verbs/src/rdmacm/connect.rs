@@ -12,8 +12,13 @@ fn options(
     max_private: usize,
     peer: Option<PeerParams>,
 ) -> Result<ConnectOptions, c_int> {
-    let ack = lock(&me.sh.st).ack_timeout;
-    options_ack(ack, param, max_private, peer)
+    let (ack, ece) = {
+        let st = lock(&me.sh.st);
+        (st.ack_timeout, st.local_ece)
+    };
+    let mut o = options_ack(ack, param, max_private, peer)?;
+    o.ece = ece;
+    Ok(o)
 }
 
 /// Connection options from the application's `rdma_conn_param`, with the QP's ACK timeout
@@ -587,36 +592,67 @@ pub unsafe extern "C" fn rdma_establish(id: *mut rdma_cm_id) -> c_int {
     })
 }
 
-/// `rdma_set_local_ece`: kept (srdma has no ECE options to negotiate).
+/// `rdma_set_local_ece`: the ECE options the REQ offers or the REP accepts for a QP the
+/// application moves itself (an id with a QP offers the QP's own). 0, or -1 with EINVAL
+/// (`id` not live or with a QP, `ece` NULL, unknown `comp_mask` bits).
 ///
 /// # Safety
-/// `id` NULL or live; `ece` NULL or valid.
+/// `id` NULL or live; `ece` NULL or a valid `struct ibv_ece`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn rdma_set_local_ece(id: *mut rdma_cm_id, ece: *mut c_void) -> c_int {
+pub unsafe extern "C" fn rdma_set_local_ece(id: *mut rdma_cm_id, ece: *mut ibv_ece) -> c_int {
     guard(err(libc::EIO), || {
         // SAFETY: per the contract.
-        match unsafe { id_of(id) } {
-            Some(me) if me.c.qp.is_null() && !ece.is_null() => 0,
-            _ => err(libc::EINVAL),
+        let Some(me) = (unsafe { id_of(id) }) else {
+            return err(libc::EINVAL);
+        };
+        if !me.c.qp.is_null() || ece.is_null() {
+            return err(libc::EINVAL);
         }
+        // SAFETY: valid per the contract.
+        let e = unsafe { &*ece };
+        if e.comp_mask != 0 {
+            return err(libc::EINVAL);
+        }
+        lock(&me.sh.st).local_ece = srdma::Ece {
+            vendor_id: e.vendor_id,
+            options: e.options,
+        };
+        0
     })
 }
 
-/// `rdma_get_remote_ece`: no ECE from the peer (zeroes).
+/// `rdma_get_remote_ece`: the ECE options of the peer's REQ (a connection request's id) or
+/// REP (an active id whose REP came); zeroes before either. 0, or -1 with EINVAL (`id` not
+/// live or with a QP, `ece` NULL).
 ///
 /// # Safety
-/// `id` NULL or live; `ece` NULL or valid for a 12-byte `struct ibv_ece`.
+/// `id` NULL or live; `ece` NULL or writable for a `struct ibv_ece`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn rdma_get_remote_ece(id: *mut rdma_cm_id, ece: *mut c_void) -> c_int {
+pub unsafe extern "C" fn rdma_get_remote_ece(id: *mut rdma_cm_id, ece: *mut ibv_ece) -> c_int {
     guard(err(libc::EIO), || {
         // SAFETY: per the contract.
-        match unsafe { id_of(id) } {
-            Some(me) if me.c.qp.is_null() && !ece.is_null() => {
-                // SAFETY: `struct ibv_ece` is three u32.
-                unsafe { std::ptr::write_bytes(ece.cast::<u8>(), 0, 12) };
-                0
-            }
-            _ => err(libc::EINVAL),
+        let Some(me) = (unsafe { id_of(id) }) else {
+            return err(libc::EINVAL);
+        };
+        if !me.c.qp.is_null() || ece.is_null() {
+            return err(libc::EINVAL);
         }
+        let remote = {
+            let st = lock(&me.sh.st);
+            match (&st.request, &st.responded) {
+                (Some(Pending::Conn(r)), _) => r.peer_ece(),
+                (_, Some(r)) => r.peer_ece(),
+                _ => srdma::Ece::default(),
+            }
+        };
+        // SAFETY: writable per the contract.
+        unsafe {
+            *ece = ibv_ece {
+                vendor_id: remote.vendor_id,
+                options: remote.options,
+                comp_mask: 0,
+            }
+        };
+        0
     })
 }

@@ -509,6 +509,9 @@ struct State {
     /// Where the CM's messages go when that is not `dst`: a loopback destination resolved
     /// to the id's own device (see `rdma_resolve_addr`).
     route_dst: Option<SocketAddr>,
+    /// `rdma_set_local_ece`: what the REQ or REP offers for a QP the application moves
+    /// itself.
+    local_ece: srdma::Ece,
 }
 
 impl Shared {

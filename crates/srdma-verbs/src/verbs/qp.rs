@@ -905,6 +905,72 @@ pub(super) unsafe extern "C" fn post_recv(
     })
 }
 
+/// `ibv_query_ece`: the QP's enhanced connection establishment options — srdma's selective
+/// repeat offered by an RC QP (vendor 0x025352, option 1), or what `ibv_set_ece` agreed;
+/// zeroes for other QP types. 0, or EINVAL (`qp` not a live QP, `ece` NULL).
+///
+/// # Safety
+/// `qp` NULL or live; `ece` NULL or writable for a `struct ibv_ece`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ibv_query_ece(qp: *mut ibv_qp, ece: *mut ibv_ece) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: per the contract.
+        let Some(q) = (unsafe { back::<Qp, _>(qp) }) else {
+            return libc::EINVAL;
+        };
+        if ece.is_null() {
+            return libc::EINVAL;
+        }
+        let e = q.qp.query_ece();
+        // SAFETY: writable per the contract.
+        unsafe {
+            *ece = ibv_ece {
+                vendor_id: e.vendor_id,
+                options: e.options,
+                comp_mask: 0,
+            }
+        };
+        0
+    })
+}
+
+/// `ibv_set_ece`: the peer's options (from the CM's REQ or REP), before RTS; `*ece` is
+/// rewritten with what is agreed — srdma's selective repeat when both ends offer it,
+/// nothing for another vendor's options (never echoed as accepted). 0, or EINVAL (`qp`
+/// not a live QP, `ece` NULL, unknown `comp_mask` bits, or the QP already in RTS).
+///
+/// # Safety
+/// `qp` NULL or live; `ece` NULL or a valid, writable `struct ibv_ece`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ibv_set_ece(qp: *mut ibv_qp, ece: *mut ibv_ece) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: per the contract.
+        let Some(q) = (unsafe { back::<Qp, _>(qp) }) else {
+            return libc::EINVAL;
+        };
+        if ece.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: valid per the contract.
+        let c = unsafe { &mut *ece };
+        if c.comp_mask != 0 {
+            return libc::EINVAL;
+        }
+        let peer = srdma::Ece {
+            vendor_id: c.vendor_id,
+            options: c.options,
+        };
+        match q.qp.set_ece(peer) {
+            Ok(agreed) => {
+                c.vendor_id = agreed.vendor_id;
+                c.options = agreed.options;
+                0
+            }
+            Err(e) => errno_of(&e),
+        }
+    })
+}
+
 // ---------------------------------------------------------------------------------------
 // For librdmacm, which drives QPs it did not create through srdma.
 
