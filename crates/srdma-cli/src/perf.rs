@@ -472,6 +472,7 @@ impl<'a, W: Write> Side<'a, W> {
             self.client_baseline(ctrl, kind, local_ip, server_ip, &results)?;
         }
         self.note_counters(rdma.device());
+        self.note_qps(&rdma);
         self.json["qp_paths"] = json!(rdma.paths());
         self.emit_json(&opts)
     }
@@ -509,6 +510,7 @@ impl<'a, W: Write> Side<'a, W> {
             self.server_baseline(ctrl, kind, ip, &results)?;
         }
         self.note_counters(rdma.device());
+        self.note_qps(&rdma);
         self.json["qp_paths"] = json!(rdma.paths());
         self.emit_json(&opts)
     }
@@ -1009,6 +1011,19 @@ impl<'a, W: Write> Side<'a, W> {
             .map(|(k, v)| ((*k).to_string(), json!(v)))
             .collect();
         self.json["device_counters"] = Value::Object(c);
+    }
+
+    /// The QPs' counters (summed; retransmissions, timeouts, NAKs/SACKs, CNPs sent and
+    /// received) and each one's congestion control, for `--json`.
+    fn note_qps(&mut self, rdma: &engine::Rdma) {
+        let c: serde_json::Map<String, Value> = rdma
+            .qp_counters()
+            .entries()
+            .iter()
+            .map(|(k, v)| ((*k).to_string(), json!(v)))
+            .collect();
+        self.json["qp_counters"] = Value::Object(c);
+        self.json["congestion"] = json!(rdma.congestion());
     }
 
     fn emit_json(&mut self, _opts: &engine::Opts) -> anyhow::Result<()> {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, anyhow, bail};
 use serde_json::{Value, json};
 use srdma::{
-    AccessFlags, CompChannel, ConnectParams, Cq, Device, Gid, Mr, Mtu, Pd, Qp, QpCaps, QpInit,
+    AccessFlags, CompChannel, ConnectParams, Cq, Device, Ece, Gid, Mr, Mtu, Pd, Qp, QpCaps, QpInit,
     QpType, RKey, RecvWr, RemoteQp, SendFlags, SendOp, SendWr, SgeList, Wc, WcOpcode, WcStatus,
 };
 use srdma_wire::{Psn, Qpn};
@@ -81,6 +81,9 @@ pub struct QpInfo {
     pub gid: Gid,
     /// UDP port of the device.
     pub port: u16,
+    /// The QP's ECE options (`Qp::query_ece`): both ends set what they agree on, as
+    /// rdma_cm does with the REQ and REP (an older peer sends none: go-back-N).
+    pub ece: Ece,
 }
 
 impl QpInfo {
@@ -88,7 +91,8 @@ impl QpInfo {
     pub fn to_json(self) -> Value {
         let gid: String = self.gid.0.iter().map(|b| format!("{b:02x}")).collect();
         json!({"qpn": self.qpn, "psn": self.psn, "rkey": self.rkey, "vaddr": self.vaddr,
-               "gid": gid, "port": self.port})
+               "gid": gid, "port": self.port,
+               "ece": [self.ece.vendor_id, self.ece.options]})
     }
 
     /// Reads [`QpInfo::to_json`]'s form.
@@ -115,6 +119,20 @@ impl QpInfo {
             vaddr: n("vaddr")?,
             gid: Gid(gid),
             port: u16::try_from(n("port")?).map_err(|_| bad())?,
+            ece: match v.get("ece").and_then(Value::as_array).map(Vec::as_slice) {
+                None => Ece::default(),
+                Some([a, b]) => Ece {
+                    vendor_id: a
+                        .as_u64()
+                        .and_then(|x| u32::try_from(x).ok())
+                        .ok_or_else(bad)?,
+                    options: b
+                        .as_u64()
+                        .and_then(|x| u32::try_from(x).ok())
+                        .ok_or_else(bad)?,
+                },
+                Some(_) => return Err(bad()),
+            },
         })
     }
 }
@@ -331,6 +349,38 @@ impl Rdma {
         self.qps.iter().map(|q| q.path().name()).collect()
     }
 
+    /// The QPs' transport counters, summed.
+    pub fn qp_counters(&self) -> srdma::Counters {
+        let mut c = srdma::Counters::default();
+        for q in &self.qps {
+            c += q.counters();
+        }
+        c
+    }
+
+    /// Each QP's congestion control: window, rate, RTT, reactions, and how it recovers
+    /// losses (the ECE agreed).
+    pub fn congestion(&self) -> Vec<Value> {
+        self.qps
+            .iter()
+            .map(|q| {
+                let c = q.congestion();
+                let us = |d: Option<std::time::Duration>| d.map(|d| d.as_secs_f64() * 1e6);
+                json!({
+                    "window_psns": c.window_psns,
+                    "rate_mib_s": c.rate.map(|r| r as f64 / f64::from(1 << 20)),
+                    "srtt_us": us(c.srtt),
+                    "base_rtt_us": us(c.base_rtt),
+                    "loss_cuts": c.loss_cuts,
+                    "delay_cuts": c.delay_cuts,
+                    "timeouts": c.timeouts,
+                    "cnps": c.cnps,
+                    "selective_repeat": q.query_ece().selective_repeat(),
+                })
+            })
+            .collect()
+    }
+
     /// What to announce to the peer.
     pub fn local_info(&self) -> Vec<QpInfo> {
         let rkey = self.mr.rkey().map_or(0, |r| r.0);
@@ -342,6 +392,7 @@ impl Rdma {
                 vaddr: self.mr.addr() + self.layout.target(q) as u64,
                 gid: self.dev.local_gid(),
                 port: self.dev.local_addr().port(),
+                ece: self.qps[q].query_ece(),
             })
             .collect()
     }
@@ -365,8 +416,10 @@ impl Rdma {
                 gid: r.gid,
                 port: r.port,
             };
+            let agreed = self.qps[q].query_ece().agree(r.ece);
             self.qps[q]
-                .connect(&rq, &p)
+                .set_ece(agreed)
+                .and_then(|_| self.qps[q].connect(&rq, &p))
                 .with_context(|| format!("connecting QP {:#x} to the peer", r.qpn))?;
         }
         self.remote = remote;
