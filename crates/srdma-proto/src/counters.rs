@@ -42,6 +42,9 @@ pub struct Counters {
     pub retransmitted_pkts: u64,
     /// Local ACK timeouts: the retransmission timer fired (mlx5 `local_ack_timeout_err`).
     pub local_ack_timeout_err: u64,
+    /// Selective repeat: tail loss probes sent (the last packet again, after two round trips
+    /// without an ACK).
+    pub tlp_probes: u64,
     /// Packets received marked ECN CE (mlx5 `np_ecn_marked_roce_packets`).
     pub np_ecn_marked_roce_packets: u64,
     /// CNPs sent for them (mlx5 `np_cnp_sent`).
@@ -70,6 +73,7 @@ impl AddAssign for Counters {
         self.bad_pkey += o.bad_pkey;
         self.retransmitted_pkts += o.retransmitted_pkts;
         self.local_ack_timeout_err += o.local_ack_timeout_err;
+        self.tlp_probes += o.tlp_probes;
         self.np_ecn_marked_roce_packets += o.np_ecn_marked_roce_packets;
         self.np_cnp_sent += o.np_cnp_sent;
         self.rp_cnp_handled += o.rp_cnp_handled;
@@ -79,7 +83,7 @@ impl AddAssign for Counters {
 impl Counters {
     /// Name and value of every counter, in rxe's order, then mlx5's congestion counters (for
     /// `devinfo --stats`).
-    pub fn entries(&self) -> [(&'static str, u64); 21] {
+    pub fn entries(&self) -> [(&'static str, u64); 22] {
         [
             ("sent_pkts", self.sent_pkts),
             ("rcvd_pkts", self.rcvd_pkts),
@@ -99,6 +103,7 @@ impl Counters {
             ("bad_pkey", self.bad_pkey),
             ("retransmitted_pkts", self.retransmitted_pkts),
             ("local_ack_timeout_err", self.local_ack_timeout_err),
+            ("tlp_probes", self.tlp_probes),
             (
                 "np_ecn_marked_roce_packets",
                 self.np_ecn_marked_roce_packets,

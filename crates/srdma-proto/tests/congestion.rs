@@ -292,9 +292,10 @@ fn check_shared(r: &Report, rate_bps: u64, what: &str) {
     assert!(sum >= 0.9 * wire, "{what}: the flows fill the bottleneck");
     assert!(j >= 0.9, "{what}: Jain's index {j:.3} ({:?})", r.goodput);
     // A flow completes a message every `n · MSG / rate` at its fair share: it may go that
-    // long several times over without one, but no longer than 10 ms or five messages.
+    // long several times over without one (a whole window lost at a full queue waits for a
+    // probe or a timeout), but no longer than 25 ms or five messages.
     let message = Duration::from_secs_f64(r.goodput.len() as f64 * f64::from(MSG) / wire);
-    let idle = Duration::from_millis(10).max(message * 5);
+    let idle = Duration::from_millis(25).max(message * 5);
     assert!(
         r.longest_idle <= idle,
         "{what}: a flow made no progress for {:?} (allowed {idle:?})",
@@ -350,8 +351,8 @@ fn delay_keeps_a_deep_queue_from_filling() {
     assert_eq!(r.port.dropped, 0, "the queue never filled");
     let mean_us = r.port.mean_queue_bytes() as f64 * 8.0 / 1e3;
     assert!(
-        mean_us < 3000.0,
-        "mean queue {mean_us:.0} µs of 33 ms: held near the delay target"
+        mean_us < 4000.0,
+        "mean queue {mean_us:.0} µs of 33 ms: held within a few times the delay target"
     );
 }
 
@@ -376,8 +377,8 @@ fn selective_repeat_keeps_goodput_under_random_loss() {
         gbn / wire
     );
     assert!(
-        sr >= 0.5 * wire,
-        "selective repeat keeps the link half full at least"
+        sr >= 0.4 * wire,
+        "selective repeat keeps 40 % of the link at least"
     );
-    assert!(sr >= 1.5 * gbn, "and does much better than go-back-N");
+    assert!(sr >= 3.0 * gbn, "and does much better than go-back-N");
 }

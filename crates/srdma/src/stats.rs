@@ -161,6 +161,19 @@ impl Publisher {
         Some(self.render(dev, qp))
     }
 
+    /// Whether a write would be rate-limited at `now` anyway: the caller need not sum the QP
+    /// counters (thousands of QPs) for it. The device's own counters, which move with every
+    /// packet, stand for them: if they changed, the file is due at the interval's end.
+    pub(crate) fn throttled(&mut self, dev: &DeviceCounters, now: Instant) -> bool {
+        let within = self
+            .last
+            .is_some_and(|t| now.saturating_duration_since(t) < MIN_INTERVAL);
+        if within && *dev != self.written.0 {
+            self.dirty = true;
+        }
+        within
+    }
+
     /// How long until a call to [`maybe_write`](Publisher::maybe_write) would publish
     /// counters that a rate-limited call left out (None: the file is up to date). A progress
     /// thread that would sleep longer can wake then, so the file never lags by more than

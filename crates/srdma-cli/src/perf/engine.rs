@@ -374,6 +374,7 @@ impl Rdma {
                     "loss_cuts": c.loss_cuts,
                     "delay_cuts": c.delay_cuts,
                     "timeouts": c.timeouts,
+                    "spurious_timeouts": c.spurious_timeouts,
                     "cnps": c.cnps,
                     "selective_repeat": q.query_ece().selective_repeat(),
                 })

@@ -82,6 +82,8 @@ pub struct CcStats {
     pub delay_cuts: u64,
     /// Retransmission timeouts the window collapsed for.
     pub timeouts: u64,
+    /// Of the early ones (on measured RTT), those found spurious and undone (F-RTO).
+    pub spurious_timeouts: u64,
     /// CNPs taken in.
     pub cnps: u64,
 }
@@ -145,6 +147,11 @@ pub struct Controller {
     pacer: pacing::Pacer,
     epoch: Epoch,
     meter: RateMeter,
+    /// The engine's share cap on the window.
+    cap: u32,
+    /// After an early retransmission timeout: the window it collapsed, and the PSN before
+    /// which packets have been sent again since (see [`Controller::on_early_timeout`]).
+    frto: Option<(window::Window, Psn)>,
     /// Round trips (epochs) ended so far.
     epochs: u64,
     /// The epoch count when the last loss episode began.
@@ -167,6 +174,8 @@ impl Default for Controller {
                 least: Duration::MAX,
             },
             meter: RateMeter::default(),
+            cap: u32::MAX,
+            frto: None,
             epochs: 0,
             last_loss: None,
             unlimited: false,
@@ -176,30 +185,37 @@ impl Default for Controller {
 }
 
 impl Controller {
-    /// How many PSNs may be outstanding now.
+    /// How many PSNs may be outstanding now: the congestion window (the largest on a path
+    /// of memory), within the engine's share cap ([`Controller::set_cap`]).
     pub fn window(&self) -> u32 {
-        if self.unlimited {
+        let w = if self.unlimited {
             MAX_WINDOW_PSNS
         } else {
             self.window.psns()
-        }
+        };
+        w.min(self.cap)
     }
 
-    /// How many packets may go between two that ask for an ACK (at most `max`).
+    /// How many packets may go between two that ask for an ACK: `max` (rxe: 64), or half
+    /// the window when that is less, so that a small window is acknowledged before it runs
+    /// dry (a responder answers AckReq packets only).
     pub fn ack_every(&self, max: u32) -> u32 {
-        if self.unlimited {
-            max
-        } else {
-            self.window.ack_every(max)
-        }
+        max.min(self.window() / 2).max(1)
+    }
+
+    /// Caps the window at `psns` (at least [`MIN_WINDOW_PSNS`]): the engine's fair share of
+    /// what one destination takes in flight when many QPs send to it (thousands of QPs
+    /// between two processes share one socket buffer or ring; their windows together must
+    /// fit it). `u32::MAX`: no cap.
+    pub fn set_cap(&mut self, psns: u32) {
+        self.cap = psns.max(MIN_WINDOW_PSNS);
     }
 
     /// The peer agreed to selective repeat (an srdma peer): a smaller first window
     /// ([`INITIAL_SR_WINDOW_PSNS`]) before anything was sent.
     pub fn selective_peer(&mut self) {
         if !self.unlimited && self.epoch.until.is_none() {
-            self.window
-                .restart(INITIAL_SR_WINDOW_PSNS, window::Growth::Acked);
+            self.window.restart_selective(INITIAL_SR_WINDOW_PSNS);
         }
     }
 
@@ -217,7 +233,10 @@ impl Controller {
 
     /// The window held a packet back.
     pub fn held(&mut self) {
-        self.window.held();
+        // Held by the cap, not the congestion window: no evidence for the latter to grow.
+        if self.cap >= self.window.psns() {
+            self.window.held();
+        }
     }
 
     /// A new request packet `psn` of `bytes` left at `now`; `ack_req`: it asks for an ACK.
@@ -231,9 +250,14 @@ impl Controller {
         self.sent_bytes(now, bytes);
     }
 
-    /// A packet of `bytes` was sent again at `now` (or a response, which is not timed).
-    pub fn on_resent(&mut self, now: Duration, bytes: u32) {
-        self.probes.forget();
+    /// Packet `psn` of `bytes` was sent again at `now`.
+    pub fn on_resent(&mut self, now: Duration, psn: Psn, bytes: u32) {
+        self.probes.forget_psn(psn);
+        if let Some((_, hi)) = &mut self.frto {
+            if !psn.before(*hi) {
+                *hi = psn.add(1);
+            }
+        }
         self.sent_bytes(now, bytes);
     }
 
@@ -259,6 +283,15 @@ impl Controller {
         if let Some(sample) = self.probes.acked(acked_to, now) {
             self.rtt.update(now, sample);
             self.epoch.least = self.epoch.least.min(sample);
+        }
+        // F-RTO (RFC 5682): the first ACK after an early timeout that acknowledges a packet
+        // not sent again since then shows the first copies arrived — the timeout was
+        // spurious (a responder descheduled for a moment), and what it collapsed is undone.
+        if let Some((before, resent_to)) = self.frto.take() {
+            if acked_to.after(resent_to) {
+                self.window = before;
+                self.stats.spurious_timeouts += 1;
+            }
         }
         self.recovery.acked(acked_to);
         if self.unlimited {
@@ -322,11 +355,23 @@ impl Controller {
     /// The retransmission timer fired at `now`.
     pub fn on_timeout(&mut self, _now: Duration) {
         self.probes.forget();
+        self.frto = None;
         if self.unlimited {
             return;
         }
         self.window.collapse();
         self.stats.timeouts += 1;
+    }
+
+    /// The early retransmission timer (on measured RTT) fired at `now`, with `from` the
+    /// oldest unacknowledged PSN, from which packets go again: the window collapses, as on
+    /// a timeout, but is restored if the next ACK shows the timeout was spurious.
+    pub fn on_early_timeout(&mut self, now: Duration, from: Psn) {
+        let before = self.window;
+        self.on_timeout(now);
+        if !self.unlimited {
+            self.frto = Some((before, from));
+        }
     }
 
     /// A CNP for this QP came at `now`.
@@ -399,6 +444,16 @@ mod tests {
 
     const US: Duration = Duration::from_micros(1);
 
+    /// A controller toward a selective-repeat peer, its window opened to 128 PSNs.
+    fn selective() -> Controller {
+        let mut c = Controller::default();
+        c.selective_peer();
+        c.held();
+        c.on_ack(Duration::ZERO, Psn::new(0), 112, 0, Psn::new(0));
+        assert_eq!(c.window(), 128);
+        c
+    }
+
     /// Sends `n` packets of 1 KiB from `psn` at `now`, one AckReq at the end.
     fn send(c: &mut Controller, now: Duration, psn: &mut Psn, n: u32) {
         for i in 0..n {
@@ -410,7 +465,7 @@ mod tests {
 
     #[test]
     fn a_standing_queue_shrinks_the_window_once_per_round_trip() {
-        let mut c = Controller::default();
+        let mut c = selective();
         let mut psn = Psn::new(0);
         let mut now = Duration::ZERO;
         // Base RTT 100 µs.
@@ -442,7 +497,7 @@ mod tests {
 
     #[test]
     fn loss_cuts_once_per_episode_and_less_on_an_idle_path() {
-        let mut c = Controller::default();
+        let mut c = selective();
         let mut psn = Psn::new(0);
         send(&mut c, Duration::ZERO, &mut psn, 64);
         c.on_ack(100 * US, psn, 64, 0, psn);
@@ -470,6 +525,26 @@ mod tests {
         c.on_timeout(now + 200 * US);
         assert_eq!(c.window(), MIN_WINDOW_PSNS);
         assert_eq!(c.stats().timeouts, 1);
+        // Toward an IBTA peer, never below rxe's window.
+        let mut c = Controller::default();
+        c.on_timeout(Duration::ZERO);
+        assert_eq!(c.window(), INITIAL_WINDOW_PSNS);
+    }
+
+    #[test]
+    fn the_cap_bounds_the_window_and_its_acks() {
+        let mut c = Controller::default();
+        assert_eq!(c.ack_every(64), 64);
+        c.set_cap(10);
+        assert_eq!(c.window(), 10);
+        assert_eq!(c.ack_every(64), 5);
+        c.set_cap(1);
+        assert_eq!(c.window(), MIN_WINDOW_PSNS);
+        // Held by the cap: the window itself does not grow.
+        c.held();
+        c.on_ack(Duration::ZERO, Psn::new(64), 64, 0, Psn::new(64));
+        c.set_cap(u32::MAX);
+        assert_eq!(c.window(), INITIAL_WINDOW_PSNS);
     }
 
     #[test]

@@ -10,14 +10,23 @@ use srdma_wire::Psn;
 /// (a reroute, a slower peer) is learned within two of these.
 pub const BASE_WINDOW: Duration = Duration::from_secs(10);
 
-/// The shortest retransmission timeout on measured RTT: below this, a descheduled responder
-/// (a loaded two-core host answers a few hundred microseconds late now and then) would make
-/// spurious retransmissions routine.
-pub const MIN_RTO: Duration = Duration::from_millis(1);
+/// The shortest retransmission timeout on measured RTT. Below this, a descheduled responder
+/// makes spurious timeouts routine (a loaded two-core host answers milliseconds late now
+/// and then, and a software responder may hold an ACK back for up to a millisecond to let
+/// it ride a reply: at 1 ms, a WRITE stream over loopback timed out 55 times in 3 s without
+/// losing a packet), and so does a queue that fills faster than SRTT follows (a deep
+/// bottleneck took RTTs from 0.1 to 5 ms). Lost tails are found sooner by the tail loss
+/// probe ([`RttEstimator::pto`]); this is the backstop, well below the IBTA timer's usual
+/// 67 ms.
+pub const MIN_RTO: Duration = Duration::from_millis(2);
 
 /// The retransmission timeout before the first sample (RFC 6298 says 1 s for the Internet;
 /// a peer that has not answered the first window within this long lost it).
 pub const INITIAL_RTO: Duration = Duration::from_millis(5);
+
+/// The shortest tail loss probe timeout (RFC 8985's PTO): a probe is one packet, cheap even
+/// when spurious.
+pub const MIN_PTO: Duration = Duration::from_micros(200);
 
 /// RFC 6298 estimator of one QP's path, plus a windowed minimum.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,6 +92,12 @@ impl RttEstimator {
         (m != Duration::MAX).then_some(m)
     }
 
+    /// The tail loss probe timeout: two smoothed RTTs, at least [`MIN_PTO`] (RFC 8985);
+    /// [`INITIAL_RTO`] before the first sample.
+    pub fn pto(&self) -> Duration {
+        self.srtt.map_or(INITIAL_RTO, |s| (s * 2).max(MIN_PTO))
+    }
+
     /// A retransmission timeout on measured time (RFC 6298: SRTT + 4·RTTVAR; at least twice
     /// the latest sample, since a queue that fills raises the RTT faster than SRTT follows;
     /// at least [`MIN_RTO`]; [`INITIAL_RTO`] before the first sample).
@@ -99,7 +114,8 @@ impl RttEstimator {
 const PROBES: usize = 16;
 
 /// The send times of request packets that asked for an ACK, to time that ACK. Only packets
-/// sent once are timed (Karn): a retransmission forgets every probe.
+/// sent once are timed (Karn): a packet sent again is no longer timed (a later one's ACK may
+/// then include the time the loss took to repair: an overestimate, on the safe side).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Probes {
     ring: [(u32, Duration); PROBES],
@@ -129,7 +145,9 @@ impl Probes {
             if !Psn::new(psn).before(acked_to) {
                 break;
             }
-            sample = Some(now.saturating_sub(at));
+            sample = (at != Duration::MAX)
+                .then(|| now.saturating_sub(at))
+                .or(sample);
             self.head = (self.head + 1) % PROBES;
             self.len -= 1;
         }
@@ -140,6 +158,17 @@ impl Probes {
     pub fn forget(&mut self) {
         self.len = 0;
         self.head = 0;
+    }
+
+    /// Packet `psn` is being sent again: it is no longer timed.
+    pub fn forget_psn(&mut self, psn: Psn) {
+        for i in 0..self.len {
+            let slot = &mut self.ring[(self.head + i) % PROBES];
+            if slot.0 == psn.value() {
+                // Its time moves to "never": an ACK covering it takes the newer probes'.
+                slot.1 = Duration::MAX;
+            }
+        }
     }
 }
 
@@ -160,7 +189,7 @@ mod tests {
         // rttvar = 3/4·50 + 1/4·100 = 62.5; srtt = 7/8·100 + 1/8·200 = 112.5
         assert_eq!(r.srtt(), Some(112_500 * Duration::from_nanos(1)));
         r.update(Duration::ZERO, 10_000 * US);
-        assert!(r.rto() >= 20 * MIN_RTO, "twice the latest");
+        assert!(r.rto() >= 10 * MIN_RTO, "twice the latest");
         assert_eq!(r.latest(), 10_000 * US);
         assert_eq!(r.base(), Some(100 * US));
     }
@@ -205,5 +234,13 @@ mod tests {
         p.sent(Psn::new(5), Duration::ZERO);
         p.forget();
         assert_eq!(p.acked(Psn::new(100), Duration::from_micros(1)), None);
+        // A packet sent again is no longer timed; the older one still is.
+        p.sent(Psn::new(200), Duration::ZERO);
+        p.sent(Psn::new(210), Duration::from_micros(5));
+        p.forget_psn(Psn::new(210));
+        assert_eq!(
+            p.acked(Psn::new(211), Duration::from_micros(50)),
+            Some(Duration::from_micros(50))
+        );
     }
 }

@@ -13,8 +13,7 @@
 //!     A responder that cannot keep up acknowledges part of what was sent (rxe answers the
 //!     AckReq every 64 packets as it reaches it) and the window stays where it is: a bigger
 //!     one would overrun it (kernel rxe in an emulated guest drops the burst, and go-back-N
-//!     pays a window for each loss). So that the evidence can come at all, such a window
-//!     asks for an ACK only at its end while it is smaller than the ACK interval.
+//!     pays a window for each loss).
 //!   - toward an srdma peer that agreed to selective repeat, from
 //!     [`INITIAL_SR_WINDOW_PSNS`], by every PSN acknowledged (doubling per round trip, as
 //!     TCP): a loss there costs the packets lost, not a window.
@@ -26,7 +25,12 @@
 //!   per round trip.
 //!
 //! It shrinks multiplicatively — by a factor the controller chooses for a loss, a delay above
-//! target or a timeout — to no less than [`MIN_WINDOW_PSNS`], and leaves slow start then.
+//! target or a timeout — and leaves slow start then; never below its floor: rxe's 128
+//! toward an IBTA peer (go-back-N resends a window for each loss and the IBTA counts every
+//! resend against `retry_cnt`: a small window loses its one ACK, or its tail, and runs into
+//! the retry limit on a lossy path where rxe's fixed window keeps going), [`MIN_WINDOW_PSNS`]
+//! toward a selective-repeat peer, whose losses cost what was lost and are recovered on
+//! measured RTT.
 
 use srdma_wire::Psn;
 
@@ -38,8 +42,8 @@ pub const INITIAL_WINDOW_PSNS: u32 = 128;
 /// flows may start at once into one queue (an incast), and slow start reaches the largest
 /// window in a few round trips anyway.
 pub const INITIAL_SR_WINDOW_PSNS: u32 = 16;
-/// The least a window is ever cut to (thousands of QPs share one path: their windows
-/// together must fit its queue).
+/// The least a selective-repeat peer's window is ever cut to (thousands of QPs share one
+/// path: their windows together must fit its queue).
 pub const MIN_WINDOW_PSNS: u32 = 4;
 /// Drained acknowledgements in a row, each after the window held a packet back, that double
 /// an IBTA peer's window in slow start.
@@ -69,6 +73,8 @@ pub struct Window {
     drains: u32,
     /// PSNs acknowledged towards the next additive increase (congestion avoidance).
     ca_acked: u32,
+    /// The least the window is cut to.
+    floor: u32,
 }
 
 impl Default for Window {
@@ -76,6 +82,7 @@ impl Default for Window {
         Window {
             psns: INITIAL_WINDOW_PSNS,
             ssthresh: u32::MAX,
+            floor: INITIAL_WINDOW_PSNS,
             growth: Growth::Drained,
             held: false,
             drains: 0,
@@ -136,29 +143,30 @@ impl Window {
         }
     }
 
-    /// Cuts the window to `num/den` of itself (at least [`MIN_WINDOW_PSNS`]) and leaves slow
-    /// start.
+    /// Cuts the window to `num/den` of itself (not below its floor) and leaves slow start.
     pub fn cut(&mut self, num: u32, den: u32) {
         let cut = (u64::from(self.psns) * u64::from(num) / u64::from(den.max(1))) as u32;
-        self.psns = cut.clamp(MIN_WINDOW_PSNS, self.psns.max(MIN_WINDOW_PSNS));
+        self.psns = cut.clamp(self.floor, self.psns.max(self.floor));
         self.ssthresh = self.psns;
         self.after_change();
     }
 
-    /// A retransmission timeout: the path lost everything in flight. Back to the least window,
-    /// slow start up to half of what it was.
+    /// A retransmission timeout: the path lost everything in flight. Back to the floor, slow
+    /// start up to half of what it was.
     pub fn collapse(&mut self) {
-        self.ssthresh = (self.psns / 2).max(MIN_WINDOW_PSNS);
-        self.psns = MIN_WINDOW_PSNS;
+        self.ssthresh = (self.psns / 2).max(self.floor);
+        self.psns = self.floor;
         self.after_change();
     }
 
-    /// Starts over from `psns`, growing as `growth` says (a connection that has not sent
-    /// yet learned how its peer recovers losses).
-    pub fn restart(&mut self, psns: u32, growth: Growth) {
+    /// Starts over from `psns` toward a selective-repeat peer: growing by what is
+    /// acknowledged, cut down to [`MIN_WINDOW_PSNS`] (a connection that has not sent yet
+    /// learned how its peer recovers losses).
+    pub fn restart_selective(&mut self, psns: u32) {
         *self = Window {
             psns: psns.clamp(MIN_WINDOW_PSNS, MAX_WINDOW_PSNS),
-            growth,
+            growth: Growth::Acked,
+            floor: MIN_WINDOW_PSNS,
             ..Window::default()
         };
     }
@@ -172,19 +180,6 @@ impl Window {
         self.held = false;
         self.drains = 0;
         self.ca_acked = 0;
-    }
-
-    /// How many packets a requester sends at most between two that ask for an ACK: `max`
-    /// (rxe: 64), or less when the window is small. [`Growth::Acked`]: half the window, so
-    /// that it is acknowledged before it runs dry (the responder answers AckReq packets
-    /// only). [`Growth::Drained`]: the whole window, so that one ACK covers all of it and
-    /// shows whether the responder kept up.
-    pub fn ack_every(&self, max: u32) -> u32 {
-        let w = match self.growth {
-            Growth::Acked => self.psns / 2,
-            Growth::Drained => self.psns,
-        };
-        max.min(w).max(1)
     }
 }
 
@@ -254,34 +249,25 @@ mod tests {
             w.acked(64, 0);
         }
         assert_eq!(w.psns(), MAX_WINDOW_PSNS);
-        assert_eq!(w.ack_every(64), 64);
     }
 
     #[test]
-    fn a_small_ibta_window_asks_for_one_ack_and_grows_back() {
+    fn an_ibta_window_never_falls_below_rxes() {
         let mut w = Window::default();
-        w.collapse();
-        assert_eq!(w.psns(), MIN_WINDOW_PSNS);
-        assert_eq!(
-            w.ack_every(64),
-            MIN_WINDOW_PSNS,
-            "one ACK at the window's end"
-        );
-        // Two drains a doubling: 4 → 64 in eight round trips.
-        for _ in 0..8 {
-            w.held();
-            w.acked(w.psns(), 0);
+        w.open_wide();
+        for _ in 0..10 {
+            w.cut(1, 2);
         }
-        assert_eq!(w.psns(), 64, "slow start up to half of 128");
-        assert!(!w.slow_start());
+        assert_eq!(w.psns(), INITIAL_WINDOW_PSNS);
+        w.collapse();
+        assert_eq!(w.psns(), INITIAL_WINDOW_PSNS);
     }
 
     #[test]
     fn selective_slow_start_grows_by_what_is_acknowledged() {
         let mut w = Window::default();
-        w.restart(INITIAL_SR_WINDOW_PSNS, Growth::Acked);
+        w.restart_selective(INITIAL_SR_WINDOW_PSNS);
         assert_eq!(w.psns(), 16);
-        assert_eq!(w.ack_every(64), 8, "two ACKs a window");
         w.acked(8, 8);
         assert_eq!(w.psns(), 16, "not held back: no growth");
         w.held();
@@ -321,14 +307,27 @@ mod tests {
     }
 
     #[test]
-    fn cuts_keep_the_floor() {
+    fn a_selective_window_is_cut_to_the_least_and_grows_back() {
         let mut w = Window::default();
+        w.restart_selective(INITIAL_SR_WINDOW_PSNS);
         for _ in 0..20 {
             w.cut(1, 2);
         }
         assert_eq!(w.psns(), MIN_WINDOW_PSNS);
         w.cut(0, 0);
         assert_eq!(w.psns(), MIN_WINDOW_PSNS);
+        let mut w = Window::default();
+        w.restart_selective(64);
+        w.collapse();
+        assert_eq!(w.psns(), MIN_WINDOW_PSNS);
+        assert!(w.slow_start());
+        // Slow start doubles per window acknowledged: 4, 8, 16, then 32, half of 64.
+        for _ in 0..3 {
+            w.held();
+            w.acked(w.psns(), 0);
+        }
+        assert_eq!(w.psns(), 32, "slow start up to half of 64");
+        assert!(!w.slow_start());
     }
 
     #[test]

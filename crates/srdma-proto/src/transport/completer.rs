@@ -7,6 +7,9 @@ use srdma_wire::{Kind, NakCode, PacketRepr, Position, Psn, Syndrome};
 
 use super::requester::scatter;
 
+/// Reported PSNs beyond a hole that make it lost (RFC 6675's DupThresh).
+const DUP_THRESH: u32 = 3;
+
 /// Early retransmissions in a row double the wait up to this many times (2^3 = 8× the
 /// measured RTO): a flow locked out of a full queue must come back while the others are
 /// there still, not after they left.
@@ -127,21 +130,39 @@ impl Qp {
         let Some(high) = self.scoreboard.high().filter(|_| reported) else {
             return;
         };
-        self.counters.rcvd_seq_err += 1;
-        self.cc.on_loss(ctx.now, self.req_psn);
+        // A hole is lost once DUP_THRESH reported PSNs lie beyond it (RFC 6675): one or
+        // two reports above it are reordering, with it still on its way. Or once the tail
+        // loss probe is reported: what was sent before it and did not arrive first is lost.
+        let probed = self
+            .tlp_psn
+            .filter(|&p| self.scoreboard.contains(p))
+            .inspect(|_| self.tlp_psn = None);
+        let lost_before = match (self.scoreboard.nth_highest(DUP_THRESH), probed) {
+            (Some(a), Some(b)) => Some(if a.after(b) { a } else { b }),
+            (a, b) => a.or(b),
+        };
+        let Some(lost_before) = lost_before.filter(|l| !l.after(high)) else {
+            return;
+        };
         let mut p = if self.resend_upto.after(self.comp_psn) {
             self.resend_upto
         } else {
             self.comp_psn
         };
-        while p.before(high) {
+        let mut queued = false;
+        while p.before(lost_before) {
             if !self.scoreboard.contains(p) {
                 self.resend.push_back(p);
+                queued = true;
             }
             p = p.add(1);
         }
-        if high.after(self.resend_upto) {
-            self.resend_upto = high;
+        if lost_before.after(self.resend_upto) {
+            self.resend_upto = lost_before;
+        }
+        if queued {
+            self.counters.rcvd_seq_err += 1;
+            self.cc.on_loss(ctx.now, self.req_psn);
         }
     }
 
@@ -225,6 +246,8 @@ impl Qp {
         };
         self.rto_backoff = 0;
         self.rto_deadline = None;
+        self.tlp_deadline = None;
+        self.tlp_sent = false;
         if self.comp_psn.before(self.max_sent_psn) {
             self.arm_rto(now);
         }
@@ -244,6 +267,15 @@ impl Qp {
         let at = now + rto;
         if self.retrans_deadline.is_none_or(|d| at < d) {
             self.rto_deadline = Some(at);
+        }
+        // The tail loss probe comes first: a lost tail (nothing after it arrives, so no
+        // SACK tells of it) is found in two round trips, and costs one packet, where the
+        // timeout collapses the window.
+        if !self.tlp_sent && self.tlp_deadline.is_none() {
+            let pto = self.cc.rtt().pto();
+            if pto < rto {
+                self.tlp_deadline = Some(now + pto);
+            }
         }
     }
 
@@ -397,20 +429,6 @@ impl Qp {
         self.rearm(now);
     }
 
-    /// Selective repeat: queues every PSN sent and not acknowledged that the responder did
-    /// not report.
-    fn resend_unreported(&mut self) {
-        self.resend.clear();
-        let mut p = self.comp_psn;
-        while p.before(self.max_sent_psn) {
-            if !self.scoreboard.contains(p) {
-                self.resend.push_back(p);
-            }
-            p = p.add(1);
-        }
-        self.resend_upto = self.max_sent_psn;
-    }
-
     /// Points the requester back at `comp_psn`: the WQE holding it resumes from that packet
     /// (a partly answered READ is re-requested from the first missing byte, rxe `req_retry`),
     /// every later WQE is resent whole with the PSNs it already had.
@@ -440,21 +458,33 @@ impl Qp {
 
     /// Timers due at `now`.
     pub(super) fn completer_timeout(&mut self, now: Duration) {
+        if self.tlp_deadline.is_some_and(|d| now >= d) {
+            self.tlp_deadline = None;
+            if self.comp_psn.before(self.max_sent_psn)
+                && self.rnr_deadline.is_none()
+                && self.resend.is_empty()
+                && !std::mem::replace(&mut self.tlp_sent, true)
+            {
+                self.tlp_probe = Some(self.max_sent_psn.sub(1));
+            }
+        }
         if self.rto_deadline.is_some_and(|d| now >= d) {
             self.rto_deadline = None;
             if self.comp_psn.before(self.max_sent_psn) && self.rnr_deadline.is_none() {
-                // Early retransmission: charges no retry (the IBTA timer does that). The
-                // first is a loss (it may be spurious: a queue that filled fast) and
-                // resends what the responder did not report; a second in a row is a
-                // blackout, as a TCP RTO: the window collapses, and no report is trusted,
-                // everything goes again from the oldest unacknowledged PSN.
+                // Early retransmission: charges no retry (the IBTA timer does that). As a
+                // TCP RTO, the window collapses (undone if the next ACK shows the timeout
+                // was spurious: F-RTO). The first resends what the responder did not
+                // report; a second in a row trusts no report and goes back to the oldest
+                // unacknowledged PSN.
+                self.cc.on_early_timeout(now, self.comp_psn);
                 if self.rto_backoff == 0 {
-                    self.cc.on_loss(now, self.req_psn);
-                } else {
-                    self.cc.on_timeout(now);
-                }
-                if self.rto_backoff == 0 && !self.scoreboard.is_empty() {
-                    self.resend_unreported();
+                    // The oldest unacknowledged packet alone (F-RTO): if the ACK that comes
+                    // next covers more, the timeout was spurious and nothing else goes
+                    // again; if not, what is still missing shows in the SACKs, or the next
+                    // timeout goes back to it.
+                    self.resend.clear();
+                    self.resend.push_back(self.comp_psn);
+                    self.resend_upto = self.comp_psn.add(1);
                 } else {
                     self.rewind();
                 }

@@ -285,6 +285,17 @@ pub struct Qp {
     rto_deadline: Option<Duration>,
     /// Early retransmissions in a row without progress: each doubles the next wait.
     rto_backoff: u32,
+    /// Selective repeat: the tail loss probe's deadline (RFC 8985's PTO, two RTTs without
+    /// an ACK), before the early retransmission.
+    tlp_deadline: Option<Duration>,
+    /// Selective repeat: the probe to send (the last PSN sent, again), once per stall.
+    tlp_probe: Option<Psn>,
+    /// The probe of this stall went (rearmed by progress).
+    tlp_sent: bool,
+    /// The PSN the last probe carried, until a SACK reports it: the holes below it are lost
+    /// then (on a path that keeps order, whatever was sent before the probe and was still
+    /// on its way would have arrived before it).
+    tlp_psn: Option<Psn>,
     /// Selective repeat, requester: what the responder reported it holds.
     scoreboard: selective::Scoreboard,
     /// Selective repeat, requester: PSNs to send again (holes the SACKs showed).
@@ -363,6 +374,10 @@ impl Qp {
             reliability: Reliability::GoBackN,
             rto_deadline: None,
             rto_backoff: 0,
+            tlp_deadline: None,
+            tlp_probe: None,
+            tlp_sent: false,
+            tlp_psn: None,
             scoreboard: selective::Scoreboard::default(),
             resend: VecDeque::new(),
             resend_upto: Psn::new(0),
@@ -439,6 +454,12 @@ impl Qp {
     /// How the QP recovers losses.
     pub fn reliability(&self) -> Reliability {
         self.reliability
+    }
+
+    /// Caps the QP's window at `psns` PSNs in flight (`u32::MAX`: no cap): an engine's fair
+    /// share of a destination that many QPs send to (see `congestion::Controller::set_cap`).
+    pub fn set_window_cap(&mut self, psns: u32) {
+        self.cc.set_cap(psns);
     }
 
     /// Where the QP's congestion control stands (window, rate, RTT, what it reacted to).
@@ -561,6 +582,8 @@ impl Qp {
         self.retrans_deadline = None;
         self.rnr_deadline = None;
         self.rto_deadline = None;
+        self.tlp_deadline = None;
+        self.tlp_probe = None;
         self.reorder.clear();
         self.resend.clear();
         self.scoreboard.clear();
@@ -755,6 +778,7 @@ impl Qp {
             self.rnr_deadline,
             self.pace_until,
             self.rto_deadline,
+            self.tlp_deadline,
         ]
         .into_iter()
         .flatten()
@@ -936,7 +960,9 @@ impl Qp {
     pub fn has_requests_ready(&self) -> bool {
         self.rnr_deadline.is_none()
             && self.pace_until.is_none()
-            && (self.req_cursor < self.sq.len() || !self.resend.is_empty())
+            && (self.req_cursor < self.sq.len()
+                || !self.resend.is_empty()
+                || self.tlp_probe.is_some())
     }
 
     /// True when the QP has something to send right now.

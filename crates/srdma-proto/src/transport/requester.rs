@@ -13,6 +13,13 @@ use crate::wr::{SendOp, Sge};
 impl Qp {
     /// The next request packet, if the send queue has one that may go now.
     pub(super) fn next_request(&mut self, ctx: &mut Ctx<'_>, buf: &mut [u8]) -> Option<Transmit> {
+        if let Some(p) = self.tlp_probe.take() {
+            if self.resend.is_empty() {
+                self.resend.push_back(p);
+                self.tlp_psn = Some(p);
+                self.counters.tlp_probes += 1;
+            }
+        }
         if !self.resend.is_empty() {
             if let Some(t) = self.next_resend(ctx, buf) {
                 return Some(t);
@@ -367,7 +374,7 @@ impl Qp {
         let ack_req = repr.bth.ack_req;
         if resend.is_some() {
             self.counters.retransmitted_pkts += 1;
-            self.cc.on_resent(ctx.now, len as u32);
+            self.cc.on_resent(ctx.now, psn, len as u32);
             return Ok(Some(super::Transmit { len, dest }));
         }
         let (kind_send, last_psn) = (
@@ -386,7 +393,7 @@ impl Qp {
         let sent_through = if request_done { last_psn } else { psn };
         if psn.before(self.max_sent_psn) {
             self.counters.retransmitted_pkts += 1;
-            self.cc.on_resent(ctx.now, len as u32);
+            self.cc.on_resent(ctx.now, psn, len as u32);
         } else {
             self.cc.on_sent(ctx.now, psn, len as u32, ack_req);
         }

@@ -190,6 +190,20 @@ impl Scoreboard {
         }
     }
 
+    /// The `n`th highest PSN reported (1: the highest), if `n` are: the PSNs before it have
+    /// at least `n` reported beyond them.
+    pub fn nth_highest(&self, n: u32) -> Option<Psn> {
+        let mut above = 0u32;
+        for &(a, b) in self.ranges.iter().rev() {
+            let len = b.diff(a).max(0) as u32;
+            if above + len >= n {
+                return Some(b.sub(n - above));
+            }
+            above += len;
+        }
+        None
+    }
+
     /// The end of the highest range reported.
     pub fn high(&self) -> Option<Psn> {
         self.ranges.last().map(|&(_, b)| b)
@@ -284,6 +298,13 @@ mod tests {
         assert_eq!(s.ranges, [(p(10), p(25))]);
         assert!(s.contains(p(10)) && s.contains(p(24)) && !s.contains(p(25)));
         assert_eq!(s.count(), 15);
+        s.insert(p(30), p(32));
+        assert_eq!(s.nth_highest(1), Some(p(31)));
+        assert_eq!(s.nth_highest(3), Some(p(24)));
+        assert_eq!(s.nth_highest(17), Some(p(10)));
+        assert_eq!(s.nth_highest(18), None);
+        s.clear();
+        s.insert(p(10), p(25));
         s.prune(p(15));
         assert_eq!(s.ranges, [(p(15), p(25))]);
         s.prune(p(30));

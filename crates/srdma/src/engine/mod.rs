@@ -15,6 +15,7 @@ mod complete;
 mod probe;
 mod progress;
 mod rx;
+mod share;
 mod state;
 mod timers;
 mod tx;
@@ -103,6 +104,8 @@ pub(crate) struct QpSlot {
     touched: bool,
     /// The QP is on `State::shm_blocked` (a full ring held it back).
     shm_blocked: bool,
+    /// The peer address the QP is counted under in `State::shares` (it has work there).
+    sharing: Option<std::net::IpAddr>,
 }
 
 impl QpSlot {
@@ -262,6 +265,8 @@ pub(crate) struct State {
     shm_took_at: u64,
     /// QPs a full shared-memory ring held back (`Shared::flush_blocked` tries them again).
     shm_blocked: Vec<u32>,
+    /// QPs with work per peer address: their windows' fair shares (`share`).
+    shares: share::Shares,
 }
 
 pub(crate) struct Shared {
@@ -480,6 +485,7 @@ pub(crate) fn start(cfg: DeviceConfig, sock: crate::udp::Socket) -> Result<Arc<D
         udp_quiet_until: 0,
         shm_took_at: 0,
         shm_blocked: Vec::new(),
+        shares: share::Shares::default(),
         due: Vec::with_capacity(64),
         timers: timers::TimerSet::default(),
         next_timer: u64::MAX,

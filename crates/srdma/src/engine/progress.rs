@@ -269,13 +269,16 @@ impl Shared {
 /// The device's published statistics to refresh (at most once a second): the caller writes
 /// them once it released the device's lock.
 fn publish_stats(st: &mut State) -> Option<crate::stats::Pending> {
-    st.stats.as_ref()?;
+    let now = Instant::now();
+    if st.stats.as_mut()?.throttled(&st.counters, now) {
+        return None;
+    }
     let mut qp = srdma_proto::Counters::default();
     for s in st.qps.values() {
         qp += *s.qp.counters();
     }
     let dev = st.counters;
-    st.stats.as_mut()?.maybe_write(&dev, &qp, Instant::now())
+    st.stats.as_mut()?.maybe_write(&dev, &qp, now)
 }
 
 /// Takes in what the shared-memory driver's descriptors say (new links, ended ones).

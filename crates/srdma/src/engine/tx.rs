@@ -187,6 +187,17 @@ impl Shared {
             }
         }
         st.delivered += deliver_completions(slot) as u64;
+        // The QP's fair share of its peer, among this device's QPs with work there.
+        let working = slot.qp.qp_type() != srdma_proto::QpType::Ud
+            && slot.qp.send_queue_len() > 0
+            && matches!(
+                slot.qp.state(),
+                srdma_proto::QpState::Rts | srdma_proto::QpState::Sqd
+            );
+        let peer = working.then(|| Gid(slot.qp.attr().ah_attr.dgid).ip());
+        let cap = st.shares.update(slot.sharing, peer);
+        slot.sharing = peer;
+        slot.qp.set_window_cap(cap);
         if blocked && !std::mem::replace(&mut slot.shm_blocked, true) {
             st.shm_blocked.push(qpn);
         }

@@ -33,6 +33,7 @@ impl QpSlot {
             timer_at: u64::MAX,
             touched: false,
             shm_blocked: false,
+            sharing: None,
         }
     }
 }

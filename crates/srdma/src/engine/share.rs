@@ -1,0 +1,72 @@
+//! Fair shares of a destination: how many of this device's QPs are sending to each peer
+//! address, and the cap each one's window gets so that together they fit what one peer
+//! takes in flight — its socket buffer, or the shared-memory ring between the two
+//! processes (8 MiB either way).
+//!
+//! A QP's congestion window is its own; thousands of QPs between the same two processes
+//! (perftest `-q 4096`, an MPI job's connections) would each keep up to a full window in
+//! flight, far more than the ring or socket holds: the ring then holds them back for
+//! seconds (longer than their retransmission timers) and a socket drops. A NIC schedules
+//! its QPs round robin for the same reason. The cap is [`SHARE_BUDGET_PSNS`] divided among
+//! the QPs with work to that peer: no effect on one QP alone (1024 < 2048), 128 PSNs each
+//! for 16, the floor ([`srdma_proto::congestion::MIN_WINDOW_PSNS`]) from 512 on.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+
+/// PSNs in flight that one peer address gets from this device at most, all QPs together
+/// (8 MiB of 4 KiB packets).
+pub(super) const SHARE_BUDGET_PSNS: u32 = 16384;
+
+/// QPs with work, per destination address.
+#[derive(Debug, Default)]
+pub(super) struct Shares {
+    active: HashMap<IpAddr, u32>,
+}
+
+impl Shares {
+    /// A QP counted under `was` (None: not counted) now has work toward `now` (None: none);
+    /// returns the cap of its window.
+    pub(super) fn update(&mut self, was: Option<IpAddr>, now: Option<IpAddr>) -> u32 {
+        if was != now {
+            if let Some(ip) = was {
+                if let Some(n) = self.active.get_mut(&ip) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.active.remove(&ip);
+                    }
+                }
+            }
+            if let Some(ip) = now {
+                *self.active.entry(ip).or_insert(0) += 1;
+            }
+        }
+        match now.and_then(|ip| self.active.get(&ip)) {
+            Some(&n) if n > 1 => SHARE_BUDGET_PSNS / n,
+            _ => u32::MAX,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_budget_is_divided_among_the_qps_with_work() {
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let b: IpAddr = "10.0.0.2".parse().unwrap();
+        let mut s = Shares::default();
+        assert_eq!(s.update(None, Some(a)), u32::MAX, "alone: no cap");
+        assert_eq!(s.update(None, Some(a)), SHARE_BUDGET_PSNS / 2);
+        assert_eq!(s.update(None, Some(b)), u32::MAX, "another peer's budget");
+        for _ in 0..14 {
+            s.update(None, Some(a));
+        }
+        assert_eq!(s.update(Some(a), Some(a)), 128, "16 QPs to a");
+        // One goes idle, one moves to b.
+        assert_eq!(s.update(Some(a), None), u32::MAX);
+        assert_eq!(s.update(Some(a), Some(b)), SHARE_BUDGET_PSNS / 2);
+        assert_eq!(s.update(Some(a), Some(a)), SHARE_BUDGET_PSNS / 14);
+    }
+}
