@@ -488,3 +488,100 @@ impl Healing {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A chain A → B → C; `heal` and `stdin` as said.
+    fn chain(heal: bool, stdin: bool) -> Config {
+        let src = if stdin { "stdin" } else { "gen:8MiB" };
+        let text = format!(
+            "[transfer]\nchunk_size = \"256KiB\"\nslots = 4\nheal = {heal}\n\n\
+             [[node]]\nname = \"A\"\naddr = \"127.0.30.1\"\nrole = \"source\"\nsource = \"{src}\"\n\n\
+             [[node]]\nname = \"B\"\naddr = \"127.0.30.2\"\nrole = \"relay\"\nparent = \"A\"\n\n\
+             [[node]]\nname = \"C\"\naddr = \"127.0.30.3\"\nrole = \"sink\"\nparent = \"B\"\nsink = \"discard\"\n"
+        );
+        Config::parse(&text, "test.toml").unwrap()
+    }
+
+    fn fail() -> Fail {
+        Fail::blame("B", "lost B")
+    }
+
+    #[test]
+    fn a_broken_link_ends_the_transfer_unless_healing_can_mend_it() {
+        let on = Healing::new(&chain(true, false));
+        assert!(on.mendable());
+        assert!(matches!(
+            on.judge(true, true, fail(), "why".into()),
+            Decision::Suspect(f) if f.msg == "lost B"
+        ));
+        assert!(matches!(
+            on.judge(false, true, fail(), "why".into()),
+            Decision::WaitForSource(w) if w == "why"
+        ));
+        // A link that is not this node's parent's or a child's.
+        assert!(matches!(
+            on.judge(false, false, fail(), "why".into()),
+            Decision::Fail(_)
+        ));
+        for off in [chain(false, false), chain(true, true)] {
+            let off = Healing::new(&off);
+            assert!(!off.mendable());
+            for is_source in [true, false] {
+                assert!(matches!(
+                    off.judge(is_source, true, fail(), "why".into()),
+                    Decision::Fail(_)
+                ));
+            }
+        }
+    }
+
+    #[test]
+    fn the_source_keeps_its_first_suspicion_until_mended() {
+        let mut h = Healing::new(&chain(true, false));
+        h.hold(Decision::Suspect(Fail::blame("B", "first")))
+            .unwrap();
+        h.hold(Decision::Suspect(Fail::blame("C", "second")))
+            .unwrap();
+        assert_eq!(
+            h.suspect.as_ref().map(|(_, f)| f.msg.as_str()),
+            Some("first")
+        );
+        // Not expired yet: the control channel gets twice the timeout and a second.
+        assert!(h.suspect_expired(Duration::ZERO).is_none());
+        h.mended();
+        assert!(h.suspect.is_none());
+        let err = h.hold(Decision::Fail(fail())).unwrap_err();
+        assert_eq!(err.hop.as_deref(), Some("B"));
+    }
+
+    #[test]
+    fn a_node_waits_for_the_source_for_the_first_reason_it_has() {
+        let mut h = Healing::new(&chain(true, false));
+        assert!(matches!(h.must_wait(None, None, false), Decision::Go));
+        h.hold(Decision::WaitForSource("lost B (retry exceeded)".into()))
+            .unwrap();
+        // A lost child or parent says more than an earlier broken link.
+        assert!(matches!(
+            h.must_wait(Some("C"), Some("A"), true),
+            Decision::WaitForSource(w) if w == "lost child C"
+        ));
+        assert!(matches!(
+            h.must_wait(None, Some("A"), true),
+            Decision::WaitForSource(w) if w == "lost parent A"
+        ));
+        assert!(matches!(
+            h.must_wait(None, None, true),
+            Decision::WaitForSource(w) if w == "lost B (retry exceeded)"
+        ));
+        // The broken link was answered once; a halt remains.
+        assert!(matches!(
+            h.must_wait(None, None, true),
+            Decision::WaitForSource(w) if w == "the source halted the transfer to heal it"
+        ));
+        h.mended();
+        assert!(matches!(h.must_wait(None, None, false), Decision::Go));
+    }
+}
