@@ -146,7 +146,7 @@ impl NodeRun<'_> {
         if let Some(src) = self.source.as_mut() {
             // Frame the transfer again up to `to`, from a fresh source.
             let (hop, stages, stats) = (&self.hop, &mut self.stages, &mut self.stats);
-            src.reopen(hop, stages, stats, t.setup.buf, to)?;
+            src.open(hop, stages, stats, t.setup.buf, to)?;
         }
         t.idle.busy();
         Ok(())

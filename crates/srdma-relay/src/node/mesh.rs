@@ -71,8 +71,6 @@ struct Mesh<'m> {
     credits_out: u64,
     last_activity: Instant,
     idle: Idle,
-    wcs: Vec<Wc>,
-    batch: Vec<Wc>,
     /// Send credits at least this often (a quarter ring).
     announce_every: u64,
     /// The schedule repeats: this node's children per chunk, computed once.
@@ -324,8 +322,6 @@ impl NodeRun<'_> {
             credits_out: 0,
             last_activity: now,
             idle: Idle::new(),
-            wcs: Vec::with_capacity(64),
-            batch: Vec::with_capacity(64),
             announce_every: (w / 4).max(1),
             period,
             kids_of,
@@ -350,19 +346,14 @@ impl NodeRun<'_> {
                 continue;
             }
             let floor = Duration::from_millis(1);
-            m.idle
-                .wait(cq, chan, &mut m.wcs, Some(m.throttle_clock), floor);
+            m.idle.wait(cq, chan, Some(m.throttle_clock), floor);
         }
     }
 
     /// Step 1: handles the completions.
     fn mesh_completions(&mut self, m: &mut Mesh<'_>) -> R<()> {
-        if m.wcs.is_empty() {
-            m.cq.poll_into(&mut m.wcs, 64);
-        }
-        std::mem::swap(&mut m.wcs, &mut m.batch);
-        let mut batch = std::mem::take(&mut m.batch);
-        for wc in batch.drain(..) {
+        let batch = m.idle.completions(m.cq);
+        for wc in &batch {
             m.progressed = true;
             m.last_activity = Instant::now();
             if wc.status != srdma::WcStatus::Success {
@@ -380,7 +371,7 @@ impl NodeRun<'_> {
                 ));
             }
             match wc.wr_id & KIND_MASK {
-                K_PEER_RECV => self.on_peer_recv(m, &wc)?,
+                K_PEER_RECV => self.on_peer_recv(m, wc)?,
                 K_MESH_SEND => {
                     m.inflight = m.inflight.saturating_sub(1);
                     let seq = wc.wr_id & SEQ_MASK;
@@ -395,7 +386,7 @@ impl NodeRun<'_> {
                 _ => {}
             }
         }
-        m.batch = batch;
+        m.idle.recycle(batch);
         Ok(())
     }
 

@@ -52,8 +52,10 @@ enum What {
 }
 
 impl SourceSide {
-    /// Opens the source (`hop`'s `source` spec) from the beginning and frames the chunks
-    /// before `from` without sending them (so that object digests still cover every byte).
+    /// Opens the source (`hop`'s `source` spec) from the beginning — at the start, and again
+    /// when a heal rewinds the transfer — and frames the chunks before `from` without sending
+    /// them (so that object digests still cover every byte), counting objects and digests
+    /// afresh.
     pub(super) fn open(
         &mut self,
         hop: &Hop<'_>,
@@ -63,6 +65,9 @@ impl SourceSide {
         from: u64,
     ) -> R<()> {
         let me = hop.me;
+        stats.objects = 0;
+        self.digests.clear();
+        stats.live.total.store(0, Ordering::Relaxed);
         let spec = me.source.as_deref().unwrap_or("");
         let src = source::open(spec)
             .map_err(|e| Fail::at(&me.name, format!("opening source {spec:?}: {e}")))?;
@@ -90,22 +95,6 @@ impl SourceSide {
             }
         }
         Ok(())
-    }
-
-    /// A heal rewinds the transfer to chunk `from`: opens the source again and frames the
-    /// transfer up to `from`, counting objects and digests afresh.
-    pub(super) fn reopen(
-        &mut self,
-        hop: &Hop<'_>,
-        stages: &mut [Box<dyn Stage>],
-        stats: &mut Stats,
-        buf: &Mr,
-        from: u64,
-    ) -> R<()> {
-        stats.objects = 0;
-        self.digests.clear();
-        stats.live.total.store(0, Ordering::Relaxed);
-        self.open(hop, stages, stats, buf, from)
     }
 
     /// The end of the transfer was framed.

@@ -42,9 +42,6 @@ pub(super) struct Tree<'t> {
     pub(super) throttle_clock: Instant,
     /// The last completion.
     pub(super) last_activity: Instant,
-    /// Completions polled and not yet handled.
-    pub(super) wcs: Vec<Wc>,
-    batch: Vec<Wc>,
     /// Forward with SEND_WITH_IMM (else WRITE_WITH_IMM).
     fwd_send: bool,
     pub(super) idle: Idle,
@@ -76,8 +73,6 @@ impl NodeRun<'_> {
             credits_out: 0,
             throttle_clock: now,
             last_activity: now,
-            wcs: Vec::with_capacity(64),
-            batch: Vec::with_capacity(64),
             fwd_send: self.hop.cfg.transfer.forward == Forward::Send && !is_source,
             idle: Idle::new(),
             progressed: false,
@@ -103,31 +98,26 @@ impl NodeRun<'_> {
                 t.idle.busy();
                 continue;
             }
-            t.idle
-                .wait(cq, chan, &mut t.wcs, t.next_wake, Duration::ZERO);
+            t.idle.wait(cq, chan, t.next_wake, Duration::ZERO);
         }
     }
 
     /// Step 1: handles the completions (some may be left from the check before sleeping).
     fn completions(&mut self, t: &mut Tree<'_>) -> R<()> {
-        if t.wcs.is_empty() {
-            t.cq.poll_into(&mut t.wcs, 64);
-        }
-        std::mem::swap(&mut t.wcs, &mut t.batch);
-        let mut batch = std::mem::take(&mut t.batch);
-        for wc in batch.drain(..) {
+        let batch = t.idle.completions(t.cq);
+        for wc in &batch {
             t.progressed = true;
             t.last_activity = Instant::now();
             if self.healing.retired.contains(&wc.qp_num) {
                 continue; // a connection a heal dropped
             }
             if wc.status != WcStatus::Success {
-                self.on_failed_wc(t, &wc)?;
+                self.on_failed_wc(t, wc)?;
                 continue;
             }
             match wc.wr_id & KIND_MASK {
-                K_DATA_RECV => self.on_chunk(t, &wc)?,
-                K_CREDIT_RECV => self.on_credit(&wc)?,
+                K_DATA_RECV => self.on_chunk(t, wc)?,
+                K_CREDIT_RECV => self.on_credit(wc)?,
                 K_FORWARD => {
                     // A completion for a slot dropped by a rewind does not count.
                     let counted = t.ring.forwarded(wc.wr_id & SEQ_MASK);
@@ -137,7 +127,7 @@ impl NodeRun<'_> {
                 _ => {}
             }
         }
-        t.batch = batch;
+        t.idle.recycle(batch);
         Ok(())
     }
 
