@@ -25,7 +25,9 @@ use super::wire::{
 /// Whether the loop goes on with this turn or starts the next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Turn {
+    /// Go on with this turn's steps.
     On,
+    /// Start the next turn at once (no idle step).
     Again,
 }
 
