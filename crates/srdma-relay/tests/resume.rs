@@ -55,7 +55,9 @@ fn craft_state(cfg: &Config, sink: &str, out: &Path, len: u64, held: u64, part: 
 
 /// A transfer whose sink is killed (SIGKILL) half-way, then run again with the same
 /// configuration: the sink resumes from its bitmap, the source sends only what is missing
-/// (at most the ring in flight plus the chunks written since the last saved state: two rings),
+/// (at most two rings and a half: the source frames up to its own ring ahead of what it
+/// posted, it posts up to the sink's ring ahead of the sink's credits, and the sink's saved
+/// state lags what it wrote by up to half a ring, the chunks between two saves),
 /// and the committed object is the source's.
 #[test]
 fn a_killed_sink_resumes_from_its_bitmap() {
@@ -145,8 +147,8 @@ fn a_killed_sink_resumes_from_its_bitmap() {
         a1.bytes, a2.bytes, c2.bytes_sent_again
     );
     assert!(
-        sent_again <= 2 * RING,
-        "{sent_again} bytes sent again, more than two rings ({RING} bytes each)"
+        sent_again <= 2 * RING + RING / 2,
+        "{sent_again} bytes sent again, more than two rings and a half ({RING} bytes each)"
     );
     assert!(c2.bytes_sent_again <= sent_again, "{c2:?}");
     assert_eq!(a2.bytes_sent_again, c2.bytes_sent_again);
