@@ -872,132 +872,152 @@ fn validate_nodes(raws: Vec<RawNode>, t: &Transfer) -> Result<Vec<Node>, String>
     let mut endpoints: BTreeMap<SocketAddr, String> = BTreeMap::new();
     for (i, r) in raws.into_iter().enumerate() {
         let label = format!("node #{} ({:?})", i + 1, r.name);
-        if !valid_name(&r.name) {
-            return Err(format!(
-                "{label}: field `name`: use 1 to 64 letters, digits, '_', '-' or '.'"
-            ));
-        }
-        if nodes.iter().any(|n| n.name == r.name) {
-            return Err(format!("{label}: field `name`: {:?} is used twice", r.name));
-        }
-        let addr: IpAddr = r
-            .addr
-            .trim()
-            .parse()
-            .map_err(|_| format!("{label}: field `addr`: {:?} is not an IP address", r.addr))?;
-        if addr.is_unspecified() || addr.is_multicast() {
-            return Err(format!(
-                "{label}: field `addr`: {addr} cannot be bound as a node's own address"
-            ));
-        }
-        let role = match r.role.as_str() {
-            "source" => Role::Source,
-            "relay" => Role::Relay,
-            "sink" => Role::Sink,
-            "relay+sink" => Role::RelaySink,
-            other => {
-                return Err(format!(
-                    "{label}: field `role`: {other:?} is not one of \"source\", \"relay\", \
-                     \"sink\", \"relay+sink\""
-                ));
-            }
-        };
-        match (role, &r.source) {
-            (Role::Source, None) => {
-                return Err(format!(
-                    "{label}: field `source` is missing (e.g. source = \"gen:64MiB\")"
-                ));
-            }
-            (Role::Source, Some(s)) if s.trim().is_empty() => {
-                return Err(format!("{label}: field `source` is empty"));
-            }
-            (Role::Source, Some(_)) | (_, None) => {}
-            (_, Some(_)) => {
-                return Err(format!(
-                    "{label}: field `source`: only the source node reads a source"
-                ));
-            }
-        }
-        match (role.has_sink(), &r.sink) {
-            (true, None) => {
-                return Err(format!(
-                    "{label}: field `sink` is missing (e.g. sink = \"file:/tmp/out.bin\" or \"discard\")"
-                ));
-            }
-            (false, Some(_)) => {
-                return Err(format!(
-                    "{label}: field `sink`: a {} has no sink (use role = \"relay+sink\")",
-                    role.as_str()
-                ));
-            }
-            (true, Some(s)) => {
-                check_sink_spec(s).map_err(|e| format!("{label}: field `sink`: {e}"))?
-            }
-            (false, None) => {}
-        }
-        for st in &r.stages {
-            crate::stage::build(st).map_err(|e| format!("{label}: field `stages`: {st:?}: {e}"))?;
-        }
-        let cm_port = match r.cm_port {
-            Some(p) => port(p, &format!("{label}: field `cm_port`:"), false)?,
-            None => t.cm_port,
-        };
-        let udp_port = match r.udp_port {
-            Some(p) => port(p, &format!("{label}: field `udp_port`:"), true)?,
-            None => t.udp_port,
-        };
-        let throttle = match &r.throttle {
-            Some(s) => Some(parse_rate(s).map_err(|e| format!("{label}: field `throttle`: {e}"))?),
-            None => None,
-        };
-        let flip_bit_at_seq = match r.flip_bit_at_seq {
-            Some(v) => Some(
-                u64::try_from(v)
-                    .map_err(|_| format!("{label}: field `flip_bit_at_seq`: {v} is negative"))?,
-            ),
-            None => None,
-        };
-        if r.resume && !r.sink.as_deref().is_some_and(|s| s.starts_with("file:")) {
-            return Err(format!(
-                "{label}: field `resume`: only a `file:` sink can resume (sink = \"file:PATH\")"
-            ));
-        }
-        let cm = SocketAddr::new(addr, cm_port);
-        if let Some(other) = endpoints.insert(cm, r.name.clone()) {
-            return Err(format!(
-                "{label}: field `addr`: {cm} is node {other:?}'s CM address too (give every \
-                 node its own address, or its own cm_port)"
-            ));
-        }
-        if udp_port != 0 {
-            // The UDP endpoint must be distinct as well (port 0 picks a free one).
-            let udp = SocketAddr::new(addr, udp_port);
-            if let Some(n) = nodes
-                .iter()
-                .find(|n| n.udp_port != 0 && SocketAddr::new(n.addr, n.udp_port) == udp)
-            {
-                return Err(format!(
-                    "{label}: field `udp_port`: UDP {udp} is node {:?}'s too",
-                    n.name
-                ));
-            }
-        }
-        nodes.push(Node {
-            name: r.name,
-            addr,
-            role,
-            parent: r.parent,
-            source: r.source,
-            sink: r.sink,
-            stages: r.stages,
-            cm_port,
-            udp_port,
-            throttle,
-            flip_bit_at_seq,
-            resume: r.resume,
-        });
+        let node = validate_node(&label, r, t, &nodes)?;
+        check_endpoints(&label, &node, &nodes, &mut endpoints)?;
+        nodes.push(node);
     }
     Ok(nodes)
+}
+
+/// Checks one `[[node]]` table (`label` names it in messages; `earlier`: the nodes before it).
+fn validate_node(label: &str, r: RawNode, t: &Transfer, earlier: &[Node]) -> Result<Node, String> {
+    if !valid_name(&r.name) {
+        return Err(format!(
+            "{label}: field `name`: use 1 to 64 letters, digits, '_', '-' or '.'"
+        ));
+    }
+    if earlier.iter().any(|n| n.name == r.name) {
+        return Err(format!("{label}: field `name`: {:?} is used twice", r.name));
+    }
+    let addr: IpAddr = r
+        .addr
+        .trim()
+        .parse()
+        .map_err(|_| format!("{label}: field `addr`: {:?} is not an IP address", r.addr))?;
+    if addr.is_unspecified() || addr.is_multicast() {
+        return Err(format!(
+            "{label}: field `addr`: {addr} cannot be bound as a node's own address"
+        ));
+    }
+    let role = parse_role(label, &r.role)?;
+    check_role_fields(label, role, &r)?;
+    for st in &r.stages {
+        crate::stage::build(st).map_err(|e| format!("{label}: field `stages`: {st:?}: {e}"))?;
+    }
+    let cm_port = match r.cm_port {
+        Some(p) => port(p, &format!("{label}: field `cm_port`:"), false)?,
+        None => t.cm_port,
+    };
+    let udp_port = match r.udp_port {
+        Some(p) => port(p, &format!("{label}: field `udp_port`:"), true)?,
+        None => t.udp_port,
+    };
+    let throttle = match &r.throttle {
+        Some(s) => Some(parse_rate(s).map_err(|e| format!("{label}: field `throttle`: {e}"))?),
+        None => None,
+    };
+    let flip_bit_at_seq = match r.flip_bit_at_seq {
+        Some(v) => Some(
+            u64::try_from(v)
+                .map_err(|_| format!("{label}: field `flip_bit_at_seq`: {v} is negative"))?,
+        ),
+        None => None,
+    };
+    if r.resume && !r.sink.as_deref().is_some_and(|s| s.starts_with("file:")) {
+        return Err(format!(
+            "{label}: field `resume`: only a `file:` sink can resume (sink = \"file:PATH\")"
+        ));
+    }
+    Ok(Node {
+        name: r.name,
+        addr,
+        role,
+        parent: r.parent,
+        source: r.source,
+        sink: r.sink,
+        stages: r.stages,
+        cm_port,
+        udp_port,
+        throttle,
+        flip_bit_at_seq,
+        resume: r.resume,
+    })
+}
+
+/// A node's `role` field.
+fn parse_role(label: &str, role: &str) -> Result<Role, String> {
+    match role {
+        "source" => Ok(Role::Source),
+        "relay" => Ok(Role::Relay),
+        "sink" => Ok(Role::Sink),
+        "relay+sink" => Ok(Role::RelaySink),
+        other => Err(format!(
+            "{label}: field `role`: {other:?} is not one of \"source\", \"relay\", \
+                 \"sink\", \"relay+sink\""
+        )),
+    }
+}
+
+/// The `source` and `sink` fields a node of `role` must have, and only those.
+fn check_role_fields(label: &str, role: Role, r: &RawNode) -> Result<(), String> {
+    match (role, &r.source) {
+        (Role::Source, None) => {
+            return Err(format!(
+                "{label}: field `source` is missing (e.g. source = \"gen:64MiB\")"
+            ));
+        }
+        (Role::Source, Some(s)) if s.trim().is_empty() => {
+            return Err(format!("{label}: field `source` is empty"));
+        }
+        (Role::Source, Some(_)) | (_, None) => {}
+        (_, Some(_)) => {
+            return Err(format!(
+                "{label}: field `source`: only the source node reads a source"
+            ));
+        }
+    }
+    match (role.has_sink(), &r.sink) {
+        (true, None) => Err(format!(
+            "{label}: field `sink` is missing (e.g. sink = \"file:/tmp/out.bin\" or \"discard\")"
+        )),
+        (false, Some(_)) => Err(format!(
+            "{label}: field `sink`: a {} has no sink (use role = \"relay+sink\")",
+            role.as_str()
+        )),
+        (true, Some(s)) => check_sink_spec(s).map_err(|e| format!("{label}: field `sink`: {e}")),
+        (false, None) => Ok(()),
+    }
+}
+
+/// A node's CM address (`endpoints`: those of the nodes before it) and UDP endpoint must be
+/// its own.
+fn check_endpoints(
+    label: &str,
+    node: &Node,
+    earlier: &[Node],
+    endpoints: &mut BTreeMap<SocketAddr, String>,
+) -> Result<(), String> {
+    let cm = SocketAddr::new(node.addr, node.cm_port);
+    if let Some(other) = endpoints.insert(cm, node.name.clone()) {
+        return Err(format!(
+            "{label}: field `addr`: {cm} is node {other:?}'s CM address too (give every \
+             node its own address, or its own cm_port)"
+        ));
+    }
+    if node.udp_port != 0 {
+        // The UDP endpoint must be distinct as well (port 0 picks a free one).
+        let udp = SocketAddr::new(node.addr, node.udp_port);
+        if let Some(n) = earlier
+            .iter()
+            .find(|n| n.udp_port != 0 && SocketAddr::new(n.addr, n.udp_port) == udp)
+        {
+            return Err(format!(
+                "{label}: field `udp_port`: UDP {udp} is node {:?}'s too",
+                n.name
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn check_sink_spec(s: &str) -> Result<(), String> {

@@ -591,14 +591,15 @@ impl Server {
     }
 }
 
+/// Serves one node's control connection: records what it says until it closes.
 fn serve(stream: TcpStream, shared: &Arc<(Mutex<ServerState>, Condvar)>) {
     let (m, cv) = &**shared;
     let Ok(writer) = stream.try_clone() else {
         return;
     };
     let mut reader = BufReader::new(stream);
-    let mut me: Option<String> = None;
-    let mut my_conn = 0;
+    // The node, once it said hello, and the number of this connection of it.
+    let mut me: Option<(String, u64)> = None;
     let mut line = String::new();
     loop {
         line.clear();
@@ -610,7 +611,7 @@ fn serve(stream: TcpStream, shared: &Arc<(Mutex<ServerState>, Condvar)>) {
             continue;
         };
         let mut st = lock(m);
-        if let Some(slot) = me.as_ref().and_then(|n| st.nodes.get_mut(n)) {
+        if let Some(slot) = me.as_ref().and_then(|(n, _)| st.nodes.get_mut(n)) {
             slot.last_heard = Some(Instant::now());
             if slot.excluded {
                 continue; // healed around: what it says no longer counts
@@ -618,57 +619,75 @@ fn serve(stream: TcpStream, shared: &Arc<(Mutex<ServerState>, Condvar)>) {
         }
         match msg {
             Msg::Hello { node } => {
-                let start = st.start;
-                let rejoinable = st.rejoinable.contains(&node);
-                if let Some(slot) = st.nodes.get_mut(&node) {
-                    // A rejoinable node saying hello again before its old connection was
-                    // seen to close: a restarted process all the same.
-                    let restarted = slot.dead
-                        || (rejoinable
-                            && slot.hello
-                            && slot.final_report.is_none()
-                            && me.is_none());
-                    slot.last_heard = Some(Instant::now());
-                    slot.writer = writer.try_clone().ok();
-                    slot.hello = true;
-                    slot.conn += 1;
-                    my_conn = slot.conn;
-                    me = Some(node);
-                    if slot.excluded {
-                        // Healed around: it has no part any more.
-                        if let Some(w) = slot.writer.as_mut() {
-                            let _ = w.write_all(
-                                &Msg::Abort {
-                                    failed_hop: me.clone(),
-                                    error: "the transfer healed around this node".into(),
-                                }
-                                .line(),
-                            );
-                        }
-                        slot.writer = None;
-                    } else if restarted {
-                        // A restarted process: the source tells it where to start itself.
-                        slot.dead = false;
-                        slot.rejoined = true;
-                        slot.resume = None;
-                        slot.final_report = None;
-                    } else if let (Some(from), Some(w)) = (start, slot.writer.as_mut()) {
-                        let msg = Msg::Start {
-                            from,
-                            dead: Vec::new(),
-                            epoch: 0,
-                        };
-                        let _ = w.write_all(&msg.line());
-                    }
+                if let Some(conn) = st.hello(&node, &writer, me.is_none()) {
+                    me = Some((node, conn));
                 }
             }
+            other => st.take(other),
+        }
+        cv.notify_all();
+    }
+    // The connection is gone: a node that did not report its end died.
+    if let Some((name, conn)) = me {
+        lock(m).closed(&name, conn);
+    }
+    cv.notify_all();
+}
+
+impl ServerState {
+    /// Node `node` said hello on a connection (`writer`; `first`: the first thing said on
+    /// it). Returns the connection's number, for a node of the transfer.
+    fn hello(&mut self, node: &str, writer: &TcpStream, first: bool) -> Option<u64> {
+        let start = self.start;
+        let rejoinable = self.rejoinable.iter().any(|n| n == node);
+        let slot = self.nodes.get_mut(node)?;
+        // A rejoinable node saying hello again before its old connection was seen to close:
+        // a restarted process all the same.
+        let restarted =
+            slot.dead || (rejoinable && slot.hello && slot.final_report.is_none() && first);
+        slot.last_heard = Some(Instant::now());
+        slot.writer = writer.try_clone().ok();
+        slot.hello = true;
+        slot.conn += 1;
+        if slot.excluded {
+            // Healed around: it has no part any more.
+            if let Some(w) = slot.writer.as_mut() {
+                let _ = w.write_all(
+                    &Msg::Abort {
+                        failed_hop: Some(node.to_string()),
+                        error: "the transfer healed around this node".into(),
+                    }
+                    .line(),
+                );
+            }
+            slot.writer = None;
+        } else if restarted {
+            // A restarted process: the source tells it where to start itself.
+            slot.dead = false;
+            slot.rejoined = true;
+            slot.resume = None;
+            slot.final_report = None;
+        } else if let (Some(from), Some(w)) = (start, slot.writer.as_mut()) {
+            let msg = Msg::Start {
+                from,
+                dead: Vec::new(),
+                epoch: 0,
+            };
+            let _ = w.write_all(&msg.line());
+        }
+        Some(slot.conn)
+    }
+
+    /// Records what a node said (anything but hello).
+    fn take(&mut self, msg: Msg) {
+        match msg {
             Msg::Resume { node, from, .. } => {
-                if let Some(slot) = st.nodes.get_mut(&node) {
+                if let Some(slot) = self.nodes.get_mut(&node) {
                     slot.resume = Some(from);
                 }
             }
             Msg::Progress { node, bytes, .. } => {
-                if let Some(slot) = st.nodes.get_mut(&node) {
+                if let Some(slot) = self.nodes.get_mut(&node) {
                     slot.progress_bytes = bytes;
                 }
             }
@@ -683,7 +702,7 @@ fn serve(stream: TcpStream, shared: &Arc<(Mutex<ServerState>, Condvar)>) {
                 resumed_from,
                 bytes_sent_again,
             } => {
-                if let Some(slot) = st.nodes.get_mut(&node) {
+                if let Some(slot) = self.nodes.get_mut(&node) {
                     slot.final_report = Some(FinalReport {
                         ok,
                         bytes,
@@ -693,7 +712,7 @@ fn serve(stream: TcpStream, shared: &Arc<(Mutex<ServerState>, Condvar)>) {
                     });
                 }
                 if !ok {
-                    st.failures.push(Failure {
+                    self.failures.push(Failure {
                         failed_hop,
                         error: error.unwrap_or_else(|| format!("{node} failed")),
                         primary,
@@ -701,42 +720,41 @@ fn serve(stream: TcpStream, shared: &Arc<(Mutex<ServerState>, Condvar)>) {
                 }
             }
             Msg::Held { node, epoch, next } => {
-                if let Some(slot) = st.nodes.get_mut(&node) {
+                if let Some(slot) = self.nodes.get_mut(&node) {
                     slot.held = Some((epoch, next));
                 }
             }
-            Msg::Abort { .. }
+            Msg::Hello { .. }
+            | Msg::Abort { .. }
             | Msg::Verdict { .. }
             | Msg::Start { .. }
             | Msg::Rewind { .. }
             | Msg::Halt { .. } => {}
         }
-        cv.notify_all();
     }
-    // The connection is gone: a node that did not report its end died.
-    let mut st = lock(m);
-    if let Some(name) = me {
-        let verdict_sent = st.verdict_sent;
-        let rejoinable = st.rejoinable.contains(&name);
-        if let Some(slot) = st.nodes.get_mut(&name).filter(|s| s.conn == my_conn) {
-            slot.writer = None;
-            if slot.excluded {
-                // Healed around already.
-            } else if slot.final_report.is_none() && !verdict_sent && rejoinable {
-                slot.dead = true;
-            } else if slot.final_report.is_none() && !verdict_sent {
-                slot.dead = true;
-                st.failures.push(Failure {
-                    failed_hop: Some(name.clone()),
-                    error: format!(
-                        "node {name} died (its control connection closed without a report)"
-                    ),
-                    primary: true,
-                });
-            }
+
+    /// Connection `conn` of node `name` closed: unless a later one replaced it, the node is
+    /// gone, and died if it did not report its end (a failure, unless it may come back).
+    fn closed(&mut self, name: &str, conn: u64) {
+        let verdict_sent = self.verdict_sent;
+        let rejoinable = self.rejoinable.iter().any(|n| n == name);
+        let Some(slot) = self.nodes.get_mut(name).filter(|s| s.conn == conn) else {
+            return;
+        };
+        slot.writer = None;
+        if slot.excluded || slot.final_report.is_some() || verdict_sent {
+            // Healed around already, or it ended properly.
+            return;
+        }
+        slot.dead = true;
+        if !rejoinable {
+            self.failures.push(Failure {
+                failed_hop: Some(name.to_string()),
+                error: format!("node {name} died (its control connection closed without a report)"),
+                primary: true,
+            });
         }
     }
-    cv.notify_all();
 }
 
 /// What a node heard from the source.

@@ -16,7 +16,7 @@
 //! ```
 //!
 //! One configuration file ([`config`]) describes the transfer and every node; each node runs
-//! as its own process ([`node::run`], `srdma relay node --config FILE --name NAME`).
+//! as its own process ([`node::run()`], `srdma relay node --config FILE --name NAME`).
 //!
 //! # Data path
 //!

@@ -779,7 +779,6 @@ impl Assembler {
     }
 
     fn accept_inner(&mut self, h: &ChunkHeader, payload: &[u8]) -> Result<Delivered, DeliverError> {
-        let seq_err = |m: String| Err(DeliverError::Sequence(m));
         if self.ended {
             return seq_err(format!("chunk {} after the end of the transfer", h.seq));
         }
@@ -793,42 +792,8 @@ impl Assembler {
         h.verify(payload)?;
         self.next_seq += 1;
         let payload = &payload[..h.payload_len as usize];
-        let io_err = |name: &str, source: io::Error| DeliverError::Io {
-            name: name.to_owned(),
-            source,
-        };
         if h.has(flags::OBJECT_START) {
-            if let Some(c) = &self.current {
-                return seq_err(format!(
-                    "object {} starts before object {} ({:?}) ended",
-                    h.object, c.index, c.name
-                ));
-            }
-            if h.object != self.objects as u32 {
-                return seq_err(format!(
-                    "object {} starts, expected {}",
-                    h.object, self.objects
-                ));
-            }
-            let name = std::str::from_utf8(payload)
-                .map_err(|_| {
-                    DeliverError::Sequence(format!("object {}: name is not UTF-8", h.object))
-                })?
-                .to_owned();
-            let len = (h.object_len != u64::MAX).then_some(h.object_len);
-            let info = ObjectInfo {
-                name: name.clone(),
-                len,
-            };
-            self.sink.begin(&info).map_err(|e| io_err(&name, e))?;
-            self.current = Some(Current {
-                index: h.object,
-                name: name.clone(),
-                len,
-                offset: 0,
-                digest: ObjectDigest::new(),
-            });
-            return Ok(Delivered::Started { name });
+            return self.start_object(h, payload);
         }
         if h.has(flags::END_OF_TRANSFER) && !h.has(flags::OBJECT_END) {
             if let Some(c) = &self.current {
@@ -837,7 +802,7 @@ impl Assembler {
             self.ended = true;
             return Ok(Delivered::EndOfTransfer);
         }
-        let Some(cur) = self.current.as_mut() else {
+        let Some(cur) = self.current.as_ref() else {
             return seq_err(format!("chunk {} outside any object", h.seq));
         };
         if h.object != cur.index {
@@ -847,36 +812,85 @@ impl Assembler {
             ));
         }
         if h.has(flags::OBJECT_END) {
-            if cur.len.is_some_and(|l| l != cur.offset) || h.object_len != cur.offset {
-                return seq_err(format!(
-                    "object {:?} ends after {} bytes, announced {:?}/{}",
-                    cur.name, cur.offset, cur.len, h.object_len
-                ));
-            }
-            let mut expected = [0u8; DIGEST_LEN as usize];
-            expected.copy_from_slice(payload);
-            let got = cur.digest.finish();
-            let cur = self.current.take().expect("checked above");
-            if got != expected {
-                self.sink.abort();
-                return Err(DeliverError::Digest {
-                    name: cur.name,
-                    expected: hex(&expected),
-                    got: hex(&got),
-                });
-            }
-            self.sink.commit().map_err(|e| io_err(&cur.name, e))?;
-            self.objects += 1;
-            if h.has(flags::END_OF_TRANSFER) {
-                self.ended = true;
-            }
-            return Ok(Delivered::Committed {
+            return self.end_object(h, payload);
+        }
+        self.data(h, payload)
+    }
+
+    /// An object starts (its name in `payload`): the sink begins it.
+    fn start_object(&mut self, h: &ChunkHeader, payload: &[u8]) -> Result<Delivered, DeliverError> {
+        if let Some(c) = &self.current {
+            return seq_err(format!(
+                "object {} starts before object {} ({:?}) ended",
+                h.object, c.index, c.name
+            ));
+        }
+        if h.object != self.objects as u32 {
+            return seq_err(format!(
+                "object {} starts, expected {}",
+                h.object, self.objects
+            ));
+        }
+        let name = std::str::from_utf8(payload)
+            .map_err(|_| DeliverError::Sequence(format!("object {}: name is not UTF-8", h.object)))?
+            .to_owned();
+        let len = (h.object_len != u64::MAX).then_some(h.object_len);
+        let info = ObjectInfo {
+            name: name.clone(),
+            len,
+        };
+        self.sink.begin(&info).map_err(|e| io_err(&name, e))?;
+        self.current = Some(Current {
+            index: h.object,
+            name: name.clone(),
+            len,
+            offset: 0,
+            digest: ObjectDigest::new(),
+        });
+        Ok(Delivered::Started { name })
+    }
+
+    /// The current object ends (its digest in `payload`): committed if it matches.
+    fn end_object(&mut self, h: &ChunkHeader, payload: &[u8]) -> Result<Delivered, DeliverError> {
+        let Some(cur) = self.current.take() else {
+            return seq_err(format!("chunk {} outside any object", h.seq));
+        };
+        if cur.len.is_some_and(|l| l != cur.offset) || h.object_len != cur.offset {
+            let e = seq_err(format!(
+                "object {:?} ends after {} bytes, announced {:?}/{}",
+                cur.name, cur.offset, cur.len, h.object_len
+            ));
+            self.current = Some(cur);
+            return e;
+        }
+        let mut expected = [0u8; DIGEST_LEN as usize];
+        expected.copy_from_slice(payload);
+        let got = cur.digest.finish();
+        if got != expected {
+            self.sink.abort();
+            return Err(DeliverError::Digest {
                 name: cur.name,
-                len: cur.offset,
-                digest: hex(&got),
+                expected: hex(&expected),
+                got: hex(&got),
             });
         }
-        // A data chunk.
+        self.sink.commit().map_err(|e| io_err(&cur.name, e))?;
+        self.objects += 1;
+        if h.has(flags::END_OF_TRANSFER) {
+            self.ended = true;
+        }
+        Ok(Delivered::Committed {
+            name: cur.name,
+            len: cur.offset,
+            digest: hex(&got),
+        })
+    }
+
+    /// A data chunk of the current object (decompressed if need be): digested and written.
+    fn data(&mut self, h: &ChunkHeader, payload: &[u8]) -> Result<Delivered, DeliverError> {
+        let Some(cur) = self.current.as_mut() else {
+            return seq_err(format!("chunk {} outside any object", h.seq));
+        };
         if h.offset != cur.offset {
             return seq_err(format!(
                 "object {:?}: chunk {} at offset {}, expected {}",
@@ -884,32 +898,7 @@ impl Assembler {
             ));
         }
         let data: &[u8] = if h.has(flags::COMPRESSED) {
-            let raw = h.raw_len as usize;
-            if self.dctx.is_none() {
-                self.dctx = Some(zstd::bulk::Decompressor::new().map_err(|e| {
-                    DeliverError::Decompress {
-                        seq: h.seq,
-                        message: e.to_string(),
-                    }
-                })?);
-            }
-            let dctx = self.dctx.as_mut().expect("just set");
-            if self.scratch.len() < raw + 1 {
-                self.scratch.resize(raw + 1, 0);
-            }
-            let got = dctx
-                .decompress_to_buffer(payload, &mut self.scratch[..raw + 1])
-                .map_err(|e| DeliverError::Decompress {
-                    seq: h.seq,
-                    message: e.to_string(),
-                })?;
-            if got != raw {
-                return Err(DeliverError::Decompress {
-                    seq: h.seq,
-                    message: format!("{got} bytes, header says {raw}"),
-                });
-            }
-            &self.scratch[..raw]
+            inflate(&mut self.dctx, &mut self.scratch, h, payload)?
         } else {
             payload
         };
@@ -923,4 +912,48 @@ impl Assembler {
             bytes: data.len() as u64,
         })
     }
+}
+
+/// A chunk out of order.
+fn seq_err<T>(m: String) -> Result<T, DeliverError> {
+    Err(DeliverError::Sequence(m))
+}
+
+/// A sink's I/O error for object `name`.
+fn io_err(name: &str, source: io::Error) -> DeliverError {
+    DeliverError::Io {
+        name: name.to_owned(),
+        source,
+    }
+}
+
+/// The compressed chunk `h` (`payload`) decompressed into `scratch` (`dctx` made on first
+/// use): exactly the raw length its header says.
+fn inflate<'s>(
+    dctx: &mut Option<zstd::bulk::Decompressor<'static>>,
+    scratch: &'s mut Vec<u8>,
+    h: &ChunkHeader,
+    payload: &[u8],
+) -> Result<&'s [u8], DeliverError> {
+    let raw = h.raw_len as usize;
+    let fail = |message: String| DeliverError::Decompress {
+        seq: h.seq,
+        message,
+    };
+    if dctx.is_none() {
+        *dctx = Some(zstd::bulk::Decompressor::new().map_err(|e| fail(e.to_string()))?);
+    }
+    let Some(d) = dctx.as_mut() else {
+        return Err(fail("no decompressor".into()));
+    };
+    if scratch.len() < raw + 1 {
+        scratch.resize(raw + 1, 0);
+    }
+    let got = d
+        .decompress_to_buffer(payload, &mut scratch[..raw + 1])
+        .map_err(|e| fail(e.to_string()))?;
+    if got != raw {
+        return Err(fail(format!("{got} bytes, header says {raw}")));
+    }
+    Ok(&scratch[..raw])
 }

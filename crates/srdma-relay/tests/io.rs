@@ -7,33 +7,11 @@ use srdma_relay::sink::{self, Assembler, DeliverError, Delivered, DirSink, Sink,
 use srdma_relay::source::{self, Framer, ObjectInfo, Source, gen_fill};
 use srdma_relay::stage::{self, Chunk, Stage, StageError};
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-/// A fresh empty directory under the system temp dir, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let p =
-            std::env::temp_dir().join(format!("srdma-relay-io-{}-{tag}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+mod common;
+use common::{Scratch, TinyFs};
 
 /// Every file below `root`, as (relative name, contents), sorted.
 fn tree(root: &Path) -> Vec<(String, Vec<u8>)> {
@@ -172,9 +150,9 @@ fn summary(files: &[(String, Vec<u8>)]) -> Vec<(String, usize, String)> {
 
 #[test]
 fn dir_round_trip_through_every_stage() {
-    let from = TempDir::new("from");
-    let to = TempDir::new("to");
-    let expect = make_source_tree(from.path());
+    let from = Scratch::new("io-from");
+    let to = Scratch::new("io-to");
+    let expect = make_source_tree(from.dir());
     let chunk = 4096;
     let specs: Vec<String> = ["verify", "compress:3", "exec:cat", "decompress"]
         .iter()
@@ -188,12 +166,12 @@ fn dir_round_trip_through_every_stage() {
         stages(&["decompress", "verify"]),
     ];
     let framer = Framer::new(
-        source::open(&format!("dir:{}", from.path().display())).unwrap(),
+        source::open(&format!("dir:{}", from.dir().display())).unwrap(),
         chunk,
         CheckAlg::Crc32c,
     )
     .unwrap();
-    let mut asm = Assembler::new(sink::open(&format!("dir:{}", to.path().display())).unwrap());
+    let mut asm = Assembler::new(sink::open(&format!("dir:{}", to.dir().display())).unwrap());
     let events = transfer(framer, cap, &mut hops, &mut asm, |_, _, _| {}).unwrap();
     assert!(asm.finished());
     assert_eq!(asm.objects(), expect.len() as u64);
@@ -217,7 +195,7 @@ fn dir_round_trip_through_every_stage() {
         })
         .collect();
     assert_eq!(committed, want);
-    assert_eq!(summary(&tree(to.path())), summary(&expect));
+    assert_eq!(summary(&tree(to.dir())), summary(&expect));
     // Text compressed: the compress stage copied back fewer bytes than it saw.
     let copied: u64 = hops[0][1].copied_bytes();
     assert!(copied > 0 && copied < 200_000, "compress copied {copied}");
@@ -262,10 +240,10 @@ fn gen_round_trip_to_a_stream() {
 
 #[test]
 fn flipped_bit_caught_by_the_next_verify() {
-    let to = TempDir::new("flip");
+    let to = Scratch::new("io-flip");
     let framer = Framer::new(source::open("gen:300000:5").unwrap(), 65536, CheckAlg::Xxh3).unwrap();
     let mut hops = vec![stages(&["verify"]), stages(&["verify"])];
-    let mut asm = Assembler::new(Box::new(DirSink::new(to.path().to_owned()).unwrap()));
+    let mut asm = Assembler::new(Box::new(DirSink::new(to.dir().to_owned()).unwrap()));
     // Flip a payload bit of chunk 3 on its way into hop 1.
     let err = transfer(framer, 65536, &mut hops, &mut asm, |hop, seq, b| {
         if hop == 1 && seq == 3 {
@@ -277,11 +255,11 @@ fn flipped_bit_caught_by_the_next_verify() {
     assert!(err.contains("chunk 3"), "{err}");
     assert!(err.contains("checksum mismatch"), "{err}");
     // The aborted object left nothing behind.
-    assert_eq!(summary(&tree(to.path())), vec![]);
+    assert_eq!(summary(&tree(to.dir())), vec![]);
 
     // A flipped header bit is caught by decode.
     let framer = Framer::new(source::open("gen:300000:5").unwrap(), 65536, CheckAlg::Xxh3).unwrap();
-    let mut asm = Assembler::new(Box::new(DirSink::new(to.path().to_owned()).unwrap()));
+    let mut asm = Assembler::new(Box::new(DirSink::new(to.dir().to_owned()).unwrap()));
     let err = transfer(framer, 65536, &mut hops, &mut asm, |hop, seq, b| {
         if hop == 0 && seq == 2 {
             b[33] ^= 1; // offset field
@@ -289,15 +267,15 @@ fn flipped_bit_caught_by_the_next_verify() {
     })
     .unwrap_err();
     assert!(err.contains("header corrupted"), "{err}");
-    assert_eq!(summary(&tree(to.path())), vec![]);
+    assert_eq!(summary(&tree(to.dir())), vec![]);
 }
 
 #[test]
 fn without_checksums_the_object_digest_still_catches_corruption() {
-    let to = TempDir::new("digest");
+    let to = Scratch::new("io-digest");
     let framer = Framer::new(source::open("gen:200000:8").unwrap(), 65536, CheckAlg::None).unwrap();
     let mut hops = vec![stages(&["verify"])];
-    let mut asm = Assembler::new(Box::new(DirSink::new(to.path().to_owned()).unwrap()));
+    let mut asm = Assembler::new(Box::new(DirSink::new(to.dir().to_owned()).unwrap()));
     let err = transfer(framer, 65536, &mut hops, &mut asm, |_, seq, b| {
         if seq == 2 {
             b[HEADER_LEN + 5] ^= 1;
@@ -306,7 +284,7 @@ fn without_checksums_the_object_digest_still_catches_corruption() {
     .unwrap_err();
     assert!(err.contains("digest mismatch"), "{err}");
     assert_eq!(
-        summary(&tree(to.path())),
+        summary(&tree(to.dir())),
         vec![],
         "nothing committed, no part file left"
     );
@@ -349,8 +327,8 @@ fn assembler_rejects_gaps_and_reordering() {
 
 #[test]
 fn file_sink_is_atomic() {
-    let d = TempDir::new("atomic");
-    let dest = d.path().join("out.bin");
+    let d = Scratch::new("io-atomic");
+    let dest = d.dir().join("out.bin");
     let mut s = sink::open(&format!("file:{}", dest.display())).unwrap();
     let info = ObjectInfo {
         name: "whatever".into(),
@@ -370,17 +348,17 @@ fn file_sink_is_atomic() {
     assert!(s.begin(&info).is_err());
 
     // Abort leaves nothing; neither does dropping a sink mid-object.
-    let dest2 = d.path().join("aborted.bin");
+    let dest2 = d.dir().join("aborted.bin");
     let mut s = sink::open(&format!("file:{}", dest2.display())).unwrap();
     s.begin(&info).unwrap();
     s.write(0, b"hello").unwrap();
     s.abort();
-    let dest3 = d.path().join("dropped.bin");
+    let dest3 = d.dir().join("dropped.bin");
     let mut s3 = sink::open(&format!("file:{}", dest3.display())).unwrap();
     s3.begin(&info).unwrap();
     s3.write(0, b"hello").unwrap();
     drop(s3);
-    let names: Vec<_> = tree(d.path()).into_iter().map(|(n, _)| n).collect();
+    let names: Vec<_> = tree(d.dir()).into_iter().map(|(n, _)| n).collect();
     assert_eq!(names, vec!["out.bin".to_string()]);
 
     // Writes beyond the announced length are refused.
@@ -395,11 +373,11 @@ fn file_sink_is_atomic() {
 
 #[test]
 fn dir_sink_never_writes_outside_its_directory() {
-    let outer = TempDir::new("outer");
-    let root = outer.path().join("root");
+    let outer = Scratch::new("io-outer");
+    let root = outer.dir().join("root");
     let mut s = DirSink::new(root.clone()).unwrap();
     // A symlink inside the root pointing out of it.
-    std::os::unix::fs::symlink(outer.path(), root.join("escape")).unwrap();
+    std::os::unix::fs::symlink(outer.dir(), root.join("escape")).unwrap();
     std::fs::write(root.join("plainfile"), b"").unwrap();
     for bad in [
         "../x",
@@ -423,7 +401,7 @@ fn dir_sink_never_writes_outside_its_directory() {
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{bad:?}: {e}");
     }
     // Only what was there before: nothing new inside or next to the root.
-    let mut names: Vec<_> = std::fs::read_dir(outer.path())
+    let mut names: Vec<_> = std::fs::read_dir(outer.dir())
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
         .collect();
@@ -489,20 +467,20 @@ fn sink_specs() {
     d.write(99, &[0; 24]).unwrap();
     d.commit().unwrap();
     assert_eq!(d.bytes_written(), 1024);
-    let dir = TempDir::new("specs");
+    let dir = Scratch::new("io-specs");
     // file: on a directory is refused.
-    assert!(sink::open(&format!("file:{}", dir.path().display())).is_err());
+    assert!(sink::open(&format!("file:{}", dir.dir().display())).is_err());
 }
 
 #[test]
 fn sources_from_paths() {
-    let d = TempDir::new("sources");
-    let expect = make_source_tree(d.path());
+    let d = Scratch::new("io-sources");
+    let expect = make_source_tree(d.dir());
     // A symlink is skipped, not followed.
-    std::os::unix::fs::symlink("/etc/hostname", d.path().join("link")).unwrap();
+    std::os::unix::fs::symlink("/etc/hostname", d.dir().join("link")).unwrap();
     for spec in [
-        format!("dir:{}", d.path().display()),
-        d.path().display().to_string(),
+        format!("dir:{}", d.dir().display()),
+        d.dir().display().to_string(),
     ] {
         let mut s = source::open(&spec).unwrap();
         let mut got = Vec::new();
@@ -521,7 +499,7 @@ fn sources_from_paths() {
         }
         assert_eq!(summary(&got), summary(&expect));
     }
-    let f = d.path().join("a.txt");
+    let f = d.dir().join("a.txt");
     for spec in [format!("file:{}", f.display()), f.display().to_string()] {
         let mut s = source::open(&spec).unwrap();
         let info = s.next_object().unwrap().unwrap();
@@ -533,14 +511,14 @@ fn sources_from_paths() {
         assert_eq!(s.read(&mut buf).unwrap(), 0);
         assert!(s.next_object().unwrap().is_none());
     }
-    assert!(source::open(&format!("file:{}", d.path().display())).is_err());
+    assert!(source::open(&format!("file:{}", d.dir().display())).is_err());
     assert!(source::open(&format!("dir:{}", f.display())).is_err());
 }
 
 #[test]
 fn file_that_shrinks_while_read_is_an_error() {
-    let d = TempDir::new("shrink");
-    let f = d.path().join("f");
+    let d = Scratch::new("io-shrink");
+    let f = d.dir().join("f");
     std::fs::write(&f, vec![1u8; 10_000]).unwrap();
     let mut s = source::open(&format!("file:{}", f.display())).unwrap();
     s.next_object().unwrap().unwrap();
@@ -550,37 +528,14 @@ fn file_that_shrinks_while_read_is_an_error() {
     assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
 }
 
-/// A tiny tmpfs mounted for the test (needs root and mount(2); `None` when unavailable).
-struct TinyFs(TempDir);
-
-impl TinyFs {
-    fn mount(size: &str) -> Option<TinyFs> {
-        let d = TempDir::new("tmpfs");
-        let ok = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(d.path())
-            .stderr(std::process::Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        ok.then_some(TinyFs(d))
-    }
-}
-
-impl Drop for TinyFs {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .arg(self.0.path())
-            .status();
-    }
-}
-
 #[test]
 fn full_disk_is_reported_and_cleaned_up() {
-    let Some(fs) = TinyFs::mount("64k") else {
+    let d = Scratch::new("io-tmpfs");
+    let Some(fs) = TinyFs::mount(d.path("fs"), "64k") else {
         eprintln!("skipping: cannot mount a tmpfs here");
         return;
     };
-    let root = fs.0.path().join("sink");
+    let root = fs.dir().join("sink");
     let big = 1u64 << 20;
     // Known length: the space reservation at begin already fails.
     let mut s = DirSink::new(root.clone()).unwrap();

@@ -7,139 +7,19 @@
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use srdma_relay::config::Config;
-use srdma_relay::launch::{self, LaunchOptions, NodeResult};
-use srdma_relay::node::{self, NodeOptions};
 use srdma_relay::report::Report;
 
-const ENV_CONFIG: &str = "SRDMA_RELAY_TEST_CONFIG";
-const ENV_NODE: &str = "SRDMA_RELAY_TEST_NODE";
-
-/// The entry point of the node processes the other tests start; does nothing when run by hand.
-#[test]
-#[ignore = "entry point of the node processes the other tests start"]
-fn relay_node_process() {
-    let (Ok(cfg), Ok(name)) = (std::env::var(ENV_CONFIG), std::env::var(ENV_NODE)) else {
-        return;
-    };
-    let opts = NodeOptions {
-        json: true,
-        quiet: true,
-    };
-    std::process::exit(node::run_file(Path::new(&cfg), &name, &opts));
-}
-
-fn node_command(cfg: &Path, name: &str) -> Command {
-    let mut c = Command::new(std::env::current_exe().unwrap());
-    c.args([
-        "relay_node_process",
-        "--exact",
-        "--ignored",
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .env(ENV_CONFIG, cfg)
-    .env(ENV_NODE, name);
-    c
-}
-
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Scratch {
-        let d = std::env::temp_dir().join(format!("srdma-relay-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        Scratch(d)
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-
-    /// Writes `len` pseudo-random bytes (seeded by `seed`) to `name`.
-    fn random_file(&self, name: &str, len: usize, seed: u64) -> PathBuf {
-        let mut x = seed | 1;
-        let mut v = Vec::with_capacity(len + 8);
-        while v.len() < len {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            v.extend_from_slice(&x.to_le_bytes());
-        }
-        v.truncate(len);
-        let p = self.path(name);
-        std::fs::write(&p, v).unwrap();
-        p
-    }
-
-    fn config(&self, text: &str) -> (PathBuf, Config) {
-        let p = self.path("relay.toml");
-        std::fs::write(&p, text).unwrap();
-        let c = Config::load(&p).unwrap_or_else(|e| panic!("{e}\n{text}"));
-        (p, c)
-    }
-
-    /// Files in the directory whose name starts with `prefix`.
-    fn leftovers(&self, prefix: &str) -> Vec<String> {
-        std::fs::read_dir(&self.0)
-            .unwrap()
-            .filter_map(|e| e.ok())
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .filter(|n| n.starts_with(prefix))
-            .collect()
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn run(cfg_path: &Path, cfg: &Config) -> BTreeMap<String, NodeResult> {
-    let res = launch::run_all(
-        cfg,
-        |name| node_command(cfg_path, name),
-        &LaunchOptions {
-            show: false,
-            deadline: Duration::from_secs(50),
-        },
-    )
-    .unwrap();
-    res.into_iter().map(|r| (r.name.clone(), r)).collect()
-}
-
-fn report<'a>(r: &'a BTreeMap<String, NodeResult>, name: &str) -> &'a Report {
-    let n = &r[name];
-    n.report
-        .as_ref()
-        .unwrap_or_else(|| panic!("{name} printed no report (exit {:?}): {}", n.code, n.stderr))
-}
-
-fn assert_all_ok(r: &BTreeMap<String, NodeResult>) {
-    for (name, n) in r {
-        assert_eq!(n.code, Some(0), "{name} failed: {}", n.stderr);
-        assert!(report(r, name).ok, "{name}: {:?}", n.report);
-    }
-}
+mod common;
+use common::{
+    Scratch, TinyFs, assert_all_ok, lines_of, node, node_command, report, run, signal,
+    wait_progress,
+};
 
 fn header(extra: &str) -> String {
     format!("[transfer]\nchunk_size = \"256KiB\"\nslots = 4\ntimeout_ms = 3000\n{extra}\n")
-}
-
-fn node(name: &str, addr: &str, role: &str, parent: Option<&str>, extra: &str) -> String {
-    let mut s = format!("[[node]]\nname = \"{name}\"\naddr = \"{addr}\"\nrole = \"{role}\"\n");
-    if let Some(p) = parent {
-        s.push_str(&format!("parent = \"{p}\"\n"));
-    }
-    s.push_str(extra);
-    s.push('\n');
-    s
 }
 
 #[test]
@@ -462,52 +342,6 @@ fn a_killed_relay_is_reported_by_the_source_and_downstream() {
     );
 }
 
-/// Lines a child prints on stdout, as they come.
-fn lines_of(c: &mut Child) -> std::sync::mpsc::Receiver<String> {
-    let out = BufReader::new(c.stdout.take().unwrap());
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in out.lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    rx
-}
-
-/// Waits (up to 30 s) for a progress line of at least `bytes`; returns the lines seen.
-fn wait_progress(rx: &std::sync::mpsc::Receiver<String>, bytes: u64, seen: &mut Vec<String>) {
-    let start = Instant::now();
-    loop {
-        let left = Duration::from_secs(30).saturating_sub(start.elapsed());
-        let line = rx
-            .recv_timeout(left)
-            .unwrap_or_else(|_| panic!("no progress to {bytes} bytes within 30 s: {seen:?}"));
-        let reached = line.contains("\"progress\"")
-            && serde_json::from_str::<serde_json::Value>(&line)
-                .ok()
-                .and_then(|v| v["bytes"].as_u64())
-                .is_some_and(|b| b >= bytes);
-        seen.push(line);
-        if reached {
-            return;
-        }
-    }
-}
-
-/// Sends `sig` to a child that has not been waited for (no `kill` binary needed).
-fn signal(c: &Child, sig: libc::c_int) {
-    let pid = libc::pid_t::try_from(c.id()).expect("pid fits pid_t");
-    // SAFETY: kill has no memory preconditions; the child is not reaped yet, so the pid is
-    // still this child's.
-    let r = unsafe { libc::kill(pid, sig) };
-    assert_eq!(
-        r,
-        0,
-        "kill({pid}, {sig}): {}",
-        std::io::Error::last_os_error()
-    );
-}
-
 /// A → B → C → D → E (three relays): B is killed (SIGKILL) and later D frozen (SIGSTOP)
 /// mid-transfer. The transfer heals around both: E re-attaches to C, then C to A; E commits
 /// a byte-identical file; every survivor exits 0 and reports both heals; what was sent again
@@ -684,28 +518,6 @@ fn a_bad_config_exits_2_naming_the_field() {
     assert!(err.contains("\"B\"") && err.contains("`parent`"), "{err}");
 }
 
-/// A tiny tmpfs (needs root and mount(2); `None` when unavailable).
-struct TinyFs(PathBuf);
-
-impl TinyFs {
-    fn mount(dir: PathBuf, size: &str) -> Option<TinyFs> {
-        std::fs::create_dir_all(&dir).ok()?;
-        let ok = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(&dir)
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        ok.then_some(TinyFs(dir))
-    }
-}
-
-impl Drop for TinyFs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.0).status();
-    }
-}
-
 #[test]
 fn a_full_disk_at_a_sink_is_reported_by_the_source() {
     let d = Scratch::new("full");
@@ -713,7 +525,7 @@ fn a_full_disk_at_a_sink_is_reported_by_the_source() {
         eprintln!("skipping: cannot mount a tmpfs here (not root?)");
         return;
     };
-    let out = fs.0.join("out.bin");
+    let out = fs.dir().join("out.bin");
     let text = header("")
         + &node("A", "127.0.49.1", "source", None, "source = \"gen:8MiB\"")
         + &node("B", "127.0.49.2", "relay", Some("A"), "")
@@ -740,7 +552,7 @@ fn a_full_disk_at_a_sink_is_reported_by_the_source() {
     assert_eq!(a.failed_hop.as_deref(), Some("C"));
     assert!(!a.sinks["C"].committed);
     assert!(r["A"].stderr.contains("disk full"), "{}", r["A"].stderr);
-    let left: Vec<_> = std::fs::read_dir(&fs.0).unwrap().collect();
+    let left: Vec<_> = std::fs::read_dir(fs.dir()).unwrap().collect();
     assert!(left.is_empty(), "{left:?}");
 }
 

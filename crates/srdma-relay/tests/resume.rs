@@ -4,114 +4,22 @@
 //!
 //! Each test uses its own 127.0.5x.0/24 addresses, so the tests can run in parallel.
 
-use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Child, Stdio};
+use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use srdma_relay::config::Config;
-use srdma_relay::launch::{self, LaunchOptions, NodeResult};
-use srdma_relay::node::{self, NodeOptions};
 use srdma_relay::report::Report;
 use srdma_relay::resume::{self, PartialState};
 use srdma_relay::source::gen_fill;
 
-const ENV_CONFIG: &str = "SRDMA_RELAY_TEST_CONFIG";
-const ENV_NODE: &str = "SRDMA_RELAY_TEST_NODE";
-
-/// The entry point of the node processes the other tests start; does nothing when run by hand.
-#[test]
-#[ignore = "entry point of the node processes the other tests start"]
-fn relay_node_process() {
-    let (Ok(cfg), Ok(name)) = (std::env::var(ENV_CONFIG), std::env::var(ENV_NODE)) else {
-        return;
-    };
-    let opts = NodeOptions {
-        json: true,
-        quiet: true,
-    };
-    std::process::exit(node::run_file(Path::new(&cfg), &name, &opts));
-}
-
-fn node_command(cfg: &Path, name: &str) -> Command {
-    let mut c = Command::new(std::env::current_exe().unwrap());
-    c.args([
-        "relay_node_process",
-        "--exact",
-        "--ignored",
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .env(ENV_CONFIG, cfg)
-    .env(ENV_NODE, name);
-    c
-}
-
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Scratch {
-        let d = std::env::temp_dir().join(format!("srdma-resume-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        Scratch(d)
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-
-    fn config(&self, text: &str) -> (PathBuf, Config) {
-        let p = self.path("relay.toml");
-        std::fs::write(&p, text).unwrap();
-        let c = Config::load(&p).unwrap_or_else(|e| panic!("{e}\n{text}"));
-        (p, c)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn run(cfg_path: &Path, cfg: &Config) -> BTreeMap<String, NodeResult> {
-    let res = launch::run_all(
-        cfg,
-        |name| node_command(cfg_path, name),
-        &LaunchOptions {
-            show: false,
-            deadline: Duration::from_secs(50),
-        },
-    )
-    .unwrap();
-    res.into_iter().map(|r| (r.name.clone(), r)).collect()
-}
-
-fn report<'a>(r: &'a BTreeMap<String, NodeResult>, name: &str) -> &'a Report {
-    let n = &r[name];
-    n.report
-        .as_ref()
-        .unwrap_or_else(|| panic!("{name} printed no report (exit {:?}): {}", n.code, n.stderr))
-}
-
-fn assert_all_ok(r: &BTreeMap<String, NodeResult>) {
-    for (name, n) in r {
-        assert_eq!(n.code, Some(0), "{name} failed: {}", n.stderr);
-        assert!(report(r, name).ok, "{name}: {:?}", n.report);
-    }
-}
-
-fn node(name: &str, addr: &str, role: &str, parent: Option<&str>, extra: &str) -> String {
-    let mut s = format!("[[node]]\nname = \"{name}\"\naddr = \"{addr}\"\nrole = \"{role}\"\n");
-    if let Some(p) = parent {
-        s.push_str(&format!("parent = \"{p}\"\n"));
-    }
-    s.push_str(extra);
-    s.push('\n');
-    s
-}
+mod common;
+use common::{
+    Scratch, assert_all_ok, lines_of, node, node_command, progress_bytes, report, run,
+    wait_progress,
+};
 
 const CHUNK: u64 = 64 << 10;
 const SLOTS: u64 = 4;
@@ -147,7 +55,9 @@ fn craft_state(cfg: &Config, sink: &str, out: &Path, len: u64, held: u64, part: 
 
 /// A transfer whose sink is killed (SIGKILL) half-way, then run again with the same
 /// configuration: the sink resumes from its bitmap, the source sends only what is missing
-/// (at most the ring in flight plus the chunks written since the last saved state: two rings),
+/// (at most two rings and a half: the source frames up to its own ring ahead of what it
+/// posted, it posts up to the sink's ring ahead of the sink's credits, and the sink's saved
+/// state lags what it wrote by up to half a ring, the chunks between two saves),
 /// and the committed object is the source's.
 #[test]
 fn a_killed_sink_resumes_from_its_bitmap() {
@@ -237,8 +147,8 @@ fn a_killed_sink_resumes_from_its_bitmap() {
         a1.bytes, a2.bytes, c2.bytes_sent_again
     );
     assert!(
-        sent_again <= 2 * RING,
-        "{sent_again} bytes sent again, more than two rings ({RING} bytes each)"
+        sent_again <= 2 * RING + RING / 2,
+        "{sent_again} bytes sent again, more than two rings and a half ({RING} bytes each)"
     );
     assert!(c2.bytes_sent_again <= sent_again, "{c2:?}");
     assert_eq!(a2.bytes_sent_again, c2.bytes_sent_again);
@@ -433,52 +343,18 @@ fn a_resumed_object_is_verified_whole() {
     assert_clean(&out);
 }
 
-/// Reads a child's stdout lines on a thread.
-fn lines_of(c: &mut Child) -> std::sync::mpsc::Receiver<String> {
-    let out = BufReader::new(c.stdout.take().unwrap());
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in out.lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    rx
-}
-
-/// Waits until `rx` shows a progress line with at least `bytes`.
-fn wait_progress(rx: &std::sync::mpsc::Receiver<String>, bytes: u64) {
-    let start = Instant::now();
-    loop {
-        let line = rx
-            .recv_timeout(Duration::from_secs(20))
-            .expect("no progress within 20 s");
-        let b = serde_json::from_str::<serde_json::Value>(&line)
-            .ok()
-            .filter(|v| v["event"] == "progress")
-            .and_then(|v| v["bytes"].as_u64());
-        if b.is_some_and(|b| b >= bytes) {
-            return;
-        }
-        assert!(start.elapsed() < Duration::from_secs(20), "no progress");
-    }
-}
-
 /// Whether `rx` shows a progress line with at least `bytes` within `limit`.
-fn reaches(rx: &std::sync::mpsc::Receiver<String>, bytes: u64, limit: Duration) -> bool {
+fn reaches(rx: &Receiver<String>, bytes: u64, limit: Duration) -> bool {
     let start = Instant::now();
     while let Ok(line) = rx.recv_timeout(limit.saturating_sub(start.elapsed())) {
-        let b = serde_json::from_str::<serde_json::Value>(&line)
-            .ok()
-            .filter(|v| v["event"] == "progress")
-            .and_then(|v| v["bytes"].as_u64());
-        if b.is_some_and(|b| b >= bytes) {
+        if progress_bytes(&line).is_some_and(|b| b >= bytes) {
             return true;
         }
     }
     false
 }
 
-fn final_report(rx: &std::sync::mpsc::Receiver<String>) -> Report {
+fn final_report(rx: &Receiver<String>) -> Report {
     rx.iter()
         .filter(|l| l.contains("\"report\""))
         .find_map(|l| serde_json::from_str(&l).ok())
@@ -537,7 +413,7 @@ fn a_sink_restarted_while_the_source_runs_catches_up() {
     let mut a = spawn("A");
     let c1_lines = lines_of(&mut c1);
     let a_lines = lines_of(&mut a);
-    wait_progress(&c1_lines, total / 4);
+    wait_progress(&c1_lines, total / 4, &mut Vec::new());
     c1.kill().unwrap();
     let _ = c1.wait();
     let held = PartialState::load(&resume::state_path(&out))
@@ -608,7 +484,7 @@ fn a_sink_that_does_not_come_back_fails_the_transfer() {
     let mut a = spawn("A");
     let c_lines = lines_of(&mut c);
     let a_lines = lines_of(&mut a);
-    wait_progress(&c_lines, 2 << 20);
+    wait_progress(&c_lines, 2 << 20, &mut Vec::new());
     c.kill().unwrap();
     let killed = Instant::now();
     let _ = c.wait();
@@ -778,7 +654,7 @@ fn a_killed_source_leaves_a_resumable_sink() {
     let mut c = spawn("C");
     let mut a = spawn("A");
     let c_lines = lines_of(&mut c);
-    wait_progress(&c_lines, total / 4);
+    wait_progress(&c_lines, total / 4, &mut Vec::new());
     a.kill().unwrap();
     let _ = a.wait();
     assert_eq!(wait_exit(&mut c, "C", Duration::from_secs(20)), Some(1));
@@ -854,7 +730,7 @@ fn a_sink_below_a_relay_restarted_while_the_rest_runs_catches_up() {
         let c1_lines = lines_of(&mut c1);
         let a_lines = lines_of(&mut a);
         let b_lines = lines_of(&mut b);
-        wait_progress(&c1_lines, total / 4);
+        wait_progress(&c1_lines, total / 4, &mut Vec::new());
         c1.kill().unwrap();
         let _ = c1.wait();
         let held = PartialState::load(&resume::state_path(&out))
@@ -932,7 +808,7 @@ fn a_killed_relay_in_a_resumable_chain_still_fails_the_run() {
     let mut a = spawn("A");
     let c_lines = lines_of(&mut c);
     let a_lines = lines_of(&mut a);
-    wait_progress(&c_lines, 2 << 20);
+    wait_progress(&c_lines, 2 << 20, &mut Vec::new());
     b.kill().unwrap();
     let _ = b.wait();
     let limit = Duration::from_secs(20);
@@ -986,7 +862,7 @@ fn a_killed_relay_in_a_resumable_chain_is_healed_around() {
     let mut a = spawn("A");
     let c_lines = lines_of(&mut c);
     let a_lines = lines_of(&mut a);
-    wait_progress(&c_lines, 2 << 20);
+    wait_progress(&c_lines, 2 << 20, &mut Vec::new());
     b.kill().unwrap();
     let _ = b.wait();
     let limit = Duration::from_secs(30);
@@ -1055,7 +931,7 @@ fn a_sink_restarted_in_a_tree_catches_up() {
     let d1_lines = lines_of(&mut d1);
     let a_lines = lines_of(&mut a);
     let c_lines = lines_of(&mut c);
-    wait_progress(&d1_lines, total / 4);
+    wait_progress(&d1_lines, total / 4, &mut Vec::new());
     d1.kill().unwrap();
     let _ = d1.wait();
     let held = PartialState::load(&resume::state_path(&out_d))

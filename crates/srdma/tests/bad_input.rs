@@ -31,6 +31,9 @@ use srdma_wire::{
     Qpn, RethRepr, Syndrome,
 };
 
+mod common;
+use common::remote;
+
 /// First send PSN of A's healthy QP.
 const PSN_A: u32 = 0x10_0000;
 /// First send PSN of B's healthy QP (A's expected receive PSN).
@@ -197,14 +200,8 @@ fn connect_pair(a: &Device, b: &Device, psn_a: u32, psn_b: u32) -> (End, End) {
     pa.max_dest_rd_atomic = 4;
     let mut pb = pa;
     pb.sq_psn = Psn::new(psn_b);
-    let to = |d: &Device, qp: &Qp, psn| RemoteQp {
-        qpn: qp.qpn(),
-        psn: Psn::new(psn),
-        gid: d.local_gid(),
-        port: d.local_addr().port(),
-    };
-    ea.qp.connect(&to(b, &eb.qp, psn_b), &pa).unwrap();
-    eb.qp.connect(&to(a, &ea.qp, psn_a), &pb).unwrap();
+    ea.qp.connect(&remote(b, eb.qp.qpn(), psn_b), &pa).unwrap();
+    eb.qp.connect(&remote(a, ea.qp.qpn(), psn_a), &pb).unwrap();
     (ea, eb)
 }
 

@@ -4,11 +4,14 @@
 //! (the default between devices of one host; `SRDMA_SHM=0` runs it over UDP).
 
 use srdma::{
-    AccessFlags, ConnectParams, Device, DeviceConfig, Mtu, QpInit, QpType, RKey, RemoteQp, SendOp,
-    SendWr, SgeList, WcStatus,
+    AccessFlags, ConnectParams, Device, DeviceConfig, Mtu, QpInit, QpType, RKey, SendOp, SendWr,
+    SgeList, WcStatus,
 };
 use srdma_wire::frame::{self, IcrcStatus};
 use srdma_wire::{Opcode, PacketRepr, Psn, pcap};
+
+mod common;
+use common::remote;
 
 /// A 3000-byte WRITE at MTU 1024 between two devices, both capturing: A's file holds the three
 /// WRITE packets it sent and the ACK it received, B's the same four from the other side; every
@@ -50,19 +53,13 @@ fn write_captured(dir: &std::path::Path, ips: [&str; 2], names: [&str; 2]) {
     let (ca, cb) = (a.create_cq(8, None).unwrap(), b.create_cq(8, None).unwrap());
     let qa = pa.create_qp(&QpInit::new(QpType::Rc, &ca, &ca)).unwrap();
     let qb = pb.create_qp(&QpInit::new(QpType::Rc, &cb, &cb)).unwrap();
-    let at = |d: &Device, q: &srdma::Qp, psn| RemoteQp {
-        qpn: q.qpn(),
-        psn: Psn::new(psn),
-        gid: d.local_gid(),
-        port: d.local_addr().port(),
-    };
     qa.connect(
-        &at(&b, &qb, 7),
+        &remote(&b, qb.qpn(), 7),
         &ConnectParams::new(Mtu::Mtu1024, Psn::new(5)),
     )
     .unwrap();
     qb.connect(
-        &at(&a, &qa, 5),
+        &remote(&a, qa.qpn(), 5),
         &ConnectParams::new(Mtu::Mtu1024, Psn::new(7)),
     )
     .unwrap();
@@ -151,15 +148,9 @@ fn in_a_send_ping_pong_the_ack_leaves_behind_the_reply() {
     );
     let qa = pa.create_qp(&QpInit::new(QpType::Rc, &ca, &ca)).unwrap();
     let qb = pb.create_qp(&QpInit::new(QpType::Rc, &cb, &cb)).unwrap();
-    let at = |d: &Device, q: &srdma::Qp, psn| RemoteQp {
-        qpn: q.qpn(),
-        psn: Psn::new(psn),
-        gid: d.local_gid(),
-        port: d.local_addr().port(),
-    };
     let params = |psn| ConnectParams::new(Mtu::Mtu1024, Psn::new(psn));
-    qa.connect(&at(&b, &qb, 7), &params(5)).unwrap();
-    qb.connect(&at(&a, &qa, 5), &params(7)).unwrap();
+    qa.connect(&remote(&b, qb.qpn(), 7), &params(5)).unwrap();
+    qb.connect(&remote(&a, qa.qpn(), 5), &params(7)).unwrap();
     let ma = pa.reg_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
     let mb = pb.reg_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
     // One side's loop: wait for a receive, replenish, poll once more, answer (the client

@@ -10,9 +10,12 @@ use std::time::{Duration, Instant};
 
 use srdma::{
     AccessFlags, CompChannel, ConnectParams, Cq, Device, DeviceConfig, Mr, Mtu, Qp, QpInit, QpType,
-    RKey, RecvWr, RemoteQp, SendOp, SendWr, SgeList, WcOpcode, WcStatus,
+    RKey, RecvWr, SendOp, SendWr, SgeList, WcOpcode, WcStatus,
 };
 use srdma_wire::Psn;
+
+mod common;
+use common::remote;
 
 const LEN: usize = 4096;
 
@@ -36,15 +39,9 @@ fn pair(ip_a: &str, ip_b: &str, ch: &CompChannel) -> (Side, Side) {
     let cqb = b.create_cq(64, Some(ch)).unwrap();
     let qa = pa.create_qp(&QpInit::new(QpType::Rc, &cqa, &cqa)).unwrap();
     let qb = pb.create_qp(&QpInit::new(QpType::Rc, &cqb, &cqb)).unwrap();
-    let at = |d: &Device, q: &Qp, psn| RemoteQp {
-        qpn: q.qpn(),
-        psn: Psn::new(psn),
-        gid: d.local_gid(),
-        port: d.local_addr().port(),
-    };
     let params = |psn| ConnectParams::new(Mtu::Mtu1024, Psn::new(psn));
-    qa.connect(&at(&b, &qb, 9), &params(4)).unwrap();
-    qb.connect(&at(&a, &qa, 4), &params(9)).unwrap();
+    qa.connect(&remote(&b, qb.qpn(), 9), &params(4)).unwrap();
+    qb.connect(&remote(&a, qa.qpn(), 4), &params(9)).unwrap();
     let all = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
     let (ma, mb) = (pa.reg_mr(LEN, all).unwrap(), pb.reg_mr(LEN, all).unwrap());
     (

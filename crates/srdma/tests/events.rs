@@ -6,10 +6,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use srdma::{
-    AccessFlags, AsyncEvent, ConnectParams, Cq, Device, DeviceConfig, Error, Mtu, Qp, QpInit,
-    QpState, QpType, RKey, RecvWr, RemoteQp, SendOp, SendWr, SgeList, Wc, WcStatus,
+    AccessFlags, AsyncEvent, ConnectParams, Cq, Device, Error, Mtu, Qp, QpInit, QpState, QpType,
+    RKey, RecvWr, SendOp, SendWr, SgeList, Wc, WcStatus,
 };
 use srdma_wire::Psn;
+
+mod common;
+use common::{dev_with, remote};
 
 fn events(dev: &Device) -> Arc<Mutex<Vec<AsyncEvent>>> {
     let seen = Arc::new(Mutex::new(Vec::new()));
@@ -53,34 +56,25 @@ fn rc_pair(a: &Device, b: &Device, cqe: usize) -> (Qp, Cq, Qp, Cq) {
         .alloc_pd()
         .create_qp(&QpInit::new(QpType::Rc, &cqb, &cqb))
         .unwrap();
-    let at = |d: &Device, qpn, psn| RemoteQp {
-        qpn,
-        psn: Psn::new(psn),
-        gid: d.local_gid(),
-        port: d.local_addr().port(),
-    };
     qa.connect(
-        &at(b, qb.qpn(), 7),
+        &remote(b, qb.qpn(), 7),
         &ConnectParams::new(Mtu::Mtu1024, Psn::new(3)),
     )
     .unwrap();
     qb.connect(
-        &at(a, qa.qpn(), 3),
+        &remote(a, qa.qpn(), 3),
         &ConnectParams::new(Mtu::Mtu1024, Psn::new(7)),
     )
     .unwrap();
     (qa, cqa, qb, cqb)
 }
 
-fn dev(ip: &str, port: u16) -> Device {
-    let mut c = DeviceConfig::new(ip.parse().unwrap());
-    c.port = port;
-    Device::open(c).unwrap()
-}
-
 #[test]
 fn two_devices_share_one_address_and_port() {
-    let (a, b) = (dev("127.0.71.1", 4791), dev("127.0.71.1", 4791));
+    let (a, b) = (
+        dev_with("127.0.71.1", |c| c.port = 4791),
+        dev_with("127.0.71.1", |c| c.port = 4791),
+    );
     assert_eq!(a.local_addr(), b.local_addr());
     let (qa, cqa, qb, _cqb) = rc_pair(&a, &b, 64);
     // Each device numbers its QPs in its own slot: the kernel steers by QPN >> 16.
@@ -110,7 +104,10 @@ fn two_devices_share_one_address_and_port() {
 
 #[test]
 fn cq_overrun_raises_cq_err_and_moves_the_qp_to_err() {
-    let (a, b) = (dev("127.0.72.1", 0), dev("127.0.72.2", 0));
+    let (a, b) = (
+        dev_with("127.0.72.1", |c| c.port = 0),
+        dev_with("127.0.72.2", |c| c.port = 0),
+    );
     let seen = events(&a);
     let (qa, cqa, _qb, _cqb) = rc_pair(&a, &b, 2);
     let mr = qa.pd().reg_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
@@ -141,7 +138,10 @@ fn cq_overrun_raises_cq_err_and_moves_the_qp_to_err() {
 
 #[test]
 fn a_transport_error_raises_qp_fatal() {
-    let (a, b) = (dev("127.0.73.1", 0), dev("127.0.73.2", 0));
+    let (a, b) = (
+        dev_with("127.0.73.1", |c| c.port = 0),
+        dev_with("127.0.73.2", |c| c.port = 0),
+    );
     let seen = events(&a);
     let (qa, cqa, _qb, _cqb) = rc_pair(&a, &b, 16);
     let mr = qa.pd().reg_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
@@ -162,7 +162,10 @@ fn a_transport_error_raises_qp_fatal() {
 
 #[test]
 fn device_failure_flushes_every_qp_and_later_calls_fail() {
-    let (a, b) = (dev("127.0.74.1", 0), dev("127.0.74.2", 0));
+    let (a, b) = (
+        dev_with("127.0.74.1", |c| c.port = 0),
+        dev_with("127.0.74.2", |c| c.port = 0),
+    );
     let seen = events(&a);
     let (qa, cqa, _qb, _cqb) = rc_pair(&a, &b, 16);
     let mr = qa.pd().reg_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();

@@ -9,10 +9,11 @@ use srdma::{
     AccessFlags, Device, DeviceConfig, QpInit, QpType, RKey, SendOp, SendWr, SgeList, WcStatus,
 };
 
+mod common;
+
+/// A device on `ip` with its UDP port to itself, and its GSI.
 fn dev(ip: &str) -> (Device, Gsi) {
-    let mut c = DeviceConfig::new(ip.parse().unwrap());
-    c.share_port = false;
-    let d = Device::open(c).unwrap();
+    let d = common::dev_with(ip, |c| c.share_port = false);
     let g = Gsi::open(&d).unwrap();
     (d, g)
 }

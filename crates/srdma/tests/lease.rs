@@ -5,26 +5,13 @@ use std::time::{Duration, Instant};
 
 use srdma::lease::{Buf, BufPool, LeasedQp, RawPost};
 use srdma::{
-    AccessFlags, AttrMask, ConnectParams, Device, DeviceConfig, Mtu, QpAttr, QpInit, QpState,
-    QpType, RKey, RemoteQp, SendOp, SendWr, SgeList, UdDest, Wc, WcOpcode, WcStatus,
+    AccessFlags, AttrMask, ConnectParams, Device, Mtu, QpAttr, QpInit, QpState, QpType, RKey,
+    RemoteQp, SendOp, SendWr, SgeList, UdDest, Wc, WcOpcode, WcStatus,
 };
 use srdma_wire::Psn;
 
-fn open() -> Device {
-    let mut c = DeviceConfig::new([127, 0, 0, 1].into());
-    c.port = 0;
-    c.pcap = None;
-    Device::open(c).unwrap()
-}
-
-fn remote(dev: &Device, qpn: srdma_wire::Qpn, psn: u32) -> RemoteQp {
-    RemoteQp {
-        qpn,
-        psn: Psn::new(psn),
-        gid: dev.local_gid(),
-        port: dev.local_addr().port(),
-    }
-}
+mod common;
+use common::{loopback, remote};
 
 /// Connects `a` (on `da`) and `b` (on `db`) with each other.
 fn connect(da: &Device, a: &LeasedQp, db: &Device, b: &LeasedQp) {
@@ -50,7 +37,7 @@ struct Pair {
 }
 
 fn rc_pair(count: usize, slot: usize) -> Pair {
-    let (da, db) = (open(), open());
+    let (da, db) = (loopback(), loopback());
     let pa = BufPool::new(&da, count, slot).unwrap();
     let pb = BufPool::new(&db, count, slot).unwrap();
     let qa = LeasedQp::new(&pa, QpType::Rc).unwrap();
@@ -214,7 +201,7 @@ fn rdma_write_and_read_with_a_plain_remote_mr() {
 
 #[test]
 fn exhausted_pool_gives_none_until_a_lease_returns() {
-    let (d, _) = (open(), ());
+    let (d, _) = (loopback(), ());
     let pool = BufPool::new(&d, 3, 64).unwrap();
     assert_eq!(
         (pool.count(), pool.available(), pool.slot_size()),
@@ -295,7 +282,7 @@ fn moving_to_err_flushes_leases_back() {
 
 #[test]
 fn refused_posts_return_the_buffer() {
-    let d = open();
+    let d = loopback();
     let pool = BufPool::new(&d, 2, 128).unwrap();
     let qp = LeasedQp::new(&pool, QpType::Rc).unwrap();
     assert_eq!(qp.state(), QpState::Init);
@@ -319,7 +306,7 @@ fn refused_posts_return_the_buffer() {
 
 #[test]
 fn dropping_a_leased_qp_with_work_in_flight_releases_everything() {
-    let d = open();
+    let d = loopback();
     let pool = BufPool::new(&d, 8, 512).unwrap();
     let qp = LeasedQp::new(&pool, QpType::Rc).unwrap();
     // A peer that never answers: the sends stay in flight, retransmitting.
@@ -359,7 +346,7 @@ fn dropping_a_leased_qp_with_work_in_flight_releases_everything() {
 
 #[test]
 fn several_qps_share_one_pool_and_keep_their_own_completions() {
-    let (da, db) = (open(), open());
+    let (da, db) = (loopback(), loopback());
     let pa = BufPool::new(&da, 16, 1024).unwrap();
     let pb = BufPool::new(&db, 16, 1024).unwrap();
     let qas: Vec<LeasedQp> = (0..3)
@@ -396,7 +383,7 @@ fn several_qps_share_one_pool_and_keep_their_own_completions() {
 
 #[test]
 fn ud_send_to_a_leased_receive() {
-    let (da, db) = (open(), open());
+    let (da, db) = (loopback(), loopback());
     let pa = BufPool::new(&da, 2, 2048).unwrap();
     let pb = BufPool::new(&db, 2, 2048).unwrap();
     let qa = LeasedQp::new(&pa, QpType::Ud).unwrap();
@@ -425,7 +412,7 @@ fn ud_send_to_a_leased_receive() {
 
 #[test]
 fn raw_tier_posts_like_the_sge_tier() {
-    let (da, db) = (open(), open());
+    let (da, db) = (loopback(), loopback());
     let (pa, pb) = (da.alloc_pd(), db.alloc_pd());
     let (ca, cb) = (
         da.create_cq(8, None).unwrap(),

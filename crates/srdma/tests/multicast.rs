@@ -5,30 +5,15 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use srdma::{
-    AccessFlags, Device, DeviceConfig, Error, Gid, Mr, Mtu, Qp, QpInit, QpType, RecvWr, SendOp,
-    SendWr, SgeList, UdDest, Wc, WcStatus, ah,
+    AccessFlags, Device, Error, Gid, Mr, Mtu, Qp, QpInit, QpType, RecvWr, SendOp, SendWr, SgeList,
+    UdDest, Wc, WcStatus, ah,
 };
 use srdma_wire::{Psn, Qpn};
 
+mod common;
+use common::{dev, wait};
+
 const QKEY: u32 = 0x0123_4567;
-
-fn dev(ip: &str, port: u16) -> Device {
-    let mut c = DeviceConfig::new(ip.parse().unwrap());
-    c.port = port;
-    c.mtu = Mtu::Mtu1024;
-    Device::open(c).unwrap()
-}
-
-fn wait(cq: &srdma::Cq, limit: Duration) -> Option<Wc> {
-    let t = Instant::now();
-    while t.elapsed() < limit {
-        if let Some(wc) = cq.poll_one() {
-            return Some(wc);
-        }
-        std::thread::sleep(Duration::from_micros(200));
-    }
-    None
-}
 
 struct Member {
     qp: Qp,
@@ -87,10 +72,10 @@ fn received(m: &Member, wc: &Wc, len: usize) -> ([u8; 4], Vec<u8>) {
 #[test]
 fn a_datagram_to_a_group_reaches_every_attached_qp_and_no_other() {
     // Receivers on two devices (two "hosts" on loopback) share the port the sender aims at.
-    let r1 = dev("127.0.61.1", 0);
+    let r1 = dev("127.0.61.1", 0, Mtu::Mtu1024);
     let port = r1.local_addr().port();
-    let r2 = dev("127.0.61.2", port);
-    let s = dev("127.0.61.3", 0);
+    let r2 = dev("127.0.61.2", port, Mtu::Mtu1024);
+    let s = dev("127.0.61.3", 0, Mtu::Mtu1024);
     let group = group_gid("239.61.0.1");
 
     let a = member(&r1, QKEY);
@@ -143,7 +128,7 @@ fn a_datagram_to_a_group_reaches_every_attached_qp_and_no_other() {
 
 #[test]
 fn a_sender_attached_to_its_group_gets_no_copy_of_its_own_datagram() {
-    let d = dev("127.0.61.4", 0);
+    let d = dev("127.0.61.4", 0, Mtu::Mtu1024);
     let port = d.local_addr().port();
     let group = group_gid("239.61.0.2");
     let sender = member(&d, QKEY);
@@ -171,7 +156,7 @@ fn a_sender_attached_to_its_group_gets_no_copy_of_its_own_datagram() {
 
 #[test]
 fn bad_attaches_are_refused() {
-    let d = dev("127.0.61.5", 0);
+    let d = dev("127.0.61.5", 0, Mtu::Mtu1024);
     let ud = member(&d, QKEY);
     let pd = d.alloc_pd();
     let cq = d.create_cq(4, None).unwrap();
@@ -195,7 +180,7 @@ fn bad_attaches_are_refused() {
 
 #[test]
 fn junk_sent_to_a_group_is_counted_and_dropped() {
-    let d = dev("127.0.61.6", 0);
+    let d = dev("127.0.61.6", 0, Mtu::Mtu1024);
     let port = d.local_addr().port();
     let group = group_gid("239.61.0.4");
     let m = member(&d, QKEY);
@@ -208,7 +193,7 @@ fn junk_sent_to_a_group_is_counted_and_dropped() {
     for d in [&[][..], &[0x5a; 7][..], &bth[..]] {
         junk.send_to(d, ("239.61.0.4", port)).unwrap();
     }
-    let sender = member(&dev("127.0.61.8", 0), QKEY);
+    let sender = member(&dev("127.0.61.8", 0, Mtu::Mtu1024), QKEY);
     send_to_group(&sender, group, port, 11, b"after the junk");
     let wc = wait(&m.cq, Duration::from_secs(5)).expect("the group still works");
     assert_eq!((wc.status, wc.imm_data), (WcStatus::Success, Some(11)));
@@ -224,7 +209,7 @@ fn junk_sent_to_a_group_is_counted_and_dropped() {
 /// group's datagram's completion.
 #[test]
 fn a_thread_waiting_on_its_channel_gets_a_group_datagram() {
-    let d = dev("127.0.61.9", 0);
+    let d = dev("127.0.61.9", 0, Mtu::Mtu1024);
     let port = d.local_addr().port();
     let group = group_gid("239.61.0.5");
     let ch = srdma::CompChannel::new().unwrap();
@@ -241,7 +226,7 @@ fn a_thread_waiting_on_its_channel_gets_a_group_datagram() {
     })
     .unwrap();
     cq.req_notify(false);
-    let sender = member(&dev("127.0.61.10", 0), QKEY);
+    let sender = member(&dev("127.0.61.10", 0, Mtu::Mtu1024), QKEY);
     std::thread::scope(|s| {
         let waiter = s.spawn(|| {
             let t = Instant::now();

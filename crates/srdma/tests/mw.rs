@@ -12,10 +12,13 @@ use std::time::{Duration, Instant};
 
 use srdma::{
     AccessFlags, ConnectParams, Cq, Device, DeviceConfig, Mr, Mtu, Mw, MwBind, MwBindInfo, MwState,
-    MwType, Pd, Qp, QpInit, QpType, RKey, RecvWr, RemoteQp, SendFlags, SendOp, SendWr, SgeList, Wc,
-    WcFlags, WcOpcode, WcStatus,
+    MwType, Pd, Qp, QpInit, QpType, RKey, RecvWr, SendFlags, SendOp, SendWr, SgeList, Wc, WcFlags,
+    WcOpcode, WcStatus,
 };
 use srdma_wire::Psn;
+
+mod common;
+use common::remote;
 
 const LEN: usize = 8192;
 /// The window: 1 KiB at offset 1024 of B's region.
@@ -62,14 +65,8 @@ fn pair() -> (Device, Device, End, End) {
     p.max_rd_atomic = 4;
     p.max_dest_rd_atomic = 4;
     p.retry_cnt = 2;
-    let to = |d: &Device, qp: &Qp| RemoteQp {
-        qpn: qp.qpn(),
-        psn: Psn::new(100),
-        gid: d.local_gid(),
-        port: d.local_addr().port(),
-    };
-    a.qp.connect(&to(&db, &b.qp), &p).unwrap();
-    b.qp.connect(&to(&da, &a.qp), &p).unwrap();
+    a.qp.connect(&remote(&db, b.qp.qpn(), 100), &p).unwrap();
+    b.qp.connect(&remote(&da, a.qp.qpn(), 100), &p).unwrap();
     (da, db, a, b)
 }
 

@@ -3,57 +3,33 @@
 use std::time::{Duration, Instant};
 
 use srdma::{
-    AccessFlags, AttrMask, ConnectParams, Device, DeviceConfig, Mtu, QpAttr, QpInit, QpState,
-    QpType, RKey, RecvWr, RemoteQp, SendOp, SendWr, SgeList, UdDest, WcStatus, ah,
+    AccessFlags, AttrMask, ConnectParams, Mtu, QpAttr, QpInit, QpState, QpType, RKey, RecvWr,
+    RemoteQp, SendOp, SendWr, SgeList, UdDest, WcStatus, ah,
 };
 use srdma_wire::{Psn, Qpn};
 
-fn dev(ip: &str, mtu: Mtu) -> Device {
-    let mut c = DeviceConfig::new(ip.parse().unwrap());
-    c.port = 0;
-    c.mtu = mtu;
-    Device::open(c).unwrap()
-}
-
-fn wait(cq: &srdma::Cq, limit: Duration) -> Option<srdma::Wc> {
-    let t = Instant::now();
-    while t.elapsed() < limit {
-        if let Some(wc) = cq.poll_one() {
-            return Some(wc);
-        }
-        std::thread::sleep(Duration::from_micros(200));
-    }
-    None
-}
-
-fn remote(d: &Device, qp: &srdma::Qp, psn: u32) -> RemoteQp {
-    RemoteQp {
-        qpn: qp.qpn(),
-        psn: Psn::new(psn),
-        gid: d.local_gid(),
-        port: d.local_addr().port(),
-    }
-}
+mod common;
+use common::{dev, remote, wait};
 
 /// Work posted while the QP is in SQD goes out once the QP is back in RTS (the modify rings
 /// the doorbell; nothing else would wake that QP).
 #[test]
 fn sqd_to_rts_resumes_posted_work() {
     let (a, b) = (
-        dev("127.0.60.1", Mtu::Mtu1024),
-        dev("127.0.60.2", Mtu::Mtu1024),
+        dev("127.0.60.1", 0, Mtu::Mtu1024),
+        dev("127.0.60.2", 0, Mtu::Mtu1024),
     );
     let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
     let (ca, cb) = (a.create_cq(8, None).unwrap(), b.create_cq(8, None).unwrap());
     let qa = pa.create_qp(&QpInit::new(QpType::Rc, &ca, &ca)).unwrap();
     let qb = pb.create_qp(&QpInit::new(QpType::Rc, &cb, &cb)).unwrap();
     qa.connect(
-        &remote(&b, &qb, 2),
+        &remote(&b, qb.qpn(), 2),
         &ConnectParams::new(Mtu::Mtu1024, Psn::new(1)),
     )
     .unwrap();
     qb.connect(
-        &remote(&a, &qa, 1),
+        &remote(&a, qa.qpn(), 1),
         &ConnectParams::new(Mtu::Mtu1024, Psn::new(2)),
     )
     .unwrap();
@@ -100,8 +76,8 @@ fn sqd_to_rts_resumes_posted_work() {
 #[test]
 fn ud_receiver_in_rtr_uses_the_port_mtu() {
     let (a, b) = (
-        dev("127.0.60.3", Mtu::Mtu4096),
-        dev("127.0.60.4", Mtu::Mtu4096),
+        dev("127.0.60.3", 0, Mtu::Mtu4096),
+        dev("127.0.60.4", 0, Mtu::Mtu4096),
     );
     let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
     let (ca, cb) = (a.create_cq(8, None).unwrap(), b.create_cq(8, None).unwrap());
@@ -143,7 +119,7 @@ fn ud_receiver_in_rtr_uses_the_port_mtu() {
 /// test runs; the reviewer's reproduction did that with four senders on a debug build.)
 #[test]
 fn a_flood_does_not_stop_retransmission() {
-    let a = dev("127.0.60.5", Mtu::Mtu1024);
+    let a = dev("127.0.60.5", 0, Mtu::Mtu1024);
     let pa = a.alloc_pd();
     let ca = a.create_cq(8, None).unwrap();
     let qa = pa.create_qp(&QpInit::new(QpType::Rc, &ca, &ca)).unwrap();
@@ -208,9 +184,9 @@ fn a_flood_does_not_stop_retransmission() {
 #[test]
 fn cm_refuses_a_qp_from_another_device() {
     let (srv, other, cli) = (
-        dev("127.0.60.8", Mtu::Mtu1024),
-        dev("127.0.60.9", Mtu::Mtu1024),
-        dev("127.0.60.10", Mtu::Mtu1024),
+        dev("127.0.60.8", 0, Mtu::Mtu1024),
+        dev("127.0.60.9", 0, Mtu::Mtu1024),
+        dev("127.0.60.10", 0, Mtu::Mtu1024),
     );
     let (ps, po, pc) = (srv.alloc_pd(), other.alloc_pd(), cli.alloc_pd());
     let listener = srdma::cm::Listener::bind(&srv, &ps, "127.0.60.8:0".parse().unwrap()).unwrap();
@@ -233,7 +209,7 @@ fn cm_refuses_a_qp_from_another_device() {
 /// without being sent.
 #[test]
 fn ud_send_to_the_wrong_family_is_refused() {
-    let a = dev("127.0.60.11", Mtu::Mtu1024);
+    let a = dev("127.0.60.11", 0, Mtu::Mtu1024);
     let pa = a.alloc_pd();
     let ca = a.create_cq(8, None).unwrap();
     let qa = pa.create_qp(&QpInit::new(QpType::Ud, &ca, &ca)).unwrap();
@@ -259,7 +235,7 @@ fn ud_send_to_the_wrong_family_is_refused() {
 /// never completed while the application kept polling.
 #[test]
 fn busy_polling_runs_the_retransmission_timer() {
-    let a = dev("127.0.64.1", Mtu::Mtu1024);
+    let a = dev("127.0.64.1", 0, Mtu::Mtu1024);
     let silent = std::net::UdpSocket::bind("127.0.64.2:0").unwrap();
     let pa = a.alloc_pd();
     let ca = a.create_cq(8, None).unwrap();

@@ -5,26 +5,13 @@
 use std::time::{Duration, Instant};
 
 use srdma::{
-    AccessFlags, AttrMask, ConnectParams, Cq, Device, DeviceConfig, Mtu, Qp, QpAttr, QpInit,
-    QpState, QpType, RecvWr, RemoteQp, SendOp, SendWr, SgeList, Wc, WcOpcode, WcStatus, XrcRole,
+    AccessFlags, AttrMask, ConnectParams, Cq, Mtu, Qp, QpAttr, QpInit, QpState, QpType, RecvWr,
+    SendOp, SendWr, SgeList, Wc, WcOpcode, WcStatus, XrcRole,
 };
 use srdma_wire::Psn;
 
-fn open() -> Device {
-    let mut c = DeviceConfig::new([127, 0, 0, 1].into());
-    c.port = 0;
-    c.pcap = None;
-    Device::open(c).unwrap()
-}
-
-fn remote(dev: &Device, qp: &Qp, psn: u32) -> RemoteQp {
-    RemoteQp {
-        qpn: qp.qpn(),
-        psn: Psn::new(psn),
-        gid: dev.local_gid(),
-        port: dev.local_addr().port(),
-    }
-}
+mod common;
+use common::{loopback, remote};
 
 /// RESET → INIT, as an application does after `ibv_create_qp_ex`.
 fn to_init(qp: &Qp) {
@@ -56,7 +43,7 @@ fn wait_one(cq: &Cq) -> Wc {
 
 #[test]
 fn xrc_send_lands_in_the_named_srq_of_the_targets_domain() {
-    let (da, db) = (open(), open());
+    let (da, db) = (loopback(), loopback());
     let (pa, pb) = (da.alloc_pd(), db.alloc_pd());
     let cqa = da.create_cq(64, None).unwrap();
     let ini = pa
@@ -77,8 +64,10 @@ fn xrc_send_lands_in_the_named_srq_of_the_targets_domain() {
     to_init(&tgt);
 
     let params = |psn| ConnectParams::new(Mtu::Mtu1024, Psn::new(psn));
-    ini.connect(&remote(&db, &tgt, 200), &params(100)).unwrap();
-    tgt.connect(&remote(&da, &ini, 100), &params(200)).unwrap();
+    ini.connect(&remote(&db, tgt.qpn(), 200), &params(100))
+        .unwrap();
+    tgt.connect(&remote(&da, ini.qpn(), 100), &params(200))
+        .unwrap();
 
     let src = pa.reg_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
     let msg: Vec<u8> = (0..3000).map(|i| (i % 241) as u8).collect();
