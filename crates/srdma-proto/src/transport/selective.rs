@@ -215,11 +215,6 @@ impl Scoreboard {
         self.ranges.clear();
     }
 
-    /// Whether nothing is reported.
-    pub fn is_empty(&self) -> bool {
-        self.ranges.is_empty()
-    }
-
     /// How many PSNs are reported.
     pub fn count(&self) -> u32 {
         self.ranges
@@ -308,7 +303,7 @@ mod tests {
         s.prune(p(15));
         assert_eq!(s.ranges, [(p(15), p(25))]);
         s.prune(p(30));
-        assert!(s.is_empty());
+        assert_eq!(s.count(), 0);
         s.insert(p(0xFF_FFF0), p(4));
         assert!(s.contains(p(1)) && s.contains(p(0xFF_FFFF)));
         assert_eq!(s.high(), Some(p(4)));
