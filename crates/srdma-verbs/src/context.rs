@@ -258,7 +258,7 @@ fn fault_injection(dev: &Device) {
         return;
     };
     let dev = dev.clone();
-    std::thread::spawn(move || {
+    let _ = srdma::threads::spawn("srdma-inject", move || {
         std::thread::sleep(std::time::Duration::from_millis(ms));
         dev.inject_failure();
     });

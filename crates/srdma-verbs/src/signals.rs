@@ -5,14 +5,7 @@
 
 /// Signals the kernel raises for a fault of the thread itself: their handlers (Rust's stack
 /// overflow check, crash reporters) do not run while a thread waits.
-const FAULTS: [libc::c_int; 6] = [
-    libc::SIGSEGV,
-    libc::SIGBUS,
-    libc::SIGFPE,
-    libc::SIGILL,
-    libc::SIGTRAP,
-    libc::SIGSYS,
-];
+const FAULTS: [libc::c_int; 6] = srdma::threads::FAULT_SIGNALS;
 
 /// True if the process has a handler without `SA_RESTART` for a signal that can interrupt a
 /// wait: a wait that a signal interrupted should end with EINTR, as the kernel's read(2)

@@ -268,23 +268,21 @@ impl Gsi {
         // in error): a thread looks now and then; it is gone with the last handle.
         let weak = Arc::downgrade(&inner);
         let me = Waiter::new(&inner.waiters, &[])?;
-        std::thread::Builder::new()
-            .name("srdma-gsi".into())
-            .spawn(move || {
-                while let Some(inner) = weak.upgrade() {
-                    let g = Gsi { inner };
-                    {
-                        let mut st = lock(&g.inner.state);
-                        g.pump(&mut st);
-                    }
-                    drop(g);
-                    me.wait(Instant::now() + PUMP_EVERY);
+        crate::threads::spawn("srdma-gsi", move || {
+            while let Some(inner) = weak.upgrade() {
+                let g = Gsi { inner };
+                {
+                    let mut st = lock(&g.inner.state);
+                    g.pump(&mut st);
                 }
-            })
-            .map_err(|e| Error::Io {
-                context: "starting the GSI thread".into(),
-                source: e,
-            })?;
+                drop(g);
+                me.wait(Instant::now() + PUMP_EVERY);
+            }
+        })
+        .map_err(|e| Error::Io {
+            context: "starting the GSI thread".into(),
+            source: e,
+        })?;
         Ok(Gsi { inner })
     }
 

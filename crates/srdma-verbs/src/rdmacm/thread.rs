@@ -6,9 +6,7 @@ use super::id::new_id;
 use super::*;
 
 pub(super) fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<(), c_int> {
-    std::thread::Builder::new()
-        .name(name.into())
-        .spawn(f)
+    srdma::threads::spawn(name, f)
         .map(|_| ())
         .map_err(|_| libc::EAGAIN)
 }

@@ -499,15 +499,13 @@ pub(crate) fn start(cfg: DeviceConfig, sock: crate::udp::Socket) -> Result<Arc<D
         shm_ins: AtomicUsize::new(0),
     });
     let s2 = Arc::clone(&shared);
-    let thread = std::thread::Builder::new()
-        .name(format!("srdma-{}", local))
-        .spawn(move || {
-            let run = std::panic::AssertUnwindSafe(|| progress::progress(&s2));
-            if std::panic::catch_unwind(run).is_err() {
-                s2.fail();
-            }
-        })
-        .map_err(io_err("starting the progress thread"))?;
+    let thread = crate::threads::spawn(format!("srdma-{}", local), move || {
+        let run = std::panic::AssertUnwindSafe(|| progress::progress(&s2));
+        if std::panic::catch_unwind(run).is_err() {
+            s2.fail();
+        }
+    })
+    .map_err(io_err("starting the progress thread"))?;
     Ok(Arc::new(DeviceHandle {
         shared,
         thread: Mutex::new(Some(thread)),
