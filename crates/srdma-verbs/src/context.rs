@@ -120,12 +120,31 @@ unsafe impl Sync for Sink {}
 
 impl Sink {
     /// Queues an async event for `ibv_get_async_event` and makes `async_fd` readable.
+    ///
+    /// As the kernel's, `async_fd` is readable exactly while events wait: signalled by the
+    /// push that makes the queue non-empty, cleared by the pop that empties it, both under
+    /// the queue's lock. (A program that waits in level-triggered epoll and takes one event
+    /// per wake, as tgtd, would otherwise be woken again for an event already taken and
+    /// block in `ibv_get_async_event` for good.)
     pub(crate) fn push(&self, ev: ibv_async_event) {
         if self.closed.load(std::sync::atomic::Ordering::Acquire) {
             return;
         }
-        lock(&self.events).push_back(ev);
-        signal(&self.async_fd);
+        let mut q = lock(&self.events);
+        if q.is_empty() {
+            signal(&self.async_fd);
+        }
+        q.push_back(ev);
+    }
+
+    /// The next event, if any; `async_fd` stops being readable with the last.
+    fn pop(&self) -> Option<ibv_async_event> {
+        let mut q = lock(&self.events);
+        let ev = q.pop_front()?;
+        if q.is_empty() {
+            drain(self.async_fd.as_raw_fd());
+        }
+        Some(ev)
     }
 
     /// The verbs form of an srdma event, if the object it names is still there.
@@ -886,15 +905,12 @@ pub unsafe extern "C" fn ibv_get_async_event(
         }
         let sink = &ctx.sink;
         loop {
-            if let Some(ev) = lock(&sink.events).pop_front() {
+            if let Some(ev) = sink.pop() {
                 // SAFETY: non-null, valid per the contract.
                 unsafe { *event = ev };
                 return 0;
             }
-            drain(sink.async_fd.as_raw_fd());
-            if !lock(&sink.events).is_empty() {
-                continue;
-            }
+            // Readable means an event is queued: the next turn takes it.
             if !wait_readable(ctx.vctx.context.async_fd) {
                 set_errno(libc::EAGAIN);
                 return -1;
