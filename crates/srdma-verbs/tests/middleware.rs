@@ -459,6 +459,24 @@ fn a_program_reads_its_signals_through_a_signalfd_during_traffic() {
     );
 }
 
+/// `pthread_cancel` of a thread blocked in `rdma_get_cm_event`, `ibv_get_cq_event` or
+/// `ibv_get_async_event` (tests/c/cancel_wait.c) ends it, as on a kernel device where each
+/// wait is a read(2), a cancellation point: libiscsi's iSER transport cancels its CM thread
+/// on every disconnect (glibc's forced unwind met the library's panic boundary and aborted
+/// the process: "FATAL: exception not rethrown").
+#[test]
+fn a_thread_waiting_for_an_event_can_be_cancelled() {
+    let Some(prog) = compile_c("cancel_wait") else {
+        return;
+    };
+    let e = finish(spawn(&prog, &[]), Instant::now() + LIMIT);
+    assert!(
+        e.ok() && e.out.contains("cancel_wait: ok"),
+        "{}",
+        show("cancel_wait", &e)
+    );
+}
+
 /// `ibv_get_cq_event`, `rdma_get_cm_event` and signals (tests/c/event_signal.c): a handler
 /// without `SA_RESTART` ends the wait with EINTR, as it ends rdma-core's read(2) or write(2)
 /// of the kernel's channel; qperf's event-mode tests end so, and hung at random before (the
