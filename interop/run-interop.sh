@@ -19,6 +19,9 @@
 #                   each side receiving; dropin-rstream-*, dropin-riostream-*: rsockets
 #                   (rstream; riostream's riomap/riowrite), data verified, each side
 #                   listening
+#   dropin-iser-*   iSER: Debian's tgtd on rxe in the guest and libiscsi on srdma, and the
+#                   other way round (tests/c/iscsi_rw.c on Debian's libiscsi: the whole LUN
+#                   read and written, data checked on both sides)
 #   ucx-*, fi-*     UCX's ucx_perftest (rc_verbs+ud_verbs, ud_verbs; both roles) and
 #                   libfabric's fi_pingpong (msg, rdm; both roles) on the drop-in
 #                   against the same Debian builds on rxe
