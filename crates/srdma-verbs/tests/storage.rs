@@ -589,3 +589,27 @@ fn misbehaving_iser_peers_get_errors() {
         assert!(t.ok(), "the {kind} target: {t}");
     }
 }
+
+/// An initiator that exits (`exit`) with its connection up, as libiscsi's tools do: the
+/// target learns at once that the connection is gone (a DREQ, which the kernel sends for a
+/// process's rdma_cm ids when it closes them, and srdma's library at `exit`).
+#[test]
+fn an_initiator_exiting_without_disconnecting_is_disconnected() {
+    let Some(()) = tools() else { return };
+    let _one = serial();
+    let peer = c_prog("iser_peer", &["-lrdmacm", "-libverbs"]);
+    let lab = one_host("iser-exit");
+    let h = &lab.hosts[0];
+    let target = cmd(h, Some("127.0.0.1"), &peer)
+        .args(["target", "127.0.0.1", "3272", "linger"])
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let e = run(cmd(h, Some("127.0.0.2"), &peer).args(["initiator", "127.0.0.1", "3272", "exit"]));
+    assert!(e.ok(), "initiator: {e}");
+    let t = finish(target, Duration::from_secs(15));
+    assert!(
+        t.ok() && t.out.contains("RDMA_CM_EVENT_DISCONNECTED"),
+        "target: {t}"
+    );
+}

@@ -6,14 +6,18 @@
  *       drop     disconnect as soon as the connection is up, before any login
  *       garbage  send 300 bytes of garbage as the first message, then disconnect
  *       short    send a 10-byte message (shorter than an iSER header), then disconnect
- *       vanish   exit without disconnecting (the target finds out by its own means)
+ *       vanish   _exit without disconnecting (the target finds out by its own means)
+ *       exit     exit(0) without disconnecting (the library's atexit handler sends a DREQ,
+ *                as the kernel does for a process's rdma_cm ids)
  *   iser_peer target ADDR PORT KIND      listen at ADDR:PORT for one initiator, then
  *       reject   reject its connection request
  *       drop     accept, then disconnect at once
  *       garbage  accept, answer its first message with 300 bytes of garbage, wait 3 s
+ *       linger   accept, then wait (at most 5 s) for the initiator to disconnect
  * Prints "iser_peer: done" and exits 0 when it did what it was told. */
 #include <arpa/inet.h>
 #include <infiniband/verbs.h>
+#include <poll.h>
 #include <rdma/rdma_cma.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -133,6 +137,10 @@ static void initiator(struct sockaddr_in *sin, const char *kind)
 		printf("iser_peer: done\n");
 		_exit(0);
 	}
+	if (!strcmp(kind, "exit")) {
+		printf("iser_peer: done\n");
+		exit(0);
+	}
 	if (!strcmp(kind, "garbage"))
 		send_garbage(id, 300);
 	else if (!strcmp(kind, "short"))
@@ -174,6 +182,16 @@ static void target(struct sockaddr_in *sin, const char *kind)
 	rdma_ack_cm_event(expect(RDMA_CM_EVENT_ESTABLISHED));
 	if (!strcmp(kind, "drop")) {
 		rdma_disconnect(id);
+	} else if (!strcmp(kind, "linger")) {
+		struct pollfd p = { .fd = ch->fd, .events = POLLIN };
+
+		if (poll(&p, 1, 5000) != 1)
+			FAIL("the initiator's connection is still up after 5 s");
+		ev = next_event();
+		printf("iser_peer: %s\n", rdma_event_str(ev->event));
+		if (ev->event != RDMA_CM_EVENT_DISCONNECTED)
+			FAIL("wanted RDMA_CM_EVENT_DISCONNECTED");
+		rdma_ack_cm_event(ev);
 	} else if (!strcmp(kind, "garbage")) {
 		if (wait_message(id, 3000))
 			send_garbage(id, 300);
