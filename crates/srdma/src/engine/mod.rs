@@ -444,10 +444,9 @@ pub(crate) fn start(cfg: DeviceConfig, sock: crate::udp::Socket) -> Result<Arc<D
         // (seconds) and rejects a REQ from the same QPN as stale (REJ reason 10), as tgtd on
         // rxe did to a libiscsi run right after another.
         qpn_base: u32::from(slot) << 16,
-        next_qpn: {
-            let last: u64 = if slot == 0 { 0xFF_FFFE } else { 0xFFFF };
-            (0x11 + crate::random::random_u64() % (last - 0x11 + 1)) as u32
-        },
+        // The draw stays below 0x10000 on an unshared port too: a QPN's upper bits name the
+        // slot wherever packets are steered or shared-memory links found (`QPN >> 16`).
+        next_qpn: (0x11 + crate::random::random_u64() % (0xFFFF - 0x11 + 1)) as u32,
         next_id: 1,
         counters: DeviceCounters::default(),
         capture,
