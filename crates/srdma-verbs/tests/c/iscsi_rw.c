@@ -11,7 +11,8 @@
  *                                     command); read it back and check; log out
  *   iscsi_rw loop URL INITIATOR SECS  log in; write and read back 64 KiB pieces for SECS
  *                                     seconds (or until an error: exit 2 with the error)
- * Prints "iscsi_rw: ok ..." and exits 0 on success. */
+ * Prints "iscsi_rw: ok ..." and exits 0 on success; 3 if the login failed (nothing was read or
+ * written), 1 on any other failure (2 in `loop`). */
 #include <fcntl.h>
 #include <iscsi/iscsi.h>
 #include <iscsi/scsi-lowlevel.h>
@@ -98,8 +99,10 @@ static struct iscsi_context *login(const char *url, const char *initiator, int *
 		FAIL("%s: %s", url, iscsi_get_error(iscsi));
 	iscsi_set_session_type(iscsi, ISCSI_SESSION_NORMAL);
 	iscsi_set_header_digest(iscsi, ISCSI_HEADER_DIGEST_NONE);
-	if (iscsi_full_connect_sync(iscsi, u->portal, u->lun))
-		FAIL("login to %s: %s", url, iscsi_get_error(iscsi));
+	if (iscsi_full_connect_sync(iscsi, u->portal, u->lun)) {
+		fprintf(stderr, "iscsi_rw: login to %s: %s\n", url, iscsi_get_error(iscsi));
+		exit(3);
+	}
 	*lun = u->lun;
 	iscsi_destroy_url(u);
 	return iscsi;
