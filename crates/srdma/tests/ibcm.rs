@@ -392,9 +392,9 @@ fn peer_vanishing_before_the_rtu_times_out() {
 #[test]
 fn an_mra_stops_the_resends_of_a_req() {
     use srdma_wire::cm::{self as wire, CmMsg, MadHdr};
-    let (a, ga) = dev("127.0.85.1");
-    let (_b, gb) = dev("127.0.85.2");
-    let listener = IbListener::bind(&gb, 7500).unwrap();
+    let (a, ga) = dev("127.0.161.1");
+    let (_b, gb) = dev("127.0.161.2");
+    let listener = IbListener::bind(&gb, 7600).unwrap();
     let to_a = a.local_gid();
     let server = std::thread::spawn(move || {
         let first = listener.accept_request(Duration::from_secs(10)).unwrap();
@@ -426,7 +426,7 @@ fn an_mra_stops_the_resends_of_a_req() {
     let r = ibcm::connect(
         &ga,
         &pa,
-        "127.0.85.2:7500".parse().unwrap(),
+        "127.0.161.2:7600".parse().unwrap(),
         &QpInit::new(QpType::Rc, &cq, &cq),
         &ConnectOptions {
             timeout: Duration::from_secs(2),
