@@ -19,6 +19,9 @@
 #                   each side receiving; dropin-rstream-*, dropin-riostream-*: rsockets
 #                   (rstream; riostream's riomap/riowrite), data verified, each side
 #                   listening
+#   dropin-iser-*   iSER: Debian's tgtd on rxe in the guest and libiscsi on srdma, and the
+#                   other way round (tests/c/iscsi_rw.c on Debian's libiscsi: the whole LUN
+#                   read and written, data checked on both sides)
 #   ucx-*, fi-*     UCX's ucx_perftest (rc_verbs+ud_verbs, ud_verbs; both roles) and
 #                   libfabric's fi_pingpong (msg, rdm; both roles) on the drop-in
 #                   against the same Debian builds on rxe
@@ -62,6 +65,11 @@ mkdir -p "$RUNS"
 gcc -O2 -Wall -o "$RUNS/verbs_target" "$HERE/verbs_target.c" -libverbs
 gcc -O2 -Wall -o "$RUNS/chain" "$ROOT/crates/srdma-verbs/tests/c/chain.c" -libverbs
 gcc -O2 -Wall -o "$RUNS/qpless" "$ROOT/crates/srdma-verbs/tests/c/qpless.c" -lrdmacm -libverbs -lpthread
+# iSER: Debian's tgtd and libiscsi on each side (tests/c/iscsi_rw.c checks the data).
+command -v tgtd >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tgt >/dev/null
+command -v iscsi-inq >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libiscsi-bin >/dev/null
+[ -f /usr/include/iscsi/iscsi.h ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libiscsi-dev >/dev/null
+gcc -O2 -Wall -o "$RUNS/iscsi_rw" "$ROOT/crates/srdma-verbs/tests/c/iscsi_rw.c" -liscsi
 
 # The host side runs in the lab namespace as 10.77.0.1; the guest is 10.77.0.2.
 HOST_RETRY='for i in $(seq 80); do "$@" && exit 0; sleep 0.5; done; exit 1'
@@ -111,7 +119,7 @@ PYEOF
 scenario() { # name guest-command host-command
   local name=$1 guest=$2 host=$3 out="$RUNS/$1"
   rm -rf "$out"; mkdir -p "$out"
-  cp "$RUNS/verbs_target" "$RUNS/chain" "$RUNS/qpless" "$out/"
+  cp "$RUNS/verbs_target" "$RUNS/chain" "$RUNS/qpless" "$RUNS/iscsi_rw" "$out/"
   printf '#!/bin/sh\n%s\n' "$HOST_RETRY" > "$out/retry-host"; chmod +x "$out/retry-host"
   host=${host//@/$name}
   local gcmd="rxe-counters > /lab/cnt-before; $guest; rc=\$?; rxe-counters-diff /lab/cnt-before > /lab/cnt-diff; exit \$rc"
@@ -296,6 +304,53 @@ selected dropin-qpless-server-on-rxe && { scenario dropin-qpless-server-on-rxe \
 selected dropin-qpless-client-on-rxe && { scenario dropin-qpless-client-on-rxe \
   "retry 80 0.5 /lab/qpless client 10.77.0.1 7471" \
   "$EXEC $RUNS/@/qpless server 10.77.0.1 7471" || fail=1; }
+
+# iSER: Debian's tgtd with its iser driver on one side, libiscsi's initiator (tests/c/iscsi_rw.c
+# on Debian's libiscsi: the whole 16 MiB LUN read and checked against the pattern the target's
+# backing file was filled with, a new pattern written in pieces of 512 B to 256 KiB and read
+# back, and the backing file checked afterwards) on the other; srdma through `srdma exec`.
+# tgt 1.0.85's iSER login needs an initiator-name rule (-Q) besides -I ALL (see
+# tests/storage.rs). The target side waits for the initiator's flag /lab/done. In the guest
+# (512 MiB) tgtd's iSER buffer pool is 128 MiB (`--iser pool_sz_mb=128`, its minimum): its
+# default 1 GiB pool is neither SysV shared memory nor malloc()able there. libiscsi takes a
+# second without a completion for a lost connection ("revents is not POLLIN"), which tgtd
+# under qemu's TCG on a busy host now and then is slow enough to cause during the login:
+# iscsi_rw exits 3 when its login failed (nothing read or written yet) and is run again.
+ISER_INI=iqn.2026-01.org.srdma:interop
+ISER_IQN=iqn.2026-01.org.srdma:interop-disk
+iser_target() { # how to set up tgtd (control port $1) with LUN 1 on $2, as a shell command
+  printf '%s' "mkdir -p /var/run/tgtd; for a in \"--op new --mode target -T $ISER_IQN\" \
+\"--op new --mode logicalunit --lun 1 -b $2\" \"--op bind --mode target -I ALL\" \
+\"--op bind --mode target -Q $ISER_INI\"; do retry 40 0.25 tgtadm -C $1 --lld iser --tid 1 \$a || exit 1; done"
+}
+selected dropin-iser-target-on-rxe && { scenario dropin-iser-target-on-rxe \
+  "dd if=/dev/zero of=/tmp/disk bs=1M count=16 2>/dev/null && /lab/iscsi_rw fill /tmp/disk 16777216 7 && \
+   mkdir -p /var/run/tgtd && { tgtd -f -C 1 -d 1 --iser pool_sz_mb=128 > /lab/tgtd.log 2>&1 & } && $(iser_target 1 /tmp/disk) && \
+   echo 'target ready' && waitfile /lab/done 80 && echo 'initiator done' && /lab/iscsi_rw verify /tmp/disk 8" \
+  "$RUNS/@/retry-host $EXEC iscsi-inq -i $ISER_INI iser://10.77.0.2/$ISER_IQN/1 > /dev/null && \
+   for i in 1 2 3; do $EXEC $RUNS/@/iscsi_rw rw iser://10.77.0.2/$ISER_IQN/1 $ISER_INI 7; rc=\$?; [ \$rc = 3 ] || break; done; \
+   touch $RUNS/@/done; exit \$rc" || fail=1; }
+# The host's side of dropin-iser-initiator-on-rxe: tgtd on srdma at 10.77.0.1 with LUN 1 on a
+# file of pattern 7, until the guest's initiator is done; then the file must hold pattern 8.
+cat > "$RUNS/iser-host-target" <<EOF
+#!/bin/sh
+dir=\$1; C=\$((2000 + \$\$ % 20000))
+"$RUNS/iscsi_rw" fill "\$dir/disk" 16777216 7 > /dev/null || exit 1
+mkdir -p /var/run/tgtd
+# (fd 9 is run.sh's lock on the lab: a tgtd left behind must not hold it)
+$EXEC tgtd -f -C \$C > "\$dir/tgtd.log" 2>&1 9>&- &
+tgtd=\$!
+trap 'kill -9 \$tgtd 2>/dev/null' EXIT
+retry() { n=\$1; d=\$2; shift 2; for i in \$(seq \$n); do "\$@" && return 0; sleep \$d; done; return 1; }
+$(iser_target '$C' '$dir/disk') || { kill -9 \$tgtd; exit 1; }
+for i in \$(seq 160); do [ -e "\$dir/done" ] && break; sleep 0.5; done
+"$RUNS/iscsi_rw" verify "\$dir/disk" 8
+EOF
+chmod +x "$RUNS/iser-host-target"
+selected dropin-iser-initiator-on-rxe && { scenario dropin-iser-initiator-on-rxe \
+  "retry 80 0.5 iscsi-inq -i $ISER_INI iser://10.77.0.1/$ISER_IQN/1 > /dev/null && \
+   /lab/iscsi_rw rw iser://10.77.0.1/$ISER_IQN/1 $ISER_INI 7; rc=\$?; touch /lab/done; test \$rc = 0" \
+  "$RUNS/iser-host-target $RUNS/@" || fail=1; }
 
 # UDP GSO toward rxe (SRDMA_GSO=always): a 64 KiB message leaves as one GSO buffer, the
 # kernel cuts it into datagrams numbered 0, 1, 2, … and srdma computed each one's ICRC for

@@ -6,7 +6,8 @@
 # libibverbs-dev and librdmacm-dev (C programs and layouts against the real headers),
 # ibverbs-utils, rdmacm-utils, perftest, ucx-utils, openmpi-bin with libopenmpi-dev,
 # libfabric-bin and qperf (the Debian-built tools and middleware the drop-in libibverbs and
-# librdmacm run), python3-pyverbs (rdma-core's own test suite, compared with kernel rxe's).
+# librdmacm run), python3-pyverbs (rdma-core's own test suite, compared with kernel rxe's),
+# tgt, libiscsi-bin and libiscsi-dev (iSCSI and iSER: tgtd and libiscsi's initiator).
 # Installing needs root; without root, what
 # is missing is named and the tests that need it skip or fail with that name
 # (SRDMA_SKIP_NETNS=1 and SRDMA_SKIP_TSHARK=1 skip those on purpose).
@@ -28,6 +29,9 @@ command -v ucx_perftest >/dev/null || need+=(ucx-utils)
 command -v mpicc >/dev/null || need+=(openmpi-bin libopenmpi-dev)
 command -v fi_pingpong >/dev/null || need+=(libfabric-bin)
 command -v qperf >/dev/null || need+=(qperf)
+[ -x /usr/sbin/tgtd ] || need+=(tgt)
+command -v iscsi-test-cu >/dev/null || need+=(libiscsi-bin)
+[ -f /usr/include/iscsi/iscsi.h ] || need+=(libiscsi-dev)
 if [ ${#need[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         echo "installing: ${need[*]}"

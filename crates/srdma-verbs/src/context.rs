@@ -120,12 +120,31 @@ unsafe impl Sync for Sink {}
 
 impl Sink {
     /// Queues an async event for `ibv_get_async_event` and makes `async_fd` readable.
+    ///
+    /// As the kernel's, `async_fd` is readable exactly while events wait: signalled by the
+    /// push that makes the queue non-empty, cleared by the pop that empties it, both under
+    /// the queue's lock. (A program that waits in level-triggered epoll and takes one event
+    /// per wake, as tgtd, would otherwise be woken again for an event already taken and
+    /// block in `ibv_get_async_event` for good.)
     pub(crate) fn push(&self, ev: ibv_async_event) {
         if self.closed.load(std::sync::atomic::Ordering::Acquire) {
             return;
         }
-        lock(&self.events).push_back(ev);
-        signal(&self.async_fd);
+        let mut q = lock(&self.events);
+        if q.is_empty() {
+            signal(&self.async_fd);
+        }
+        q.push_back(ev);
+    }
+
+    /// The next event, if any; `async_fd` stops being readable with the last.
+    fn pop(&self) -> Option<ibv_async_event> {
+        let mut q = lock(&self.events);
+        let ev = q.pop_front()?;
+        if q.is_empty() {
+            drain(self.async_fd.as_raw_fd());
+        }
+        Some(ev)
     }
 
     /// The verbs form of an srdma event, if the object it names is still there.
@@ -258,7 +277,7 @@ fn fault_injection(dev: &Device) {
         return;
     };
     let dev = dev.clone();
-    std::thread::spawn(move || {
+    let _ = srdma::threads::spawn("srdma-inject", move || {
         std::thread::sleep(std::time::Duration::from_millis(ms));
         dev.inject_failure();
     });
@@ -292,26 +311,6 @@ pub(crate) fn is_nonblocking(fd: c_int) -> bool {
     // SAFETY: F_GETFL on a descriptor the caller owns has no memory effects.
     let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
     flags >= 0 && flags & libc::O_NONBLOCK != 0
-}
-
-/// Waits until `fd` is readable, unless it is in non-blocking mode: then returns false at
-/// once (the caller answers EAGAIN).
-pub(crate) fn wait_readable(fd: c_int) -> bool {
-    if is_nonblocking(fd) {
-        return false;
-    }
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    loop {
-        // SAFETY: one valid pollfd, infinite timeout.
-        let r = unsafe { libc::poll(&mut p, 1, -1) };
-        if r >= 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-            return true;
-        }
-    }
 }
 
 /// `ibv_get_device_list`: the srdma devices, NULL-terminated; `num_devices` (if not NULL)
@@ -865,42 +864,59 @@ pub extern "C" fn ibv_get_pkey_index(context: *mut ibv_context, port_num: u8, pk
 }
 
 /// `ibv_get_async_event`: the next async event; blocks unless `async_fd` is non-blocking
-/// (then -1 with EAGAIN).
+/// (then -1 with EAGAIN). The wait is a poll(2) of `async_fd`, made in this frame outside
+/// the panic boundary: a cancellation point, as rdma-core's read(2) of the kernel's file
+/// (see `signals`).
 ///
 /// # Safety
 /// `event` is NULL or valid for a write.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn ibv_get_async_event(
+pub unsafe extern "C-unwind" fn ibv_get_async_event(
     context: *mut ibv_context,
     event: *mut ibv_async_event,
 ) -> c_int {
-    guard(-1, || {
-        // SAFETY: per the contract.
-        let Some(ctx) = (unsafe { Context::from_c(context) }) else {
-            set_errno(libc::EINVAL);
-            return -1;
+    loop {
+        // (0, _): an event; (-1, _): an error; (1, fd): wait for `fd`.
+        let (rc, fd) = guard((-1, -1), || {
+            crate::signals::without_cancellation(|| {
+                // SAFETY: per the contract.
+                let Some(ctx) = (unsafe { Context::from_c(context) }) else {
+                    set_errno(libc::EINVAL);
+                    return (-1, -1);
+                };
+                if event.is_null() {
+                    set_errno(libc::EINVAL);
+                    return (-1, -1);
+                }
+                if let Some(ev) = ctx.sink.pop() {
+                    // SAFETY: non-null, valid per the contract.
+                    unsafe { *event = ev };
+                    return (0, -1);
+                }
+                let fd = ctx.vctx.context.async_fd;
+                if is_nonblocking(fd) {
+                    set_errno(libc::EAGAIN);
+                    return (-1, -1);
+                }
+                (1, fd)
+            })
+        });
+        if rc != 1 {
+            return rc;
+        }
+        // Readable means an event is queued: the next turn takes it.
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
         };
-        if event.is_null() {
-            set_errno(libc::EINVAL);
+        // SAFETY: one valid pollfd; a cancellation point, this frame holds nothing to drop.
+        let r = unsafe { crate::signals::cancellable_poll(&mut p, 1, -1) };
+        // SAFETY: errno is thread-local and always readable.
+        if r < 0 && unsafe { *libc::__errno_location() } != libc::EINTR {
             return -1;
         }
-        let sink = &ctx.sink;
-        loop {
-            if let Some(ev) = lock(&sink.events).pop_front() {
-                // SAFETY: non-null, valid per the contract.
-                unsafe { *event = ev };
-                return 0;
-            }
-            drain(sink.async_fd.as_raw_fd());
-            if !lock(&sink.events).is_empty() {
-                continue;
-            }
-            if !wait_readable(ctx.vctx.context.async_fd) {
-                set_errno(libc::EAGAIN);
-                return -1;
-            }
-        }
-    })
+    }
 }
 
 /// `ibv_ack_async_event`: counts the event as handled on its object (destroying a QP, CQ or

@@ -413,6 +413,70 @@ fn qperf_without_rdma_cm_fails_as_on_rxe() {
     }
 }
 
+/// Compiles `tests/c/NAME.c` against the system's headers into the scratch directory (None,
+/// after saying why, without a C compiler).
+fn compile_c(name: &str) -> Option<PathBuf> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+    let prog = common::scratch_dir("middleware").join(name);
+    let cc = Command::new("cc")
+        .args(["-O1", "-Wall", "-o"])
+        .arg(&prog)
+        .arg(&src)
+        .args(["-lrdmacm", "-libverbs", "-lpthread"])
+        .output();
+    match cc {
+        Err(e) => {
+            eprintln!("skipped: cannot run cc ({e}): install gcc");
+            None
+        }
+        Ok(o) => {
+            assert!(
+                o.status.success(),
+                "compiling {name}.c failed (libibverbs-dev, librdmacm-dev installed?): {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+            Some(prog)
+        }
+    }
+}
+
+/// A program that owns its signals (tests/c/signalfd_traffic.c): with its rdma_cm connection
+/// up, it blocks SIGUSR2 and SIGRTMIN and reads them through a signalfd while RDMA WRITEs and
+/// READs run and two threads `kill` and `sigqueue` the process; every signal arrives there
+/// (none goes to one of srdma's threads, where SIGUSR2 ended the process), every other thread
+/// blocks them but not SIGSEGV, and fork and exec work meanwhile.
+#[test]
+fn a_program_reads_its_signals_through_a_signalfd_during_traffic() {
+    let _one = serial();
+    let Some(prog) = compile_c("signalfd_traffic") else {
+        return;
+    };
+    let e = finish(spawn(&prog, &["7391"]), Instant::now() + LIMIT);
+    assert!(
+        e.ok() && e.out.contains("signalfd_traffic: ok"),
+        "{}",
+        show("signalfd_traffic", &e)
+    );
+}
+
+/// `pthread_cancel` of a thread blocked in `rdma_get_cm_event`, `ibv_get_cq_event` or
+/// `ibv_get_async_event` (tests/c/cancel_wait.c) ends it, as on a kernel device where each
+/// wait is a read(2), a cancellation point: libiscsi's iSER transport cancels its CM thread
+/// on every disconnect (glibc's forced unwind met the library's panic boundary and aborted
+/// the process: "FATAL: exception not rethrown").
+#[test]
+fn a_thread_waiting_for_an_event_can_be_cancelled() {
+    let Some(prog) = compile_c("cancel_wait") else {
+        return;
+    };
+    let e = finish(spawn(&prog, &[]), Instant::now() + LIMIT);
+    assert!(
+        e.ok() && e.out.contains("cancel_wait: ok"),
+        "{}",
+        show("cancel_wait", &e)
+    );
+}
+
 /// `ibv_get_cq_event`, `rdma_get_cm_event` and signals (tests/c/event_signal.c): a handler
 /// without `SA_RESTART` ends the wait with EINTR, as it ends rdma-core's read(2) or write(2)
 /// of the kernel's channel; qperf's event-mode tests end so, and hung at random before (the

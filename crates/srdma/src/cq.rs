@@ -70,6 +70,12 @@ impl Progress for NoDev {
 /// A completion channel (`ibv_comp_channel`): a file descriptor that becomes readable when an
 /// armed CQ gets a completion, so an application can sleep in `poll`/`epoll` (or tokio/mio,
 /// through [`AsFd`]) instead of spinning.
+///
+/// As the kernel's channel, the descriptor is readable exactly while events wait to be taken
+/// by [`CompChannel::get_event`]: an application that waits in level-triggered `epoll` and
+/// takes one event per wake (tgtd) is not woken again for an event already taken, and then
+/// blocked in a `get_event` that has nothing to return; one that polls with a timeout and
+/// treats an expiry as an error (libiscsi) is woken for every event.
 #[derive(Debug, Clone)]
 pub struct CompChannel {
     inner: Arc<ChannelInner>,
@@ -77,6 +83,8 @@ pub struct CompChannel {
 
 #[derive(Debug)]
 struct ChannelInner {
+    /// Readable while `events` holds any: signalled by the push that makes the queue
+    /// non-empty, cleared by the pop that empties it, both under the queue's lock.
     fd: OwnedFd,
     events: Mutex<VecDeque<u32>>,
     /// The device of the channel's first CQ: [`CompChannel::get_event`] watches its socket.
@@ -97,8 +105,21 @@ impl CompChannel {
     }
 
     fn notify(&self, cq: u32) {
-        lock(&self.inner.events).push_back(cq);
-        sys::signal(&self.inner.fd);
+        let mut q = lock(&self.inner.events);
+        if q.is_empty() {
+            sys::signal(&self.inner.fd);
+        }
+        q.push_back(cq);
+    }
+
+    /// The next event, if any; the descriptor stops being readable with the last.
+    fn pop(&self) -> Option<u32> {
+        let mut q = lock(&self.inner.events);
+        let id = q.pop_front()?;
+        if q.is_empty() {
+            sys::drain_polled(&self.inner.fd);
+        }
+        Some(id)
     }
 
     /// `ibv_get_cq_event`: waits up to `timeout` (forever with `None`) for a CQ event and
@@ -112,7 +133,7 @@ impl CompChannel {
     pub fn get_event(&self, timeout: Option<Duration>) -> Result<Option<u32>> {
         let deadline = timeout.map(|t| std::time::Instant::now() + t);
         loop {
-            if let Some(id) = lock(&self.inner.events).pop_front() {
+            if let Some(id) = self.pop() {
                 return Ok(Some(id));
             }
             let left = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
@@ -128,11 +149,9 @@ impl CompChannel {
                 None => sys::poll_readable([fd], left).map(|r| [r[0], false]),
             }
             .map_err(io_err("waiting on a completion channel"))?;
-            if ready[0] {
-                sys::drain_polled(&self.inner.fd);
-            }
+            // A readable descriptor means a queued event: the next turn takes it.
             if ready == [false; 2] || left == Some(Duration::ZERO) {
-                return Ok(lock(&self.inner.events).pop_front());
+                return Ok(self.pop());
             }
         }
     }

@@ -15,7 +15,7 @@
 //! from it), the REP's the one the passive side expects: each side sends from the PSN the
 //! other announced, as in kernel rdma_cm's own captures. A REQ or REP without an answer is
 //! sent again every [`RESEND`], at most [`MAX_SENDS`] times; a duplicate REQ is answered with
-//! the same REP; MRAs are accepted (the wait goes on).
+//! the same REP; an MRA for a REQ stops its resends for the time the MRA names, as in ib_cm.
 //!
 //! One [`Gsi`] per device holds QP1. On a UDP port shared by several processes, the kernel
 //! steers each MAD to the process it concerns (see `portshare`): REQs by the service IDs
@@ -47,6 +47,9 @@ use crate::{Cq, Error};
 pub const RESEND: Duration = Duration::from_millis(500);
 /// How many times a REQ or REP is sent before the exchange times out.
 pub const MAX_SENDS: u32 = 15;
+/// The longest an MRA makes a REQ wait for its REP (kernel rdma_cm's passive side asks for
+/// 4.096 µs × 2^24, 69 s).
+pub const MRA_WAIT_MAX: Duration = Duration::from_secs(70);
 /// Receive buffers of the GSI QP.
 const RECV_SLOTS: usize = 64;
 /// GRH + MAD.
@@ -268,23 +271,21 @@ impl Gsi {
         // in error): a thread looks now and then; it is gone with the last handle.
         let weak = Arc::downgrade(&inner);
         let me = Waiter::new(&inner.waiters, &[])?;
-        std::thread::Builder::new()
-            .name("srdma-gsi".into())
-            .spawn(move || {
-                while let Some(inner) = weak.upgrade() {
-                    let g = Gsi { inner };
-                    {
-                        let mut st = lock(&g.inner.state);
-                        g.pump(&mut st);
-                    }
-                    drop(g);
-                    me.wait(Instant::now() + PUMP_EVERY);
+        crate::threads::spawn("srdma-gsi", move || {
+            while let Some(inner) = weak.upgrade() {
+                let g = Gsi { inner };
+                {
+                    let mut st = lock(&g.inner.state);
+                    g.pump(&mut st);
                 }
-            })
-            .map_err(|e| Error::Io {
-                context: "starting the GSI thread".into(),
-                source: e,
-            })?;
+                drop(g);
+                me.wait(Instant::now() + PUMP_EVERY);
+            }
+        })
+        .map_err(|e| Error::Io {
+            context: "starting the GSI thread".into(),
+            source: e,
+        })?;
         Ok(Gsi { inner })
     }
 
@@ -1074,8 +1075,13 @@ impl Connecting {
         };
         // The first REQ is out (`start_connect`).
         let mut sends = 1;
+        // Until when an MRA asked us to wait (without sending the REQ again).
+        let mut mra_until: Option<Instant> = None;
         let (rep, rep_options) = loop {
-            let until = (Instant::now() + RESEND).min(started + opts.timeout);
+            let until = match mra_until {
+                Some(t) => t,
+                None => (Instant::now() + RESEND).min(started + opts.timeout),
+            };
             let answer = gsi.recv_keyed(until, &[Key::Comm(comm_id)], |i| match &i.msg {
                 CmMsg::Rep(m) => m.remote_comm_id == comm_id,
                 CmMsg::Rej(m) => m.remote_comm_id == comm_id,
@@ -1099,8 +1105,23 @@ impl Connecting {
                         private_data: m.private_data.to_vec(),
                     });
                 }
-                // MRA: the peer needs longer; keep waiting (sends are counted).
+                // MRA: the peer received the REQ and needs longer to answer (kernel ib_cm
+                // sends one for each REQ that arrives again while its application has not
+                // accepted yet: tgtd setting up its iSER device under qemu takes seconds).
+                // As ib_cm does, wait the service timeout it names (4.096 µs × 2^x, at most
+                // [`MRA_WAIT_MAX`]) without sending the REQ again, then time out.
+                Some((CmMsg::Mra(m), _)) => {
+                    let wait = Duration::from_nanos(4096 << m.service_timeout.min(31));
+                    mra_until = Some(Instant::now() + wait.min(MRA_WAIT_MAX) + RESEND);
+                    continue;
+                }
                 _ => {}
+            }
+            if mra_until.is_some_and(|t| Instant::now() >= t) {
+                return fail(CmError::Timeout);
+            }
+            if mra_until.is_some() {
+                continue;
             }
             if sends >= MAX_SENDS || started.elapsed() >= opts.timeout {
                 return fail(CmError::Timeout);

@@ -63,6 +63,7 @@ mod random;
 mod shm;
 pub mod stats;
 mod sys;
+pub mod threads;
 pub mod typed;
 mod types;
 mod udp;

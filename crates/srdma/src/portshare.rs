@@ -425,6 +425,15 @@ fn spawn_keeper(addr: SocketAddr, name: &[u8]) -> io::Result<()> {
                 libc::_exit(0);
             }
         }
+        // The keeper is srdma's own daemon: it takes none of the signal mask of the thread
+        // that forked it (one of srdma's threads blocks all, an application's may block
+        // SIGTERM), so that it can be stopped as any process can.
+        // SAFETY: an empty set, set as this (only) thread's mask.
+        unsafe {
+            let mut none: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut none);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+        }
         let code = keeper(addr, name, wr.as_raw_fd());
         // SAFETY: ends the keeper process without running the parent's atexit handlers.
         unsafe { libc::_exit(code) }

@@ -386,3 +386,60 @@ fn peer_vanishing_before_the_rtu_times_out() {
     // It sent its REP more than once while waiting (they wait, unasked for, at A).
     assert!(ga.backlog_len() >= 2, "{}", ga.backlog_len());
 }
+
+/// An MRA for a REQ (kernel ib_cm sends one for each REQ that arrives again while its
+/// application has not accepted yet) stops the REQ's resends for the time it names: the
+/// passive side, slow to decide, sees the REQ once while it waits 2.5 s (five resend periods),
+/// then rejects, and the active side gets the REJ rather than a timeout.
+#[test]
+fn an_mra_stops_the_resends_of_a_req() {
+    use srdma_wire::cm::{self as wire, CmMsg, MadHdr};
+    let (a, ga) = dev("127.0.161.1");
+    let (_b, gb) = dev("127.0.161.2");
+    let listener = IbListener::bind(&gb, 7600).unwrap();
+    let to_a = a.local_gid();
+    let server = std::thread::spawn(move || {
+        let first = listener.accept_request(Duration::from_secs(10)).unwrap();
+        let comm = first.req().local_comm_id;
+        // 4.096 µs × 2^20: 4.3 s.
+        let mra = CmMsg::Mra(wire::Mra {
+            local_comm_id: 0x77,
+            remote_comm_id: comm,
+            message_mraed: 0,
+            service_timeout: 20,
+            private_data: [0; 222],
+        });
+        gb.send(to_a, &MadHdr::cm(wire::attr::MRA, 9), &mra)
+            .unwrap();
+        let start = std::time::Instant::now();
+        let mut again = 0;
+        while start.elapsed() < Duration::from_millis(2500) {
+            if let Ok(r) = listener.accept_request(Duration::from_millis(100))
+                && r.req().local_comm_id == comm
+            {
+                again += 1;
+            }
+        }
+        first.reject(srdma::cm::reason::UNSUPPORTED, &[]).unwrap();
+        again
+    });
+    let pa = a.alloc_pd();
+    let cq = a.create_cq(16, None).unwrap();
+    let r = ibcm::connect(
+        &ga,
+        &pa,
+        "127.0.161.2:7600".parse().unwrap(),
+        &QpInit::new(QpType::Rc, &cq, &cq),
+        &ConnectOptions {
+            timeout: Duration::from_secs(2),
+            ..ConnectOptions::default()
+        },
+    );
+    let again = server.join().unwrap();
+    assert!(
+        matches!(r, Err(CmError::Rejected { .. })),
+        "{:?}",
+        r.map(|_| ())
+    );
+    assert_eq!(again, 0, "the REQ was sent again during the MRA's wait");
+}

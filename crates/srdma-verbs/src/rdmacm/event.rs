@@ -142,32 +142,62 @@ pub unsafe extern "C" fn rdma_destroy_event_channel(channel: *mut rdma_event_cha
 /// `rdma_get_cm_event`: the channel's next event (waits, unless the channel's fd is
 /// non-blocking: EAGAIN).
 ///
+/// The wait is a read(2) of the channel's eventfd, as rdma-core's is a read of the kernel's
+/// channel, and like it a cancellation point: `pthread_cancel` ends a thread waiting here (see
+/// `signals`: the read is made outside the panic boundary, from this frame, which holds
+/// nothing to drop).
+///
 /// # Safety
 /// `channel` NULL or live; `event` valid for a write.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn rdma_get_cm_event(
+pub unsafe extern "C-unwind" fn rdma_get_cm_event(
     channel: *mut rdma_event_channel,
     event: *mut *mut rdma_cm_event,
 ) -> c_int {
-    guard(err(libc::EIO), || {
-        let Some(q) = queue_of(channel) else {
-            return err(libc::EINVAL);
-        };
-        if event.is_null() {
-            return err(libc::EINVAL);
+    let fd = guard(err(libc::EIO), || {
+        crate::signals::without_cancellation(|| {
+            let Some(q) = queue_of(channel) else {
+                return err(libc::EINVAL);
+            };
+            if event.is_null() {
+                return err(libc::EINVAL);
+            }
+            q.fd.as_raw_fd()
+        })
+    });
+    if fd < 0 {
+        return -1;
+    }
+    loop {
+        let mut n: u64 = 0;
+        // SAFETY: reads 8 bytes into a live local from the channel's eventfd (the
+        // application destroys a channel only after its waits end, as with rdma-core).
+        let r = unsafe { crate::signals::cancellable_read(fd, (&raw mut n).cast(), 8) };
+        if r != 8 {
+            // read(2)'s errno: EAGAIN for a non-blocking channel, EINTR for a signal.
+            return -1;
         }
-        match q.take() {
-            Ok(mut ev) => {
+        // 1: the count was stale (the event's id was destroyed meanwhile); wait again.
+        let got = guard(err(libc::EIO), || {
+            crate::signals::without_cancellation(|| {
+                let Some(q) = queue_of(channel) else {
+                    return err(libc::EINVAL);
+                };
+                let Some(mut ev) = q.pop() else {
+                    return 1;
+                };
                 taken(&mut ev);
                 let p = Box::into_raw(ev);
                 crate::register(p.cast::<rdma_cm_event>());
                 // SAFETY: writable per the contract.
                 unsafe { *event = p.cast() };
                 0
-            }
-            Err(e) => err(e),
+            })
+        });
+        if got != 1 {
+            return got;
         }
-    })
+    }
 }
 
 /// `rdma_ack_cm_event`: frees an event.

@@ -427,6 +427,11 @@ impl Queue {
         }
     }
 
+    /// The first queued event (for a caller that has taken its count off the eventfd).
+    fn pop(&self) -> Option<Box<Event>> {
+        lock(&self.events).pop_front().map(|EventBox(ev)| ev)
+    }
+
     /// Marks `id` destroyed (`closed`) and drops its queued events, at once for
     /// [`Queue::push_unless`].
     fn forget(&self, id: usize, closed: &AtomicBool) {

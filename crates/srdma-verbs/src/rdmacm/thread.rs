@@ -6,9 +6,7 @@ use super::id::new_id;
 use super::*;
 
 pub(super) fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<(), c_int> {
-    std::thread::Builder::new()
-        .name(name.into())
-        .spawn(f)
+    srdma::threads::spawn(name, f)
         .map(|_| ())
         .map_err(|_| libc::EAGAIN)
 }
@@ -114,6 +112,7 @@ pub(super) fn failure(id: usize, e: &CmError, ud: bool) -> Box<Event> {
 /// peer's DREQ or the application's `rdma_disconnect`, and reports DISCONNECTED once.
 pub(super) fn run_connection(sh: Arc<Shared>, conn: IbConnection, established: Option<Box<Event>>) {
     let conn = Arc::new(conn);
+    on_exit_disconnect(&conn);
     if let Some(qp) = conn.try_qp() {
         static HOOK: std::sync::Once = std::sync::Once::new();
         HOOK.call_once(|| crate::verbs::on_qp_destroyed(qp_destroyed));
@@ -139,6 +138,48 @@ pub(super) fn run_connection(sh: Arc<Shared>, conn: IbConnection, established: O
             return;
         }
     }
+}
+
+/// Every connection of the process, for [`disconnect_at_exit`].
+static LIVE: Mutex<Vec<std::sync::Weak<IbConnection>>> = Mutex::new(Vec::new());
+/// The process that registered [`disconnect_at_exit`] (a forked child's exit is not its).
+static LIVE_PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// Keeps `conn` for [`disconnect_at_exit`], registered with `atexit` on the first connection.
+fn on_exit_disconnect(conn: &Arc<IbConnection>) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: getpid has no preconditions; atexit takes a function that lives as long as
+        // the program (this library is never unloaded: `srdma exec` preloads it by name).
+        unsafe {
+            LIVE_PID.store(libc::getpid(), Ordering::Relaxed);
+            libc::atexit(disconnect_at_exit);
+        }
+    });
+    let mut all = lock(&LIVE);
+    all.retain(|w| w.strong_count() > 0);
+    all.push(Arc::downgrade(conn));
+}
+
+/// At `exit`, a DREQ for every connection still up, as the kernel sends one for each
+/// rdma_cm id of a process whose last descriptor of the rdma_cm device closes: the peer learns
+/// at once that the connection is gone (libiscsi's tools exit without disconnecting their
+/// iSER connection: tgtd on kernel rxe otherwise kept it and resent its next message to the
+/// dead QP for good). The DREQs leave at once; no DREP is waited for. A process that ends
+/// without `exit` (a crash, `_exit`) sends none, where the kernel would.
+extern "C" fn disconnect_at_exit() {
+    let _ = std::panic::catch_unwind(|| {
+        // SAFETY: getpid has no preconditions.
+        if unsafe { libc::getpid() } != LIVE_PID.load(Ordering::Relaxed) {
+            return;
+        }
+        let conns: Vec<_> = lock(&LIVE).iter().filter_map(|w| w.upgrade()).collect();
+        for c in conns {
+            if !c.is_disconnected() {
+                let _ = c.start_disconnect();
+            }
+        }
+    });
 }
 
 /// The connections, by the QPN of their QP: `ibv_destroy_qp` makes them let go of it.

@@ -928,9 +928,9 @@ fn listen(rs: &Arc<Rsock>) -> Result<(), c_int> {
         match r {
             Ok((l, dev)) => {
                 let (me, stop) = (rs.clone(), rs.stop.clone());
-                let spawned = std::thread::Builder::new()
-                    .name("srdma-rs-listen".into())
-                    .spawn(move || listen_loop(me, l, dev, port, stop));
+                let spawned = srdma::threads::spawn("srdma-rs-listen", move || {
+                    listen_loop(me, l, dev, port, stop)
+                });
                 if spawned.is_ok() {
                     n += 1;
                 }

@@ -278,65 +278,103 @@ pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
 /// `ibv_get_cq_event`: waits for the next event on `channel` (unless its fd is
 /// non-blocking: then -1 with EAGAIN) and names the CQ and its context.
 ///
+/// As rdma-core's read(2) of the kernel's channel, the wait is a cancellation point:
+/// `pthread_cancel` ends a thread waiting here within [`CANCEL_SLICE`] (the wait runs with
+/// cancellation disabled, in slices, and the cancellation acts between them, in this frame,
+/// outside the panic boundary: see `signals`).
+///
 /// # Safety
 /// `channel` is NULL or live; `cq` and `cq_context` NULL or valid for a write.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn ibv_get_cq_event(
+pub unsafe extern "C-unwind" fn ibv_get_cq_event(
     channel: *mut ibv_comp_channel,
     cq: *mut *mut ibv_cq,
     cq_context: *mut *mut c_void,
 ) -> c_int {
-    guard(-1, || {
-        // SAFETY: per the contract.
-        let Some(ch) = (unsafe { back::<Channel, _>(channel) }) else {
-            set_errno(libc::EINVAL);
-            return -1;
-        };
-        if cq.is_null() || cq_context.is_null() {
-            set_errno(libc::EINVAL);
-            return -1;
+    loop {
+        // 1: a blocking wait's slice ended without an event.
+        let rc = guard(-1, || {
+            crate::signals::without_cancellation(|| get_cq_event(channel, cq, cq_context))
+        });
+        if rc != 1 {
+            return rc;
         }
-        loop {
-            // A blocking channel waits in srdma's own `get_event`, which also watches the
-            // device's socket (the message wakes this thread, not the progress thread).
-            let blocking = !is_nonblocking(ch.c.fd);
-            let id = match ch
-                .ch
-                .get_event(if blocking { None } else { Some(Duration::ZERO) })
-            {
-                Ok(Some(id)) => id,
-                Ok(None) => {
-                    if !blocking {
-                        set_errno(libc::EAGAIN);
-                        return -1;
-                    }
-                    // Only a signal ends a blocking wait without an event: EINTR, as from
-                    // the kernel's read(2) (qperf's timer ends its event-mode tests so).
-                    if crate::signals::interrupting_handler_installed() {
-                        set_errno(libc::EINTR);
-                        return -1;
-                    }
-                    continue;
-                }
-                Err(e) => {
-                    set_errno(errno_of(&e));
+        // SAFETY: a cancellation point; this frame holds nothing to drop.
+        unsafe { crate::signals::testcancel() };
+    }
+}
+
+/// How long a blocking `ibv_get_cq_event` waits before it lets a pending cancellation act.
+///
+/// A signal that arrives between two slices (a few microseconds each second) finds the
+/// thread outside its wait and does not end it with EINTR, where a kernel's read(2) would
+/// have ended; a slice of a second keeps that chance to about 1e-5 per signal, and keeps
+/// slices from ending together with the usual timers (`alarm`, interval timers of 100 or
+/// 200 ms, which end a wait early and are told apart by the time elapsed).
+pub(crate) const CANCEL_SLICE: Duration = Duration::from_millis(1000);
+
+/// `ibv_get_cq_event`'s work: 0 with an event, -1 with errno, 1 when a blocking wait of
+/// [`CANCEL_SLICE`] found none.
+fn get_cq_event(
+    channel: *mut ibv_comp_channel,
+    cq: *mut *mut ibv_cq,
+    cq_context: *mut *mut c_void,
+) -> c_int {
+    // SAFETY: per the contract.
+    let Some(ch) = (unsafe { back::<Channel, _>(channel) }) else {
+        set_errno(libc::EINVAL);
+        return -1;
+    };
+    if cq.is_null() || cq_context.is_null() {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    loop {
+        // A blocking channel waits in srdma's own `get_event`, which also watches the
+        // device's socket (the message wakes this thread, not the progress thread).
+        let blocking = !is_nonblocking(ch.c.fd);
+        let start = std::time::Instant::now();
+        let id = match ch.ch.get_event(Some(if blocking {
+            CANCEL_SLICE
+        } else {
+            Duration::ZERO
+        })) {
+            Ok(Some(id)) => id,
+            Ok(None) => {
+                if !blocking {
+                    set_errno(libc::EAGAIN);
                     return -1;
                 }
-            };
-            // An event of a CQ destroyed meanwhile is dropped.
-            let Some(&p) = lock(&ch.cqs).get(&id) else {
+                if start.elapsed() >= CANCEL_SLICE {
+                    return 1;
+                }
+                // Ended early without an event: a signal. EINTR, as from the kernel's
+                // read(2), if its handler does not restart (qperf's timer ends its
+                // event-mode tests so).
+                if crate::signals::interrupting_handler_installed() {
+                    set_errno(libc::EINTR);
+                    return -1;
+                }
                 continue;
-            };
-            let p = p as *mut Cq;
-            // SAFETY: registered CQs are live (destroy unregisters first); the out-pointers
-            // are valid per the contract.
-            unsafe {
-                *cq = p.cast();
-                *cq_context = (*p).c.cq.cq_context;
             }
-            return 0;
+            Err(e) => {
+                set_errno(errno_of(&e));
+                return -1;
+            }
+        };
+        // An event of a CQ destroyed meanwhile is dropped.
+        let Some(&p) = lock(&ch.cqs).get(&id) else {
+            continue;
+        };
+        let p = p as *mut Cq;
+        // SAFETY: registered CQs are live (destroy unregisters first); the out-pointers
+        // are valid per the contract.
+        unsafe {
+            *cq = p.cast();
+            *cq_context = (*p).c.cq.cq_context;
         }
-    })
+        return 0;
+    }
 }
 
 /// `ibv_ack_cq_events`: counts `nevents` events of `cq` as handled.

@@ -652,8 +652,8 @@ pub(super) unsafe extern "C" fn wr_set_sge_list(
     list: *const ibv_sge,
 ) {
     // SAFETY: the application's `n` entries.
-    let sges = unsafe { sge_slice(list, c_int::try_from(n).unwrap_or(0)) };
-    wr_last(qpx, |_, w| w.sges = sges.iter().map(sge).collect());
+    let sges = unsafe { sge_list(list, c_int::try_from(n).unwrap_or(0)) };
+    wr_last(qpx, |_, w| w.sges = sges.map(|s| sge(&s)).collect());
 }
 /// Copies inline data at once, as `ibv_wr_set_inline_data` requires.
 pub(super) fn wr_inline(qpx: *mut ibv_qp_ex, bufs: &[(*const u8, usize)]) {
@@ -748,7 +748,7 @@ pub(super) fn send_wr(q: &Qp, w: &ibv_send_wr) -> Result<SendWr, c_int> {
         return Err(libc::EINVAL);
     }
     // SAFETY: the application's `num_sge` entries (checked non-null).
-    let list = unsafe { sge_slice(w.sg_list, w.num_sge) };
+    let list = unsafe { sge_list(w.sg_list, w.num_sge) };
     // SAFETY: reading the union member selected by the opcode; all members are plain data.
     let (rdma, atomic, ud) = unsafe { (w.wr.rdma, w.wr.atomic, w.wr.ud) };
     let imm = u32::from_be(w.imm_data);
@@ -797,7 +797,7 @@ pub(super) fn send_wr(q: &Qp, w: &ibv_send_wr) -> Result<SendWr, c_int> {
     if op.is_local() {
         // A bind or invalidate moves no data: no SGEs, no inline copy.
     } else if flags.contains(SendFlags::INLINE) && !op.is_read_or_atomic() {
-        let total: usize = list.iter().map(|s| s.length as usize).sum();
+        let total: usize = list.clone().map(|s| s.length as usize).sum();
         if total > q.caps.max_inline_data as usize {
             return Err(libc::EINVAL);
         }
@@ -814,7 +814,7 @@ pub(super) fn send_wr(q: &Qp, w: &ibv_send_wr) -> Result<SendWr, c_int> {
         wr = wr.with_inline(data);
     } else {
         wr.flags = SendFlags::from_bits_truncate(wr.flags.bits() & !SendFlags::INLINE.bits());
-        wr.sges = list.iter().map(sge).collect();
+        wr.sges = list.map(|s| sge(&s)).collect();
     }
     if q.c.qp_base.qp_type == IBV_QPT_UD {
         // SAFETY: the AH pointer is NULL or a live AH (verbs contract).
@@ -850,8 +850,9 @@ pub(super) unsafe extern "C" fn post_send(
         let mut conv_err = None;
         let mut cur = wr;
         while !cur.is_null() {
-            // SAFETY: the application's list; nodes readable until `next` is NULL.
-            let w = unsafe { &*cur };
+            // SAFETY: the application's list; nodes readable until `next` is NULL (copied
+            // out without assuming alignment).
+            let w = &unsafe { cur.read_unaligned() };
             match send_wr(q, w) {
                 Ok(mut s) => {
                     s.xrc_srqn = xrc::remote_srqn(q, w);

@@ -148,21 +148,26 @@ pub(super) fn recv_wr(wr: &ibv_recv_wr, max_sge: u32) -> Result<RecvWr, c_int> {
         return Err(libc::EINVAL);
     }
     // SAFETY: the application's list of `num_sge` entries (checked non-null above).
-    let sges = unsafe { sge_slice(wr.sg_list, wr.num_sge) };
+    let sges = unsafe { sge_list(wr.sg_list, wr.num_sge) };
     Ok(RecvWr {
         wr_id: wr.wr_id,
-        sges: sges.iter().map(sge).collect(),
+        sges: sges.map(|s| sge(&s)).collect(),
     })
 }
 
+/// The application's `n` scatter/gather entries at `p`, read one by one without assuming
+/// alignment: programs keep them in packed structures (libiscsi's iSER receive descriptors
+/// put one at an offset of 4 mod 8), which C reads fine on the machines verbs run on.
+///
 /// # Safety
-/// `p` is valid for `n` entries when `n > 0`.
-pub(super) unsafe fn sge_slice<'a>(p: *const ibv_sge, n: c_int) -> &'a [ibv_sge] {
-    if n <= 0 {
-        return &[];
-    }
-    // SAFETY: per the contract.
-    unsafe { std::slice::from_raw_parts(p, n as usize) }
+/// `p` is valid for `n` entries when `n > 0`, for as long as the iterator is used.
+pub(super) unsafe fn sge_list(
+    p: *const ibv_sge,
+    n: c_int,
+) -> impl Iterator<Item = ibv_sge> + Clone {
+    let n = if n <= 0 || p.is_null() { 0 } else { n as usize };
+    // SAFETY: per the contract, entries 0..n are readable; read_unaligned needs no alignment.
+    (0..n).map(move |i| unsafe { p.add(i).read_unaligned() })
 }
 
 pub(super) fn sge(s: &ibv_sge) -> Sge {
@@ -181,9 +186,10 @@ pub(super) fn post_recv_list(
     mut post: impl FnMut(RecvWr) -> Result<(), c_int>,
 ) -> c_int {
     while !wr.is_null() {
-        // SAFETY: the application's linked list; each node is readable until `next` is NULL.
-        let w = unsafe { &*wr };
-        if let Err(e) = recv_wr(w, max_sge).and_then(&mut post) {
+        // SAFETY: the application's linked list; each node is readable until `next` is NULL
+        // (copied out without assuming alignment, as its entries).
+        let w = unsafe { wr.read_unaligned() };
+        if let Err(e) = recv_wr(&w, max_sge).and_then(&mut post) {
             if !bad.is_null() {
                 // SAFETY: `bad` is valid for a write (verbs contract).
                 unsafe { *bad = wr };

@@ -458,10 +458,17 @@ pub(crate) fn start(cfg: DeviceConfig, sock: crate::udp::Socket) -> Result<Arc<D
         qps: BTreeMap::new(),
         srqs: BTreeMap::new(),
         xrc: Default::default(),
-        // rxe numbers QPs from 17 (0x11); 0 and 1 are the special QPs. A shared port's
-        // slot k owns k << 16 | n.
+        // rxe numbers QPs from 17 (0x11) up, wrapping; 0 and 1 are the special QPs. A shared
+        // port's slot k owns k << 16 | n. A kernel device outlives the processes that use it,
+        // so a new process's QPs get numbers not used just before; here each process opens
+        // its own device (and takes the slot of one that ended), so the first number is drawn
+        // at random: a kernel peer still holds the last connection of a QPN for its timewait
+        // (seconds) and rejects a REQ from the same QPN as stale (REJ reason 10), as tgtd on
+        // rxe did to a libiscsi run right after another.
         qpn_base: u32::from(slot) << 16,
-        next_qpn: 0x11,
+        // The draw stays below 0x10000 on an unshared port too: a QPN's upper bits name the
+        // slot wherever packets are steered or shared-memory links found (`QPN >> 16`).
+        next_qpn: (0x11 + crate::random::random_u64() % (0xFFFF - 0x11 + 1)) as u32,
         next_id: 1,
         counters: DeviceCounters::default(),
         capture,
@@ -525,15 +532,13 @@ pub(crate) fn start(cfg: DeviceConfig, sock: crate::udp::Socket) -> Result<Arc<D
         shm_ins: AtomicUsize::new(0),
     });
     let s2 = Arc::clone(&shared);
-    let thread = std::thread::Builder::new()
-        .name(format!("srdma-{}", local))
-        .spawn(move || {
-            let run = std::panic::AssertUnwindSafe(|| progress::progress(&s2));
-            if std::panic::catch_unwind(run).is_err() {
-                s2.fail();
-            }
-        })
-        .map_err(io_err("starting the progress thread"))?;
+    let thread = crate::threads::spawn(format!("srdma-{}", local), move || {
+        let run = std::panic::AssertUnwindSafe(|| progress::progress(&s2));
+        if std::panic::catch_unwind(run).is_err() {
+            s2.fail();
+        }
+    })
+    .map_err(io_err("starting the progress thread"))?;
     Ok(Arc::new(DeviceHandle {
         shared,
         thread: Mutex::new(Some(thread)),
