@@ -40,6 +40,7 @@ use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
 use crate::types::DeviceCounters;
@@ -60,16 +61,27 @@ static WRITES: AtomicU64 = AtomicU64::new(0);
 
 /// A statistics file to write once the device's lock is released.
 #[derive(Debug)]
-#[must_use = "the file is written by `commit`"]
+#[must_use = "the file is written by `commit` or `commit_later`"]
 pub(crate) struct Pending {
     path: PathBuf,
     tmp: PathBuf,
     text: String,
+    /// The publisher's file: true once it was removed (the device closed); held while the
+    /// file is written, so a write never brings back the file of a closed device.
+    closed: Arc<Mutex<bool>>,
 }
 
 impl Pending {
-    /// Writes the file atomically (a temporary file, then rename). False on any I/O error.
+    /// Writes the file atomically (a temporary file, then rename). False on any I/O error,
+    /// or when the device closed meanwhile.
     pub(crate) fn commit(self) -> bool {
+        let closed = self
+            .closed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if *closed {
+            return false;
+        }
         if std::fs::write(&self.tmp, &self.text).is_err() {
             let _ = std::fs::remove_file(&self.tmp);
             return false;
@@ -79,6 +91,37 @@ impl Pending {
             return false;
         }
         true
+    }
+
+    /// Hands the write to the process's statistics writer thread (started on first use;
+    /// written here if it cannot start). A progress thread must not write itself: replacing
+    /// a file by a rename makes ext4 flush it (`auto_da_alloc`), which took 30–130 ms on this
+    /// project's test machine, where `/run` is on disk — that long without reading the
+    /// socket, and every peer's retransmission timer fires.
+    pub(crate) fn commit_later(self) {
+        static WRITER: OnceLock<Option<Mutex<mpsc::Sender<Pending>>>> = OnceLock::new();
+        let writer = WRITER.get_or_init(|| {
+            let (tx, rx) = mpsc::channel::<Pending>();
+            crate::threads::spawn("srdma-stats", move || {
+                for p in rx {
+                    p.commit();
+                }
+            })
+            .ok()
+            .map(|_| Mutex::new(tx))
+        });
+        let rejected = match writer {
+            Some(tx) => tx
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .send(self)
+                .err()
+                .map(|e| e.0),
+            None => Some(self),
+        };
+        if let Some(p) = rejected {
+            p.commit();
+        }
     }
 }
 
@@ -94,6 +137,8 @@ pub(crate) struct Publisher {
     written: (DeviceCounters, srdma_proto::Counters),
     /// A rate-limited call saw counters the file does not have yet.
     dirty: bool,
+    /// Shared with the pending writes (see [`Pending`]).
+    closed: Arc<Mutex<bool>>,
 }
 
 impl Publisher {
@@ -125,6 +170,7 @@ impl Publisher {
             last: None,
             written: Default::default(),
             dirty: false,
+            closed: Arc::default(),
         };
         p.render(
             &DeviceCounters::default(),
@@ -201,12 +247,19 @@ impl Publisher {
             path: self.path.clone(),
             tmp: tmp.into(),
             text,
+            closed: Arc::clone(&self.closed),
         }
     }
 }
 
 impl Drop for Publisher {
     fn drop(&mut self) {
+        // Waits for a write under way; none comes after.
+        let mut closed = self
+            .closed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *closed = true;
         let _ = std::fs::remove_file(&self.path);
         let _ = std::fs::remove_file(&self.tmp);
     }

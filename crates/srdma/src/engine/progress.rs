@@ -111,7 +111,7 @@ impl Shared {
         }
         self.run_hooks();
         if let Some(p) = pending {
-            p.commit();
+            p.commit_later();
         }
     }
 
@@ -467,7 +467,7 @@ pub(super) fn progress(shared: &Shared) {
         drop(st);
         shared.run_hooks();
         if let Some(p) = pending {
-            p.commit();
+            p.commit_later();
         }
     }
 }
