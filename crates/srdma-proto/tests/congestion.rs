@@ -46,6 +46,8 @@ struct Report {
     port: PortStats,
     cnps: u64,
     errors: Vec<WcStatus>,
+    /// The size of each WRITE.
+    msg: u32,
 }
 
 fn jain(x: &[f64]) -> f64 {
@@ -89,6 +91,8 @@ struct Setup {
     selective: bool,
     warmup: Duration,
     run: Duration,
+    /// The size of each WRITE.
+    msg: u32,
 }
 
 impl Setup {
@@ -102,6 +106,7 @@ impl Setup {
             selective: true,
             warmup: Duration::from_millis(20),
             run: Duration::from_millis(80),
+            msg: MSG,
         }
     }
 }
@@ -117,6 +122,7 @@ fn incast(s: Setup) -> Report {
         selective,
         warmup,
         run,
+        msg,
     } = s;
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
     let rx_ip: IpAddr = "10.9.0.100".parse().unwrap();
@@ -145,19 +151,19 @@ fn incast(s: Setup) -> Report {
         }
         let keys = h
             .mrs
-            .register(PdId(1), SRC, u64::from(MSG), access)
+            .register(PdId(1), SRC, u64::from(msg), access)
             .unwrap();
-        h.mem.insert(keys.handle, vec![i as u8; MSG as usize]);
+        h.mem.insert(keys.handle, vec![i as u8; msg as usize]);
         let dk = rx
             .mrs
             .register(
                 PdId(1),
-                DST + (i as u64) * u64::from(MSG),
-                u64::from(MSG),
+                DST + (i as u64) * u64::from(msg),
+                u64::from(msg),
                 access,
             )
             .unwrap();
-        rx.mem.insert(dk.handle, vec![0; MSG as usize]);
+        rx.mem.insert(dk.handle, vec![0; msg as usize]);
         h.add_qp(a);
         rx.add_qp(bq);
         senders.push((h, qa, keys, dk.rkey.unwrap()));
@@ -185,7 +191,7 @@ fn incast(s: Setup) -> Report {
             let mut done = 0u64;
             while let Some((_, wc)) = h.qp(f.qpn).poll_completion() {
                 if wc.status.is_success() {
-                    done += u64::from(MSG);
+                    done += u64::from(msg);
                 } else {
                     errors.push(wc.status);
                 }
@@ -198,12 +204,12 @@ fn incast(s: Setup) -> Report {
                 let wr = SendWr::new(
                     f.posted as u64,
                     SendOp::Write {
-                        remote_addr: DST + (i as u64) * u64::from(MSG),
+                        remote_addr: DST + (i as u64) * u64::from(msg),
                         rkey: f.rkey,
                     },
                     [Sge {
                         addr: SRC,
-                        length: MSG,
+                        length: msg,
                         lkey: f.keys.lkey,
                     }]
                     .into_iter()
@@ -258,6 +264,7 @@ fn incast(s: Setup) -> Report {
         port: sim.port_stats(rx_ip).unwrap(),
         cnps,
         errors,
+        msg,
     }
 }
 
@@ -291,10 +298,10 @@ fn check_shared(r: &Report, rate_bps: u64, what: &str) {
     assert!(r.errors.is_empty(), "{what}: errors {:?}", r.errors);
     assert!(sum >= 0.9 * wire, "{what}: the flows fill the bottleneck");
     assert!(j >= 0.9, "{what}: Jain's index {j:.3} ({:?})", r.goodput);
-    // A flow completes a message every `n · MSG / rate` at its fair share: it may go that
+    // A flow completes a message every `n · msg / rate` at its fair share: it may go that
     // long several times over without one (a whole window lost at a full queue waits for a
     // probe or a timeout), but no longer than 25 ms or five messages.
-    let message = Duration::from_secs_f64(r.goodput.len() as f64 * f64::from(MSG) / wire);
+    let message = Duration::from_secs_f64(r.goodput.len() as f64 * f64::from(r.msg) / wire);
     let idle = Duration::from_millis(25).max(message * 5);
     assert!(
         r.longest_idle <= idle,
@@ -308,6 +315,19 @@ fn eight_flows_share_a_drop_tail_bottleneck() {
     // 10 Gb/s, a 256 KiB queue (200 µs), 10 µs links each way.
     let r = incast(Setup::new(1, 8, bottleneck(10 * GBIT, 256 << 10, None)));
     check_shared(&r, 10 * GBIT, "8 flows, drop-tail");
+}
+
+#[test]
+fn flows_of_large_messages_share_a_drop_tail_bottleneck() {
+    // 1 MiB WRITEs: a message takes its 1,024 PSNs when it starts, long before they are
+    // sent. A loss episode that lasted until the ACK passed the message's last PSN (not the
+    // last one sent) kept a flow's window at its floor for the rest of the message, and its
+    // share went to the others.
+    let mut s = Setup::new(6, 4, bottleneck(10 * GBIT, 256 << 10, None));
+    s.msg = 1 << 20;
+    s.run = Duration::from_millis(120);
+    let r = incast(s);
+    check_shared(&r, 10 * GBIT, "4 flows of 1 MiB messages, drop-tail");
 }
 
 #[test]

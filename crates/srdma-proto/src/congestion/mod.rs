@@ -47,9 +47,18 @@ pub use window::{INITIAL_SR_WINDOW_PSNS, INITIAL_WINDOW_PSNS, MAX_WINDOW_PSNS, M
 /// batches and its host schedules it late now and then: its RTT under load is several times
 /// its idle RTT (tens of µs) without any network queue, and stays well below this.
 pub const DELAY_TARGET: Duration = Duration::from_millis(1);
-/// On a path whose base RTT is close to [`DELAY_TARGET`] or above, the queueing delay
-/// tolerated above the base.
+/// A path whose base RTT is above this is long: its target is its base plus
+/// [`DELAY_SLACK`]. Below, every flow aims at the same [`DELAY_TARGET`], whatever base it
+/// measured: a flow that starts into a queue others built measures that queue as its base
+/// (up to a millisecond or so in an incast), and a target drawn from it would let that
+/// flow keep the queue at its own higher target while every other is cut to its floor.
+pub const LONG_PATH: Duration = Duration::from_millis(2);
+/// On a long path ([`LONG_PATH`]), the queueing delay tolerated above the base.
 pub const DELAY_SLACK: Duration = Duration::from_micros(250);
+/// Swift's flow-based scaling: what a window at [`MIN_WINDOW_PSNS`] adds to its target, in
+/// proportion to `1/√window` (nothing at [`MAX_WINDOW_PSNS`]). Flows that share a queue
+/// converge to equal windows, as the one with the smaller window tolerates more delay.
+pub const FLOW_SCALING: Duration = Duration::from_millis(1);
 /// Swift's β: how much of the excess delay a cut takes off.
 const DELAY_BETA: (u64, u64) = (4, 5);
 /// The deepest cut a delay above target makes in one round trip (Swift's max_mdf: 1/2).
@@ -86,6 +95,16 @@ pub struct CcStats {
     pub spurious_timeouts: u64,
     /// CNPs taken in.
     pub cnps: u64,
+}
+
+/// The flow's part of the delay target (Swift's `fs_range · (1/√w − 1/√max) / (1/√min −
+/// 1/√max)`, clamped): [`FLOW_SCALING`] at [`MIN_WINDOW_PSNS`] or less, nothing at
+/// [`MAX_WINDOW_PSNS`].
+pub fn flow_scaling(window_psns: u32) -> Duration {
+    let inv = |w: u32| 1.0 / f64::from(w.max(1)).sqrt();
+    let (lo, hi) = (inv(MAX_WINDOW_PSNS), inv(MIN_WINDOW_PSNS));
+    let f = ((inv(window_psns) - lo) / (hi - lo)).clamp(0.0, 1.0);
+    FLOW_SCALING.mul_f64(f)
 }
 
 /// The send rate of the last measured period.
@@ -270,8 +289,10 @@ impl Controller {
     }
 
     /// An acknowledgement at `now` moved the oldest unacknowledged PSN to `acked_to`, by
-    /// `newly` PSNs; `outstanding` PSNs sent are still unacknowledged, and `next` is the next
-    /// PSN to send.
+    /// `newly` PSNs; `outstanding` PSNs sent are still unacknowledged, and `next` is the PSN
+    /// after the highest sent (not the next a message was given: a message takes all its
+    /// PSNs when it starts, and a round trip measured to its end would last as long as the
+    /// whole message takes).
     pub fn on_ack(
         &mut self,
         now: Duration,
@@ -321,10 +342,18 @@ impl Controller {
         }
     }
 
-    /// The delay above which the window shrinks: `None` before the first sample.
+    /// The delay above which the window shrinks: `None` before the first sample. The path's
+    /// part is [`DELAY_TARGET`] for every flow whose base RTT is below [`LONG_PATH`], and
+    /// the base plus [`DELAY_SLACK`] beyond; the flow's part ([`flow_scaling`]) grows as its
+    /// window shrinks.
     pub fn target(&self) -> Option<Duration> {
         let base = self.rtt.base()?;
-        Some(DELAY_TARGET.max(base + DELAY_SLACK))
+        let path = if base > LONG_PATH {
+            base + DELAY_SLACK
+        } else {
+            DELAY_TARGET
+        };
+        Some(path + flow_scaling(self.window.psns()))
     }
 
     /// Whether the last RTT sample shows a queue beyond the target.
@@ -333,7 +362,7 @@ impl Controller {
     }
 
     /// A loss was seen at `now` (a PSN-sequence NAK, an implied NAK, a gap reported by a
-    /// selective-repeat peer) while `next` was the next PSN to send.
+    /// selective-repeat peer) while `next` was the PSN after the highest sent.
     pub fn on_loss(&mut self, _now: Duration, next: Psn) {
         self.probes.forget();
         if self.unlimited || !self.recovery.loss(next) {
@@ -473,16 +502,25 @@ mod tests {
         now += 100 * US;
         c.on_ack(now, psn, 64, 0, psn);
         assert_eq!(c.stats().base_rtt, Some(100 * US));
-        assert_eq!(c.target(), Some(DELAY_TARGET));
         assert_eq!(c.window(), INITIAL_WINDOW_PSNS);
-        // Then RTTs of 2 ms: excess 1000 of 2000 µs, cut by 0.8·0.5 = 40 %.
+        assert_eq!(c.target(), Some(DELAY_TARGET + flow_scaling(128)));
+        // Then RTTs of 2 ms: each round trip cuts by 0.8·(rtt − target)/rtt, the target
+        // rising as the window shrinks.
         for round in 0..3 {
+            let (w, target) = (c.window(), c.target().unwrap());
+            let excess = (2000 * US - target).as_secs_f64() / 2e-3;
             send(&mut c, now, &mut psn, 64);
             now += 2000 * US;
             c.on_ack(now, psn, 64, 0, psn);
             assert_eq!(c.stats().delay_cuts, round + 1);
+            let keep = 1.0 - 0.8 * excess;
+            assert!(
+                (f64::from(c.window()) - f64::from(w) * keep).abs() <= 1.0,
+                "round {round}: {w} × {keep:.3} → {}",
+                c.window()
+            );
         }
-        assert_eq!(c.window(), 128 * 6 / 10 * 6 / 10 * 6 / 10);
+        assert!(c.window() < 64);
         // One sample below target in a round trip spares it.
         let w = c.window();
         send(&mut c, now, &mut psn, 2);

@@ -145,8 +145,11 @@ impl Probes {
             if !Psn::new(psn).before(acked_to) {
                 break;
             }
+            // `now` before `at`: the caller read its clock before the probe left (an
+            // engine handling a batch with the time it read first): no sample.
             sample = (at != Duration::MAX)
-                .then(|| now.saturating_sub(at))
+                .then(|| now.checked_sub(at))
+                .flatten()
                 .or(sample);
             self.head = (self.head + 1) % PROBES;
             self.len -= 1;

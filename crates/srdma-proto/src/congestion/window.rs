@@ -183,15 +183,18 @@ impl Window {
     }
 }
 
-/// A loss episode: further losses until the ACK passes the PSN that was next to send when
+/// A loss episode: further losses until the ACK passes the PSN after the highest sent when
 /// the first was noticed are the same congestion event (TCP's recovery point, RFC 6582).
+/// The highest *sent*: a message's PSNs are all assigned when it starts, and an episode
+/// that waited for the end of a 1 MiB message at a small window lasted seconds, with the
+/// window frozen at its floor all along.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Recovery {
     until: Option<Psn>,
 }
 
 impl Recovery {
-    /// A loss noticed while `next` was the next PSN to send: true when it starts a new
+    /// A loss noticed while `next` was the PSN after the highest sent: true when it starts a new
     /// episode (the window should react), false inside one.
     pub fn loss(&mut self, next: Psn) -> bool {
         if self.until.is_some() {

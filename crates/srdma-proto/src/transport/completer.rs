@@ -162,7 +162,7 @@ impl Qp {
         }
         if queued {
             self.counters.rcvd_seq_err += 1;
-            self.cc.on_loss(ctx.now, self.req_psn);
+            self.cc.on_loss(ctx.now, self.max_sent_psn);
         }
     }
 
@@ -231,7 +231,7 @@ impl Qp {
         let newly = self.comp_psn.diff(before).max(0) as u32;
         let outstanding = self.max_sent_psn.diff(self.comp_psn).max(0) as u32;
         self.cc
-            .on_ack(now, self.comp_psn, newly, outstanding, self.req_psn);
+            .on_ack(now, self.comp_psn, newly, outstanding, self.max_sent_psn);
         self.retry_left = self.attr.retry_cnt;
         self.rnr_retry_left = self.attr.rnr_retry;
         self.retry_started_at = None;
@@ -422,7 +422,7 @@ impl Qp {
         if timeout {
             self.cc.on_timeout(now);
         } else {
-            self.cc.on_loss(now, self.req_psn);
+            self.cc.on_loss(now, self.max_sent_psn);
         }
         self.retry_started_at = Some(self.comp_psn);
         self.rewind();
@@ -473,18 +473,22 @@ impl Qp {
             if self.comp_psn.before(self.max_sent_psn) && self.rnr_deadline.is_none() {
                 // Early retransmission: charges no retry (the IBTA timer does that). As a
                 // TCP RTO, the window collapses (undone if the next ACK shows the timeout
-                // was spurious: F-RTO). The first resends what the responder did not
-                // report; a second in a row trusts no report and goes back to the oldest
+                // was spurious: F-RTO) and every packet sent and not acknowledged counts as
+                // lost (RFC 6675 after a timeout): the first timeout resends what the
+                // responder did not report, in the order sent and as the window lets them
+                // go; a second in a row trusts no report and goes back to the oldest
                 // unacknowledged PSN.
                 self.cc.on_early_timeout(now, self.comp_psn);
                 if self.rto_backoff == 0 {
-                    // The oldest unacknowledged packet alone (F-RTO): if the ACK that comes
-                    // next covers more, the timeout was spurious and nothing else goes
-                    // again; if not, what is still missing shows in the SACKs, or the next
-                    // timeout goes back to it.
                     self.resend.clear();
-                    self.resend.push_back(self.comp_psn);
-                    self.resend_upto = self.comp_psn.add(1);
+                    let mut p = self.comp_psn;
+                    while p.before(self.max_sent_psn) {
+                        if !self.scoreboard.contains(p) {
+                            self.resend.push_back(p);
+                        }
+                        p = p.add(1);
+                    }
+                    self.resend_upto = self.max_sent_psn;
                 } else {
                     self.rewind();
                 }

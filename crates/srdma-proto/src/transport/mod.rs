@@ -292,6 +292,9 @@ pub struct Qp {
     tlp_probe: Option<Psn>,
     /// The probe of this stall went (rearmed by progress).
     tlp_sent: bool,
+    /// Selective repeat: the PSN at the head of `resend` that goes even if the window is
+    /// full (a tail loss probe, or the oldest unacknowledged after an early timeout).
+    probe_psn: Option<Psn>,
     /// The PSN the last probe carried, until a SACK reports it: the holes below it are lost
     /// then (on a path that keeps order, whatever was sent before the probe and was still
     /// on its way would have arrived before it).
@@ -376,6 +379,7 @@ impl Qp {
             rto_backoff: 0,
             tlp_deadline: None,
             tlp_probe: None,
+            probe_psn: None,
             tlp_sent: false,
             tlp_psn: None,
             scoreboard: selective::Scoreboard::default(),
@@ -584,6 +588,7 @@ impl Qp {
         self.rto_deadline = None;
         self.tlp_deadline = None;
         self.tlp_probe = None;
+        self.probe_psn = None;
         self.reorder.clear();
         self.resend.clear();
         self.scoreboard.clear();

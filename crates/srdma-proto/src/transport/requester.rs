@@ -16,6 +16,7 @@ impl Qp {
         if let Some(p) = self.tlp_probe.take() {
             if self.resend.is_empty() {
                 self.resend.push_back(p);
+                self.probe_psn = Some(p);
                 self.tlp_psn = Some(p);
                 self.counters.tlp_probes += 1;
             }
@@ -98,7 +99,11 @@ impl Qp {
             let pipe = outstanding
                 .saturating_sub(self.scoreboard.count())
                 .saturating_sub(self.resend.len() as u32);
-            if pipe >= self.cc.window() {
+            // A probe (the tail loss probe, the first packet after an early timeout) goes
+            // whatever the window says, as TCP's: what it probes for is that the window's
+            // packets are gone, and held back by them it would wait for the next timeout.
+            let probe = self.probe_psn.take_if(|q| *q == p).is_some();
+            if pipe >= self.cc.window() && !probe {
                 self.cc.held();
                 return None;
             }
