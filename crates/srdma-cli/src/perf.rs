@@ -151,7 +151,8 @@ pub struct Args {
     /// Size of the send queue: WRs kept in flight per QP [default: 128; latency: 1].
     #[arg(short = 't', long = "tx-depth", value_parser = clap::value_parser!(u32).range(1..=15000))]
     pub tx_depth: Option<u32>,
-    /// Generate a completion only every this many WRs.
+    /// Generate a completion only every this many WRs (bandwidth tests: at most every
+    /// 16 MiB of messages).
     #[arg(short = 'Q', long = "cq-mod", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub cq_mod: u32,
     /// Receives kept posted (SEND tests).

@@ -25,6 +25,8 @@ const QP_SHIFT: u32 = 40;
 const SEQ_MASK: u64 = (1 << QP_SHIFT) - 1;
 /// No completion for this long: the peer is gone or the connection is broken.
 const STALL: Duration = Duration::from_secs(10);
+/// The most bytes of messages a bandwidth client posts between two signaled ones.
+const SIGNAL_BYTES: usize = 16 << 20;
 /// Largest receive ring kept for `--check` (bytes per QP).
 const CHECK_RING_BYTES: usize = 64 << 20;
 /// perftest computes the peak bandwidth only up to this many iterations.
@@ -349,6 +351,23 @@ impl Rdma {
         self.qps.iter().map(|q| q.path().name()).collect()
     }
 
+    /// Where the QPs stand, for an error that says the transfer stalled: congestion control
+    /// and the counters that are not zero.
+    pub fn stall_report(&self) -> String {
+        let counters: Vec<String> = self
+            .qp_counters()
+            .entries()
+            .iter()
+            .filter(|(_, v)| *v != 0)
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        format!(
+            "congestion {}; counters {}",
+            Value::from(self.congestion()),
+            counters.join(" ")
+        )
+    }
+
     /// The QPs' transport counters, summed.
     pub fn qp_counters(&self) -> srdma::Counters {
         let mut c = srdma::Counters::default();
@@ -481,6 +500,17 @@ impl Rdma {
 
     /// Polls the CQ into `self.wcs` (busy, or with events a short sleep on the channel).
     fn poll(&mut self) -> anyhow::Result<usize> {
+        let n = self.poll_checked()?;
+        if let Some(wc) = self.wcs.iter().find(|wc| !wc.status.is_success()) {
+            let e = Self::check_status(wc).err();
+            if let Some(e) = e {
+                bail!("{e}; {}", self.stall_report());
+            }
+        }
+        Ok(n)
+    }
+
+    fn poll_checked(&mut self) -> anyhow::Result<usize> {
         let n = self.cq.poll_into(&mut self.wcs, 256);
         if n > 0 || self.channel.is_none() {
             return Ok(n);
@@ -654,7 +684,12 @@ impl Rdma {
     ) -> anyhow::Result<(super::report::BwStats, Vec<u64>)> {
         let nq = self.qps.len();
         let tx = u64::from(self.opts.tx_depth);
-        let cq_mod = u64::from(self.opts.cq_mod.min(self.opts.tx_depth)).max(1);
+        // At most SIGNAL_BYTES between two signaled WRs: a large message's flow shared
+        // with many others may take seconds for a hundred of them, too long to tell a
+        // slow flow from a stalled one.
+        let cq_mod = u64::from(self.opts.cq_mod.min(self.opts.tx_depth))
+            .min((SIGNAL_BYTES / size.max(1)) as u64)
+            .max(1);
         let mut limit = vec![if duration.is_some() { u64::MAX } else { iters }; nq];
         let mut posted = vec![0u64; nq];
         let mut done = vec![0u64; nq];
@@ -722,7 +757,9 @@ impl Rdma {
                 break;
             }
             if !any && got == 0 {
-                watch.idle("waiting for completions")?;
+                watch
+                    .idle("waiting for completions")
+                    .map_err(|e| anyhow::anyhow!("{e}; {}", self.stall_report()))?;
             }
         }
         let secs = last_done.duration_since(start).as_secs_f64();
