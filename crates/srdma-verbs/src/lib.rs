@@ -91,6 +91,7 @@ pub mod cma_abi;
 mod context;
 #[cfg(test)]
 mod layout_check;
+mod preload;
 mod rdmacm;
 mod rsocket;
 mod signals;
