@@ -15,6 +15,12 @@
 //! `librdmacm.so.1`, which must not export `socket` or `read` to every verbs program, and
 //! one copy of srdma per process keeps one set of devices, QPs and threads.
 //!
+//! srdma's own descriptors (its devices' sockets, eventfds, shared-memory rings) live at
+//! the top of the descriptor table: a descriptor made by one of srdma's threads, or by a
+//! program's thread while it runs srdma's code, is moved to a number from
+//! [`relocation_base`] up, so that the program's own descriptors are numbered exactly as
+//! without srdma (the lowest free number, where the kernel would have put them).
+//!
 //! The fortified entry points programs built with `_FORTIFY_SOURCE` call (`__read_chk`,
 //! `__recv_chk`, `__recvfrom_chk`, `__poll_chk`, `__ppoll_chk`) check their buffer as the C
 //! library does, then go the same way. `fcntl`/`fcntl64` and `ioctl` are variadic in C; their
@@ -65,6 +71,17 @@ struct Pass {
     >,
     fcntl64: unsafe extern "C" fn(c_int, c_int, ...) -> c_int,
     chk_fail: Option<unsafe extern "C" fn() -> !>,
+    socketpair: unsafe extern "C" fn(c_int, c_int, c_int, *mut c_int) -> c_int,
+    eventfd: unsafe extern "C" fn(libc::c_uint, c_int) -> c_int,
+    memfd_create: unsafe extern "C" fn(*const c_char, libc::c_uint) -> c_int,
+    pipe: unsafe extern "C" fn(*mut c_int) -> c_int,
+    pipe2: unsafe extern "C" fn(*mut c_int, c_int) -> c_int,
+    epoll_create: unsafe extern "C" fn(c_int) -> c_int,
+    epoll_create1: unsafe extern "C" fn(c_int) -> c_int,
+    open: unsafe extern "C" fn(*const c_char, c_int, ...) -> c_int,
+    open64: unsafe extern "C" fn(*const c_char, c_int, ...) -> c_int,
+    openat: unsafe extern "C" fn(c_int, *const c_char, c_int, ...) -> c_int,
+    openat64: unsafe extern "C" fn(c_int, *const c_char, c_int, ...) -> c_int,
 }
 
 /// The C library's `name` (the next definition after this library).
@@ -147,6 +164,17 @@ fn pass() -> &'static Pass {
         ),
         // SAFETY: the C library's function of that name has the declared type.
         chk_fail: next("__chk_fail").map(|p| unsafe { std::mem::transmute(p) }),
+        socketpair: must!("socketpair"),
+        eventfd: must!("eventfd"),
+        memfd_create: must!("memfd_create"),
+        pipe: must!("pipe"),
+        pipe2: must!("pipe2"),
+        epoll_create: must!("epoll_create"),
+        epoll_create1: must!("epoll_create1"),
+        open: must!("open"),
+        open64: must!("open64"),
+        openat: must!("openat"),
+        openat64: must!("openat64"),
     })
 }
 
@@ -268,6 +296,83 @@ fn chk_fail() -> ! {
     std::process::abort()
 }
 
+thread_local! {
+    /// Calls into srdma's library under way on this thread.
+    static IN_SRDMA: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    /// Whether this thread is one of srdma's (named `srdma...`), once asked.
+    static SRDMA_THREAD: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `f`, a call into srdma's library: descriptors made meanwhile are srdma's.
+#[inline]
+fn enter<R>(f: impl FnOnce() -> R) -> R {
+    IN_SRDMA.with(|c| c.set(c.get() + 1));
+    let r = f();
+    IN_SRDMA.with(|c| c.set(c.get() - 1));
+    r
+}
+
+/// Whether a descriptor made now is srdma's own.
+fn srdma_made() -> bool {
+    if HOOKS.get().is_none() {
+        return false;
+    }
+    if IN_SRDMA.with(|c| c.get()) > 0 {
+        return true;
+    }
+    SRDMA_THREAD.with(|t| {
+        if let Some(v) = t.get() {
+            return v;
+        }
+        let mut name = [0u8; 16];
+        // SAFETY: PR_GET_NAME writes at most 16 bytes into a live buffer.
+        let ok = unsafe { libc::prctl(libc::PR_GET_NAME, name.as_mut_ptr()) } == 0;
+        let v = ok && name.starts_with(b"srdma");
+        t.set(Some(v));
+        v
+    })
+}
+
+/// Where srdma's descriptors go: 256 below the soft limit on open files (at most 8192,
+/// so that the kernel's descriptor table stays small), at least 64.
+fn relocation_base() -> c_int {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes a live struct.
+    let cur = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } == 0 {
+        r.rlim_cur.min(8192) as c_int
+    } else {
+        1024
+    };
+    (cur - 256).max(cur / 2).max(64)
+}
+
+/// Moves srdma's new descriptor `fd` to the top of the table (see the crate docs); the
+/// program's stay where the kernel put them.
+fn relocate(fd: c_int) -> c_int {
+    if fd < 0 || !srdma_made() {
+        return fd;
+    }
+    let p = pass();
+    // SAFETY: fcntl and close on the descriptor just made.
+    unsafe {
+        let cloexec = (p.real.fcntl)(fd, libc::F_GETFD) & libc::FD_CLOEXEC != 0;
+        let cmd = if cloexec {
+            libc::F_DUPFD_CLOEXEC
+        } else {
+            libc::F_DUPFD
+        };
+        let nfd = (p.real.fcntl)(fd, cmd, relocation_base());
+        if nfd < 0 {
+            return fd;
+        }
+        (p.real.close)(fd);
+        nfd
+    }
+}
+
 fn ms_to_ts(ms: c_int) -> Option<timespec> {
     (ms >= 0).then(|| timespec {
         tv_sec: (ms / 1000) as libc::time_t,
@@ -286,15 +391,15 @@ fn ts_ptr(t: &Option<timespec>) -> *const timespec {
 pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
     let base = ty & !(libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK);
     let tcp = (domain == libc::AF_INET || domain == libc::AF_INET6) && base == libc::SOCK_STREAM;
-    if tcp && !LOADING.with(|l| l.get()) {
+    if tcp && !LOADING.with(|l| l.get()) && IN_SRDMA.with(|c| c.get()) == 0 {
         load();
         if let Some(h) = HOOKS.get() {
             // SAFETY: as called.
-            return unsafe { (h.socket)(domain, ty, protocol) };
+            return enter(|| unsafe { (h.socket)(domain, ty, protocol) });
         }
     }
     // SAFETY: as called.
-    unsafe { (pass().real.socket)(domain, ty, protocol) }
+    relocate(unsafe { (pass().real.socket)(domain, ty, protocol) })
 }
 
 #[unsafe(no_mangle)]
@@ -302,7 +407,7 @@ pub unsafe extern "C" fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) 
     // SAFETY: as called.
     unsafe {
         match rs(fd) {
-            Some(h) => (h.bind)(fd, addr, len),
+            Some(h) => enter(|| (h.bind)(fd, addr, len)),
             None => (pass().real.bind)(fd, addr, len),
         }
     }
@@ -313,7 +418,7 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
     // SAFETY: as called.
     unsafe {
         match rs(fd) {
-            Some(h) => (h.listen)(fd, backlog),
+            Some(h) => enter(|| (h.listen)(fd, backlog)),
             None => (pass().real.listen)(fd, backlog),
         }
     }
@@ -324,8 +429,8 @@ pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut sockle
     // SAFETY: as called.
     unsafe {
         match rs(fd) {
-            Some(h) => (h.accept4)(fd, addr, len, 0),
-            None => (pass().accept)(fd, addr, len),
+            Some(h) => enter(|| (h.accept4)(fd, addr, len, 0)),
+            None => relocate((pass().accept)(fd, addr, len)),
         }
     }
 }
@@ -340,8 +445,8 @@ pub unsafe extern "C" fn accept4(
     // SAFETY: as called.
     unsafe {
         match rs(fd) {
-            Some(h) => (h.accept4)(fd, addr, len, flags),
-            None => (pass().real.accept4)(fd, addr, len, flags),
+            Some(h) => enter(|| (h.accept4)(fd, addr, len, flags)),
+            None => relocate((pass().real.accept4)(fd, addr, len, flags)),
         }
     }
 }
@@ -351,7 +456,7 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
     // SAFETY: as called.
     unsafe {
         match rs(fd) {
-            Some(h) => (h.connect)(fd, addr, len),
+            Some(h) => enter(|| (h.connect)(fd, addr, len)),
             None => (pass().real.connect)(fd, addr, len),
         }
     }
@@ -362,7 +467,7 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     // SAFETY: as called.
     unsafe {
         match any(fd) {
-            Some(h) => (h.close)(fd),
+            Some(h) => enter(|| (h.close)(fd)),
             None => (pass().real.close)(fd),
         }
     }
@@ -373,7 +478,7 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
     // SAFETY: as called.
     unsafe {
         match any(fd) {
-            Some(h) => (h.dup)(fd),
+            Some(h) => enter(|| (h.dup)(fd)),
             None => (pass().real.dup)(fd),
         }
     }
@@ -384,7 +489,7 @@ pub unsafe extern "C" fn dup2(fd: c_int, nfd: c_int) -> c_int {
     // SAFETY: as called.
     unsafe {
         match any(fd).or_else(|| any(nfd)) {
-            Some(h) => (h.dup3)(fd, nfd, -1),
+            Some(h) => enter(|| (h.dup3)(fd, nfd, -1)),
             None => (pass().real.dup2)(fd, nfd),
         }
     }
@@ -401,7 +506,7 @@ pub unsafe extern "C" fn dup3(fd: c_int, nfd: c_int, flags: c_int) -> c_int {
     // SAFETY: as called.
     unsafe {
         match any(fd).or_else(|| any(nfd)) {
-            Some(h) => (h.dup3)(fd, nfd, flags),
+            Some(h) => enter(|| (h.dup3)(fd, nfd, flags)),
             None => (pass().real.dup3)(fd, nfd, flags),
         }
     }
@@ -412,7 +517,7 @@ pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
     // SAFETY: as called.
     unsafe {
         match any(fd) {
-            Some(h) => (h.fcntl)(fd, cmd, arg),
+            Some(h) => enter(|| (h.fcntl)(fd, cmd, arg)),
             None => (pass().real.fcntl)(fd, cmd, arg),
         }
     }
@@ -423,7 +528,7 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
     // SAFETY: as called.
     unsafe {
         match any(fd) {
-            Some(h) => (h.fcntl)(fd, cmd, arg),
+            Some(h) => enter(|| (h.fcntl)(fd, cmd, arg)),
             None => (pass().fcntl64)(fd, cmd, arg),
         }
     }
@@ -434,7 +539,7 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_i
     // SAFETY: as called.
     unsafe {
         match rs(fd) {
-            Some(h) => (h.ioctl)(fd, req, arg),
+            Some(h) => enter(|| (h.ioctl)(fd, req, arg)),
             None => (pass().real.ioctl)(fd, req, arg),
         }
     }
@@ -451,7 +556,7 @@ pub unsafe extern "C" fn getsockopt(
     // SAFETY: as called.
     unsafe {
         match rs(fd) {
-            Some(h) => (h.getsockopt)(fd, level, name, val, len),
+            Some(h) => enter(|| (h.getsockopt)(fd, level, name, val, len)),
             None => (pass().real.getsockopt)(fd, level, name, val, len),
         }
     }
@@ -468,7 +573,7 @@ pub unsafe extern "C" fn setsockopt(
     // SAFETY: as called.
     unsafe {
         match rs(fd) {
-            Some(h) => (h.setsockopt)(fd, level, name, val, len),
+            Some(h) => enter(|| (h.setsockopt)(fd, level, name, val, len)),
             None => (pass().real.setsockopt)(fd, level, name, val, len),
         }
     }
@@ -479,7 +584,7 @@ pub unsafe extern "C" fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut s
     // SAFETY: as called.
     unsafe {
         match rs(fd) {
-            Some(h) => (h.getsockname)(fd, addr, len),
+            Some(h) => enter(|| (h.getsockname)(fd, addr, len)),
             None => (pass().real.getsockname)(fd, addr, len),
         }
     }
@@ -490,7 +595,7 @@ pub unsafe extern "C" fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut s
     // SAFETY: as called.
     unsafe {
         match rs(fd) {
-            Some(h) => (h.getpeername)(fd, addr, len),
+            Some(h) => enter(|| (h.getpeername)(fd, addr, len)),
             None => (pass().real.getpeername)(fd, addr, len),
         }
     }
@@ -501,7 +606,7 @@ pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
     // SAFETY: as called.
     unsafe {
         match rs(fd) {
-            Some(h) => (h.shutdown)(fd, how),
+            Some(h) => enter(|| (h.shutdown)(fd, how)),
             None => (pass().real.shutdown)(fd, how),
         }
     }
@@ -512,7 +617,7 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: usize) -> isize {
     // SAFETY: as called.
     unsafe {
         match rs(fd) {
-            Some(h) => (h.recvfrom)(fd, buf, n, 0, std::ptr::null_mut(), std::ptr::null_mut()),
+            Some(h) => enter(|| (h.recvfrom)(fd, buf, n, 0, std::ptr::null_mut(), std::ptr::null_mut())),
             None => (pass().real.read)(fd, buf, n),
         }
     }
@@ -532,7 +637,7 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: usize) -> isize
     // SAFETY: as called.
     unsafe {
         match rs(fd) {
-            Some(h) => (h.sendto)(fd, buf, n, 0, std::ptr::null(), 0),
+            Some(h) => enter(|| (h.sendto)(fd, buf, n, 0, std::ptr::null(), 0)),
             None => (pass().real.write)(fd, buf, n),
         }
     }
@@ -543,14 +648,9 @@ pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: usize, flags: c_in
     // SAFETY: as called.
     unsafe {
         match rs(fd) {
-            Some(h) => (h.recvfrom)(
-                fd,
-                buf,
-                n,
-                flags,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-            ),
+            Some(h) => enter(|| {
+                (h.recvfrom)(fd, buf, n, flags, std::ptr::null_mut(), std::ptr::null_mut())
+            }),
             None => (pass().recv)(fd, buf, n, flags),
         }
     }
@@ -583,7 +683,7 @@ pub unsafe extern "C" fn recvfrom(
     // SAFETY: as called.
     unsafe {
         match rs(fd) {
-            Some(h) => (h.recvfrom)(fd, buf, n, flags, addr, alen),
+            Some(h) => enter(|| (h.recvfrom)(fd, buf, n, flags, addr, alen)),
             None => (pass().real.recvfrom)(fd, buf, n, flags, addr, alen),
         }
     }
@@ -611,7 +711,7 @@ pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: usize, flags: c_
     // SAFETY: as called.
     unsafe {
         match rs(fd) {
-            Some(h) => (h.sendto)(fd, buf, n, flags, std::ptr::null(), 0),
+            Some(h) => enter(|| (h.sendto)(fd, buf, n, flags, std::ptr::null(), 0)),
             None => (pass().send)(fd, buf, n, flags),
         }
     }
@@ -629,7 +729,7 @@ pub unsafe extern "C" fn sendto(
     // SAFETY: as called.
     unsafe {
         match rs(fd) {
-            Some(h) => (h.sendto)(fd, buf, n, flags, addr, alen),
+            Some(h) => enter(|| (h.sendto)(fd, buf, n, flags, addr, alen)),
             None => (pass().real.sendto)(fd, buf, n, flags, addr, alen),
         }
     }
@@ -640,8 +740,37 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> i
     // SAFETY: as called.
     unsafe {
         match rs(fd) {
-            Some(h) => (h.recvmsg)(fd, msg, flags),
-            None => (pass().real.recvmsg)(fd, msg, flags),
+            Some(h) => enter(|| (h.recvmsg)(fd, msg, flags)),
+            None => {
+                let n = (pass().real.recvmsg)(fd, msg, flags);
+                if n >= 0 && !msg.is_null() && srdma_made() {
+                    relocate_rights(msg);
+                }
+                n
+            }
+        }
+    }
+}
+
+/// Moves the descriptors a message brought (`SCM_RIGHTS`) as [`relocate`] does.
+///
+/// # Safety
+/// `msg` is a msghdr recvmsg just filled.
+unsafe fn relocate_rights(msg: *mut msghdr) {
+    // SAFETY: walking the control messages recvmsg wrote, with the C library's macros.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(c).cast::<c_int>();
+                let n = ((*c).cmsg_len as usize - (data as usize - c as usize))
+                    / std::mem::size_of::<c_int>();
+                for i in 0..n {
+                    let fd = data.add(i).read_unaligned();
+                    data.add(i).write_unaligned(relocate(fd));
+                }
+            }
+            c = libc::CMSG_NXTHDR(msg, c);
         }
     }
 }
@@ -651,7 +780,7 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) ->
     // SAFETY: as called.
     unsafe {
         match rs(fd) {
-            Some(h) => (h.sendmsg)(fd, msg, flags),
+            Some(h) => enter(|| (h.sendmsg)(fd, msg, flags)),
             None => (pass().real.sendmsg)(fd, msg, flags),
         }
     }
@@ -662,7 +791,7 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const libc::iovec, cnt: c_int) -
     // SAFETY: as called.
     unsafe {
         match rs(fd) {
-            Some(h) => (h.rwv)(fd, iov, cnt, false),
+            Some(h) => enter(|| (h.rwv)(fd, iov, cnt, false)),
             None => (pass().real.readv)(fd, iov, cnt),
         }
     }
@@ -673,7 +802,7 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const libc::iovec, cnt: c_int) 
     // SAFETY: as called.
     unsafe {
         match rs(fd) {
-            Some(h) => (h.rwv)(fd, iov, cnt, true),
+            Some(h) => enter(|| (h.rwv)(fd, iov, cnt, true)),
             None => (pass().real.writev)(fd, iov, cnt),
         }
     }
@@ -684,7 +813,7 @@ pub unsafe extern "C" fn sendfile(out: c_int, input: c_int, off: *mut i64, n: us
     // SAFETY: as called.
     unsafe {
         match rs(out) {
-            Some(h) => (h.sendfile)(out, input, off, n),
+            Some(h) => enter(|| (h.sendfile)(out, input, off, n)),
             None => (pass().real.sendfile)(out, input, off, n),
         }
     }
@@ -716,7 +845,7 @@ pub unsafe extern "C" fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_
         if any_poll(fds, n) {
             if let Some(h) = HOOKS.get() {
                 let ts = ms_to_ts(timeout);
-                return (h.ppoll)(fds, n, ts_ptr(&ts), std::ptr::null());
+                return enter(|| (h.ppoll)(fds, n, ts_ptr(&ts), std::ptr::null()));
             }
         }
         (pass().poll)(fds, n, timeout)
@@ -747,7 +876,7 @@ pub unsafe extern "C" fn ppoll(
     // SAFETY: as called.
     unsafe {
         match HOOKS.get() {
-            Some(h) if any_poll(fds, n) => (h.ppoll)(fds, n, ts, mask),
+            Some(h) if any_poll(fds, n) => enter(|| (h.ppoll)(fds, n, ts, mask)),
             _ => (pass().real.ppoll)(fds, n, ts, mask),
         }
     }
@@ -803,7 +932,7 @@ pub unsafe extern "C" fn select(
                     }
                 });
                 let p = ts.as_mut().map_or(std::ptr::null_mut(), |t| t as *mut _);
-                let r = (h.pselect)(n, rd, wr, ex, p, std::ptr::null(), true);
+                let r = enter(|| (h.pselect)(n, rd, wr, ex, p, std::ptr::null(), true));
                 if let Some(t) = ts {
                     tv.write_unaligned(timeval {
                         tv_sec: t.tv_sec,
@@ -832,7 +961,7 @@ pub unsafe extern "C" fn pselect(
             if let Some(h) = HOOKS.get() {
                 let mut t = (!ts.is_null()).then(|| ts.read_unaligned());
                 let p = t.as_mut().map_or(std::ptr::null_mut(), |t| t as *mut _);
-                return (h.pselect)(n, rd, wr, ex, p, mask, false);
+                return enter(|| (h.pselect)(n, rd, wr, ex, p, mask, false));
             }
         }
         (pass().pselect)(n, rd, wr, ex, ts, mask)
@@ -850,7 +979,7 @@ pub unsafe extern "C" fn epoll_ctl(
     unsafe {
         if marked(fd) & MARK_RSOCKET != 0 || marked(epfd) & MARK_EPOLL != 0 {
             if let Some(h) = HOOKS.get() {
-                return (h.epoll_ctl)(epfd, op, fd, ev);
+                return enter(|| (h.epoll_ctl)(epfd, op, fd, ev));
             }
         }
         (pass().real.epoll_ctl)(epfd, op, fd, ev)
@@ -878,7 +1007,7 @@ pub unsafe extern "C" fn epoll_wait(
         match epoll_set(epfd) {
             Some(h) => {
                 let ts = ms_to_ts(timeout);
-                (h.epoll_pwait2)(epfd, ev, max, ts_ptr(&ts), std::ptr::null())
+                enter(|| (h.epoll_pwait2)(epfd, ev, max, ts_ptr(&ts), std::ptr::null()))
             }
             None => (pass().epoll_wait)(epfd, ev, max, timeout),
         }
@@ -898,7 +1027,7 @@ pub unsafe extern "C" fn epoll_pwait(
         match epoll_set(epfd) {
             Some(h) => {
                 let ts = ms_to_ts(timeout);
-                (h.epoll_pwait2)(epfd, ev, max, ts_ptr(&ts), mask)
+                enter(|| (h.epoll_pwait2)(epfd, ev, max, ts_ptr(&ts), mask))
             }
             None => (pass().real.epoll_pwait)(epfd, ev, max, timeout, mask),
         }
@@ -916,7 +1045,7 @@ pub unsafe extern "C" fn epoll_pwait2(
     // SAFETY: as called.
     unsafe {
         match (epoll_set(epfd), pass().epoll_pwait2) {
-            (Some(h), _) => (h.epoll_pwait2)(epfd, ev, max, ts, mask),
+            (Some(h), _) => enter(|| (h.epoll_pwait2)(epfd, ev, max, ts, mask)),
             (None, Some(f)) => f(epfd, ev, max, ts, mask),
             (None, None) => {
                 *libc::__errno_location() = libc::ENOSYS;
@@ -924,4 +1053,108 @@ pub unsafe extern "C" fn epoll_pwait2(
             }
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// What makes descriptors: srdma's go to the top of the table (see the crate docs).
+
+/// `socketpair(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn socketpair(d: c_int, t: c_int, p: c_int, sv: *mut c_int) -> c_int {
+    // SAFETY: as called.
+    let r = unsafe { (pass().socketpair)(d, t, p, sv) };
+    if r == 0 && !sv.is_null() {
+        // SAFETY: the two descriptors socketpair wrote.
+        unsafe {
+            *sv = relocate(*sv);
+            *sv.add(1) = relocate(*sv.add(1));
+        }
+    }
+    r
+}
+
+/// `eventfd(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn eventfd(init: libc::c_uint, flags: c_int) -> c_int {
+    // SAFETY: as called.
+    relocate(unsafe { (pass().eventfd)(init, flags) })
+}
+
+/// `memfd_create(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn memfd_create(name: *const c_char, flags: libc::c_uint) -> c_int {
+    // SAFETY: as called.
+    relocate(unsafe { (pass().memfd_create)(name, flags) })
+}
+
+/// `pipe(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pipe(fds: *mut c_int) -> c_int {
+    // SAFETY: as called.
+    let r = unsafe { (pass().pipe)(fds) };
+    if r == 0 && !fds.is_null() {
+        // SAFETY: the two descriptors pipe wrote.
+        unsafe {
+            *fds = relocate(*fds);
+            *fds.add(1) = relocate(*fds.add(1));
+        }
+    }
+    r
+}
+
+/// `pipe2(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pipe2(fds: *mut c_int, flags: c_int) -> c_int {
+    // SAFETY: as called.
+    let r = unsafe { (pass().pipe2)(fds, flags) };
+    if r == 0 && !fds.is_null() {
+        // SAFETY: the two descriptors pipe2 wrote.
+        unsafe {
+            *fds = relocate(*fds);
+            *fds.add(1) = relocate(*fds.add(1));
+        }
+    }
+    r
+}
+
+/// `epoll_create(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn epoll_create(size: c_int) -> c_int {
+    // SAFETY: as called.
+    relocate(unsafe { (pass().epoll_create)(size) })
+}
+
+/// `epoll_create1(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn epoll_create1(flags: c_int) -> c_int {
+    // SAFETY: as called.
+    relocate(unsafe { (pass().epoll_create1)(flags) })
+}
+
+/// `open(2)` (its mode arrives as a named argument would).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn open(path: *const c_char, flags: c_int, mode: libc::c_uint) -> c_int {
+    // SAFETY: as called.
+    relocate(unsafe { (pass().open)(path, flags, mode) })
+}
+
+/// `open64`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn open64(path: *const c_char, flags: c_int, mode: libc::c_uint) -> c_int {
+    // SAFETY: as called.
+    relocate(unsafe { (pass().open64)(path, flags, mode) })
+}
+
+/// `openat(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn openat(dir: c_int, path: *const c_char, flags: c_int, mode: libc::c_uint) -> c_int {
+    // SAFETY: as called.
+    relocate(unsafe { (pass().openat)(dir, path, flags, mode) })
+}
+
+/// `openat64`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn openat64(dir: c_int, path: *const c_char, flags: c_int, mode: libc::c_uint) -> c_int {
+    // SAFETY: as called.
+    relocate(unsafe { (pass().openat64)(dir, path, flags, mode) })
 }

@@ -199,6 +199,7 @@ unsafe fn adopt(
         pid: PID.load(Ordering::Acquire),
     });
     insert(fd, &ne);
+    super::COUNTS.accepted.fetch_add(1, Ordering::Relaxed);
     if let Some(p) = peer {
         // SAFETY: per the contract.
         unsafe { put_addr(shown(e, p), addr, len) };
@@ -311,7 +312,10 @@ unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -
             return fail(libc::EALREADY);
         }
         if rsocket::is_connected(&e.rs) {
-            return fail(libc::EISCONN);
+            return match rsocket::connect_again(&e.rs) {
+                Ok(()) => 0,
+                Err(err) => fail(err),
+            };
         }
         let Some(dst) = dst.filter(|_| family_ok && !rsocket::is_listening(&e.rs)) else {
             // AF_UNSPEC, another family, a listener: the kernel's answer.
@@ -608,7 +612,10 @@ fn data(fd: c_int) -> Result<Arc<Entry>, Option<c_int>> {
 /// A send's result: EPIPE raises SIGPIPE unless `MSG_NOSIGNAL`, as the kernel's.
 fn sent(r: Result<usize, c_int>, flags: c_int) -> isize {
     match r {
-        Ok(n) => n as isize,
+        Ok(n) => {
+            super::COUNTS.sent.fetch_add(n as u64, Ordering::Relaxed);
+            n as isize
+        }
         Err(libc::EPIPE) => {
             if flags & libc::MSG_NOSIGNAL == 0 {
                 // SAFETY: raising a signal on this thread, as the kernel would.
@@ -622,7 +629,10 @@ fn sent(r: Result<usize, c_int>, flags: c_int) -> isize {
 
 fn received(r: Result<usize, c_int>) -> isize {
     match r {
-        Ok(n) => n as isize,
+        Ok(n) => {
+            super::COUNTS.received.fetch_add(n as u64, Ordering::Relaxed);
+            n as isize
+        }
         Err(e) => fail(e),
     }
 }

@@ -52,7 +52,7 @@ use std::cell::UnsafeCell;
 use std::collections::HashMap;
 use std::ffi::c_int;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -174,6 +174,7 @@ fn to_kernel(e: &Arc<Entry>) {
     if e.kernel.swap(true, Ordering::AcqRel) {
         return;
     }
+    COUNTS.to_kernel.fetch_add(1, Ordering::Relaxed);
     let fds = lock(&e.fds).clone();
     for fd in &fds {
         mark(*fd, marked(*fd) & !MARK_RSOCKET);
@@ -250,7 +251,55 @@ extern "C" fn at_fork_child() {
     }
 }
 
+/// What the process did, for `SRDMA_RS_REPORT`.
+pub(crate) struct Counts {
+    pub(crate) accepted: AtomicU64,
+    pub(crate) to_kernel: AtomicU64,
+    pub(crate) sent: AtomicU64,
+    pub(crate) received: AtomicU64,
+}
+
+pub(crate) static COUNTS: Counts = Counts {
+    accepted: AtomicU64::new(0),
+    to_kernel: AtomicU64::new(0),
+    sent: AtomicU64::new(0),
+    received: AtomicU64::new(0),
+};
+
+/// `SRDMA_RS_REPORT=FILE` (or `-` for stderr): at exit, one line of what the process did
+/// on rsockets (connections made and accepted, sockets handed to the kernel, bytes), so a
+/// test or a user can tell RDMA carried the traffic.
+fn report() {
+    let Some(to) = std::env::var_os("SRDMA_RS_REPORT").filter(|v| !v.is_empty()) else {
+        return;
+    };
+    let prog = std::env::args().next().unwrap_or_default();
+    let c = &COUNTS;
+    let line = format!(
+        "srdma-rspreload: pid={} prog={} connected={} accepted={} to_kernel={} sent={} received={}\n",
+        PID.load(Ordering::Acquire),
+        prog,
+        rsocket::CONNECTED.load(Ordering::Relaxed),
+        c.accepted.load(Ordering::Relaxed),
+        c.to_kernel.load(Ordering::Relaxed),
+        c.sent.load(Ordering::Relaxed),
+        c.received.load(Ordering::Relaxed),
+    );
+    if to == "-" {
+        eprint!("{line}");
+    } else {
+        use std::io::Write;
+        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(&to) {
+            let _ = f.write_all(line.as_bytes());
+        }
+    }
+}
+
 extern "C" fn at_exit() {
+    if CHILD.load(Ordering::Acquire) {
+        return;
+    }
+    report();
     let pid = PID.load(Ordering::Acquire);
     let socks: Vec<Arc<Rsock>> = with_table(|m| {
         m.values()

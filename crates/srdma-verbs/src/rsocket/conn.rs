@@ -143,6 +143,8 @@ pub(super) struct Conn {
     pub(super) error: bool,
     /// The peer stopped sending (its shutdown or disconnect message came).
     pub(super) peer_done: bool,
+    /// This side shut its writing down (`shutdown` SHUT_WR or SHUT_RDWR).
+    pub(super) shut_wr: bool,
     /// The peer is big-endian (or we are and it is not): `rs_sge`s in band are swapped.
     swap: bool,
     ctrl_seqno: u32,
@@ -205,6 +207,7 @@ impl Conn {
             connected: true,
             error: false,
             peer_done: false,
+            shut_wr: false,
             swap: peer_net != cfg!(target_endian = "big"),
             ctrl_seqno: 0,
             ctrl_max_seqno: CTRL_SIZE,

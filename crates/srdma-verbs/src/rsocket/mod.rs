@@ -204,6 +204,9 @@ struct Sock {
     sndtimeo: Option<Duration>,
     /// `SO_ERROR`.
     err: c_int,
+    /// A background connect succeeded and no `connect` call has been told yet: the next
+    /// one returns 0 (as the kernel's), later ones EISCONN.
+    untold: bool,
     state: State,
 }
 
@@ -569,12 +572,17 @@ fn do_connect(
         }
         let v6 = st.peer.is_some_and(|a| a.is_ipv6());
         st.local = Some(as_family(SocketAddr::new(cm_dev.addr, src_port), v6));
+        st.untold = matches!(st.state, State::Connecting);
         st.state = State::Connected(Box::new(conn));
     }
     reactor.attach(qpn, rs);
+    CONNECTED.fetch_add(1, Ordering::Relaxed);
     rs.bump();
     Ok(())
 }
+
+/// Connections this process made (the preload's report).
+pub(crate) static CONNECTED: AtomicU64 = AtomicU64::new(0);
 
 /// Connects `rs` to `dst`; `timeout` bounds the CM exchange.
 pub(crate) fn connect(
@@ -594,7 +602,9 @@ pub(crate) fn connect(
     };
     let (local, sizes) = {
         let mut st = lock(&rs.st);
+        let st = &mut *st;
         match st.state {
+            State::Connected(_) if std::mem::take(&mut st.untold) => return Ok(()),
             State::Connected(_) => return Err(libc::EISCONN),
             State::Connecting => return Err(libc::EALREADY),
             State::Listening => return Err(libc::EISCONN),
@@ -976,7 +986,11 @@ pub(crate) fn shutdown(rs: &Rsock, how: c_int) -> Result<(), c_int> {
         };
         if !c.connected {
             match how {
-                libc::SHUT_RD | libc::SHUT_WR | libc::SHUT_RDWR => None,
+                libc::SHUT_RD => None,
+                libc::SHUT_WR | libc::SHUT_RDWR => {
+                    c.shut_wr = true;
+                    None
+                }
                 _ => return Err(libc::EINVAL),
             }
         } else {
@@ -984,10 +998,12 @@ pub(crate) fn shutdown(rs: &Rsock, how: c_int) -> Result<(), c_int> {
                 libc::SHUT_RDWR => {
                     c.readable = false;
                     c.writable = false;
+                    c.shut_wr = true;
                     Some(CTRL_DISCONNECT)
                 }
                 libc::SHUT_WR => {
                     c.writable = false;
+                    c.shut_wr = true;
                     Some(if c.readable {
                         CTRL_SHUTDOWN
                     } else {
@@ -1111,6 +1127,29 @@ pub(crate) fn readiness(rs: &Rsock) -> i16 {
         }
         State::Connecting => 0,
         State::Done => libc::POLLNVAL,
+        State::Connected(c) if rs.fd.is_none() => {
+            // The preload's sockets, as a kernel TCP socket polls: the peer's close is the
+            // end of the stream (IN, RDHUP) and leaves the socket writable (a write fails
+            // with EPIPE at once); HUP once both directions are shut, ERR on an error.
+            let mut r = 0;
+            if c.have_rdata() || !c.readable {
+                r |= libc::POLLIN;
+            }
+            if c.peer_done {
+                r |= libc::POLLRDHUP;
+            }
+            if !c.shut_wr && (!c.connected || (c.writable && c.can_send())) {
+                r |= libc::POLLOUT;
+            }
+            if c.error {
+                r |= libc::POLLERR | libc::POLLHUP;
+            } else if !c.connected && (c.shut_wr || c.peer_done) && !c.have_rdata() {
+                if c.shut_wr && c.peer_done {
+                    r |= libc::POLLHUP;
+                }
+            }
+            r
+        }
         State::Connected(c) => {
             let mut r = 0;
             if c.have_rdata() || !c.readable {
@@ -1142,6 +1181,17 @@ pub(crate) fn readiness(rs: &Rsock) -> i16 {
 /// has its kernel socket's readiness) and not handed over.
 pub(crate) fn is_active(rs: &Rsock) -> bool {
     !matches!(lock(&rs.st).state, State::Idle | State::Done)
+}
+
+/// `connect` on a connected socket: 0 the first time after a background connect
+/// succeeded (as the kernel's), EISCONN after that.
+pub(crate) fn connect_again(rs: &Rsock) -> Result<(), c_int> {
+    let mut st = lock(&rs.st);
+    if std::mem::take(&mut st.untold) {
+        Ok(())
+    } else {
+        Err(libc::EISCONN)
+    }
 }
 
 /// Whether a connect runs in the background.
