@@ -127,6 +127,6 @@ for i, (n, note) in enumerate(names):
     print(f"{n:34} {rng(t):>24} {rng(r):>26} {ratio:>7.2f}  ({note})")
 EOF
 echo "rsockets reports (every process, the kernel sockets they fell back to: to_kernel):"
-grep -c "to_kernel=0" "$OUT/report" | sed 's/^/  processes with no fallback: /'
-grep -v "to_kernel=0" "$OUT/report" | grep -v "connected=0 accepted=0" | sed 's/^/  /' || true
+grep -c "fallbacks=0" "$OUT/report" | sed 's/^/  processes with no fallback: /'
+grep -v "fallbacks=0" "$OUT/report" | grep -v "connected=0 accepted=0" | sed 's/^/  /' || true
 rm -rf "$OUT"

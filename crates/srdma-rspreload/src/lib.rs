@@ -617,7 +617,9 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: usize) -> isize {
     // SAFETY: as called.
     unsafe {
         match rs(fd) {
-            Some(h) => enter(|| (h.recvfrom)(fd, buf, n, 0, std::ptr::null_mut(), std::ptr::null_mut())),
+            Some(h) => {
+                enter(|| (h.recvfrom)(fd, buf, n, 0, std::ptr::null_mut(), std::ptr::null_mut()))
+            }
             None => (pass().real.read)(fd, buf, n),
         }
     }
@@ -649,7 +651,14 @@ pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: usize, flags: c_in
     unsafe {
         match rs(fd) {
             Some(h) => enter(|| {
-                (h.recvfrom)(fd, buf, n, flags, std::ptr::null_mut(), std::ptr::null_mut())
+                (h.recvfrom)(
+                    fd,
+                    buf,
+                    n,
+                    flags,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                )
             }),
             None => (pass().recv)(fd, buf, n, flags),
         }
@@ -1147,14 +1156,24 @@ pub unsafe extern "C" fn open64(path: *const c_char, flags: c_int, mode: libc::c
 
 /// `openat(2)`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn openat(dir: c_int, path: *const c_char, flags: c_int, mode: libc::c_uint) -> c_int {
+pub unsafe extern "C" fn openat(
+    dir: c_int,
+    path: *const c_char,
+    flags: c_int,
+    mode: libc::c_uint,
+) -> c_int {
     // SAFETY: as called.
     relocate(unsafe { (pass().openat)(dir, path, flags, mode) })
 }
 
 /// `openat64`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn openat64(dir: c_int, path: *const c_char, flags: c_int, mode: libc::c_uint) -> c_int {
+pub unsafe extern "C" fn openat64(
+    dir: c_int,
+    path: *const c_char,
+    flags: c_int,
+    mode: libc::c_uint,
+) -> c_int {
     // SAFETY: as called.
     relocate(unsafe { (pass().openat64)(dir, path, flags, mode) })
 }

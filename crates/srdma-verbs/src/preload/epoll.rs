@@ -370,6 +370,24 @@ fn src_of(fd: c_int) -> Src {
     }
 }
 
+/// [`wait::poll`] over `fds`, looking again at what stands behind them whenever a socket
+/// was handed to the kernel meanwhile.
+fn poll_again(
+    fds: &mut [libc::pollfd],
+    timeout: Option<Duration>,
+    mask: Option<&sigset_t>,
+) -> Result<c_int, c_int> {
+    let deadline = timeout.map(|t| Instant::now() + t);
+    loop {
+        let srcs: Vec<Src> = fds.iter().map(|p| src_of(p.fd)).collect();
+        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        match wait::poll(fds, &srcs, left, mask) {
+            Err(wait::RESTART) => continue,
+            r => return r,
+        }
+    }
+}
+
 pub(super) unsafe extern "C" fn ppoll(
     fds: *mut libc::pollfd,
     nfds: libc::nfds_t,
@@ -394,10 +412,9 @@ pub(super) unsafe extern "C" fn ppoll(
             // SAFETY: the kernel's ppoll, as called.
             return unsafe { (real().ppoll)(fds, nfds, ts, sigmask) };
         }
-        let srcs: Vec<Src> = all.iter().map(|p| src_of(p.fd)).collect();
         // SAFETY: the caller's signal mask, if any.
         let mask = (!sigmask.is_null()).then(|| unsafe { &*sigmask });
-        match wait::poll(all, &srcs, timeout, mask) {
+        match poll_again(all, timeout, mask) {
             Ok(n) => n,
             Err(e) => fail(e),
         }
@@ -450,10 +467,9 @@ pub(super) unsafe extern "C" fn pselect(
             Err(e) => return fail(e),
         };
         let start = Instant::now();
-        let srcs: Vec<Src> = fds.iter().map(|p| src_of(p.fd)).collect();
         // SAFETY: the caller's signal mask, if any.
         let mask = (!sigmask.is_null()).then(|| unsafe { &*sigmask });
-        let r = wait::poll(&mut fds, &srcs, timeout, mask);
+        let r = poll_again(&mut fds, timeout, mask);
         if update && !ts.is_null() {
             let left = timeout.map_or(Duration::ZERO, |t| t.saturating_sub(start.elapsed()));
             // SAFETY: the caller's timeout, which select updates.

@@ -277,8 +277,9 @@ const ZERO: libc::timespec = libc::timespec {
     tv_nsec: 0,
 };
 
-/// Gives `e` to the kernel and connects its kernel socket `fd` to `addr`: the kernel's
-/// result and errno are the program's.
+/// Connects `e`'s kernel socket `fd` to `addr` and gives `e` to the kernel: the kernel's
+/// result and errno are the program's. (The connect comes first, so that nobody sees the
+/// kernel socket in between, unconnected.)
 ///
 /// # Safety
 /// `addr` valid for `len` bytes.
@@ -288,9 +289,13 @@ unsafe fn kernel_connect(
     addr: *const sockaddr,
     len: socklen_t,
 ) -> c_int {
-    to_kernel(e);
     // SAFETY: per the contract.
-    unsafe { (real().connect)(fd, addr, len) }
+    let r = unsafe { (real().connect)(fd, addr, len) };
+    let err = errno();
+    super::COUNTS.fallbacks.fetch_add(1, Ordering::Relaxed);
+    to_kernel(e);
+    crate::set_errno(err);
+    r
 }
 
 unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
@@ -630,7 +635,9 @@ fn sent(r: Result<usize, c_int>, flags: c_int) -> isize {
 fn received(r: Result<usize, c_int>) -> isize {
     match r {
         Ok(n) => {
-            super::COUNTS.received.fetch_add(n as u64, Ordering::Relaxed);
+            super::COUNTS
+                .received
+                .fetch_add(n as u64, Ordering::Relaxed);
             n as isize
         }
         Err(e) => fail(e),

@@ -254,7 +254,11 @@ extern "C" fn at_fork_child() {
 /// What the process did, for `SRDMA_RS_REPORT`.
 pub(crate) struct Counts {
     pub(crate) accepted: AtomicU64,
+    /// Sockets handed to the kernel (an address or family no device has, a listener that
+    /// could not listen on rsockets, a connect that fell back).
     pub(crate) to_kernel: AtomicU64,
+    /// Connects that fell back to the kernel (no rsocket peer there).
+    pub(crate) fallbacks: AtomicU64,
     pub(crate) sent: AtomicU64,
     pub(crate) received: AtomicU64,
 }
@@ -262,13 +266,15 @@ pub(crate) struct Counts {
 pub(crate) static COUNTS: Counts = Counts {
     accepted: AtomicU64::new(0),
     to_kernel: AtomicU64::new(0),
+    fallbacks: AtomicU64::new(0),
     sent: AtomicU64::new(0),
     received: AtomicU64::new(0),
 };
 
 /// `SRDMA_RS_REPORT=FILE` (or `-` for stderr): at exit, one line of what the process did
-/// on rsockets (connections made and accepted, sockets handed to the kernel, bytes), so a
-/// test or a user can tell RDMA carried the traffic.
+/// on rsockets (connections made and accepted, connects that fell back to the kernel, all
+/// sockets handed to the kernel, bytes), so a test or a user can tell RDMA carried the
+/// traffic.
 fn report() {
     let Some(to) = std::env::var_os("SRDMA_RS_REPORT").filter(|v| !v.is_empty()) else {
         return;
@@ -276,11 +282,12 @@ fn report() {
     let prog = std::env::args().next().unwrap_or_default();
     let c = &COUNTS;
     let line = format!(
-        "srdma-rspreload: pid={} prog={} connected={} accepted={} to_kernel={} sent={} received={}\n",
+        "srdma-rspreload: pid={} prog={} connected={} accepted={} fallbacks={} to_kernel={} sent={} received={}\n",
         PID.load(Ordering::Acquire),
         prog,
         rsocket::CONNECTED.load(Ordering::Relaxed),
         c.accepted.load(Ordering::Relaxed),
+        c.fallbacks.load(Ordering::Relaxed),
         c.to_kernel.load(Ordering::Relaxed),
         c.sent.load(Ordering::Relaxed),
         c.received.load(Ordering::Relaxed),
@@ -289,7 +296,11 @@ fn report() {
         eprint!("{line}");
     } else {
         use std::io::Write;
-        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(&to) {
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&to)
+        {
             let _ = f.write_all(line.as_bytes());
         }
     }

@@ -1138,7 +1138,8 @@ pub(crate) fn readiness(rs: &Rsock) -> i16 {
             if c.peer_done {
                 r |= libc::POLLRDHUP;
             }
-            if !c.shut_wr && (!c.connected || (c.writable && c.can_send())) {
+            // Writable also when a write would fail at once (EPIPE), as the kernel says.
+            if c.shut_wr || !c.connected || (c.writable && c.can_send()) {
                 r |= libc::POLLOUT;
             }
             if c.error {
@@ -1192,6 +1193,12 @@ pub(crate) fn connect_again(rs: &Rsock) -> Result<(), c_int> {
     } else {
         Err(libc::EISCONN)
     }
+}
+
+/// Whether a preload socket is done as an rsocket (closed, or handed to the kernel): its
+/// kernel socket answers for it now.
+pub(crate) fn handed_over(rs: &Rsock) -> bool {
+    rs.fd.is_none() && matches!(lock(&rs.st).state, State::Done)
 }
 
 /// Whether a connect runs in the background.

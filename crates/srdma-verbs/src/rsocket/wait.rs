@@ -209,8 +209,12 @@ pub(crate) fn wait_loop(
     }
 }
 
+/// What [`poll`] returns when a preload socket among its descriptors was handed to the
+/// kernel meanwhile: the caller looks at what stands behind each descriptor again.
+pub(crate) const RESTART: c_int = libc::ERESTART;
+
 /// poll(2) over `fds`, where `srcs[i]` says what stands behind `fds[i]`. Returns the number
-/// of descriptors with events, as poll does.
+/// of descriptors with events, as poll does ([`RESTART`]: see there).
 pub(crate) fn poll(
     fds: &mut [libc::pollfd],
     srcs: &[Src],
@@ -252,7 +256,11 @@ pub(crate) fn poll(
                 let mut r = kre[i];
                 if let Some(rs) = srcs[i].rsock() {
                     let mask = p.events | libc::POLLERR | libc::POLLHUP | libc::POLLNVAL;
-                    r |= readiness(rs) & mask;
+                    let got = readiness(rs);
+                    if got & libc::POLLNVAL != 0 && super::handed_over(rs) {
+                        return Err(RESTART);
+                    }
+                    r |= got & mask;
                 }
                 if p.fd < 0 {
                     r = 0;
