@@ -92,15 +92,25 @@ fn next(name: &str) -> Option<*mut c_void> {
     (!p.is_null()).then_some(p)
 }
 
-/// The C library's `name`, which every Linux C library has.
-macro_rules! must {
-    ($name:literal) => {{
-        match next($name) {
-            // SAFETY: the C library's function of that name has the declared type.
-            Some(p) => unsafe { std::mem::transmute::<*mut c_void, _>(p) },
-            None => missing($name),
-        }
-    }};
+/// The C library's `name`, which every Linux C library has, as function pointer type `F`.
+///
+/// # Safety
+/// `F` is the type of the C library's function of that name.
+unsafe fn must<F>(name: &str) -> F {
+    let p = next(name).unwrap_or_else(|| missing(name));
+    // SAFETY: per the contract, `F` is a function pointer of the symbol's type (the same
+    // size as the address dlsym gave).
+    unsafe { as_fn(p) }
+}
+
+/// The address `p` as function pointer type `F`.
+///
+/// # Safety
+/// `F` is a function pointer type, of the function at `p`.
+unsafe fn as_fn<F>(p: *mut c_void) -> F {
+    assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<*mut c_void>());
+    // SAFETY: per the contract.
+    unsafe { std::mem::transmute_copy::<*mut c_void, F>(&p) }
 }
 
 fn missing(name: &str) -> ! {
@@ -112,69 +122,65 @@ fn missing(name: &str) -> ! {
 
 fn pass() -> &'static Pass {
     static P: OnceLock<Pass> = OnceLock::new();
-    P.get_or_init(|| Pass {
-        real: Real {
-            socket: must!("socket"),
-            bind: must!("bind"),
-            listen: must!("listen"),
-            accept4: must!("accept4"),
-            connect: must!("connect"),
-            close: must!("close"),
-            dup: must!("dup"),
-            dup2: must!("dup2"),
-            dup3: must!("dup3"),
-            fcntl: must!("fcntl"),
-            ioctl: must!("ioctl"),
-            getsockopt: must!("getsockopt"),
-            setsockopt: must!("setsockopt"),
-            getsockname: must!("getsockname"),
-            getpeername: must!("getpeername"),
-            shutdown: must!("shutdown"),
-            ppoll: must!("ppoll"),
-            epoll_ctl: must!("epoll_ctl"),
-            epoll_pwait: must!("epoll_pwait"),
-            read: must!("read"),
-            write: must!("write"),
-            recvfrom: must!("recvfrom"),
-            sendto: must!("sendto"),
-            recvmsg: must!("recvmsg"),
-            sendmsg: must!("sendmsg"),
-            readv: must!("readv"),
-            writev: must!("writev"),
-            sendfile: must!("sendfile"),
-        },
-        accept: must!("accept"),
-        recv: must!("recv"),
-        send: must!("send"),
-        poll: must!("poll"),
-        select: must!("select"),
-        pselect: must!("pselect"),
-        epoll_wait: must!("epoll_wait"),
-        // SAFETY: the C library's function of that name has the declared type.
-        epoll_pwait2: next("epoll_pwait2").map(|p| unsafe { std::mem::transmute(p) }),
-        fcntl64: next("fcntl64").map_or_else(
-            // SAFETY: fcntl has the same type.
-            || unsafe {
-                std::mem::transmute::<*mut c_void, _>(
-                    next("fcntl").unwrap_or_else(|| missing("fcntl")),
-                )
+    // SAFETY: each field's type is the C library's function of the name it is looked up by.
+    P.get_or_init(|| unsafe {
+        Pass {
+            real: Real {
+                socket: must("socket"),
+                bind: must("bind"),
+                listen: must("listen"),
+                accept4: must("accept4"),
+                connect: must("connect"),
+                close: must("close"),
+                dup: must("dup"),
+                dup2: must("dup2"),
+                dup3: must("dup3"),
+                fcntl: must("fcntl"),
+                ioctl: must("ioctl"),
+                getsockopt: must("getsockopt"),
+                setsockopt: must("setsockopt"),
+                getsockname: must("getsockname"),
+                getpeername: must("getpeername"),
+                shutdown: must("shutdown"),
+                ppoll: must("ppoll"),
+                epoll_ctl: must("epoll_ctl"),
+                epoll_pwait: must("epoll_pwait"),
+                read: must("read"),
+                write: must("write"),
+                recvfrom: must("recvfrom"),
+                sendto: must("sendto"),
+                recvmsg: must("recvmsg"),
+                sendmsg: must("sendmsg"),
+                readv: must("readv"),
+                writev: must("writev"),
+                sendfile: must("sendfile"),
             },
-            // SAFETY: the C library's function of that name has the declared type.
-            |p| unsafe { std::mem::transmute(p) },
-        ),
-        // SAFETY: the C library's function of that name has the declared type.
-        chk_fail: next("__chk_fail").map(|p| unsafe { std::mem::transmute(p) }),
-        socketpair: must!("socketpair"),
-        eventfd: must!("eventfd"),
-        memfd_create: must!("memfd_create"),
-        pipe: must!("pipe"),
-        pipe2: must!("pipe2"),
-        epoll_create: must!("epoll_create"),
-        epoll_create1: must!("epoll_create1"),
-        open: must!("open"),
-        open64: must!("open64"),
-        openat: must!("openat"),
-        openat64: must!("openat64"),
+            accept: must("accept"),
+            recv: must("recv"),
+            send: must("send"),
+            poll: must("poll"),
+            select: must("select"),
+            pselect: must("pselect"),
+            epoll_wait: must("epoll_wait"),
+            epoll_pwait2: next("epoll_pwait2").map(|p| as_fn(p)),
+            fcntl64: as_fn(
+                next("fcntl64")
+                    .or_else(|| next("fcntl"))
+                    .unwrap_or_else(|| missing("fcntl")),
+            ),
+            chk_fail: next("__chk_fail").map(|p| as_fn(p)),
+            socketpair: must("socketpair"),
+            eventfd: must("eventfd"),
+            memfd_create: must("memfd_create"),
+            pipe: must("pipe"),
+            pipe2: must("pipe2"),
+            epoll_create: must("epoll_create"),
+            epoll_create1: must("epoll_create1"),
+            open: must("open"),
+            open64: must("open64"),
+            openat: must("openat"),
+            openat64: must("openat64"),
+        }
     })
 }
 
@@ -387,6 +393,7 @@ fn ts_ptr(t: &Option<timespec>) -> *const timespec {
 // ---------------------------------------------------------------------------------------
 // The C library's socket functions.
 
+/// The C library's `socket`: srdma's for its descriptors, the C library's for the rest.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
     let base = ty & !(libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK);
@@ -402,6 +409,7 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_
     relocate(unsafe { (pass().real.socket)(domain, ty, protocol) })
 }
 
+/// The C library's `bind`: srdma's for its descriptors, the C library's for the rest.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
     // SAFETY: as called.
@@ -413,6 +421,7 @@ pub unsafe extern "C" fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) 
     }
 }
 
+/// The C library's `listen`: srdma's for its descriptors, the C library's for the rest.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
     // SAFETY: as called.
@@ -424,6 +433,7 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
     }
 }
 
+/// The C library's `accept`: srdma's for its descriptors, the C library's for the rest.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
     // SAFETY: as called.
@@ -435,6 +445,7 @@ pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut sockle
     }
 }
 
+/// The C library's `accept4`: srdma's for its descriptors, the C library's for the rest.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn accept4(
     fd: c_int,
@@ -451,6 +462,7 @@ pub unsafe extern "C" fn accept4(
     }
 }
 
+/// The C library's `connect`: srdma's for its descriptors, the C library's for the rest.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
     // SAFETY: as called.
@@ -462,6 +474,7 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
     }
 }
 
+/// The C library's `close`: srdma's for its descriptors, the C library's for the rest.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     // SAFETY: as called.
@@ -473,6 +486,7 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     }
 }
 
+/// The C library's `dup`: srdma's for its descriptors, the C library's for the rest.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
     // SAFETY: as called.
@@ -484,6 +498,7 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
     }
 }
 
+/// The C library's `dup2`: srdma's for its descriptors, the C library's for the rest.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn dup2(fd: c_int, nfd: c_int) -> c_int {
     // SAFETY: as called.
@@ -495,6 +510,7 @@ pub unsafe extern "C" fn dup2(fd: c_int, nfd: c_int) -> c_int {
     }
 }
 
+/// The C library's `dup3`: srdma's for its descriptors, the C library's for the rest.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn dup3(fd: c_int, nfd: c_int, flags: c_int) -> c_int {
     if flags == -1 {
@@ -512,6 +528,7 @@ pub unsafe extern "C" fn dup3(fd: c_int, nfd: c_int, flags: c_int) -> c_int {
     }
 }
 
+/// The C library's `fcntl`: srdma's for its descriptors, the C library's for the rest.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
     // SAFETY: as called.
@@ -523,6 +540,7 @@ pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
     }
 }
 
+/// The C library's `fcntl64`: srdma's for its descriptors, the C library's for the rest.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
     // SAFETY: as called.
@@ -534,6 +552,7 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
     }
 }
 
+/// The C library's `ioctl`: srdma's for its descriptors, the C library's for the rest.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_int {
     // SAFETY: as called.
@@ -545,6 +564,7 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_i
     }
 }
 
+/// The C library's `getsockopt`: srdma's for its descriptors, the C library's for the rest.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn getsockopt(
     fd: c_int,
@@ -562,6 +582,7 @@ pub unsafe extern "C" fn getsockopt(
     }
 }
 
+/// The C library's `setsockopt`: srdma's for its descriptors, the C library's for the rest.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn setsockopt(
     fd: c_int,
@@ -579,6 +600,7 @@ pub unsafe extern "C" fn setsockopt(
     }
 }
 
+/// The C library's `getsockname`: srdma's for its descriptors, the C library's for the rest.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
     // SAFETY: as called.
@@ -590,6 +612,7 @@ pub unsafe extern "C" fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut s
     }
 }
 
+/// The C library's `getpeername`: srdma's for its descriptors, the C library's for the rest.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
     // SAFETY: as called.
@@ -601,6 +624,7 @@ pub unsafe extern "C" fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut s
     }
 }
 
+/// The C library's `shutdown`: srdma's for its descriptors, the C library's for the rest.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
     // SAFETY: as called.
@@ -612,6 +636,7 @@ pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
     }
 }
 
+/// The C library's `read`: srdma's for its descriptors, the C library's for the rest.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: usize) -> isize {
     // SAFETY: as called.
@@ -625,6 +650,7 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: usize) -> isize {
     }
 }
 
+/// The C library's `__read_chk`: srdma's for its descriptors, the C library's for the rest.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __read_chk(fd: c_int, buf: *mut c_void, n: usize, buflen: usize) -> isize {
     if n > buflen {
@@ -634,6 +660,7 @@ pub unsafe extern "C" fn __read_chk(fd: c_int, buf: *mut c_void, n: usize, bufle
     unsafe { read(fd, buf, n) }
 }
 
+/// The C library's `write`: srdma's for its descriptors, the C library's for the rest.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: usize) -> isize {
     // SAFETY: as called.
@@ -645,6 +672,7 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: usize) -> isize
     }
 }
 
+/// The C library's `recv`: srdma's for its descriptors, the C library's for the rest.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: usize, flags: c_int) -> isize {
     // SAFETY: as called.
@@ -665,6 +693,7 @@ pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: usize, flags: c_in
     }
 }
 
+/// The C library's `__recv_chk`: srdma's for its descriptors, the C library's for the rest.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __recv_chk(
     fd: c_int,
@@ -680,6 +709,7 @@ pub unsafe extern "C" fn __recv_chk(
     unsafe { recv(fd, buf, n, flags) }
 }
 
+/// The C library's `recvfrom`: srdma's for its descriptors, the C library's for the rest.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn recvfrom(
     fd: c_int,
@@ -698,6 +728,7 @@ pub unsafe extern "C" fn recvfrom(
     }
 }
 
+/// The C library's `__recvfrom_chk`: srdma's for its descriptors, the C library's for the rest.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __recvfrom_chk(
     fd: c_int,
@@ -715,6 +746,7 @@ pub unsafe extern "C" fn __recvfrom_chk(
     unsafe { recvfrom(fd, buf, n, flags, addr, alen) }
 }
 
+/// The C library's `send`: srdma's for its descriptors, the C library's for the rest.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: usize, flags: c_int) -> isize {
     // SAFETY: as called.
@@ -726,6 +758,7 @@ pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: usize, flags: c_
     }
 }
 
+/// The C library's `sendto`: srdma's for its descriptors, the C library's for the rest.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn sendto(
     fd: c_int,
@@ -744,6 +777,7 @@ pub unsafe extern "C" fn sendto(
     }
 }
 
+/// The C library's `recvmsg`: srdma's for its descriptors, the C library's for the rest.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> isize {
     // SAFETY: as called.
@@ -784,6 +818,7 @@ unsafe fn relocate_rights(msg: *mut msghdr) {
     }
 }
 
+/// The C library's `sendmsg`: srdma's for its descriptors, the C library's for the rest.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> isize {
     // SAFETY: as called.
@@ -795,6 +830,7 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) ->
     }
 }
 
+/// The C library's `readv`: srdma's for its descriptors, the C library's for the rest.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> isize {
     // SAFETY: as called.
@@ -806,6 +842,7 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const libc::iovec, cnt: c_int) -
     }
 }
 
+/// The C library's `writev`: srdma's for its descriptors, the C library's for the rest.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> isize {
     // SAFETY: as called.
@@ -817,6 +854,7 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const libc::iovec, cnt: c_int) 
     }
 }
 
+/// The C library's `sendfile`: srdma's for its descriptors, the C library's for the rest.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn sendfile(out: c_int, input: c_int, off: *mut i64, n: usize) -> isize {
     // SAFETY: as called.
@@ -828,6 +866,7 @@ pub unsafe extern "C" fn sendfile(out: c_int, input: c_int, off: *mut i64, n: us
     }
 }
 
+/// The C library's `sendfile64`: srdma's for its descriptors, the C library's for the rest.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn sendfile64(out: c_int, input: c_int, off: *mut i64, n: usize) -> isize {
     // SAFETY: as called (off_t is off64_t on 64-bit Linux).
@@ -847,6 +886,7 @@ unsafe fn any_poll(fds: *const pollfd, n: nfds_t) -> bool {
     all.iter().any(|p| marked(p.fd) != 0)
 }
 
+/// The C library's `poll`: srdma's for its descriptors, the C library's for the rest.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
     // SAFETY: as called.
@@ -861,6 +901,7 @@ pub unsafe extern "C" fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_
     }
 }
 
+/// The C library's `__poll_chk`: srdma's for its descriptors, the C library's for the rest.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __poll_chk(
     fds: *mut pollfd,
@@ -875,6 +916,7 @@ pub unsafe extern "C" fn __poll_chk(
     unsafe { poll(fds, n, timeout) }
 }
 
+/// The C library's `ppoll`: srdma's for its descriptors, the C library's for the rest.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ppoll(
     fds: *mut pollfd,
@@ -891,6 +933,7 @@ pub unsafe extern "C" fn ppoll(
     }
 }
 
+/// The C library's `__ppoll_chk`: srdma's for its descriptors, the C library's for the rest.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __ppoll_chk(
     fds: *mut pollfd,
@@ -921,6 +964,7 @@ unsafe fn any_select(n: c_int, sets: [*mut fd_set; 3]) -> bool {
     })
 }
 
+/// The C library's `select`: srdma's for its descriptors, the C library's for the rest.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn select(
     n: c_int,
@@ -955,6 +999,7 @@ pub unsafe extern "C" fn select(
     }
 }
 
+/// The C library's `pselect`: srdma's for its descriptors, the C library's for the rest.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn pselect(
     n: c_int,
@@ -977,6 +1022,7 @@ pub unsafe extern "C" fn pselect(
     }
 }
 
+/// The C library's `epoll_ctl`: srdma's for its descriptors, the C library's for the rest.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn epoll_ctl(
     epfd: c_int,
@@ -1004,6 +1050,7 @@ fn epoll_set(epfd: c_int) -> Option<&'static Hooks> {
     }
 }
 
+/// The C library's `epoll_wait`: srdma's for its descriptors, the C library's for the rest.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn epoll_wait(
     epfd: c_int,
@@ -1023,6 +1070,7 @@ pub unsafe extern "C" fn epoll_wait(
     }
 }
 
+/// The C library's `epoll_pwait`: srdma's for its descriptors, the C library's for the rest.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn epoll_pwait(
     epfd: c_int,
@@ -1043,6 +1091,7 @@ pub unsafe extern "C" fn epoll_pwait(
     }
 }
 
+/// The C library's `epoll_pwait2`: srdma's for its descriptors, the C library's for the rest.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn epoll_pwait2(
     epfd: c_int,

@@ -1081,9 +1081,10 @@ pub(crate) fn close(rs: &Arc<Rsock>, linger: Duration, background: bool) {
 
 /// Runs `f` on the reaper thread (the CM's disconnect, which may wait for an absent peer).
 fn reap(f: Box<dyn FnOnce() + Send>) {
-    static TX: OnceLock<Mutex<std::sync::mpsc::Sender<Box<dyn FnOnce() + Send>>>> = OnceLock::new();
+    type Job = Box<dyn FnOnce() + Send>;
+    static TX: OnceLock<Mutex<std::sync::mpsc::Sender<Job>>> = OnceLock::new();
     let tx = TX.get_or_init(|| {
-        let (tx, rx) = std::sync::mpsc::channel::<Box<dyn FnOnce() + Send>>();
+        let (tx, rx) = std::sync::mpsc::channel::<Job>();
         let _ = spawn_quiet("srdma-rs-reap", move || {
             while let Ok(f) = rx.recv() {
                 f();
@@ -1144,10 +1145,8 @@ pub(crate) fn readiness(rs: &Rsock) -> i16 {
             }
             if c.error {
                 r |= libc::POLLERR | libc::POLLHUP;
-            } else if !c.connected && (c.shut_wr || c.peer_done) && !c.have_rdata() {
-                if c.shut_wr && c.peer_done {
-                    r |= libc::POLLHUP;
-                }
+            } else if !c.connected && c.shut_wr && c.peer_done && !c.have_rdata() {
+                r |= libc::POLLHUP;
             }
             r
         }
