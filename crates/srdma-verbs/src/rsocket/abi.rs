@@ -256,8 +256,9 @@ pub unsafe extern "C" fn raccept(
     })
 }
 
-/// `rconnect`: connects (also on a non-blocking socket, before returning: 0, never
-/// EINPROGRESS); ECONNREFUSED when rejected, ETIMEDOUT without an answer.
+/// `rconnect`: connects before returning; a non-blocking socket returns EINPROGRESS and
+/// connects in the background (`rpoll` reports POLLOUT, `SO_ERROR` the result).
+/// ECONNREFUSED when rejected, ETIMEDOUT without an answer.
 ///
 /// # Safety
 /// `addr` NULL or a valid sockaddr.
