@@ -32,7 +32,7 @@ cleanup() {
     ip netns del $NA 2>/dev/null || true
     ip netns del $NB 2>/dev/null || true
 }
-trap cleanup EXIT
+trap 'kill $(jobs -p) 2>/dev/null; cleanup' EXIT
 cleanup
 ip netns add $NA
 ip -n $NA link set lo up
@@ -57,64 +57,82 @@ pre() {
     if [ "$1" = rs ]; then P=(env SRDMA_RS_REPORT="$OUT/report" "$SRDMA" exec --rsockets); else P=(); fi
 }
 
+# Waits (10 s at most) until something listens on TCP port $1 in the server's namespace.
+wait_listen() {
+    for _ in $(seq 200); do
+        [ -n "$("${SRV[@]}" ss -Hltn "sport = :$1" 2>/dev/null)" ] && return 0
+        sleep 0.05
+    done
+    echo "nothing listens on $1" >&2
+    return 1
+}
+
+# Stops server $1 (its process group: srdma exec may have a child).
+stop() {
+    kill "$1" 2>/dev/null || true
+    wait "$1" 2>/dev/null || true
+}
+
+# Each run gets its own port ($2; the runs are subshells, so the caller counts).
 sockperf_run() {
-    local mode=$1
-    PORT=$((PORT + 1))
+    local mode=$1 PORT=$2
     pre $mode
     "${SRV[@]}" "${P[@]}" sockperf sr --tcp -i $ADDR -p $PORT >/dev/null 2>&1 &
     local s=$!
-    sleep 1
-    "${CLI[@]}" "${P[@]}" sockperf pp --tcp -i $ADDR -p $PORT -t $SECS 2>&1 |
-        sed -n 's/.*avg-latency=\([0-9.]*\).*/\1/p' | head -1
-    kill $s 2>/dev/null || true
-    wait $s 2>/dev/null || true
+    wait_listen $PORT
+    "${CLI[@]}" "${P[@]}" sockperf pp --tcp -i $ADDR -p $PORT -t $SECS >"$OUT/sockperf" 2>&1 || true
+    sed -n 's/.*avg-latency=\([0-9.]*\).*/\1/p' "$OUT/sockperf" | head -1
+    sed -n 's/.*percentile 50.000 = *\([0-9.]*\).*/\1/p' "$OUT/sockperf" | head -1 >"$OUT/p50"
+    grep -q avg-latency "$OUT/sockperf" || { echo "sockperf $mode failed:" >&2; tail -5 "$OUT/sockperf" >&2; }
+    stop $s
 }
 
 iperf_run() {
-    local mode=$1
-    PORT=$((PORT + 1))
+    local mode=$1 PORT=$2
     pre $mode
     "${SRV[@]}" "${P[@]}" iperf3 -s -1 -p $PORT >/dev/null 2>&1 &
     local s=$!
-    sleep 1
+    wait_listen $PORT
     "${CLI[@]}" "${P[@]}" iperf3 -c $ADDR -p $PORT -t $SECS -J 2>/dev/null |
         python3 -c "import json,sys; d=json.load(sys.stdin); print(round(d['end']['sum_received']['bits_per_second']/1e9, 2))"
-    wait $s 2>/dev/null || true
+    stop $s
 }
 
 redis_run() {
-    local mode=$1
-    PORT=$((PORT + 1))
+    local mode=$1 PORT=$2
     pre $mode
-    "${SRV[@]}" "${P[@]}" redis-server --port $PORT --save '' --appendonly no --bind $ADDR >/dev/null 2>&1 &
+    "${SRV[@]}" "${P[@]}" redis-server --port $PORT --save '' --appendonly no --protected-mode no --bind $ADDR >/dev/null 2>&1 &
     local s=$!
-    sleep 1
+    wait_listen $PORT
     "${CLI[@]}" "${P[@]}" redis-benchmark -h $ADDR -p $PORT -t get,set -n $REQS --csv 2>/dev/null |
         python3 -c "
 import csv, sys
 r = {row[0]: row[1] for row in csv.reader(sys.stdin) if len(row) > 1}
 print(r.get('SET', '0'), r.get('GET', '0'))"
-    "${CLI[@]}" redis-cli -h $ADDR -p $PORT shutdown nosave >/dev/null 2>&1 || kill $s 2>/dev/null || true
-    wait $s 2>/dev/null || true
+    "${CLI[@]}" redis-cli -h $ADDR -p $PORT shutdown nosave >/dev/null 2>&1 || true
+    stop $s
 }
 
 echo "srdma: $SRDMA; NET=$NET${NET:+ }$([ "$NET" = veth ] && echo "MTU=$MTU"); $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg)"
 declare -A R
 for i in $(seq "$ROUNDS"); do
     for mode in tcp rs; do
-        R[lat_$mode]+=" $(sockperf_run $mode)"
-        R[bw_$mode]+=" $(iperf_run $mode)"
-        read -r set get < <(redis_run $mode)
+        PORT=$((PORT + 3))
+        R[lat_$mode]+=" $(sockperf_run $mode $PORT)"
+        R[p50_$mode]+=" $(cat "$OUT/p50")"
+        R[bw_$mode]+=" $(iperf_run $mode $((PORT + 1)))"
+        read -r set get < <(redis_run $mode $((PORT + 2)))
         R[set_$mode]+=" $set"
         R[get_$mode]+=" $get"
-        echo "round $i $mode: sockperf ${R[lat_$mode]##* } us, iperf3 ${R[bw_$mode]##* } Gbit/s, redis SET $set GET $get req/s"
+        echo "round $i $mode: sockperf ${R[lat_$mode]##* } us (median ${R[p50_$mode]##* }), iperf3 ${R[bw_$mode]##* } Gbit/s, redis SET $set GET $get req/s"
     done
 done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
-python3 - "${R[lat_tcp]}" "${R[lat_rs]}" "${R[bw_tcp]}" "${R[bw_rs]}" "${R[set_tcp]}" "${R[set_rs]}" "${R[get_tcp]}" "${R[get_rs]}" <<'EOF'
+python3 - "${R[lat_tcp]}" "${R[lat_rs]}" "${R[p50_tcp]}" "${R[p50_rs]}" "${R[bw_tcp]}" "${R[bw_rs]}" "${R[set_tcp]}" "${R[set_rs]}" "${R[get_tcp]}" "${R[get_rs]}" <<'EOF'
 import statistics, sys
 v = [[float(x) for x in a.split()] for a in sys.argv[1:]]
 names = [("sockperf ping-pong latency (us)", "rsockets/TCP, lower is better"),
+         ("sockperf median latency (us)", "rsockets/TCP, lower is better"),
          ("iperf3 one stream (Gbit/s)", "rsockets/TCP"),
          ("redis-benchmark SET (req/s)", "rsockets/TCP"),
          ("redis-benchmark GET (req/s)", "rsockets/TCP")]

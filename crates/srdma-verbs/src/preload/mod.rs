@@ -282,7 +282,7 @@ fn report() {
     let prog = std::env::args().next().unwrap_or_default();
     let c = &COUNTS;
     let line = format!(
-        "srdma-rspreload: pid={} prog={} connected={} accepted={} fallbacks={} to_kernel={} sent={} received={}\n",
+        "srdma-rspreload: pid={} prog={} connected={} accepted={} fallbacks={} to_kernel={} sent={} received={} {}\n",
         PID.load(Ordering::Acquire),
         prog,
         rsocket::CONNECTED.load(Ordering::Relaxed),
@@ -291,6 +291,7 @@ fn report() {
         c.to_kernel.load(Ordering::Relaxed),
         c.sent.load(Ordering::Relaxed),
         c.received.load(Ordering::Relaxed),
+        rsocket::stats::summary(),
     );
     if to == "-" {
         eprint!("{line}");

@@ -73,6 +73,9 @@ const IOMAP_LEN: usize = 8 + SGE_LEN;
 const SNDLOWAT: u32 = 2048;
 const OLAP_START: u32 = 2048;
 const MAX_TRANSFER: u32 = 65536;
+/// The preload's sockets: larger transfers (fewer completions and credits per byte; the
+/// peer's buffer halves bound them anyway).
+const PRELOAD_MAX_TRANSFER: u32 = 1 << 20;
 /// `rs_conn_data`: version, flags, credits, 3 reserved, iomap size, two `rs_sge`.
 const CONN_DATA_LEN: usize = 8 + 2 * SGE_LEN;
 const CONN_FLAG_NET: u8 = 1;
@@ -365,8 +368,10 @@ fn wait_conn(
             }
         }
     };
-    let spin_until = Instant::now() + reactor::spin_time();
+    let start = Instant::now();
+    let spin_until = start + reactor::spin_time();
     let mut sleep: Option<Sleep> = None;
+    let mut slept = false;
     loop {
         reactor.progress();
         {
@@ -374,6 +379,7 @@ fn wait_conn(
             match &st.state {
                 State::Connected(c) => {
                     if test(c) {
+                        stats::waited(start.elapsed(), slept);
                         return Ok(());
                     }
                 }
@@ -388,7 +394,7 @@ fn wait_conn(
             return Err(libc::EAGAIN);
         }
         if now < spin_until {
-            std::hint::spin_loop();
+            reactor::spin_turn(now - start);
             continue;
         }
         let Some(s) = sleep.as_mut() else {
@@ -396,11 +402,53 @@ fn wait_conn(
             sleep = Some(Sleep::begin());
             continue;
         };
+        slept = true;
         if s.may_sleep(std::slice::from_ref(&reactor)) {
             let left = deadline.map_or(reactor::MAX_SLEEP, |d| d.saturating_duration_since(now));
             reactor.sleep(left)?;
         }
         s.again();
+    }
+}
+
+/// How long waits for a connection took (the preload's report, `SRDMA_RS_REPORT`).
+pub(crate) mod stats {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Duration;
+
+    /// Upper bounds (µs) of the buckets of waits that only spun; the last is open.
+    pub(crate) const BOUNDS: [u64; 7] = [2, 5, 10, 20, 50, 100, 200];
+    /// Waits that only spun, by duration.
+    pub(crate) static SPUN: [AtomicU64; 8] = [const { AtomicU64::new(0) }; 8];
+    /// Waits that slept, and their total time (ns).
+    pub(crate) static SLEPT: AtomicU64 = AtomicU64::new(0);
+    pub(crate) static SLEPT_NS: AtomicU64 = AtomicU64::new(0);
+
+    pub(super) fn waited(d: Duration, slept: bool) {
+        if slept {
+            SLEPT.fetch_add(1, Ordering::Relaxed);
+            SLEPT_NS.fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+        } else {
+            let us = d.as_micros() as u64;
+            let i = BOUNDS.iter().position(|&b| us < b).unwrap_or(BOUNDS.len());
+            SPUN[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// `waits=<2:N,<5:N,...,>=200:N slept=N/avg_us`
+    pub(crate) fn summary() -> String {
+        let mut s = String::from("waits=");
+        for (i, c) in SPUN.iter().enumerate() {
+            let label = match super::stats::BOUNDS.get(i) {
+                Some(b) => format!("<{b}"),
+                None => format!(">={}", BOUNDS[BOUNDS.len() - 1]),
+            };
+            s += &format!("{label}:{},", c.load(Ordering::Relaxed));
+        }
+        let n = SLEPT.load(Ordering::Relaxed);
+        let avg = SLEPT_NS.load(Ordering::Relaxed) / n.max(1) / 1000;
+        s += &format!("slept:{n}/{avg}us");
+        s
     }
 }
 
@@ -760,15 +808,24 @@ fn accept(rs: &Rsock) -> Result<Arc<Rsock>, c_int> {
 
 /// The size of the next transfer of `left` bytes: transfers start at 2 KiB and double up to
 /// 64 KiB, so that the first bytes leave early and later ones in large writes.
-fn next_xfer(olen: &mut u32, left: usize) -> u32 {
+fn next_xfer(olen: &mut u32, left: usize, max: u32) -> u32 {
     if (*olen as usize) < left {
         let x = *olen;
-        if *olen < MAX_TRANSFER {
+        if *olen < max {
             *olen <<= 1;
         }
         x
     } else {
         left as u32
+    }
+}
+
+/// The largest transfer of `rs`'s sends.
+fn max_transfer(rs: &Rsock) -> u32 {
+    if rs.fd.is_none() {
+        PRELOAD_MAX_TRANSFER
+    } else {
+        MAX_TRANSFER
     }
 }
 
@@ -829,6 +886,7 @@ pub(crate) fn send(rs: &Rsock, src: &[&[u8]], flags: c_int) -> Result<usize, c_i
     send_iomaps(rs, nonblock, deadline)?;
     let mut done = 0usize;
     let mut olen = OLAP_START;
+    let max = max_transfer(rs);
     loop {
         {
             let mut st = lock(&rs.st);
@@ -840,7 +898,7 @@ pub(crate) fn send(rs: &Rsock, src: &[&[u8]], flags: c_int) -> Result<usize, c_i
                 return if done > 0 { Ok(done) } else { Err(err) };
             }
             while done < total && c.can_send() {
-                let most = next_xfer(&mut olen, total - done);
+                let most = next_xfer(&mut olen, total - done, max);
                 match c.send_data(src, done, most) {
                     Ok(n) => done += n as usize,
                     Err(e) => {
@@ -881,7 +939,7 @@ fn iowrite(rs: &Rsock, data: &[u8], mut offset: u64, flags: c_int) -> Result<usi
                 return if done > 0 { Ok(done) } else { Err(err) };
             }
             if c.can_send() {
-                let most = next_xfer(&mut olen, data.len() - done);
+                let most = next_xfer(&mut olen, data.len() - done, MAX_TRANSFER);
                 match c.iowrite_step(&data[done..], offset, most) {
                     None => return Ok(done),
                     Some(Ok(n)) => {

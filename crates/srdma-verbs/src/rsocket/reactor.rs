@@ -310,16 +310,43 @@ impl Drop for Sleep {
     }
 }
 
+/// One turn of a waiting call's spin, `spun` into it: a pause at first, then a
+/// `sched_yield` (after [`YIELD_AFTER`]), so that on a machine with more runnable threads
+/// than cores the peer (or the progress thread) this call waits for gets the core.
+pub(crate) fn spin_turn(spun: Duration) {
+    if spun < yield_after() {
+        std::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
+    }
+}
+
+/// How long a waiting call spins before it starts yielding its core between looks
+/// (`SRDMA_RS_YIELD_US`, default 50 µs: longer than a round trip between two processes
+/// that both run, shorter than the wait for one the scheduler put aside).
+fn yield_after() -> Duration {
+    static T: OnceLock<Duration> = OnceLock::new();
+    *T.get_or_init(|| {
+        let us = std::env::var("SRDMA_RS_YIELD_US")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(50);
+        Duration::from_micros(us)
+    })
+}
+
 /// How long a waiting call keeps looking before it sleeps (`SRDMA_RS_SPIN_US`, default
-/// 100 µs): a peer on this host answers within a few microseconds, and a sleep costs two
-/// wakeups.
+/// 1000 µs, yielding its core after [`yield_after`]): a peer on this host answers within a
+/// few microseconds, and a sleep and its wakeup cost tens of microseconds (the engine's
+/// progress thread takes over the device and wakes the sleeper through the CQ's channel),
+/// which two processes that both wait would pay on every exchange.
 pub(crate) fn spin_time() -> Duration {
     static T: OnceLock<Duration> = OnceLock::new();
     *T.get_or_init(|| {
         let us = std::env::var("SRDMA_RS_SPIN_US")
             .ok()
             .and_then(|v| v.trim().parse::<u64>().ok())
-            .unwrap_or(100);
+            .unwrap_or(1000);
         Duration::from_micros(us)
     })
 }

@@ -160,7 +160,7 @@ pub(crate) fn wait_loop(
             return Ok(false);
         }
         if now < spin_until {
-            std::hint::spin_loop();
+            reactor::spin_turn(now - start);
             continue;
         }
         let Some(s) = sleep.as_mut() else {
