@@ -322,15 +322,16 @@ pub(crate) fn spin_turn(spun: Duration) {
 }
 
 /// How long a waiting call spins before it starts yielding its core between looks
-/// (`SRDMA_RS_YIELD_US`, default 50 µs: longer than a round trip between two processes
-/// that both run, shorter than the wait for one the scheduler put aside).
+/// (`SRDMA_RS_YIELD_US`, default 5 µs: longer than a round trip between two processes of
+/// this host that run on two cores; when the scheduler put both on one core, which it does
+/// on a busy two-core machine, each yield lets the peer answer).
 fn yield_after() -> Duration {
     static T: OnceLock<Duration> = OnceLock::new();
     *T.get_or_init(|| {
         let us = std::env::var("SRDMA_RS_YIELD_US")
             .ok()
             .and_then(|v| v.trim().parse::<u64>().ok())
-            .unwrap_or(50);
+            .unwrap_or(5);
         Duration::from_micros(us)
     })
 }
