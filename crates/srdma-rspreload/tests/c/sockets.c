@@ -252,6 +252,11 @@ static int server(int port)
 	say("bulk %zd sum=%u", r, sum(buf, r > 0 ? r : 0));
 	write_all(c, buf, BULK);
 
+	/* Many small writes the server does not read yet: a byte buffer takes them all. */
+	usleep(200000);
+	r = recv(c, buf, 5000 * 20, MSG_WAITALL);
+	say("small writes read %zd sum=%u", r, sum(buf, r > 0 ? r : 0));
+
 	/* fork: the child closes the listener and the connection and exits; the parent goes on. */
 	pid_t pid = fork();
 	if (pid == 0) {
@@ -378,6 +383,22 @@ static int client(int port)
 	memset(buf, 0, BULK);
 	ssize_t r = recv(s, buf, BULK, MSG_WAITALL);
 	say("bulk back %zd sum=%u", r, sum(buf, r > 0 ? r : 0));
+	set_block(s, 0);
+	int taken = 0;
+	for (int i = 0; i < 5000; i++) {
+		char m[20];
+		memset(m, 'a' + i % 26, sizeof m);
+		if (write(s, m, sizeof m) != sizeof m)
+			break;
+		taken++;
+	}
+	say("small writes taken %d", taken);
+	set_block(s, 1);
+	for (int i = taken; i < 5000; i++) {
+		char m[20];
+		memset(m, 'a' + i % 26, sizeof m);
+		write_all(s, m, sizeof m);
+	}
 	read_all(s, buf, 3);
 	say("got %.3s", buf);
 	/* The server shut writing down: the end of the stream, then we close. */

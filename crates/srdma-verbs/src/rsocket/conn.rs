@@ -172,6 +172,10 @@ pub(super) struct Conn {
     sqe_avail: u32,
     /// Receives completed and not yet posted again.
     recv_used: u32,
+    /// Bytes copied into the send ring and not posted yet (the preload's sends: a byte
+    /// buffer, as TCP's, not a message per call); they are the last ones before
+    /// `sbuf_pos`, and go out as credits and the peer's buffer allow ([`Conn::flush`]).
+    pub(super) staged: u32,
     /// The peer's iomap table: address, key, entries (0: it has none).
     remote_iomap: Sgl,
     /// Our mappings the peer may write (`riomap` with `PROT_WRITE`), by their entry in its
@@ -181,6 +185,14 @@ pub(super) struct Conn {
     pub(super) iomap_queue: VecDeque<usize>,
     /// Mappings without remote access (`PROT_NONE`): registered, never announced.
     pub(super) local_maps: Vec<IoMap>,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if self.staged > 0 {
+            super::reactor::staged_changed(false);
+        }
+    }
 }
 
 impl Conn {
@@ -230,6 +242,7 @@ impl Conn {
             sbuf_bytes_avail: sizes.sbuf,
             sqe_avail: u32::from(sizes.sq) - CTRL_SIZE,
             recv_used: 0,
+            staged: 0,
             remote_iomap: (0, 0, 0),
             iomaps: Vec::new(),
             iomap_queue: VecDeque::new(),
@@ -410,7 +423,8 @@ impl Conn {
     /// Sends control message `ctrl` (disconnect, shutdown) if a control slot is free; false
     /// if none is.
     pub(super) fn send_ctrl(&mut self, ctrl: u32) -> bool {
-        if !self.connected || !self.ctrl_avail() {
+        // After the data staged before it, never ahead of it.
+        if !self.connected || !self.ctrl_avail() || self.staged > 0 {
             return false;
         }
         self.ctrl_seqno = self.ctrl_seqno.wrapping_add(1);
@@ -481,6 +495,10 @@ impl Conn {
     }
 
     pub(super) fn fail(&mut self) {
+        if self.staged > 0 {
+            self.staged = 0;
+            super::reactor::staged_changed(false);
+        }
         if self.connected {
             self.connected = false;
             self.readable = false;
@@ -490,6 +508,10 @@ impl Conn {
     }
 
     fn disconnected(&mut self) {
+        if self.staged > 0 {
+            self.staged = 0;
+            super::reactor::staged_changed(false);
+        }
         self.connected = false;
         self.readable = false;
         self.writable = false;
@@ -565,8 +587,12 @@ impl Conn {
         }
     }
 
-    /// After a run of completions: posts the receives they used again and grants credits.
+    /// After a run of completions: posts the receives they used again, grants credits and
+    /// sends what was staged as far as the credits that came allow.
     pub(super) fn after_delivery(&mut self) {
+        if self.staged > 0 && self.flush(PRELOAD_MAX_TRANSFER).is_err() {
+            self.fail();
+        }
         if self.connected {
             let n = std::mem::take(&mut self.recv_used);
             for _ in 0..n {
@@ -595,9 +621,78 @@ impl Conn {
     }
 
     pub(super) fn all_sends_done(&self) -> bool {
-        self.ctrl_max_seqno.wrapping_sub(self.ctrl_seqno) + self.sqe_avail
-            == u32::from(self.sizes.sq)
+        (self.staged == 0
+            && self.ctrl_max_seqno.wrapping_sub(self.ctrl_seqno) + self.sqe_avail
+                == u32::from(self.sizes.sq))
             || !self.connected
+    }
+
+    /// Bytes the send ring can take now.
+    pub(super) fn stage_room(&self) -> u32 {
+        self.sbuf_bytes_avail
+    }
+
+    /// Copies `n` bytes of `src` (from `skip`) into the send ring, to go out with the next
+    /// [`Conn::flush`]. The caller has checked the room.
+    pub(super) fn stage_bytes(&mut self, src: &[&[u8]], skip: usize, n: u32) {
+        if n == 0 {
+            return;
+        }
+        let _ = self.stage(src, skip, n);
+        self.sbuf_bytes_avail -= n;
+        if self.staged == 0 {
+            super::reactor::staged_changed(true);
+        }
+        self.staged += n;
+    }
+
+    /// Posts what is staged, as far as the credits, the send queue and the buffers the peer
+    /// gave allow, in transfers of at most `max` bytes.
+    pub(super) fn flush(&mut self, max: u32) -> Result<(), c_int> {
+        let had = self.staged > 0;
+        let r = self.flush_some(max);
+        if had && self.staged == 0 {
+            super::reactor::staged_changed(false);
+        }
+        r
+    }
+
+    fn flush_some(&mut self, max: u32) -> Result<(), c_int> {
+        if !self.connected {
+            // Nothing goes any more: the bytes are dropped, as a reset connection's.
+            self.staged = 0;
+            return Ok(());
+        }
+        while self.staged > 0 && self.sqe_avail > 0 && self.sseq_no != self.sseq_comp {
+            let (taddr, tkey, tlen) = self.target_sgl[self.target_sge];
+            if tlen == 0 {
+                break;
+            }
+            let ring = self.sizes.sbuf;
+            let xfer = self.staged.min(tlen).min(max);
+            let start = (self.sbuf_pos + ring - self.staged) % ring;
+            let first = xfer.min(ring - start);
+            let mut sges = SgeList::one(self.sbuf.sge(start as usize, first as usize));
+            if first < xfer {
+                sges.push(self.sbuf.sge(0, (xfer - first) as usize));
+            }
+            self.sseq_no = self.sseq_no.wrapping_add(1);
+            self.sqe_avail -= 1;
+            self.staged -= xfer;
+            let i = self.target_sge;
+            self.target_sgl[i] = (taddr.wrapping_add(u64::from(xfer)), tkey, tlen - xfer);
+            if tlen == xfer {
+                self.target_sge = (self.target_sge + 1) % SGL_SIZE as usize;
+            }
+            let m = msg(OP_DATA, xfer);
+            let op = SendOp::WriteWithImm {
+                remote_addr: taddr,
+                rkey: RKey(tkey),
+                imm: m,
+            };
+            self.post(u64::from(m), op, sges)?;
+        }
+        Ok(())
     }
 
     /// Stages and posts one data transfer of at most `most` bytes of `src` (from `skip`),

@@ -879,8 +879,12 @@ fn send_iomaps(rs: &Rsock, nonblock: bool, deadline: Option<Instant>) -> Result<
 
 /// Sends the bytes of `src` (a gather list) in order: as many as go without waiting on a
 /// non-blocking socket (EAGAIN if none), all of them on a blocking one unless the
-/// connection ends first (then what went, or the error if nothing did).
+/// connection ends first (then what went, or the error if nothing did). The preload's
+/// sockets copy into the send ring, which posts them as credits allow ([`send_staged`]).
 pub(crate) fn send(rs: &Rsock, src: &[&[u8]], flags: c_int) -> Result<usize, c_int> {
+    if rs.fd.is_none() {
+        return send_staged(rs, src, flags);
+    }
     let total: usize = src.iter().map(|s| s.len()).sum();
     let (nonblock, deadline) = call_mode(rs, flags, true);
     send_iomaps(rs, nonblock, deadline)?;
@@ -912,6 +916,54 @@ pub(crate) fn send(rs: &Rsock, src: &[&[u8]], flags: c_int) -> Result<usize, c_i
             }
         }
         match wait_conn(rs, nonblock, deadline, |c| c.can_send() || !c.writable) {
+            Ok(()) => {}
+            Err(_) if done > 0 => return Ok(done),
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// The preload's send: the bytes go into the send ring as far as it has room (a byte
+/// buffer, as TCP's: small writes do not each wait for a credit of the peer's) and out as
+/// the credits and the peer's buffers allow, now or when they come (`Conn::flush`). Waits
+/// (blocking) or returns EAGAIN / what was taken (non-blocking) while the ring is full.
+fn send_staged(rs: &Rsock, src: &[&[u8]], flags: c_int) -> Result<usize, c_int> {
+    let total: usize = src.iter().map(|s| s.len()).sum();
+    let (nonblock, deadline) = call_mode(rs, flags, true);
+    let mut done = 0usize;
+    // Room worth taking: what is left, at most the low-water mark (no sliver of a write).
+    let want = |done: usize| (total - done).clamp(1, SNDLOWAT as usize) as u32;
+    loop {
+        {
+            let mut st = lock(&rs.st);
+            let err = send_error(&st);
+            let State::Connected(c) = &mut st.state else {
+                return if done > 0 { Ok(done) } else { Err(err) };
+            };
+            if !c.writable {
+                return if done > 0 { Ok(done) } else { Err(err) };
+            }
+            if total == 0 {
+                return Ok(0);
+            }
+            let room = c.stage_room();
+            if room >= want(done) {
+                let n = (room as usize).min(total - done) as u32;
+                c.stage_bytes(src, done, n);
+                done += n as usize;
+            }
+            if let Err(e) = c.flush(PRELOAD_MAX_TRANSFER) {
+                c.fail();
+                return if done > 0 { Ok(done) } else { Err(e) };
+            }
+            if done == total {
+                return Ok(done);
+            }
+        }
+        let need = want(done);
+        match wait_conn(rs, nonblock, deadline, |c| {
+            c.stage_room() >= need || !c.writable
+        }) {
             Ok(()) => {}
             Err(_) if done > 0 => return Ok(done),
             Err(e) => return Err(e),
@@ -1198,7 +1250,7 @@ pub(crate) fn readiness(rs: &Rsock) -> i16 {
                 r |= libc::POLLRDHUP;
             }
             // Writable also when a write would fail at once (EPIPE), as the kernel says.
-            if c.shut_wr || !c.connected || (c.writable && c.can_send()) {
+            if c.shut_wr || !c.connected || (c.writable && c.stage_room() >= SNDLOWAT) {
                 r |= libc::POLLOUT;
             }
             if c.error {

@@ -221,6 +221,59 @@ fn push_once(v: &mut Vec<Arc<Rsock>>, rs: Arc<Rsock>) {
 }
 
 // ---------------------------------------------------------------------------------------
+// Staged sends and the flusher.
+
+/// Connections with staged bytes (see `Conn::staged`).
+static STAGED: AtomicUsize = AtomicUsize::new(0);
+
+/// A connection got staged bytes (`true`) or has none left.
+pub(super) fn staged_changed(some: bool) {
+    if some {
+        if STAGED.fetch_add(1, Ordering::AcqRel) == 0 {
+            start_flusher();
+        }
+    } else {
+        STAGED.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// How often the flusher looks.
+const FLUSH_EVERY: Duration = Duration::from_millis(1);
+
+/// The flusher: while some connection holds staged bytes and no thread of the program took
+/// completions for [`FLUSH_EVERY`] (it went to do something else, or waits in the kernel),
+/// it takes them, which posts the staged bytes their credits allow: what a program wrote
+/// leaves without its help, as a TCP socket's does.
+fn start_flusher() {
+    static STARTED: std::sync::Once = std::sync::Once::new();
+    STARTED.call_once(|| {
+        let _ = super::spawn_quiet("srdma-rs-flush", || {
+            let mut seen = generation();
+            loop {
+                std::thread::sleep(FLUSH_EVERY);
+                if STAGED.load(Ordering::Acquire) == 0 {
+                    // Idle: look ten times less often.
+                    std::thread::sleep(FLUSH_EVERY * 9);
+                    seen = generation();
+                    continue;
+                }
+                let now = generation();
+                if now == seen {
+                    let all: Vec<Arc<Reactor>> = REACTORS
+                        .get()
+                        .map(|m| lock(m).values().cloned().collect())
+                        .unwrap_or_default();
+                    for r in all {
+                        r.progress();
+                    }
+                }
+                seen = generation();
+            }
+        });
+    });
+}
+
+// ---------------------------------------------------------------------------------------
 // News and the waker.
 
 struct Waker {
