@@ -32,7 +32,7 @@ cleanup() {
     ip netns del $NA 2>/dev/null || true
     ip netns del $NB 2>/dev/null || true
 }
-trap 'kill $(jobs -p) 2>/dev/null; cleanup' EXIT
+trap 'kill $(jobs -p) 2>/dev/null || true; cleanup' EXIT
 cleanup
 ip netns add $NA
 ip -n $NA link set lo up
