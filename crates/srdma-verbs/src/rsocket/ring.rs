@@ -41,7 +41,9 @@ impl Ring {
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+                // Not populated: an idle connection (a server's thousand clients) costs address
+                // space, not memory, until bytes go through it.
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
                 -1,
                 0,
             )
