@@ -7,7 +7,9 @@
 # ibverbs-utils, rdmacm-utils, perftest, ucx-utils, openmpi-bin with libopenmpi-dev,
 # libfabric-bin and qperf (the Debian-built tools and middleware the drop-in libibverbs and
 # librdmacm run), python3-pyverbs (rdma-core's own test suite, compared with kernel rxe's),
-# tgt, libiscsi-bin and libiscsi-dev (iSCSI and iSER: tgtd and libiscsi's initiator).
+# tgt, libiscsi-bin and libiscsi-dev (iSCSI and iSER: tgtd and libiscsi's initiator),
+# redis-server, redis-tools, iperf3 and sockperf (socket programs on rsockets, `srdma exec
+# --rsockets`).
 # Installing needs root; without root, what
 # is missing is named and the tests that need it skip or fail with that name
 # (SRDMA_SKIP_NETNS=1 and SRDMA_SKIP_TSHARK=1 skip those on purpose).
@@ -32,6 +34,10 @@ command -v qperf >/dev/null || need+=(qperf)
 [ -x /usr/sbin/tgtd ] || need+=(tgt)
 command -v iscsi-test-cu >/dev/null || need+=(libiscsi-bin)
 [ -f /usr/include/iscsi/iscsi.h ] || need+=(libiscsi-dev)
+command -v redis-server >/dev/null || need+=(redis-server)
+command -v redis-benchmark >/dev/null || need+=(redis-tools)
+command -v iperf3 >/dev/null || need+=(iperf3)
+command -v sockperf >/dev/null || need+=(sockperf)
 if [ ${#need[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         echo "installing: ${need[*]}"
@@ -45,8 +51,9 @@ if [ ${#need[@]} -gt 0 ]; then
     fi
 fi
 
-# The drop-in libibverbs.so.1 the verbs tests load into Debian's tools.
-cargo build --locked -q -p srdma-verbs
+# The drop-in libibverbs.so.1 the verbs tests load into Debian's tools, and the rsockets
+# preload library beside it.
+cargo build --locked -q -p srdma-verbs -p srdma-rspreload
 cargo test --workspace --locked "$@"
 # Between srdma devices of this host the run above goes through shared memory (the default);
 # the engine's own tests, the relay, the pingpong and rping tools, and Debian's tools and

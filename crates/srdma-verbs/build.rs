@@ -31,6 +31,8 @@ fn main() {
         "RDMACM_1.1",
         "RDMACM_1.2",
         "RDMACM_1.3",
+        // srdma's own: the entry of the rsockets preload library (src/preload).
+        "SRDMA_PRIVATE_1",
     ];
     // Bind only what the sources define (an assembler refuses a default version of an
     // undefined symbol); tests/exports.rs checks that every line of the list is exported.
@@ -86,7 +88,7 @@ fn main() {
             map,
             "}}{};",
             // Each node inherits from the one before in its library.
-            if i == 0 || node.starts_with("RDMACM_1.0") {
+            if i == 0 || node.starts_with("RDMACM_1.0") || node.starts_with("SRDMA_") {
                 String::new()
             } else {
                 format!(" {}", order[i - 1])

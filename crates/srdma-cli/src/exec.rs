@@ -10,6 +10,12 @@
 //! [`crate::devnodes`]; `SRDMA_DEV_NODES=0` skips that), and in the same namespace
 //! kernel-like `/sys/class/infiniband` entries for srdma's devices (see [`crate::sysfs`];
 //! `SRDMA_SYSFS=0` skips those).
+//!
+//! With `--rsockets` the program's TCP sockets run on srdma's rsockets: `srdma exec` adds
+//! `libsrdma_rspreload.so` (crate srdma-rspreload, found as `$SRDMA_RSPRELOAD`, else beside
+//! the drop-in library) to `LD_PRELOAD` and names the drop-in library in
+//! `SRDMA_RSPRELOAD_LIB`, where the preload library finds the sockets (srdma-verbs'
+//! `preload` module says what it covers).
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
@@ -26,6 +32,11 @@ pub struct Args {
     /// other interface has one).
     #[arg(long, value_name = "LIST")]
     pub device: Option<String>,
+    /// Put the program's TCP sockets on rsockets over srdma (preloads
+    /// libsrdma_rspreload.so): unmodified socket programs (redis, iperf3, sockperf) talk
+    /// RDMA to each other, and the kernel's TCP to every other peer.
+    #[arg(long)]
+    pub rsockets: bool,
     /// The program and its arguments.
     #[arg(
         required = true,
@@ -55,6 +66,21 @@ pub(crate) fn find_library() -> Option<PathBuf> {
         // `cargo test` runs binaries from target/<profile>/deps' parent, so this is the same.
         candidates.push(dir.join("../libibverbs.so"));
         candidates.push(dir.join("../lib/srdma/libibverbs.so.1"));
+    }
+    candidates.into_iter().find(|p| p.is_file())
+}
+
+/// The rsockets preload library: `$SRDMA_RSPRELOAD`, else `libsrdma_rspreload.so` beside
+/// the drop-in library `lib` (where cargo builds both) or in its directory.
+pub(crate) fn find_preload(lib: &Path) -> Option<PathBuf> {
+    if let Some(v) = std::env::var_os("SRDMA_RSPRELOAD").filter(|v| !v.is_empty()) {
+        return Some(PathBuf::from(v)).filter(|p| p.is_file());
+    }
+    let mut candidates = Vec::new();
+    for l in [lib.to_path_buf(), lib.canonicalize().unwrap_or_default()] {
+        if let Some(d) = l.parent() {
+            candidates.push(d.join("libsrdma_rspreload.so"));
+        }
     }
     candidates.into_iter().find(|p| p.is_file())
 }
@@ -120,6 +146,25 @@ pub fn run(args: &Args) -> anyhow::Result<bool> {
     }
     let mut cmd = std::process::Command::new(&args.command[0]);
     cmd.args(&args.command[1..]).env("LD_LIBRARY_PATH", path);
+    if args.rsockets {
+        let Some(pre) = find_preload(&lib) else {
+            return Err(UsageError(
+                "srdma exec --rsockets: libsrdma_rspreload.so is not built: run \
+                 `cargo build --release -p srdma-rspreload` (it lands beside the drop-in \
+                 library), or set SRDMA_RSPRELOAD to its path"
+                    .into(),
+            )
+            .into());
+        };
+        let pre = pre.canonicalize()?;
+        let mut list = OsString::from(pre.as_os_str());
+        if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
+            list.push(":");
+            list.push(old);
+        }
+        cmd.env("LD_PRELOAD", list)
+            .env("SRDMA_RSPRELOAD_LIB", lib.canonicalize()?);
+    }
     if let Some(d) = &args.device {
         cmd.env("SRDMA_DEVICES", d);
     }

@@ -12,8 +12,12 @@
 //! The same file is `librdmacm.so.1` too (`rdmacm`: rdma_cm over IB CM MADs on QP1, with the
 //! list of what it implements).
 //!
+//! It also serves `srdma exec --rsockets` (`preload`: unmodified socket programs' TCP sockets
+//! on rsockets, through `libsrdma_rspreload.so`, crate srdma-rspreload, which calls the one
+//! entry `srdma_rspreload_init`, symbol version `SRDMA_PRIVATE_1`).
+//!
 //! The modules depend one way: `abi_core` ← `context` (devices, contexts) ← `verbs` (the
-//! objects; it opens contexts, giving them its entries) ← `rdmacm` ← `rsocket`. What a
+//! objects; it opens contexts, giving them its entries) ← `rdmacm` ← `rsocket` ← `preload`. What a
 //! lower layer must tell a higher one goes through a hook the higher one registers
 //! (`verbs::on_qp_destroyed`, through which rdma_cm connections let go of a destroyed QP).
 //!
@@ -91,6 +95,7 @@ pub mod cma_abi;
 mod context;
 #[cfg(test)]
 mod layout_check;
+mod preload;
 mod rdmacm;
 mod rsocket;
 mod signals;

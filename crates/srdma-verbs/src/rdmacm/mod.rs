@@ -68,10 +68,10 @@
 //!   a GRH (`ds_add_qp_dest`), which RoCE refuses (`ibv_create_ah` EINVAL, seen through an
 //!   LD_PRELOAD shim), so there is no RoCE peer to build them against. `riowrite` to an
 //!   offset the peer has not mapped returns the bytes written before it (0), as rsocket.c
-//!   does. Where they differ from rsocket.c: `rconnect` completes before it returns, also
-//!   on a non-blocking socket; `rpoll` reports a hang-up once the data before it is read;
-//!   a flushed receive (the peer's DREQ, its process gone) ends the stream instead of
-//!   leaving a reader waiting; `rclose` of an unknown socket is -1 with EBADF (rsocket.c
+//!   does. A non-blocking `rconnect` returns EINPROGRESS and completes in the background,
+//!   as rsocket.c's. Where they differ from rsocket.c: `rpoll` reports a hang-up once the
+//!   data before it is read; a flushed receive (the peer's DREQ, its process gone) ends the
+//!   stream instead of leaving a reader waiting; `rclose` of an unknown socket is -1 with EBADF (rsocket.c
 //!   returns EBADF itself).
 //! - LAP/APR (alternate paths): nothing in librdmacm sends them, and a received one is
 //!   dropped (counted as malformed), as kernel ib_cm drops them on RoCE ports ("Alternate

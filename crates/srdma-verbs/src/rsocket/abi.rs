@@ -256,8 +256,9 @@ pub unsafe extern "C" fn raccept(
     })
 }
 
-/// `rconnect`: connects (also on a non-blocking socket, before returning: 0, never
-/// EINPROGRESS); ECONNREFUSED when rejected, ETIMEDOUT without an answer.
+/// `rconnect`: connects before returning; a non-blocking socket returns EINPROGRESS and
+/// connects in the background (`rpoll` reports POLLOUT, `SO_ERROR` the result).
+/// ECONNREFUSED when rejected, ETIMEDOUT without an answer.
 ///
 /// # Safety
 /// `addr` NULL or a valid sockaddr.
@@ -298,7 +299,7 @@ pub unsafe extern "C" fn rrecv(socket: c_int, buf: *mut c_void, len: usize, flag
         let Some(b) = (unsafe { bytes(buf, len) }) else {
             return rs_len(Err(libc::EFAULT));
         };
-        rs_len(crate::rsocket::c_recv(socket, b, flags))
+        rs_len(crate::rsocket::c_recv(socket, &mut [b], flags))
     })
 }
 
@@ -328,44 +329,16 @@ pub unsafe extern "C" fn rrecvfrom(
     })
 }
 
-/// Runs `xfer` (a receive or a send) over the iovecs in order, as far as each goes whole:
-/// the bytes moved, or -1 with errno when the first moved nothing.
-///
-/// # Safety
-/// As [`iovecs`].
-unsafe fn each_iov(
-    iov: *const libc::iovec,
-    iovcnt: c_int,
-    mut xfer: impl FnMut(&mut [u8]) -> Result<usize, c_int>,
-) -> isize {
-    // SAFETY: per the contract.
-    let Some(parts) = (unsafe { iovecs(iov, iovcnt) }) else {
-        return rs_len(Err(libc::EINVAL));
-    };
-    let mut total = 0usize;
-    for p in parts {
-        let want = p.len();
-        match xfer(p) {
-            Ok(n) => {
-                total += n;
-                if n < want {
-                    break;
-                }
-            }
-            Err(e) if total == 0 => return rs_len(Err(e)),
-            Err(_) => break,
-        }
-    }
-    total as isize
-}
-
 /// Receives into the iovecs in order.
 ///
 /// # Safety
 /// As [`iovecs`].
 unsafe fn recvv(socket: c_int, iov: *const libc::iovec, iovcnt: c_int, flags: c_int) -> isize {
     // SAFETY: per the contract.
-    unsafe { each_iov(iov, iovcnt, |p| crate::rsocket::c_recv(socket, p, flags)) }
+    let Some(mut parts) = (unsafe { iovecs(iov, iovcnt) }) else {
+        return rs_len(Err(libc::EINVAL));
+    };
+    rs_len(crate::rsocket::c_recv(socket, &mut parts, flags))
 }
 
 /// Sends the iovecs in order.
@@ -374,7 +347,11 @@ unsafe fn recvv(socket: c_int, iov: *const libc::iovec, iovcnt: c_int, flags: c_
 /// As [`iovecs`].
 unsafe fn sendv(socket: c_int, iov: *const libc::iovec, iovcnt: c_int, flags: c_int) -> isize {
     // SAFETY: per the contract.
-    unsafe { each_iov(iov, iovcnt, |p| crate::rsocket::c_send(socket, p, flags)) }
+    let Some(parts) = (unsafe { iovecs(iov, iovcnt) }) else {
+        return rs_len(Err(libc::EINVAL));
+    };
+    let parts: Vec<&[u8]> = parts.iter().map(|p| &**p).collect();
+    rs_len(crate::rsocket::c_send(socket, &parts, flags))
 }
 
 /// `rrecvmsg` (the data only: no control messages, no address).
@@ -410,7 +387,7 @@ pub unsafe extern "C" fn rsend(
         let Some(b) = (unsafe { bytes(buf, len) }) else {
             return rs_len(Err(libc::EFAULT));
         };
-        rs_len(crate::rsocket::c_send(socket, b, flags))
+        rs_len(crate::rsocket::c_send(socket, &[b], flags))
     })
 }
 

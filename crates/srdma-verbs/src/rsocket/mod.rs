@@ -1,44 +1,62 @@
 //! rsockets (stream) on srdma: librdmacm's socket-like API over RC QPs, speaking its wire
-//! protocol so that an rsocket here talks to librdmacm's on kernel rxe.
+//! protocol so that an rsocket here talks to librdmacm's on kernel rxe. The same sockets
+//! carry `srdma exec --rsockets` (the `preload` module), which gives unmodified socket
+//! programs these sockets under their own descriptor numbers.
 //!
 //! The protocol (rdma-core librdmacm/rsocket.c, version 1): each side registers a receive
-//! ring (`rbuf`, 128 KiB), a send staging ring (`sbuf`, 128 KiB) and a two-entry "target
-//! SGL" array the peer may write, and posts 384 zero-length receives. The connection's
-//! private data (after rdma_cm's header) is `rs_conn_data`: version 1, flags, the receive
-//! credits (the receive queue's size), the target SGL's address and key, and the first half
-//! of `rbuf` as the first buffer the peer may write into. Data goes by RDMA WRITE WITH
-//! IMMEDIATE into the buffer the peer last gave (immediate: op 0 and the length); as the
-//! application reads, the receiver gives the next half of its ring by writing a 16-byte
+//! ring (`rbuf`, 128 KiB by default), a send staging ring (`sbuf`, the same) and a two-entry
+//! "target SGL" array the peer may write, and posts 384 zero-length receives. The
+//! connection's private data (after rdma_cm's header) is `rs_conn_data`: version 1, flags,
+//! the receive credits (the receive queue's size), the target SGL's address and key, and the
+//! first half of `rbuf` as the first buffer the peer may write into. Data goes by RDMA WRITE
+//! WITH IMMEDIATE into the buffer the peer last gave (immediate: op 0 and the length); as
+//! the application reads, the receiver gives the next half of its ring by writing a 16-byte
 //! `rs_sge` into the sender's target SGL (immediate: op 4 and the new credit limit, the
 //! sequence number up to which the sender may send). Control messages (op 7: disconnect,
 //! shutdown) are zero-length writes with immediate. Four control messages may be in flight.
 //!
+//! How it runs (`conn`, `reactor`, `ring`, `wait`): every connection of a device completes
+//! into that device's one CQ; whoever waits takes what completed and hands each completion
+//! to its connection ([`reactor::Reactor::progress`]); a waiting call keeps looking for a
+//! while ([`reactor::spin_time`], `SRDMA_RS_SPIN_US`) and then sleeps on the CQ's channel
+//! (module `reactor`). The rings are memory of the socket's own, registered as an
+//! application's buffers are, so copies in and out take no device lock. A buffer grant the
+//! peer writes into our target SGL is copied out when its completion comes, never read
+//! while the peer may still be writing it.
+//!
 //! What is here: `SOCK_STREAM` over IPv4 and IPv6, blocking and non-blocking
 //! (`O_NONBLOCK`, `MSG_DONTWAIT`, `MSG_WAITALL`, `MSG_PEEK`), `rpoll`/`rselect` over
-//! rsockets and ordinary descriptors, the socket options rstream and rcopy set. Connecting
-//! completes before `rconnect` returns, also on a non-blocking socket (0, not EINPROGRESS);
-//! a listener accepts in the background, `raccept` takes what it accepted (EAGAIN on a
-//! non-blocking listener with none waiting). `riomap`/`riounmap`/`riowrite`: a mapping is a
-//! region the peer may RDMA WRITE into at an offset; it goes out as a 32-byte `rs_iomap`
-//! written into the peer's iomap table (which follows its target SGL; its size,
-//! `RDMA_IOMAPSIZE`, is in the connection data), immediate op 6 and the entry, on the next
-//! send or `riowrite`; `riowrite` is then plain RDMA WRITEs from the send ring. Not here:
-//! datagram rsockets (`SOCK_DGRAM`: EOPNOTSUPP), keepalive messages (the option is kept).
+//! rsockets and ordinary descriptors, the socket options rstream and rcopy set. A
+//! non-blocking `rconnect` returns EINPROGRESS and completes in the background (the socket
+//! polls writable, `SO_ERROR` tells how it went), as rsocket.c's; a listener accepts in the
+//! background, `raccept` takes what it accepted (EAGAIN on a non-blocking listener with
+//! none waiting). `riomap`/`riounmap`/`riowrite`: a mapping is a region the peer may RDMA
+//! WRITE into at an offset; it goes out as a 32-byte `rs_iomap` written into the peer's
+//! iomap table (which follows its target SGL; its size, `RDMA_IOMAPSIZE`, is in the
+//! connection data), immediate op 6 and the entry, on the next send or `riowrite`;
+//! `riowrite` is then plain RDMA WRITEs from the send ring. Not here: datagram rsockets
+//! (`SOCK_DGRAM`: EOPNOTSUPP), keepalive messages (the option is kept).
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::c_int;
 use std::net::SocketAddr;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 mod abi;
+mod conn;
+pub(crate) mod reactor;
+mod ring;
+pub(crate) mod wait;
 
+use conn::{Conn, IoMap};
+use reactor::{Reactor, Sleep, news};
+use srdma::AccessFlags;
 use srdma::cm::ConnectOptions;
-use srdma::ibcm::{self, IbConnection, IbListener, IbRequest};
-use srdma::{AccessFlags, CompChannel, Cq, Mr, Pd, Qp, QpInit, QpType};
-use srdma_proto::{QpCaps, RKey, RecvWr, SendOp, SendWr, SgeList, WcStatus};
+use srdma::ibcm::{self, IbListener, IbRequest};
+use srdma_proto::Wc;
 
 const SQ_SIZE: u16 = 384;
 const RQ_SIZE: u16 = 384;
@@ -55,6 +73,9 @@ const IOMAP_LEN: usize = 8 + SGE_LEN;
 const SNDLOWAT: u32 = 2048;
 const OLAP_START: u32 = 2048;
 const MAX_TRANSFER: u32 = 65536;
+/// The preload's sockets: larger transfers (fewer completions and credits per byte; the
+/// peer's buffer halves bound them anyway).
+const PRELOAD_MAX_TRANSFER: u32 = 1 << 20;
 /// `rs_conn_data`: version, flags, credits, 3 reserved, iomap size, two `rs_sge`.
 const CONN_DATA_LEN: usize = 8 + 2 * SGE_LEN;
 const CONN_FLAG_NET: u8 = 1;
@@ -76,6 +97,9 @@ const RDMA_RQSIZE: c_int = 1;
 const RDMA_INLINE: c_int = 2;
 const RDMA_IOMAPSIZE: c_int = 3;
 const RDMA_ROUTE: c_int = 4;
+
+/// How long closing a connection waits for what it sent to be acknowledged.
+const LINGER: Duration = Duration::from_secs(2);
 
 fn msg(op: u32, data: u32) -> u32 {
     (op << 29) | (data & 0x1FFF_FFFF)
@@ -100,13 +124,19 @@ fn scale_to_value(s: u8) -> u32 {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+fn errno() -> c_int {
+    std::io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
+}
+
 /// The sizes a socket's connection gets (set by `rsetsockopt` before it connects).
-#[derive(Clone, Copy)]
-struct Sizes {
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Sizes {
     sq: u16,
     rq: u16,
     sbuf: u32,
@@ -127,15 +157,38 @@ impl Default for Sizes {
     }
 }
 
-/// An rsocket. Its number is `fd`'s, an eventfd (so it never collides with an ordinary
-/// descriptor): a listener's counts the connections waiting for `raccept`.
+impl Sizes {
+    /// The preload's sockets: rings of `SRDMA_RS_BUF` bytes each (default 512 KiB), which
+    /// keep a stream between two processes of a host moving while each side copies.
+    pub(crate) fn preload() -> Sizes {
+        static B: OnceLock<u32> = OnceLock::new();
+        let buf = *B.get_or_init(|| {
+            std::env::var("SRDMA_RS_BUF")
+                .ok()
+                .and_then(|v| v.trim().parse::<u32>().ok())
+                .map_or(1 << 19, |b| b.clamp(SNDLOWAT * 4, 1 << 28))
+        });
+        Sizes {
+            sbuf: buf,
+            rbuf: buf,
+            ..Sizes::default()
+        }
+    }
+}
+
+/// An rsocket.
 pub(crate) struct Rsock {
-    fd: OwnedFd,
+    /// The number the rsocket API knows it by (an eventfd, so that it never collides with
+    /// an ordinary descriptor); none for the preload's sockets, which the application knows
+    /// by a kernel socket's number.
+    fd: Option<OwnedFd>,
     st: Mutex<Sock>,
     /// A listener's accepted connections.
     accepted: Mutex<VecDeque<Arc<Rsock>>>,
     /// A listener's threads stop when set.
     stop: Arc<AtomicBool>,
+    /// Moves whenever something may have made the socket ready (edge-triggered epoll).
+    events: AtomicU64,
 }
 
 #[derive(Default)]
@@ -147,63 +200,69 @@ struct Sock {
     nodelay: c_int,
     keepalive: c_int,
     keepidle: c_int,
+    /// `IPV6_V6ONLY`: a listener on `::` leaves IPv4 devices alone.
+    v6only: bool,
+    /// `SO_RCVTIMEO`, `SO_SNDTIMEO`.
+    rcvtimeo: Option<Duration>,
+    sndtimeo: Option<Duration>,
     /// `SO_ERROR`.
     err: c_int,
-    listening: bool,
-    conn: Option<Box<Conn>>,
+    /// A background connect succeeded and no `connect` call has been told yet: the next
+    /// one returns 0 (as the kernel's), later ones EISCONN.
+    untold: bool,
+    state: State,
 }
 
-/// A connected rsocket's QP, rings and protocol state (the names are rsocket.c's).
-struct Conn {
-    ib: IbConnection,
-    qp: Qp,
-    cq: Cq,
-    ch: Arc<CompChannel>,
-    armed: bool,
-    _pd: Pd,
-    rbuf: Mr,
-    sbuf: Mr,
-    target: Mr,
-    sizes: Sizes,
-    readable: bool,
-    writable: bool,
-    connected: bool,
-    error: bool,
-    /// The peer is big-endian (or we are and it is not): `rs_sge`s in band are swapped.
-    swap: bool,
-    ctrl_seqno: u32,
-    ctrl_max_seqno: u32,
-    sseq_no: u16,
-    sseq_comp: u16,
-    rseq_no: u16,
-    rseq_comp: u16,
-    /// Where in the peer's target SGL our next buffer grant goes.
-    remote_sge: u32,
-    remote_sgl: (u64, u32, u32),
-    /// Which entry of our target SGL we write data into next.
-    target_sge: usize,
-    rmsg: VecDeque<u32>,
-    rbuf_offset: u32,
-    rbuf_bytes_avail: u32,
-    rbuf_free_offset: u32,
-    sbuf_pos: u32,
-    sbuf_bytes_avail: u32,
-    sqe_avail: u32,
-    /// The peer's iomap table: address, key, entries (0: it has none).
-    remote_iomap: (u64, u32, u32),
-    /// Our mappings the peer may write (`riomap` with `PROT_WRITE`), by their entry in its
-    /// table.
-    iomaps: Vec<Option<IoMap>>,
-    /// Entries of `iomaps` not yet written into the peer's table.
-    iomap_queue: VecDeque<usize>,
-    /// Mappings without remote access (`PROT_NONE`): registered, never announced.
-    local_maps: Vec<IoMap>,
+/// Where a socket is in its life.
+#[derive(Default)]
+enum State {
+    #[default]
+    Idle,
+    /// A non-blocking connect runs in the background.
+    Connecting,
+    Connected(Box<Conn>),
+    Listening,
+    /// Given up: closed, or handed to the kernel by the preload after a failed connect.
+    Done,
 }
 
-/// A region `riomap` registered, known to the peer by `offset`.
-struct IoMap {
-    offset: u64,
-    mr: Mr,
+impl Rsock {
+    /// Completions of this socket's QP, in order (from the reactor).
+    fn deliver(&self, wcs: &[Wc]) {
+        let mut st = lock(&self.st);
+        if let State::Connected(c) = &mut st.state {
+            for wc in wcs {
+                c.on_wc(wc);
+            }
+        }
+        drop(st);
+        self.events.fetch_add(1, Ordering::Release);
+    }
+
+    /// After a run of completions: receives posted again, credits granted.
+    fn after_delivery(&self) {
+        if let State::Connected(c) = &mut lock(&self.st).state {
+            c.after_delivery();
+        }
+    }
+
+    /// The connection's reactor, if connected.
+    fn reactor(&self) -> Option<Arc<Reactor>> {
+        match &lock(&self.st).state {
+            State::Connected(c) => Some(c.reactor().clone()),
+            _ => None,
+        }
+    }
+
+    /// The edge counter (see [`Rsock::events`]).
+    pub(crate) fn event_count(&self) -> u64 {
+        self.events.load(Ordering::Acquire)
+    }
+
+    fn bump(&self) {
+        self.events.fetch_add(1, Ordering::Release);
+        news();
+    }
 }
 
 static TABLE: OnceLock<Mutex<HashMap<c_int, Arc<Rsock>>>> = OnceLock::new();
@@ -217,21 +276,18 @@ pub(crate) fn lookup(fd: c_int) -> Option<Arc<Rsock>> {
     TABLE.get().and_then(|t| lock(t).get(&fd).cloned())
 }
 
-fn new_sock(sizes: Sizes, nonblock: bool) -> Result<Arc<Rsock>, c_int> {
-    // SAFETY: plain syscall with constant flags.
-    let fd = unsafe {
-        libc::eventfd(
-            0,
-            libc::EFD_CLOEXEC | libc::EFD_NONBLOCK | libc::EFD_SEMAPHORE,
-        )
+fn new_sock(sizes: Sizes, nonblock: bool, numbered: bool) -> Result<Arc<Rsock>, c_int> {
+    let fd = if numbered {
+        // SAFETY: plain syscall with constant flags.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(errno());
+        }
+        // SAFETY: a fresh descriptor nobody else owns.
+        Some(unsafe { OwnedFd::from_raw_fd(fd) })
+    } else {
+        None
     };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error()
-            .raw_os_error()
-            .unwrap_or(libc::EIO));
-    }
-    // SAFETY: a fresh descriptor nobody else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     let rs = Arc::new(Rsock {
         fd,
         st: Mutex::new(Sock {
@@ -241,9 +297,17 @@ fn new_sock(sizes: Sizes, nonblock: bool) -> Result<Arc<Rsock>, c_int> {
         }),
         accepted: Mutex::new(VecDeque::new()),
         stop: Arc::new(AtomicBool::new(false)),
+        events: AtomicU64::new(0),
     });
-    table().insert(rs.fd.as_raw_fd(), rs.clone());
+    if let Some(fd) = &rs.fd {
+        table().insert(fd.as_raw_fd(), rs.clone());
+    }
     Ok(rs)
+}
+
+/// A socket for the preload: not numbered, `nonblock` as asked.
+pub(crate) fn new_unnumbered(nonblock: bool) -> Arc<Rsock> {
+    new_sock(Sizes::preload(), nonblock, false).expect("an unnumbered socket needs no descriptor")
 }
 
 /// The errno of a failed connection setup, as a socket's `connect` reports it.
@@ -258,520 +322,123 @@ fn cm_errno(e: &srdma::cm::CmError) -> c_int {
     }
 }
 
-/// Waits up to `ms` for `fd` to be readable.
-fn poll_in(fd: RawFd, ms: c_int) -> bool {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one live pollfd.
-    unsafe { libc::poll(&mut p, 1, ms) > 0 }
-}
-
-fn signal(fd: &OwnedFd) {
-    let one = 1u64;
-    // SAFETY: writes 8 bytes from a live u64 to our own eventfd.
-    let _ = unsafe { libc::write(fd.as_raw_fd(), (&raw const one).cast(), 8) };
-}
-
-/// Takes one from a socket's (semaphore) eventfd.
-fn unsignal(fd: &OwnedFd) {
-    let mut v = 0u64;
-    // SAFETY: reads 8 bytes into a live u64 from our own (non-blocking) eventfd.
-    let _ = unsafe { libc::read(fd.as_raw_fd(), (&raw mut v).cast(), 8) };
+/// Starts a thread with every asynchronous signal blocked (`srdma::threads::spawn`): the
+/// program's signals go to its own threads, as with a kernel socket, which starts none.
+pub(crate) fn spawn_quiet(
+    name: &str,
+    f: impl FnOnce() + Send + 'static,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    srdma::threads::spawn(name, f)
 }
 
 // ---------------------------------------------------------------------------------------
-// Setting up a connection.
+// Waiting for a connection.
 
-/// A QP, its CQ on a channel of its own, the three rings (the target SGL followed by the
-/// iomap table in one region), receives posted.
-struct Parts {
-    pd: Pd,
-    qp: Qp,
-    cq: Cq,
-    ch: Arc<CompChannel>,
-    rbuf: Mr,
-    sbuf: Mr,
-    target: Mr,
-}
-
-fn make_parts(dev: &srdma::Device, sizes: Sizes) -> Result<Parts, c_int> {
-    let io = |e: srdma::Error| crate::errno_of(&e);
-    let pd = dev.alloc_pd();
-    let ch = Arc::new(CompChannel::new().map_err(io)?);
-    let cq = dev
-        .create_cq(usize::from(sizes.sq) + usize::from(sizes.rq), Some(&ch))
-        .map_err(io)?;
-    let mut init = QpInit::new(QpType::Rc, &cq, &cq);
-    init.caps = QpCaps {
-        max_send_wr: u32::from(sizes.sq),
-        max_recv_wr: u32::from(sizes.rq),
-        max_send_sge: 2,
-        max_recv_sge: 1,
-        max_inline_data: 0,
+/// Waits until `test` holds on the connection: without waiting when `nonblock` (EAGAIN),
+/// until `deadline` (EAGAIN, as a socket timeout), else spinning, then sleeping on the
+/// reactor (module `reactor`). ENOTCONN when the socket is not (or no longer) connected.
+fn wait_conn(
+    rs: &Rsock,
+    nonblock: bool,
+    deadline: Option<Instant>,
+    test: impl Fn(&Conn) -> bool,
+) -> Result<(), c_int> {
+    let reactor = loop {
+        match rs.reactor() {
+            Some(r) => break r,
+            None => {
+                // A connect under way: wait for it to end.
+                if !matches!(lock(&rs.st).state, State::Connecting) {
+                    return Err(libc::ENOTCONN);
+                }
+                if nonblock {
+                    return Err(libc::EAGAIN);
+                }
+                wait::sleep_news(deadline)?;
+            }
+        }
     };
-    init.sq_sig_all = true;
-    init.access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
-    let qp = pd.create_qp(&init).map_err(io)?;
-    let remote = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
-    let rbuf = pd.reg_mr(sizes.rbuf as usize, remote).map_err(io)?;
-    let ctrl = (CTRL_SIZE as usize) * SGE_LEN;
-    let sbuf = pd
-        .reg_mr(sizes.sbuf as usize + ctrl, AccessFlags::LOCAL_WRITE)
-        .map_err(io)?;
-    let table = SGL_SIZE as usize * SGE_LEN + usize::from(sizes.iomap) * IOMAP_LEN;
-    let target = pd.reg_mr(table, remote).map_err(io)?;
-    for _ in 0..sizes.rq {
-        qp.post_recv(RecvWr {
-            wr_id: RECV_FLAG,
-            sges: SgeList::new(),
-        })
-        .map_err(io)?;
-    }
-    Ok(Parts {
-        pd,
-        qp,
-        cq,
-        ch,
-        rbuf,
-        sbuf,
-        target,
-    })
-}
-
-/// Copies `dst.len()` bytes at `offset` out of `mr` (always in range here). Not
-/// `Mr::read`, which first runs the device's receive path as a polling application would:
-/// every completion this module waits for has already been taken from its CQ, and
-/// `can_send` looks at the target SGL on every check.
-fn copy_out(mr: &Mr, offset: usize, dst: &mut [u8]) {
-    mr.with_bytes_mut(|b| dst.copy_from_slice(&b[offset..offset + dst.len()]));
-}
-
-fn rkey(mr: &Mr) -> u32 {
-    mr.rkey().map_or(0, |k| k.0)
-}
-
-/// Our `rs_conn_data` (big-endian fields, as rsocket.c formats it).
-fn conn_data(p: &Parts, sizes: Sizes) -> [u8; CONN_DATA_LEN] {
-    let mut d = [0u8; CONN_DATA_LEN];
-    d[0] = 1;
-    d[1] = CONN_FLAG_IOMAP
-        | if cfg!(target_endian = "big") {
-            CONN_FLAG_NET
-        } else {
-            0
-        };
-    d[2..4].copy_from_slice(&sizes.rq.to_be_bytes());
-    // reserved[3], then the size of our iomap table.
-    d[7] = value_to_scale(u32::from(sizes.iomap));
-    d[8..16].copy_from_slice(&p.target.addr().to_be_bytes());
-    d[16..20].copy_from_slice(&rkey(&p.target).to_be_bytes());
-    d[20..24].copy_from_slice(&SGL_SIZE.to_be_bytes());
-    d[24..32].copy_from_slice(&p.rbuf.addr().to_be_bytes());
-    d[32..36].copy_from_slice(&rkey(&p.rbuf).to_be_bytes());
-    d[36..40].copy_from_slice(&(sizes.rbuf >> 1).to_be_bytes());
-    d
-}
-
-fn be64(b: &[u8], at: usize) -> u64 {
-    u64::from_be_bytes(b[at..at + 8].try_into().expect("8 bytes"))
-}
-
-fn be32(b: &[u8], at: usize) -> u32 {
-    u32::from_be_bytes(b[at..at + 4].try_into().expect("4 bytes"))
-}
-
-impl Conn {
-    /// A connection from its parts and the peer's `rs_conn_data` (None: not an rsocket).
-    fn new(p: Parts, ib: IbConnection, sizes: Sizes, peer: &[u8]) -> Option<Conn> {
-        if peer.len() < CONN_DATA_LEN || peer[0] != 1 {
-            return None;
-        }
-        let peer_net = peer[1] & CONN_FLAG_NET != 0;
-        let mut c = Conn {
-            ib,
-            qp: p.qp,
-            cq: p.cq,
-            ch: p.ch,
-            armed: false,
-            _pd: p.pd,
-            rbuf: p.rbuf,
-            sbuf: p.sbuf,
-            target: p.target,
-            sizes,
-            readable: true,
-            writable: true,
-            connected: true,
-            error: false,
-            swap: peer_net != cfg!(target_endian = "big"),
-            ctrl_seqno: 0,
-            ctrl_max_seqno: CTRL_SIZE,
-            sseq_no: 0,
-            sseq_comp: u16::from_be_bytes([peer[2], peer[3]]),
-            rseq_no: 0,
-            rseq_comp: sizes.rq >> 1,
-            remote_sge: 1,
-            remote_sgl: (be64(peer, 8), be32(peer, 16), be32(peer, 20)),
-            target_sge: 0,
-            rmsg: VecDeque::new(),
-            rbuf_offset: 0,
-            rbuf_bytes_avail: sizes.rbuf >> 1,
-            rbuf_free_offset: sizes.rbuf >> 1,
-            sbuf_pos: 0,
-            sbuf_bytes_avail: sizes.sbuf,
-            sqe_avail: u32::from(sizes.sq) - CTRL_SIZE,
-            remote_iomap: (0, 0, 0),
-            iomaps: Vec::new(),
-            iomap_queue: VecDeque::new(),
-            local_maps: Vec::new(),
-        };
-        if c.remote_sgl.2 == 0 {
-            return None;
-        }
-        // The peer's iomap table follows its target SGL, under the same key.
-        if peer[1] & CONN_FLAG_IOMAP != 0 {
-            let (addr, key, n) = c.remote_sgl;
-            let entries = scale_to_value(peer[7]);
-            c.remote_iomap = (
-                addr.wrapping_add(u64::from(n).wrapping_mul(SGE_LEN as u64)),
-                key,
-                entries,
-            );
-            c.iomaps = (0..entries).map(|_| None).collect();
-        }
-        // The first buffer the peer gives is in its connection data.
-        c.set_target(0, (be64(peer, 24), be32(peer, 32), be32(peer, 36)));
-        Some(c)
-    }
-
-    /// Entry `i` of our target SGL: (address, key, length), as the peer wrote it.
-    fn target_entry(&self, i: usize) -> (u64, u32, u32) {
-        let mut b = [0u8; SGE_LEN];
-        copy_out(&self.target, i * SGE_LEN, &mut b);
-        let (a, k, l) = (
-            u64::from_ne_bytes(b[0..8].try_into().expect("8")),
-            u32::from_ne_bytes(b[8..12].try_into().expect("4")),
-            u32::from_ne_bytes(b[12..16].try_into().expect("4")),
-        );
-        if self.swap {
-            (a.swap_bytes(), k.swap_bytes(), l.swap_bytes())
-        } else {
-            (a, k, l)
-        }
-    }
-
-    fn set_target(&self, i: usize, sge: (u64, u32, u32)) {
-        let _ = self.target.write(i * SGE_LEN, &self.sge_bytes(sge));
-    }
-
-    /// An `rs_sge` as it lies in memory: host order, swapped for a peer of the other
-    /// byte order.
-    fn sge_bytes(&self, (a, k, l): (u64, u32, u32)) -> [u8; SGE_LEN] {
-        let (a, k, l) = if self.swap {
-            (a.swap_bytes(), k.swap_bytes(), l.swap_bytes())
-        } else {
-            (a, k, l)
-        };
-        let mut b = [0u8; SGE_LEN];
-        b[0..8].copy_from_slice(&a.to_ne_bytes());
-        b[8..12].copy_from_slice(&k.to_ne_bytes());
-        b[12..16].copy_from_slice(&l.to_ne_bytes());
-        b
-    }
-
-    /// Copies `bytes` into the send ring at its current position, wrapping at its end, and
-    /// gives the (one or two) SGEs that hold them. The caller has checked the room.
-    fn stage(&mut self, bytes: &[u8]) -> SgeList {
-        let len = bytes.len() as u32;
-        let pos = self.sbuf_pos;
-        let first = len.min(self.sizes.sbuf - pos);
-        let _ = self.sbuf.write(pos as usize, &bytes[..first as usize]);
-        let mut sges = SgeList::one(self.sbuf.sge(pos as usize, first as usize));
-        if first < len {
-            let _ = self.sbuf.write(0, &bytes[first as usize..]);
-            sges.push(self.sbuf.sge(0, (len - first) as usize));
-            self.sbuf_pos = len - first;
-        } else {
-            self.sbuf_pos = if pos + len == self.sizes.sbuf {
-                0
-            } else {
-                pos + len
-            };
-        }
-        sges
-    }
-
-    /// The peer's mapping that holds `offset`, from our iomap table as it wrote it:
-    /// (mapping's offset, address, key, length).
-    fn find_iomap(&self, offset: u64) -> Option<(u64, u64, u32, u32)> {
-        let base = SGL_SIZE as usize * SGE_LEN;
-        let n = usize::from(self.sizes.iomap);
-        let swap = self.swap;
-        // One pass over the table under one hold of the device lock.
-        self.target.with_bytes_mut(|t| {
-            t[base..base + n * IOMAP_LEN]
-                .chunks_exact(IOMAP_LEN)
-                .find_map(|b| {
-                    let mut o = u64::from_ne_bytes(b[0..8].try_into().expect("8"));
-                    let mut a = u64::from_ne_bytes(b[8..16].try_into().expect("8"));
-                    let mut k = u32::from_ne_bytes(b[16..20].try_into().expect("4"));
-                    let mut l = u32::from_ne_bytes(b[20..24].try_into().expect("4"));
-                    if swap {
-                        (o, a, k, l) = (
-                            o.swap_bytes(),
-                            a.swap_bytes(),
-                            k.swap_bytes(),
-                            l.swap_bytes(),
-                        );
-                    }
-                    (offset >= o && offset - o < u64::from(l)).then_some((o, a, k, l))
-                })
-        })
-    }
-
-    /// Writes the next queued mapping into its entry of the peer's table (rs_write_iomap):
-    /// a 32-byte `rs_iomap` with immediate op 6 and the entry, which uses a credit.
-    fn post_iomap(&mut self) -> Result<(), c_int> {
-        let Some(i) = self.iomap_queue.pop_front() else {
-            return Ok(());
-        };
-        let Some(m) = self.iomaps.get(i).and_then(Option::as_ref) else {
-            return Ok(());
-        };
-        let mut b = [0u8; IOMAP_LEN];
-        let o = if self.swap {
-            m.offset.swap_bytes()
-        } else {
-            m.offset
-        };
-        b[0..8].copy_from_slice(&o.to_ne_bytes());
-        b[8..].copy_from_slice(&self.sge_bytes((m.mr.addr(), rkey(&m.mr), m.mr.len() as u32)));
-        let sges = self.stage(&b);
-        self.sseq_no = self.sseq_no.wrapping_add(1);
-        self.sqe_avail -= 1;
-        self.sbuf_bytes_avail -= IOMAP_LEN as u32;
-        let m = msg(OP_IOMAP_SGL, i as u32);
-        let op = SendOp::WriteWithImm {
-            remote_addr: self.remote_iomap.0.wrapping_add((i * IOMAP_LEN) as u64),
-            rkey: RKey(self.remote_iomap.1),
-            imm: m,
-        };
-        self.post(u64::from(m), op, sges)
-    }
-
-    fn post(&mut self, wr_id: u64, op: SendOp, sges: SgeList) -> Result<(), c_int> {
-        self.qp
-            .post_send(SendWr::new(wr_id, op, sges))
-            .map_err(|e| crate::errno_of(&e))
-    }
-
-    /// A zero-length write with immediate `m` (a control message or a bare credit grant).
-    fn post_msg(&mut self, m: u32) -> Result<(), c_int> {
-        let op = SendOp::WriteWithImm {
-            remote_addr: 0,
-            rkey: RKey(0),
-            imm: m,
-        };
-        self.post(u64::from(m), op, SgeList::new())
-    }
-
-    fn ctrl_avail(&self) -> bool {
-        self.ctrl_seqno != self.ctrl_max_seqno
-    }
-
-    fn can_send(&self) -> bool {
-        self.sqe_avail > 0
-            && self.sbuf_bytes_avail >= SNDLOWAT
-            && self.sseq_no != self.sseq_comp
-            && self.target_entry(self.target_sge).2 != 0
-    }
-
-    fn give_credits(&self) -> bool {
-        (self.rbuf_bytes_avail >= self.sizes.rbuf >> 1
-            || (self.rseq_no as i16).wrapping_sub(self.rseq_comp as i16) >= 0)
-            && self.ctrl_avail()
-            && self.connected
-    }
-
-    fn update_credits(&mut self) {
-        if self.give_credits() {
-            self.send_credits();
-        }
-    }
-
-    /// Grants credits and, when half the ring is free, that half (rs_send_credits).
-    fn send_credits(&mut self) {
-        self.ctrl_seqno = self.ctrl_seqno.wrapping_add(1);
-        let half = self.sizes.rbuf >> 1;
-        self.rseq_comp = self.rseq_no.wrapping_add(self.sizes.rq >> 1);
-        let m = msg(OP_SGL, u32::from(self.rseq_no.wrapping_add(self.sizes.rq)));
-        if self.rbuf_bytes_avail >= half {
-            let b = self.sge_bytes((
-                self.rbuf.addr() + u64::from(self.rbuf_free_offset),
-                rkey(&self.rbuf),
-                half,
-            ));
-            let slot = self.sizes.sbuf as usize + (self.ctrl_seqno % CTRL_SIZE) as usize * SGE_LEN;
-            let _ = self.sbuf.write(slot, &b);
-            let op = SendOp::WriteWithImm {
-                remote_addr: self
-                    .remote_sgl
-                    .0
-                    .wrapping_add(u64::from(self.remote_sge) * SGE_LEN as u64),
-                rkey: RKey(self.remote_sgl.1),
-                imm: m,
-            };
-            let sge = self.sbuf.sge(slot, SGE_LEN);
-            if self.post(u64::from(m), op, SgeList::one(sge)).is_err() {
-                self.fail();
-            }
-            self.rbuf_bytes_avail -= half;
-            self.rbuf_free_offset += half;
-            if self.rbuf_free_offset >= self.sizes.rbuf {
-                self.rbuf_free_offset = 0;
-            }
-            self.remote_sge += 1;
-            if self.remote_sge == self.remote_sgl.2 {
-                self.remote_sge = 0;
-            }
-        } else if self.post_msg(m).is_err() {
-            self.fail();
-        }
-    }
-
-    fn fail(&mut self) {
-        if self.connected {
-            self.connected = false;
-            self.readable = false;
-            self.writable = false;
-            self.error = true;
-        }
-    }
-
-    fn disconnected(&mut self) {
-        self.connected = false;
-        self.readable = false;
-        self.writable = false;
-    }
-
-    /// Takes every completion (rs_poll_cq): data and control messages, credits, the send
-    /// ring's room; reposts the receives used.
-    fn poll_cq(&mut self) {
-        let mut used = 0;
-        while let Some(wc) = self.cq.poll_one() {
-            if wc.wr_id & RECV_FLAG != 0 {
-                if wc.status != WcStatus::Success {
-                    // Flushed: the connection is gone (the peer's DREQ, or its process
-                    // died). rsocket.c ignores these and a reader would wait forever;
-                    // here the reader sees the end of the stream.
-                    if self.connected {
-                        self.disconnected();
-                    }
-                    continue;
-                }
-                used += 1;
-                let Some(m) = wc.imm_data else { continue };
-                match m >> 29 {
-                    OP_SGL => self.sseq_comp = (m & 0x1FFF_FFFF) as u16,
-                    OP_IOMAP_SGL | OP_WRITE => {}
-                    OP_CTRL => match m & 0x1FFF_FFFF {
-                        CTRL_DISCONNECT => self.disconnected(),
-                        CTRL_SHUTDOWN => {
-                            if self.writable {
-                                self.readable = false;
-                            } else {
-                                self.disconnected();
-                            }
-                        }
-                        _ => {}
-                    },
-                    _ => self.rmsg.push_back(m),
-                }
-            } else {
-                let m = wc.wr_id as u32;
-                match m >> 29 {
-                    OP_SGL => self.ctrl_max_seqno = self.ctrl_max_seqno.wrapping_add(1),
-                    OP_CTRL => {
-                        self.ctrl_max_seqno = self.ctrl_max_seqno.wrapping_add(1);
-                        if m & 0x1FFF_FFFF == CTRL_DISCONNECT {
-                            self.disconnected();
-                        }
-                    }
-                    OP_IOMAP_SGL => {
-                        self.sqe_avail += 1;
-                        self.sbuf_bytes_avail += IOMAP_LEN as u32;
-                    }
-                    _ => {
-                        self.sqe_avail += 1;
-                        self.sbuf_bytes_avail += m & 0x1FFF_FFFF;
-                    }
-                }
-                if wc.status != WcStatus::Success && self.connected {
-                    self.fail();
-                }
-            }
-        }
-        if self.connected {
-            for _ in 0..used {
-                let r = self.qp.post_recv(RecvWr {
-                    wr_id: RECV_FLAG,
-                    sges: SgeList::new(),
-                });
-                if r.is_err() {
-                    self.fail();
-                    break;
-                }
-            }
-        }
-    }
-
-    fn have_rdata(&self) -> bool {
-        !self.rmsg.is_empty()
-    }
-
-    fn all_sends_done(&self) -> bool {
-        self.ctrl_max_seqno.wrapping_sub(self.ctrl_seqno) + self.sqe_avail
-            == u32::from(self.sizes.sq)
-            || !self.connected
-    }
-}
-
-/// Runs the CQ until `test` holds (rs_process_cq): without waiting when `nonblock`
-/// (EWOULDBLOCK), else sleeping on the connection's channel between looks.
-fn process(rs: &Rsock, nonblock: bool, test: fn(&Conn) -> bool) -> Result<(), c_int> {
+    let start = Instant::now();
+    let spin_until = start + reactor::spin_time();
+    let mut sleep: Option<Sleep> = None;
+    let mut slept = false;
     loop {
-        let mut st = lock(&rs.st);
-        let Some(c) = st.conn.as_mut() else {
-            return Err(libc::ENOTCONN);
-        };
-        c.update_credits();
-        c.poll_cq();
-        c.update_credits();
-        if test(c) {
-            return Ok(());
+        reactor.progress();
+        {
+            let st = lock(&rs.st);
+            match &st.state {
+                State::Connected(c) => {
+                    if test(c) {
+                        stats::waited(start.elapsed(), slept);
+                        return Ok(());
+                    }
+                }
+                _ => return Err(libc::ENOTCONN),
+            }
         }
         if nonblock {
-            return Err(libc::EWOULDBLOCK);
+            return Err(libc::EAGAIN);
         }
-        if !c.armed {
-            c.cq.req_notify(false);
-            c.armed = true;
+        let now = Instant::now();
+        if deadline.is_some_and(|d| now >= d) {
+            return Err(libc::EAGAIN);
+        }
+        if now < spin_until {
+            reactor::spin_turn(now - start);
             continue;
         }
-        let ch = c.ch.clone();
-        drop(st);
-        // A bounded wait: another thread of the application may take the event.
-        let r = ch.get_event(Some(Duration::from_millis(100)));
-        if let Some(c) = lock(&rs.st).conn.as_mut() {
-            if matches!(r, Ok(Some(_))) {
-                c.armed = false;
-            }
+        let Some(s) = sleep.as_mut() else {
+            // Counted among the sleepers before the next look (the reactor's rule).
+            sleep = Some(Sleep::begin());
+            continue;
+        };
+        slept = true;
+        if s.may_sleep(std::slice::from_ref(&reactor)) {
+            let left = deadline.map_or(reactor::MAX_SLEEP, |d| d.saturating_duration_since(now));
+            reactor.sleep(left)?;
         }
-        if let Err(e) = r {
-            return Err(crate::errno_of(&e));
+        s.again();
+    }
+}
+
+/// How long waits for a connection took (the preload's report, `SRDMA_RS_REPORT`).
+pub(crate) mod stats {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Duration;
+
+    /// Upper bounds (µs) of the buckets of waits that only spun; the last is open.
+    pub(crate) const BOUNDS: [u64; 7] = [2, 5, 10, 20, 50, 100, 200];
+    /// Waits that only spun, by duration.
+    pub(crate) static SPUN: [AtomicU64; 8] = [const { AtomicU64::new(0) }; 8];
+    /// Waits that slept, and their total time (ns).
+    pub(crate) static SLEPT: AtomicU64 = AtomicU64::new(0);
+    pub(crate) static SLEPT_NS: AtomicU64 = AtomicU64::new(0);
+
+    pub(super) fn waited(d: Duration, slept: bool) {
+        if slept {
+            SLEPT.fetch_add(1, Ordering::Relaxed);
+            SLEPT_NS.fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+        } else {
+            let us = d.as_micros() as u64;
+            let i = BOUNDS.iter().position(|&b| us < b).unwrap_or(BOUNDS.len());
+            SPUN[i].fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// `waits=<2:N,<5:N,...,>=200:N slept=N/avg_us`
+    pub(crate) fn summary() -> String {
+        let mut s = String::from("waits=");
+        for (i, c) in SPUN.iter().enumerate() {
+            let label = match super::stats::BOUNDS.get(i) {
+                Some(b) => format!("<{b}"),
+                None => format!(">={}", BOUNDS[BOUNDS.len() - 1]),
+            };
+            s += &format!("{label}:{},", c.load(Ordering::Relaxed));
+        }
+        let n = SLEPT.load(Ordering::Relaxed);
+        let avg = SLEPT_NS.load(Ordering::Relaxed) / n.max(1) / 1000;
+        s += &format!("slept:{n}/{avg}us");
+        s
     }
 }
 
@@ -781,7 +448,7 @@ fn process(rs: &Rsock, nonblock: bool, test: fn(&Conn) -> bool) -> Result<(), c_
 fn listen_loop(
     listener: Arc<Rsock>,
     l: IbListener,
-    dev: srdma::Device,
+    reactor: Arc<Reactor>,
     port: u16,
     stop: Arc<AtomicBool>,
 ) {
@@ -790,27 +457,38 @@ fn listen_loop(
             Ok(r) => r,
             Err(_) => continue,
         };
-        let (sizes, nonblock) = {
+        let (sizes, nonblock, numbered, v6) = {
             let st = lock(&listener.st);
-            (st.sizes, st.nonblock)
+            let v6 = st.local.is_some_and(|a| a.is_ipv6());
+            (st.sizes, st.nonblock, listener.fd.is_some(), v6)
         };
-        if let Ok(rs) = accept_one(req, &dev, port, sizes, nonblock) {
+        if let Ok(rs) = accept_one(req, &reactor, port, sizes, nonblock, numbered, v6) {
             if stop.load(Ordering::Acquire) {
-                let _ = close(&rs);
+                close(&rs, Duration::ZERO, false);
                 break;
             }
             lock(&listener.accepted).push_back(rs);
-            signal(&listener.fd);
+            listener.bump();
         }
+    }
+}
+
+/// An IPv4 address as a socket of the IPv6 family sees it (`::ffff:a.b.c.d`).
+fn as_family(a: SocketAddr, v6: bool) -> SocketAddr {
+    match a {
+        SocketAddr::V4(v4) if v6 => SocketAddr::new(v4.ip().to_ipv6_mapped().into(), v4.port()),
+        a => a,
     }
 }
 
 fn accept_one(
     req: IbRequest,
-    dev: &srdma::Device,
+    reactor: &Arc<Reactor>,
     port: u16,
     sizes: Sizes,
     nonblock: bool,
+    numbered: bool,
+    v6: bool,
 ) -> Result<Arc<Rsock>, c_int> {
     let peer_data = req.private_data().to_vec();
     if peer_data.len() < CONN_DATA_LEN || peer_data[0] != 1 {
@@ -821,87 +499,227 @@ fn accept_one(
     let addrs = req.cma_hdr().map(|h| {
         let ip = |b: [u8; 16]| crate::rdmacm::ip_of(h.ip_version, b);
         (
-            SocketAddr::new(ip(h.src_addr), h.src_port),
-            SocketAddr::new(ip(h.dst_addr), port),
+            as_family(SocketAddr::new(ip(h.src_addr), h.src_port), v6),
+            as_family(SocketAddr::new(ip(h.dst_addr), port), v6),
         )
     });
-    let parts = make_parts(dev, sizes)?;
+    let parts = match conn::make_parts(reactor, sizes) {
+        Ok(p) => p,
+        Err(e) => {
+            let _ = req.reject(srdma::cm::reason::CONSUMER_DEFINED, &[]);
+            return Err(e);
+        }
+    };
     let opts = ConnectOptions {
-        private_data: conn_data(&parts, sizes).to_vec(),
+        private_data: conn::conn_data(&parts, sizes).to_vec(),
         ack_timeout: 19,
         retry_cnt: 7,
         rnr_retry: 7,
         ..ConnectOptions::default()
     };
+    let qpn = parts.qp.qpn().value();
     let ib = req
         .accept_with(&parts.qp, &opts)
         .map_err(|e| cm_errno(&e))?;
     let conn = Conn::new(parts, ib, sizes, &peer_data).ok_or(libc::EPROTO)?;
-    let rs = new_sock(sizes, nonblock)?;
+    let rs = new_sock(sizes, nonblock, numbered)?;
     {
         let mut st = lock(&rs.st);
         if let Some((peer, local)) = addrs {
             st.peer = Some(peer);
             st.local = Some(local);
         }
-        st.conn = Some(Box::new(conn));
+        st.state = State::Connected(Box::new(conn));
     }
+    reactor.attach(qpn, &rs);
     Ok(rs)
 }
 
-fn connect(rs: &Rsock, dst: SocketAddr) -> Result<(), c_int> {
-    let (local, sizes) = {
-        let st = lock(&rs.st);
-        if st.conn.is_some() {
-            return Err(libc::EISCONN);
-        }
-        if st.listening {
-            return Err(libc::EINVAL);
-        }
-        (st.local, st.sizes)
-    };
+/// What a failed background connect calls (see [`ConnectMode::Async`]).
+pub(crate) type OnFail = Box<dyn FnOnce(c_int) -> Result<(), c_int> + Send>;
+
+/// How a connect runs.
+pub(crate) enum ConnectMode {
+    /// Before returning.
+    Blocking,
+    /// In the background: EINPROGRESS now. If it fails, `on_fail` (if any) runs first with
+    /// the errno: Ok means it took the socket over (the preload's fallback to the kernel)
+    /// and the socket is done; Err(e) is the error the socket reports instead.
+    Async(Option<OnFail>),
+}
+
+/// The device, reactor and source port a connect to `dst` uses.
+fn connect_route(local: Option<SocketAddr>, dst: SocketAddr) -> Result<(usize, SocketAddr), c_int> {
     let d = match local.map(|a| a.ip()).filter(|ip| !ip.is_unspecified()) {
         Some(ip) => crate::rdmacm::dev_for(ip),
         None => crate::rdmacm::source_device(dst.ip()),
     }
-    .ok_or(libc::ENODEV)?;
+    .ok_or(libc::ENETUNREACH)?;
+    let addr = crate::rdmacm::cm_devs()[d].addr;
+    // A loopback destination from a device that is not on loopback: this host's device, as
+    // rdma_cm resolves it on a host without an RDMA device on `lo`.
+    let dst = if dst.ip().is_loopback() && !addr.is_loopback() {
+        SocketAddr::new(addr, dst.port())
+    } else {
+        dst
+    };
+    Ok((d, dst))
+}
+
+fn do_connect(
+    rs: &Arc<Rsock>,
+    d: usize,
+    dst: SocketAddr,
+    src_port: u16,
+    sizes: Sizes,
+    timeout: Duration,
+) -> Result<(), c_int> {
     let cm_dev = &crate::rdmacm::cm_devs()[d];
-    let dev = cm_dev.context().device()?;
+    let reactor = Reactor::for_device(d)?;
     let gsi = cm_dev.context().gsi()?;
-    let src_port = local
-        .map(|a| a.port())
-        .filter(|&p| p != 0)
-        .unwrap_or_else(crate::rdmacm::any_port);
-    let parts = make_parts(&dev, sizes)?;
+    let parts = conn::make_parts(&reactor, sizes)?;
     let opts = ConnectOptions {
-        private_data: conn_data(&parts, sizes).to_vec(),
+        private_data: conn::conn_data(&parts, sizes).to_vec(),
         ack_timeout: 19,
         retry_cnt: 7,
         rnr_retry: 7,
-        unlisted_retry: Duration::from_secs(1),
+        timeout,
+        unlisted_retry: if rs.fd.is_some() {
+            Duration::from_secs(1)
+        } else {
+            // The preload falls back to the kernel at once: no rsocket listens there.
+            Duration::ZERO
+        },
         ..ConnectOptions::default()
     };
+    let qpn = parts.qp.qpn().value();
     let ib =
         ibcm::connect_qp(&gsi, &parts.qp, dst, src_port, false, &opts).map_err(|e| cm_errno(&e))?;
     let peer = ib.remote_private_data().to_vec();
     let conn = Conn::new(parts, ib, sizes, &peer).ok_or(libc::EPROTO)?;
-    let mut st = lock(&rs.st);
-    st.local = Some(SocketAddr::new(cm_dev.addr, src_port));
-    st.peer = Some(dst);
-    st.conn = Some(Box::new(conn));
+    {
+        let mut st = lock(&rs.st);
+        if !matches!(st.state, State::Idle | State::Connecting) {
+            // Closed meanwhile: the connection goes as a closed one's does.
+            drop(st);
+            reap(Box::new(move || {
+                let _ = conn.ib.disconnect();
+                drop(conn);
+            }));
+            return Err(libc::EBADF);
+        }
+        let v6 = st.peer.is_some_and(|a| a.is_ipv6());
+        st.local = Some(as_family(SocketAddr::new(cm_dev.addr, src_port), v6));
+        st.untold = matches!(st.state, State::Connecting);
+        st.state = State::Connected(Box::new(conn));
+    }
+    reactor.attach(qpn, rs);
+    CONNECTED.fetch_add(1, Ordering::Relaxed);
+    rs.bump();
     Ok(())
 }
 
-fn listen(rs: &Arc<Rsock>) -> Result<(), c_int> {
-    let local = {
+/// Connections this process made (the preload's report).
+pub(crate) static CONNECTED: AtomicU64 = AtomicU64::new(0);
+
+/// Connects `rs` to `dst`; `timeout` bounds the CM exchange.
+pub(crate) fn connect(
+    rs: &Arc<Rsock>,
+    dst: SocketAddr,
+    mode: ConnectMode,
+    timeout: Duration,
+) -> Result<(), c_int> {
+    // The peer as the caller named it; the connection itself is made to the IPv4 address
+    // an IPv4-mapped one stands for.
+    let shown = dst;
+    let dst = match dst {
+        SocketAddr::V6(v6) if v6.ip().to_ipv4_mapped().is_some() => {
+            SocketAddr::new(v6.ip().to_ipv4_mapped().expect("checked").into(), v6.port())
+        }
+        d => d,
+    };
+    let (local, sizes) = {
+        let mut st = lock(&rs.st);
+        let st = &mut *st;
+        match st.state {
+            State::Connected(_) if std::mem::take(&mut st.untold) => return Ok(()),
+            State::Connected(_) => return Err(libc::EISCONN),
+            State::Connecting => return Err(libc::EALREADY),
+            State::Listening => return Err(libc::EISCONN),
+            State::Done => return Err(libc::EBADF),
+            State::Idle => {}
+        }
+        st.peer = Some(shown);
+        st.err = 0;
+        (st.local, st.sizes)
+    };
+    let (d, dst) = match connect_route(local, dst) {
+        Ok(r) => r,
+        Err(e) => {
+            lock(&rs.st).peer = None;
+            return Err(e);
+        }
+    };
+    let src_port = local
+        .map(|a| a.port())
+        .filter(|&p| p != 0)
+        .unwrap_or_else(crate::rdmacm::any_port);
+    match mode {
+        ConnectMode::Blocking => {
+            let r = do_connect(rs, d, dst, src_port, sizes, timeout);
+            if let Err(e) = r {
+                let mut st = lock(&rs.st);
+                st.peer = None;
+                st.err = e;
+            }
+            r
+        }
+        ConnectMode::Async(on_fail) => {
+            lock(&rs.st).state = State::Connecting;
+            let me = rs.clone();
+            let spawned = spawn_quiet("srdma-rs-conn", move || {
+                if let Err(mut e) = do_connect(&me, d, dst, src_port, sizes, timeout) {
+                    if let Some(f) = on_fail {
+                        match f(e) {
+                            Ok(()) => {
+                                lock(&me.st).state = State::Done;
+                                me.bump();
+                                return;
+                            }
+                            Err(e2) => e = e2,
+                        }
+                    }
+                    let mut st = lock(&me.st);
+                    if matches!(st.state, State::Connecting) {
+                        st.state = State::Idle;
+                        st.err = e;
+                    }
+                    drop(st);
+                    me.bump();
+                }
+            });
+            if spawned.is_err() {
+                let mut st = lock(&rs.st);
+                st.state = State::Idle;
+                st.peer = None;
+                return Err(libc::EAGAIN);
+            }
+            Err(libc::EINPROGRESS)
+        }
+    }
+}
+
+/// Listens on the socket's address (port 0: one is picked): a thread per device takes the
+/// connection requests.
+pub(crate) fn listen(rs: &Arc<Rsock>) -> Result<(), c_int> {
+    let (local, v6only) = {
         let st = lock(&rs.st);
-        if st.listening {
-            return Ok(());
+        match st.state {
+            State::Listening => return Ok(()),
+            State::Idle => {}
+            _ => return Err(libc::EINVAL),
         }
-        if st.conn.is_some() {
-            return Err(libc::EINVAL);
-        }
-        st.local
+        (st.local, st.v6only)
     };
     let local = local.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
     let port = if local.port() == 0 {
@@ -911,100 +729,79 @@ fn listen(rs: &Arc<Rsock>) -> Result<(), c_int> {
     };
     let devs: Vec<usize> = if local.ip().is_unspecified() {
         (0..crate::rdmacm::cm_devs().len())
-            .filter(|&d| local.is_ipv6() || crate::rdmacm::cm_devs()[d].addr.is_ipv4())
+            .filter(|&d| {
+                let a = crate::rdmacm::cm_devs()[d].addr;
+                if local.is_ipv6() {
+                    !(v6only && a.is_ipv4())
+                } else {
+                    a.is_ipv4()
+                }
+            })
             .collect()
     } else {
         vec![crate::rdmacm::dev_for(local.ip()).ok_or(libc::EADDRNOTAVAIL)?]
     };
-    let mut n = 0;
+    let mut started = Vec::new();
     let mut last = libc::ENODEV;
     for d in devs {
         let ctx = crate::rdmacm::cm_devs()[d].context();
         let r = ctx.gsi().and_then(|g| {
-            let dev = ctx.device()?;
+            let reactor = Reactor::for_device(d)?;
             let l = IbListener::bind(&g, port).map_err(|_| libc::EADDRINUSE)?;
-            Ok((l, dev))
+            Ok((l, reactor))
         });
         match r {
-            Ok((l, dev)) => {
-                let (me, stop) = (rs.clone(), rs.stop.clone());
-                let spawned = srdma::threads::spawn("srdma-rs-listen", move || {
-                    listen_loop(me, l, dev, port, stop)
-                });
-                if spawned.is_ok() {
-                    n += 1;
-                }
-            }
+            Ok(x) => started.push(x),
             Err(e) => last = e,
         }
     }
-    if n == 0 {
+    if started.is_empty() {
         return Err(last);
     }
-    let mut st = lock(&rs.st);
-    st.listening = true;
-    st.local = Some(SocketAddr::new(local.ip(), port));
+    {
+        let mut st = lock(&rs.st);
+        st.state = State::Listening;
+        st.local = Some(SocketAddr::new(local.ip(), port));
+    }
+    for (l, reactor) in started {
+        let (me, stop) = (rs.clone(), rs.stop.clone());
+        let _ = spawn_quiet("srdma-rs-listen", move || {
+            listen_loop(me, l, reactor, port, stop)
+        });
+    }
     Ok(())
+}
+
+/// An accepted connection, if one waits.
+pub(crate) fn try_accept(rs: &Rsock) -> Result<Option<Arc<Rsock>>, c_int> {
+    if !matches!(lock(&rs.st).state, State::Listening) {
+        return Err(libc::EINVAL);
+    }
+    Ok(lock(&rs.accepted).pop_front())
 }
 
 fn accept(rs: &Rsock) -> Result<Arc<Rsock>, c_int> {
     loop {
-        let (listening, nonblock) = {
-            let st = lock(&rs.st);
-            (st.listening, st.nonblock)
-        };
-        if !listening {
-            return Err(libc::EINVAL);
-        }
-        if let Some(n) = lock(&rs.accepted).pop_front() {
-            unsignal(&rs.fd);
+        let mut s = Sleep::begin();
+        if let Some(n) = try_accept(rs)? {
             return Ok(n);
         }
-        if nonblock {
+        if lock(&rs.st).nonblock {
             return Err(libc::EAGAIN);
         }
-        let _ = poll_in(rs.fd.as_raw_fd(), 200);
+        wait::sleep_on(&mut s, &[], None)?;
     }
 }
 
 // ---------------------------------------------------------------------------------------
 // Data.
 
-/// Waits until the connection may send (rs_can_send) and gives it locked; `None` when the
-/// caller should stop and report the `done` bytes it has already sent.
-fn sendable(
-    rs: &Rsock,
-    nonblock: bool,
-    done: usize,
-) -> Result<Option<MutexGuard<'_, Sock>>, c_int> {
-    loop {
-        let ready = lock(&rs.st).conn.as_ref().ok_or(libc::ENOTCONN)?.can_send();
-        if !ready {
-            if let Err(e) = process(rs, nonblock, |c| c.can_send() || !c.writable) {
-                return if done > 0 { Ok(None) } else { Err(e) };
-            }
-        }
-        let st = lock(&rs.st);
-        let c = st.conn.as_ref().ok_or(libc::ENOTCONN)?;
-        if !c.writable {
-            return if done > 0 {
-                Ok(None)
-            } else {
-                Err(if c.error { libc::EIO } else { libc::ECONNRESET })
-            };
-        }
-        if c.can_send() {
-            return Ok(Some(st));
-        }
-    }
-}
-
 /// The size of the next transfer of `left` bytes: transfers start at 2 KiB and double up to
 /// 64 KiB, so that the first bytes leave early and later ones in large writes.
-fn next_xfer(olen: &mut u32, left: usize) -> u32 {
+fn next_xfer(olen: &mut u32, left: usize, max: u32) -> u32 {
     if (*olen as usize) < left {
         let x = *olen;
-        if *olen < MAX_TRANSFER {
+        if *olen < max {
             *olen <<= 1;
         }
         x
@@ -1013,89 +810,155 @@ fn next_xfer(olen: &mut u32, left: usize) -> u32 {
     }
 }
 
-fn nonblocking(rs: &Rsock, flags: c_int) -> bool {
-    lock(&rs.st).nonblock || flags & libc::MSG_DONTWAIT != 0
-}
-
-/// Writes the mappings `riomap` queued into the peer's table (rs_send_iomaps), before any
-/// data that follows them.
-fn send_iomaps(rs: &Rsock, nonblock: bool) -> Result<(), c_int> {
-    loop {
-        if lock(&rs.st)
-            .conn
-            .as_ref()
-            .is_none_or(|c| c.iomap_queue.is_empty())
-        {
-            return Ok(());
-        }
-        let Some(mut st) = sendable(rs, nonblock, 0)? else {
-            return Ok(());
-        };
-        let c = st.conn.as_mut().ok_or(libc::ENOTCONN)?;
-        if let Err(e) = c.post_iomap() {
-            c.fail();
-            return Err(e);
-        }
+/// The largest transfer of `rs`'s sends.
+fn max_transfer(rs: &Rsock) -> u32 {
+    if rs.fd.is_none() {
+        PRELOAD_MAX_TRANSFER
+    } else {
+        MAX_TRANSFER
     }
 }
 
-/// The loop `rsend` and `riowrite` share: sends the queued mappings first, then, while
-/// bytes are left and the connection may send, lets `step` stage and post one transfer of
-/// the bytes left, at most the given size; `step` gives how many it sent (`None`: stop here,
-/// as for a `riowrite` past the peer's mappings).
-fn send_loop(
-    rs: &Rsock,
-    data: &[u8],
-    flags: c_int,
-    mut step: impl FnMut(&mut Conn, &[u8], u32) -> Option<Result<u32, c_int>>,
-) -> Result<usize, c_int> {
-    let nonblock = nonblocking(rs, flags);
-    send_iomaps(rs, nonblock)?;
-    let mut done = 0usize;
-    let mut olen = OLAP_START;
-    while done < data.len() {
-        let Some(mut st) = sendable(rs, nonblock, done)? else {
-            break;
-        };
-        let c = st.conn.as_mut().ok_or(libc::ENOTCONN)?;
-        let most = next_xfer(&mut olen, data.len() - done).min(c.sbuf_bytes_avail);
-        match step(c, &data[done..], most) {
-            None => break,
-            Some(Ok(n)) => done += n as usize,
-            Some(Err(e)) => {
-                c.fail();
-                if done > 0 {
-                    break;
+/// Whether a call with `flags` must not wait, and its deadline (the socket's timeout).
+fn call_mode(rs: &Rsock, flags: c_int, send: bool) -> (bool, Option<Instant>) {
+    let st = lock(&rs.st);
+    let t = if send { st.sndtimeo } else { st.rcvtimeo };
+    (
+        st.nonblock || flags & libc::MSG_DONTWAIT != 0,
+        t.map(|t| Instant::now() + t),
+    )
+}
+
+/// Why a send cannot go on: EPIPE once the socket or its peer shut writing down (the
+/// preload raises SIGPIPE for it), ECONNRESET after an error, ENOTCONN if never connected.
+fn send_error(st: &Sock) -> c_int {
+    match &st.state {
+        State::Connected(c) if c.error => libc::ECONNRESET,
+        State::Connected(_) => libc::EPIPE,
+        State::Connecting => libc::EAGAIN,
+        _ => libc::ENOTCONN,
+    }
+}
+
+/// Sends the mappings `riomap` queued into the peer's table (rs_send_iomaps), before any
+/// data that follows them.
+fn send_iomaps(rs: &Rsock, nonblock: bool, deadline: Option<Instant>) -> Result<(), c_int> {
+    loop {
+        {
+            let mut st = lock(&rs.st);
+            let State::Connected(c) = &mut st.state else {
+                return Ok(());
+            };
+            if c.iomap_queue.is_empty() {
+                return Ok(());
+            }
+            if c.writable && c.can_send() {
+                if let Err(e) = c.post_iomap() {
+                    c.fail();
+                    return Err(e);
                 }
-                return Err(e);
+                continue;
+            }
+            if !c.writable {
+                return Err(send_error(&st));
             }
         }
+        wait_conn(rs, nonblock, deadline, |c| c.can_send() || !c.writable)?;
     }
-    Ok(done)
 }
 
-fn send(rs: &Rsock, data: &[u8], flags: c_int) -> Result<usize, c_int> {
-    send_loop(rs, data, flags, |c, left, most| {
-        let (taddr, tkey, tlen) = c.target_entry(c.target_sge);
-        let xfer = most.min(tlen);
-        let sges = c.stage(&left[..xfer as usize]);
-        // rs_write_data: the target entry moves on before the write leaves.
-        c.sseq_no = c.sseq_no.wrapping_add(1);
-        c.sqe_avail -= 1;
-        c.sbuf_bytes_avail -= xfer;
-        let i = c.target_sge;
-        c.set_target(i, (taddr.wrapping_add(u64::from(xfer)), tkey, tlen - xfer));
-        if tlen == xfer {
-            c.target_sge = (c.target_sge + 1) % SGL_SIZE as usize;
+/// Sends the bytes of `src` (a gather list) in order: as many as go without waiting on a
+/// non-blocking socket (EAGAIN if none), all of them on a blocking one unless the
+/// connection ends first (then what went, or the error if nothing did). The preload's
+/// sockets copy into the send ring, which posts them as credits allow ([`send_staged`]).
+pub(crate) fn send(rs: &Rsock, src: &[&[u8]], flags: c_int) -> Result<usize, c_int> {
+    if rs.fd.is_none() {
+        return send_staged(rs, src, flags);
+    }
+    let total: usize = src.iter().map(|s| s.len()).sum();
+    let (nonblock, deadline) = call_mode(rs, flags, true);
+    send_iomaps(rs, nonblock, deadline)?;
+    let mut done = 0usize;
+    let mut olen = OLAP_START;
+    let max = max_transfer(rs);
+    loop {
+        {
+            let mut st = lock(&rs.st);
+            let err = send_error(&st);
+            let State::Connected(c) = &mut st.state else {
+                return if done > 0 { Ok(done) } else { Err(err) };
+            };
+            if !c.writable {
+                return if done > 0 { Ok(done) } else { Err(err) };
+            }
+            while done < total && c.can_send() {
+                let most = next_xfer(&mut olen, total - done, max);
+                match c.send_data(src, done, most) {
+                    Ok(n) => done += n as usize,
+                    Err(e) => {
+                        c.fail();
+                        return if done > 0 { Ok(done) } else { Err(e) };
+                    }
+                }
+            }
+            if done == total {
+                return Ok(done);
+            }
         }
-        let m = msg(OP_DATA, xfer);
-        let op = SendOp::WriteWithImm {
-            remote_addr: taddr,
-            rkey: RKey(tkey),
-            imm: m,
-        };
-        Some(c.post(u64::from(m), op, sges).map(|()| xfer))
-    })
+        match wait_conn(rs, nonblock, deadline, |c| c.can_send() || !c.writable) {
+            Ok(()) => {}
+            Err(_) if done > 0 => return Ok(done),
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// The preload's send: the bytes go into the send ring as far as it has room (a byte
+/// buffer, as TCP's: small writes do not each wait for a credit of the peer's) and out as
+/// the credits and the peer's buffers allow, now or when they come (`Conn::flush`). Waits
+/// (blocking) or returns EAGAIN / what was taken (non-blocking) while the ring is full.
+fn send_staged(rs: &Rsock, src: &[&[u8]], flags: c_int) -> Result<usize, c_int> {
+    let total: usize = src.iter().map(|s| s.len()).sum();
+    let (nonblock, deadline) = call_mode(rs, flags, true);
+    let mut done = 0usize;
+    // Room worth taking: what is left, at most the low-water mark (no sliver of a write).
+    let want = |done: usize| (total - done).clamp(1, SNDLOWAT as usize) as u32;
+    loop {
+        {
+            let mut st = lock(&rs.st);
+            let err = send_error(&st);
+            let State::Connected(c) = &mut st.state else {
+                return if done > 0 { Ok(done) } else { Err(err) };
+            };
+            if !c.writable {
+                return if done > 0 { Ok(done) } else { Err(err) };
+            }
+            if total == 0 {
+                return Ok(0);
+            }
+            let room = c.stage_room();
+            if room >= want(done) {
+                let n = (room as usize).min(total - done) as u32;
+                c.stage_bytes(src, done, n);
+                done += n as usize;
+            }
+            if let Err(e) = c.flush(PRELOAD_MAX_TRANSFER) {
+                c.fail();
+                return if done > 0 { Ok(done) } else { Err(e) };
+            }
+            if done == total {
+                return Ok(done);
+            }
+        }
+        let need = want(done);
+        match wait_conn(rs, nonblock, deadline, |c| {
+            c.stage_room() >= need || !c.writable
+        }) {
+            Ok(()) => {}
+            Err(_) if done > 0 => return Ok(done),
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// `riowrite`: writes `data` at `offset` of what the peer mapped with `riomap`, by plain
@@ -1103,95 +966,144 @@ fn send(rs: &Rsock, data: &[u8], flags: c_int) -> Result<usize, c_int> {
 /// `rrecv`). Stops at the first byte no mapping of the peer's covers, as rsocket.c does:
 /// what was written before it is the result (0 if nothing).
 fn iowrite(rs: &Rsock, data: &[u8], mut offset: u64, flags: c_int) -> Result<usize, c_int> {
-    send_loop(rs, data, flags, |c, left, most| {
-        let (moff, addr, key, mlen) = c.find_iomap(offset)?;
-        // find_iomap checked moff <= offset < moff + mlen; no sum of the peer's values here.
-        let room = mlen - (offset - moff) as u32;
-        let xfer = most.min(room);
-        let sges = c.stage(&left[..xfer as usize]);
-        c.sqe_avail -= 1;
-        c.sbuf_bytes_avail -= xfer;
-        let op = SendOp::Write {
-            remote_addr: addr.wrapping_add(offset - moff),
-            rkey: RKey(key),
-        };
-        let r = c.post(u64::from(msg(OP_WRITE, xfer)), op, sges);
-        offset += u64::from(xfer);
-        Some(r.map(|()| xfer))
-    })
-}
-
-fn recv(rs: &Rsock, out: &mut [u8], flags: c_int) -> Result<usize, c_int> {
-    let nonblock = nonblocking(rs, flags);
-    let peek = flags & libc::MSG_PEEK != 0;
-    let waitall = flags & libc::MSG_WAITALL != 0;
+    let (nonblock, deadline) = call_mode(rs, flags, true);
+    send_iomaps(rs, nonblock, deadline)?;
     let mut done = 0usize;
-    loop {
-        let have = {
-            let st = lock(&rs.st);
-            st.conn.as_ref().ok_or(libc::ENOTCONN)?.have_rdata()
-        };
-        if !have {
-            if let Err(e) = process(rs, nonblock, |c| c.have_rdata() || !c.readable) {
-                return if done > 0 { Ok(done) } else { Err(e) };
+    let mut olen = OLAP_START;
+    while done < data.len() {
+        {
+            let mut st = lock(&rs.st);
+            let err = send_error(&st);
+            let State::Connected(c) = &mut st.state else {
+                return if done > 0 { Ok(done) } else { Err(err) };
+            };
+            if !c.writable {
+                return if done > 0 { Ok(done) } else { Err(err) };
             }
-        }
-        let mut st = lock(&rs.st);
-        let c = st.conn.as_mut().ok_or(libc::ENOTCONN)?;
-        let mut offset = c.rbuf_offset;
-        let mut i = 0;
-        while done < out.len() && i < c.rmsg.len() {
-            let len = c.rmsg[i] & 0x1FFF_FFFF;
-            let take = len.min((out.len() - done) as u32);
-            let mut left = take;
-            while left > 0 {
-                let end = c.sizes.rbuf - offset;
-                let n = left.min(end);
-                copy_out(&c.rbuf, offset as usize, &mut out[done..done + n as usize]);
-                done += n as usize;
-                left -= n;
-                offset = if n == end { 0 } else { offset + n };
-            }
-            if peek {
-                i += 1;
+            if c.can_send() {
+                let most = next_xfer(&mut olen, data.len() - done, MAX_TRANSFER);
+                match c.iowrite_step(&data[done..], offset, most) {
+                    None => return Ok(done),
+                    Some(Ok(n)) => {
+                        done += n as usize;
+                        offset += u64::from(n);
+                    }
+                    Some(Err(e)) => {
+                        c.fail();
+                        return if done > 0 { Ok(done) } else { Err(e) };
+                    }
+                }
                 continue;
             }
-            // Saturating: a hostile peer may claim more than the ring holds.
-            c.rbuf_bytes_avail = c.rbuf_bytes_avail.saturating_add(take);
-            if take == len {
-                c.rmsg.pop_front();
-                c.rseq_no = c.rseq_no.wrapping_add(1);
-            } else {
-                c.rmsg[0] = msg(OP_DATA, len - take);
-            }
-            c.rbuf_offset = offset;
         }
-        c.update_credits();
-        let readable = c.readable;
-        drop(st);
-        if peek || !waitall || done == out.len() || !readable {
-            return Ok(done);
+        match wait_conn(rs, nonblock, deadline, |c| c.can_send() || !c.writable) {
+            Ok(()) => {}
+            Err(_) if done > 0 => return Ok(done),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+/// Receives into `out` (a scatter list): what has arrived (waiting for something unless
+/// non-blocking), all of it with `MSG_WAITALL`; 0 at the end of the peer's data.
+pub(crate) fn recv(rs: &Rsock, out: &mut [&mut [u8]], flags: c_int) -> Result<usize, c_int> {
+    let total: usize = out.iter().map(|s| s.len()).sum();
+    let (nonblock, deadline) = call_mode(rs, flags, false);
+    let peek = flags & libc::MSG_PEEK != 0;
+    let waitall = flags & libc::MSG_WAITALL != 0 && !peek;
+    let mut done = 0usize;
+    loop {
+        {
+            let mut st = lock(&rs.st);
+            match &mut st.state {
+                State::Connected(c) => {
+                    if c.have_rdata() && total > done {
+                        let n = if done == 0 {
+                            c.read_into(out, peek)
+                        } else {
+                            // MSG_WAITALL's later rounds: into what is left of `out`.
+                            let mut rest = skip_into(out, done);
+                            c.read_into(&mut rest, false)
+                        };
+                        done += n;
+                        if !peek {
+                            c.update_credits();
+                        }
+                    }
+                    if total == 0 || done == total || (done > 0 && !waitall) {
+                        return Ok(done);
+                    }
+                    if !c.readable && !c.have_rdata() {
+                        return if done > 0 || !c.error {
+                            Ok(done)
+                        } else {
+                            Err(libc::ECONNRESET)
+                        };
+                    }
+                }
+                State::Connecting => {}
+                _ => return Err(libc::ENOTCONN),
+            }
+        }
+        match wait_conn(rs, nonblock, deadline, |c| c.have_rdata() || !c.readable) {
+            Ok(()) => {}
+            Err(_) if done > 0 => return Ok(done),
+            Err(e) => return Err(e),
         }
     }
 }
 
-fn shutdown(rs: &Rsock, how: c_int) -> Result<(), c_int> {
+/// The parts of `out` past its first `skip` bytes.
+fn skip_into<'a>(out: &'a mut [&mut [u8]], mut skip: usize) -> Vec<&'a mut [u8]> {
+    let mut v = Vec::new();
+    for s in out.iter_mut() {
+        if skip >= s.len() {
+            skip -= s.len();
+            continue;
+        }
+        v.push(&mut s[skip..]);
+        skip = 0;
+    }
+    v
+}
+
+/// Bytes waiting to be read (FIONREAD).
+pub(crate) fn pending(rs: &Rsock) -> usize {
+    match &lock(&rs.st).state {
+        State::Connected(c) => c.rbytes(),
+        _ => 0,
+    }
+}
+
+/// `shutdown`: SHUT_WR sends the shutdown message (the peer reads the end of the stream),
+/// SHUT_RDWR the disconnect message; both wait up to [`LINGER`] for what was sent.
+pub(crate) fn shutdown(rs: &Rsock, how: c_int) -> Result<(), c_int> {
     let ctrl = {
         let mut st = lock(&rs.st);
-        let Some(c) = st.conn.as_mut() else {
+        let State::Connected(c) = &mut st.state else {
             return Err(libc::ENOTCONN);
         };
         if !c.connected {
-            None
+            match how {
+                libc::SHUT_RD => None,
+                libc::SHUT_WR | libc::SHUT_RDWR => {
+                    c.shut_wr = true;
+                    None
+                }
+                _ => return Err(libc::EINVAL),
+            }
         } else {
             match how {
                 libc::SHUT_RDWR => {
                     c.readable = false;
                     c.writable = false;
+                    c.shut_wr = true;
                     Some(CTRL_DISCONNECT)
                 }
                 libc::SHUT_WR => {
                     c.writable = false;
+                    c.shut_wr = true;
                     Some(if c.readable {
                         CTRL_SHUTDOWN
                     } else {
@@ -1206,101 +1118,321 @@ fn shutdown(rs: &Rsock, how: c_int) -> Result<(), c_int> {
             }
         }
     };
+    rs.bump();
     if let Some(ctrl) = ctrl {
-        let _ = process(rs, false, |c| c.ctrl_avail() || !c.connected);
-        let mut st = lock(&rs.st);
-        if let Some(c) = st.conn.as_mut() {
-            if c.connected && c.ctrl_avail() {
-                c.ctrl_seqno = c.ctrl_seqno.wrapping_add(1);
-                if c.post_msg(msg(OP_CTRL, ctrl)).is_err() {
-                    c.fail();
-                }
-            }
-        }
+        send_ctrl(rs, ctrl, Instant::now() + LINGER);
     }
-    let _ = process(rs, false, Conn::all_sends_done);
     Ok(())
 }
 
-fn close(rs: &Arc<Rsock>) -> Result<(), c_int> {
-    table().remove(&rs.fd.as_raw_fd());
-    rs.stop.store(true, Ordering::Release);
-    // A thread blocked in `raccept` on this socket returns (EINVAL) instead of waiting on.
-    lock(&rs.st).listening = false;
-    let connected = lock(&rs.st).conn.as_ref().is_some_and(|c| c.connected);
-    if connected {
-        let _ = shutdown(rs, libc::SHUT_RDWR);
+/// Sends control message `ctrl` once a control slot is free, then waits for every send to
+/// be acknowledged; both up to `deadline`.
+fn send_ctrl(rs: &Rsock, ctrl: u32, deadline: Instant) {
+    let _ = wait_conn(rs, false, Some(deadline), |c| {
+        c.ctrl_avail() || !c.connected
+    });
+    if let State::Connected(c) = &mut lock(&rs.st).state {
+        c.send_ctrl(ctrl);
     }
-    let conn = lock(&rs.st).conn.take();
-    if let Some(c) = conn {
-        if !c.ib.is_disconnected() {
-            let _ = c.ib.disconnect();
+    let _ = wait_conn(rs, false, Some(deadline), Conn::all_sends_done);
+}
+
+/// Closes the socket: a listener stops (and closes what it accepted and nobody took), a
+/// connection sends its disconnect message and waits up to `linger` for what it sent; the
+/// CM's disconnect and the freeing follow, on a background thread when `background`.
+pub(crate) fn close(rs: &Arc<Rsock>, linger: Duration, background: bool) {
+    if let Some(fd) = &rs.fd {
+        table().remove(&fd.as_raw_fd());
+    }
+    rs.stop.store(true, Ordering::Release);
+    let (listening, live) = {
+        let st = lock(&rs.st);
+        (
+            matches!(st.state, State::Listening),
+            matches!(&st.state, State::Connected(c) if c.connected),
+        )
+    };
+    if listening {
+        lock(&rs.st).state = State::Done;
+        let waiting: Vec<_> = lock(&rs.accepted).drain(..).collect();
+        for w in waiting {
+            close(&w, Duration::ZERO, background);
         }
     }
-    // Connections accepted but never taken.
-    let waiting: Vec<_> = lock(&rs.accepted).drain(..).collect();
-    for w in waiting {
-        let _ = close(&w);
+    if live && !linger.is_zero() {
+        send_ctrl(rs, CTRL_DISCONNECT, Instant::now() + linger);
     }
-    Ok(())
+    let was = std::mem::replace(&mut lock(&rs.st).state, State::Done);
+    if let State::Connected(c) = was {
+        let finish = move || {
+            if !c.ib.is_disconnected() {
+                let _ = c.ib.disconnect();
+            }
+            drop(c);
+        };
+        if background {
+            reap(Box::new(finish));
+        } else {
+            finish();
+        }
+    }
+    rs.bump();
+}
+
+/// Runs `f` on the reaper thread (the CM's disconnect, which may wait for an absent peer).
+fn reap(f: Box<dyn FnOnce() + Send>) {
+    type Job = Box<dyn FnOnce() + Send>;
+    static TX: OnceLock<Mutex<std::sync::mpsc::Sender<Job>>> = OnceLock::new();
+    let tx = TX.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        let _ = spawn_quiet("srdma-rs-reap", move || {
+            while let Ok(f) = rx.recv() {
+                f();
+            }
+        });
+        Mutex::new(tx)
+    });
+    let _ = lock(tx).send(f);
+}
+
+/// Waits up to `limit` for what every connected socket of the process sent to be
+/// acknowledged (at exit: nothing a program wrote before it exits is lost in flight).
+pub(crate) fn flush_all(socks: &[Arc<Rsock>], limit: Duration) {
+    let deadline = Instant::now() + limit;
+    for rs in socks {
+        let _ = wait_conn(rs, false, Some(deadline), Conn::all_sends_done);
+    }
 }
 
 // ---------------------------------------------------------------------------------------
-// Readiness (rpoll).
+// Readiness.
 
-/// The events of `events` ready on `rs` now (after taking its completions), and the
-/// descriptor to sleep on until that may change.
-pub(crate) fn poll_rs(rs: &Rsock, events: i16) -> (i16, RawFd) {
-    let mut st = lock(&rs.st);
-    if st.listening {
-        let ready = !lock(&rs.accepted).is_empty();
-        let r = if ready { events & libc::POLLIN } else { 0 };
-        return (r, rs.fd.as_raw_fd());
+/// The socket's readiness now, as poll(2) bits (without taking completions: the caller
+/// runs the reactors first).
+pub(crate) fn readiness(rs: &Rsock) -> i16 {
+    let st = lock(&rs.st);
+    match &st.state {
+        State::Listening => {
+            if lock(&rs.accepted).is_empty() {
+                0
+            } else {
+                libc::POLLIN
+            }
+        }
+        State::Idle => {
+            if st.err != 0 {
+                libc::POLLOUT | libc::POLLERR | libc::POLLHUP
+            } else {
+                libc::POLLOUT | libc::POLLHUP
+            }
+        }
+        State::Connecting => 0,
+        State::Done => libc::POLLNVAL,
+        State::Connected(c) if rs.fd.is_none() => {
+            // The preload's sockets, as a kernel TCP socket polls: the peer's close is the
+            // end of the stream (IN, RDHUP) and leaves the socket writable (a write fails
+            // with EPIPE at once); HUP once both directions are shut, ERR on an error.
+            let mut r = 0;
+            if c.have_rdata() || !c.readable {
+                r |= libc::POLLIN;
+            }
+            if c.peer_done {
+                r |= libc::POLLRDHUP;
+            }
+            // Writable also when a write would fail at once (EPIPE), as the kernel says.
+            if c.shut_wr || !c.connected || (c.writable && c.stage_room() >= SNDLOWAT) {
+                r |= libc::POLLOUT;
+            }
+            if c.error {
+                r |= libc::POLLERR | libc::POLLHUP;
+            } else if !c.connected && c.shut_wr && c.peer_done && !c.have_rdata() {
+                r |= libc::POLLHUP;
+            }
+            r
+        }
+        State::Connected(c) => {
+            let mut r = 0;
+            if c.have_rdata() || !c.readable {
+                r |= libc::POLLIN;
+            }
+            if c.peer_done {
+                r |= libc::POLLRDHUP;
+            }
+            if c.writable && c.can_send() {
+                r |= libc::POLLOUT;
+            }
+            // A hang-up shows once the data that came before it has been read (as a TCP
+            // socket reports its peer's close): rsocket.c reports it at once, and rstream -T
+            // a, which stops at POLLHUP, then failed one run in three when the peer's
+            // disconnect message arrived right behind its last data.
+            if !c.connected && !c.have_rdata() {
+                r |= if c.error {
+                    libc::POLLERR | libc::POLLHUP
+                } else {
+                    libc::POLLHUP
+                };
+            }
+            r
+        }
     }
-    let Some(c) = st.conn.as_mut() else {
-        // Neither listening nor connected: writable (a connect would not block) only.
-        return (events & libc::POLLOUT, -1);
-    };
-    c.update_credits();
-    c.poll_cq();
-    c.update_credits();
-    let mut r = 0;
-    if events & libc::POLLIN != 0 && (c.have_rdata() || !c.readable) {
-        r |= libc::POLLIN;
-    }
-    if events & libc::POLLOUT != 0 && c.can_send() {
-        r |= libc::POLLOUT;
-    }
-    // A hang-up shows once the data that came before it has been read (as a TCP socket
-    // reports its peer's close): rsocket.c reports it at once, and rstream -T a, which
-    // stops at POLLHUP, then failed one run in three when the peer's disconnect message
-    // arrived right behind its last data.
-    if !c.connected && !c.have_rdata() {
-        r |= if c.error {
-            libc::POLLERR
-        } else {
-            libc::POLLHUP
-        };
-    }
-    if r == 0 && !c.armed {
-        c.cq.req_notify(false);
-        c.armed = true;
-        // A completion may have come between the poll and the arming.
-        return (0, -2);
-    }
-    (r, c.ch.as_fd().as_raw_fd())
 }
 
-/// After a sleep on `rs`'s channel: takes its event so the next arming counts.
-pub(crate) fn woke(rs: &Rsock) {
+/// Whether the socket is (still) an rsocket of its own: not idle (a preload socket idle
+/// has its kernel socket's readiness) and not handed over.
+pub(crate) fn is_active(rs: &Rsock) -> bool {
+    !matches!(lock(&rs.st).state, State::Idle | State::Done)
+}
+
+/// `connect` on a connected socket: 0 the first time after a background connect
+/// succeeded (as the kernel's), EISCONN after that.
+pub(crate) fn connect_again(rs: &Rsock) -> Result<(), c_int> {
     let mut st = lock(&rs.st);
-    if let Some(c) = st.conn.as_mut() {
-        if c.armed {
-            if let Ok(Some(_)) = c.ch.get_event(Some(Duration::ZERO)) {
-                c.armed = false;
+    if std::mem::take(&mut st.untold) {
+        Ok(())
+    } else {
+        Err(libc::EISCONN)
+    }
+}
+
+/// Whether a preload socket is done as an rsocket (closed, or handed to the kernel): its
+/// kernel socket answers for it now.
+pub(crate) fn handed_over(rs: &Rsock) -> bool {
+    rs.fd.is_none() && matches!(lock(&rs.st).state, State::Done)
+}
+
+/// Whether a connect runs in the background.
+pub(crate) fn is_connecting(rs: &Rsock) -> bool {
+    matches!(lock(&rs.st).state, State::Connecting)
+}
+
+/// Whether the socket listens.
+pub(crate) fn is_listening(rs: &Rsock) -> bool {
+    matches!(lock(&rs.st).state, State::Listening)
+}
+
+/// Whether the socket is connected (or was: the peer may have gone since).
+pub(crate) fn is_connected(rs: &Rsock) -> bool {
+    matches!(lock(&rs.st).state, State::Connected(_))
+}
+
+/// The reactors of `socks`' connections, once each.
+pub(crate) fn reactors_of<'a>(
+    socks: impl IntoIterator<Item = &'a Arc<Rsock>>,
+) -> Vec<Arc<Reactor>> {
+    let mut v: Vec<Arc<Reactor>> = Vec::new();
+    for rs in socks {
+        if let Some(r) = rs.reactor() {
+            if !v.iter().any(|x| Arc::ptr_eq(x, &r)) {
+                v.push(r);
             }
         }
     }
+    v
+}
+
+// ---------------------------------------------------------------------------------------
+// Socket state the preload and the C API share.
+
+/// Sets the socket's local address (`bind`): EADDRNOTAVAIL for an address no device has.
+pub(crate) fn bind(rs: &Rsock, a: SocketAddr) -> Result<(), c_int> {
+    if !a.ip().is_unspecified() && crate::rdmacm::dev_for(a.ip()).is_none() {
+        return Err(libc::EADDRNOTAVAIL);
+    }
+    let mut st = lock(&rs.st);
+    if !matches!(st.state, State::Idle) || st.local.is_some() {
+        return Err(libc::EINVAL);
+    }
+    st.local = Some(a);
+    Ok(())
+}
+
+/// The socket's local (or the peer's) address.
+pub(crate) fn name(rs: &Rsock, peer: bool) -> Result<SocketAddr, c_int> {
+    let st = lock(&rs.st);
+    if peer && !matches!(st.state, State::Connected(_)) {
+        return Err(libc::ENOTCONN);
+    }
+    let a = if peer { st.peer } else { st.local };
+    a.ok_or(if peer { libc::ENOTCONN } else { libc::EINVAL })
+}
+
+/// Sets `O_NONBLOCK`.
+pub(crate) fn set_nonblock(rs: &Rsock, on: bool) {
+    lock(&rs.st).nonblock = on;
+}
+
+/// Takes `SO_ERROR`.
+pub(crate) fn take_error(rs: &Rsock) -> c_int {
+    std::mem::take(&mut lock(&rs.st).err)
+}
+
+/// Sets an option the preload passes on after the kernel took it: ring sizes, timeouts,
+/// `IPV6_V6ONLY`, `TCP_NODELAY`, `SO_KEEPALIVE` (kept).
+pub(crate) fn note_option(rs: &Rsock, level: c_int, name: c_int, v: c_int, tv: Option<Duration>) {
+    let mut st = lock(&rs.st);
+    let before = matches!(st.state, State::Idle);
+    match (level, name) {
+        (libc::SOL_SOCKET, libc::SO_SNDBUF) if before => {
+            st.sizes.sbuf = (v.max(1) as u32)
+                .saturating_mul(2)
+                .clamp(SNDLOWAT * 4, 1 << 28);
+        }
+        (libc::SOL_SOCKET, libc::SO_RCVBUF) if before => {
+            st.sizes.rbuf = (v.max(1) as u32)
+                .saturating_mul(2)
+                .clamp(SNDLOWAT * 4, 1 << 28);
+        }
+        (libc::SOL_SOCKET, libc::SO_RCVTIMEO) => st.rcvtimeo = tv.filter(|t| !t.is_zero()),
+        (libc::SOL_SOCKET, libc::SO_SNDTIMEO) => st.sndtimeo = tv.filter(|t| !t.is_zero()),
+        (libc::SOL_SOCKET, libc::SO_KEEPALIVE) => st.keepalive = v,
+        (libc::IPPROTO_IPV6, libc::IPV6_V6ONLY) => st.v6only = v != 0,
+        (libc::IPPROTO_TCP, libc::TCP_NODELAY) => st.nodelay = v,
+        _ => {}
+    }
+}
+
+/// `riomap` on a connected socket (see [`c_iomap`]).
+fn iomap(rs: &Rsock, buf: *mut u8, len: usize, prot: c_int, offset: i64) -> Result<i64, c_int> {
+    let mut st = lock(&rs.st);
+    let State::Connected(c) = &mut st.state else {
+        return Err(libc::EINVAL);
+    };
+    if prot & !libc::PROT_WRITE != 0 {
+        return Err(libc::EINVAL);
+    }
+    let remote = prot & libc::PROT_WRITE != 0;
+    let slot = if remote {
+        Some(
+            c.iomaps
+                .iter()
+                .position(Option::is_none)
+                .ok_or(libc::ENOMEM)?,
+        )
+    } else {
+        None
+    };
+    let access = if remote {
+        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE
+    } else {
+        AccessFlags::LOCAL_WRITE
+    };
+    // SAFETY: the caller keeps the range mapped until riounmap or rclose, which drop the
+    // region (c_iomap's contract, riomap's).
+    let mr = unsafe { c.pd().reg_user_mr(buf, len, buf as u64, access) }
+        .map_err(|e| crate::errno_of(&e))?;
+    let offset = if offset == -1 { buf as i64 } else { offset };
+    let map = IoMap {
+        offset: offset as u64,
+        mr,
+    };
+    match slot {
+        Some(i) => {
+            c.iomaps[i] = Some(map);
+            c.iomap_queue.push_back(i);
+        }
+        None => c.local_maps.push(map),
+    }
+    Ok(offset)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1315,8 +1447,8 @@ pub(crate) fn c_socket(domain: c_int, ty: c_int, protocol: c_int) -> Result<c_in
     if base != libc::SOCK_STREAM || (protocol != 0 && protocol != libc::IPPROTO_TCP) {
         return Err(libc::EOPNOTSUPP);
     }
-    let rs = new_sock(Sizes::default(), ty & libc::SOCK_NONBLOCK != 0)?;
-    Ok(rs.fd.as_raw_fd())
+    let rs = new_sock(Sizes::default(), ty & libc::SOCK_NONBLOCK != 0, true)?;
+    Ok(rs.fd.as_ref().map_or(-1, |f| f.as_raw_fd()))
 }
 
 fn get(fd: c_int) -> Result<Arc<Rsock>, c_int> {
@@ -1325,17 +1457,7 @@ fn get(fd: c_int) -> Result<Arc<Rsock>, c_int> {
 
 /// `rbind`.
 pub(crate) fn c_bind(fd: c_int, addr: Option<SocketAddr>) -> Result<(), c_int> {
-    let rs = get(fd)?;
-    let a = addr.ok_or(libc::EINVAL)?;
-    if !a.ip().is_unspecified() && crate::rdmacm::dev_for(a.ip()).is_none() {
-        return Err(libc::EADDRNOTAVAIL);
-    }
-    let mut st = lock(&rs.st);
-    if st.listening || st.conn.is_some() || st.local.is_some() {
-        return Err(libc::EINVAL);
-    }
-    st.local = Some(a);
-    Ok(())
+    bind(&*get(fd)?, addr.ok_or(libc::EINVAL)?)
 }
 
 /// `rlisten`.
@@ -1347,28 +1469,24 @@ pub(crate) fn c_listen(fd: c_int) -> Result<(), c_int> {
 pub(crate) fn c_accept(fd: c_int) -> Result<(c_int, Option<SocketAddr>), c_int> {
     let n = accept(&*get(fd)?)?;
     let peer = lock(&n.st).peer;
-    Ok((n.fd.as_raw_fd(), peer))
+    Ok((n.fd.as_ref().map_or(-1, |f| f.as_raw_fd()), peer))
 }
 
-/// `rconnect`.
+/// `rconnect`: a blocking socket connects before returning; a non-blocking one returns
+/// EINPROGRESS and connects in the background (rsocket.c's behaviour).
 pub(crate) fn c_connect(fd: c_int, addr: Option<SocketAddr>) -> Result<(), c_int> {
     let rs = get(fd)?;
     let dst = addr.ok_or(libc::EINVAL)?;
-    let dst = match dst {
-        SocketAddr::V6(v6) if v6.ip().to_ipv4_mapped().is_some() => {
-            SocketAddr::new(v6.ip().to_ipv4_mapped().expect("checked").into(), v6.port())
-        }
-        d => d,
+    let mode = if lock(&rs.st).nonblock {
+        ConnectMode::Async(None)
+    } else {
+        ConnectMode::Blocking
     };
-    let r = connect(&rs, dst);
-    if let Err(e) = r {
-        lock(&rs.st).err = e;
-    }
-    r
+    connect(&rs, dst, mode, Duration::from_secs(5))
 }
 
 /// `rsend` and friends.
-pub(crate) fn c_send(fd: c_int, data: &[u8], flags: c_int) -> Result<usize, c_int> {
+pub(crate) fn c_send(fd: c_int, data: &[&[u8]], flags: c_int) -> Result<usize, c_int> {
     send(&*get(fd)?, data, flags)
 }
 
@@ -1394,45 +1512,7 @@ pub(crate) unsafe fn c_iomap(
     prot: c_int,
     offset: i64,
 ) -> Result<i64, c_int> {
-    let rs = get(fd)?;
-    let mut st = lock(&rs.st);
-    let c = st.conn.as_mut().ok_or(libc::EINVAL)?;
-    if prot & !libc::PROT_WRITE != 0 {
-        return Err(libc::EINVAL);
-    }
-    let remote = prot & libc::PROT_WRITE != 0;
-    let slot = if remote {
-        Some(
-            c.iomaps
-                .iter()
-                .position(Option::is_none)
-                .ok_or(libc::ENOMEM)?,
-        )
-    } else {
-        None
-    };
-    let access = if remote {
-        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE
-    } else {
-        AccessFlags::LOCAL_WRITE
-    };
-    // SAFETY: the caller keeps the range mapped until riounmap or rclose, which drop the
-    // region (this function's contract, riomap's).
-    let mr = unsafe { c._pd.reg_user_mr(buf, len, buf as u64, access) }
-        .map_err(|e| crate::errno_of(&e))?;
-    let offset = if offset == -1 { buf as i64 } else { offset };
-    let map = IoMap {
-        offset: offset as u64,
-        mr,
-    };
-    match slot {
-        Some(i) => {
-            c.iomaps[i] = Some(map);
-            c.iomap_queue.push_back(i);
-        }
-        None => c.local_maps.push(map),
-    }
-    Ok(offset)
+    iomap(&*get(fd)?, buf, len, prot, offset)
 }
 
 /// `riounmap`: drops the mapping of exactly `len` bytes at `buf` (EINVAL if there is none).
@@ -1440,7 +1520,9 @@ pub(crate) unsafe fn c_iomap(
 pub(crate) fn c_iounmap(fd: c_int, buf: *mut u8, len: usize) -> Result<(), c_int> {
     let rs = get(fd)?;
     let mut st = lock(&rs.st);
-    let c = st.conn.as_mut().ok_or(libc::EINVAL)?;
+    let State::Connected(c) = &mut st.state else {
+        return Err(libc::EINVAL);
+    };
     let is = |m: &IoMap| m.mr.addr() == buf as u64 && m.mr.len() == len;
     if let Some(i) = c.iomaps.iter().position(|m| m.as_ref().is_some_and(is)) {
         c.iomaps[i] = None;
@@ -1456,7 +1538,7 @@ pub(crate) fn c_iounmap(fd: c_int, buf: *mut u8, len: usize) -> Result<(), c_int
 }
 
 /// `rrecv` and friends.
-pub(crate) fn c_recv(fd: c_int, out: &mut [u8], flags: c_int) -> Result<usize, c_int> {
+pub(crate) fn c_recv(fd: c_int, out: &mut [&mut [u8]], flags: c_int) -> Result<usize, c_int> {
     recv(&*get(fd)?, out, flags)
 }
 
@@ -1467,15 +1549,13 @@ pub(crate) fn c_shutdown(fd: c_int, how: c_int) -> Result<(), c_int> {
 
 /// `rclose`.
 pub(crate) fn c_close(fd: c_int) -> Result<(), c_int> {
-    close(&get(fd)?)
+    close(&get(fd)?, Duration::from_secs(5), false);
+    Ok(())
 }
 
 /// `rgetpeername` (peer) and `rgetsockname`.
 pub(crate) fn c_name(fd: c_int, peer: bool) -> Result<SocketAddr, c_int> {
-    let rs = get(fd)?;
-    let st = lock(&rs.st);
-    let a = if peer { st.peer } else { st.local };
-    a.ok_or(if peer { libc::ENOTCONN } else { libc::EINVAL })
+    name(&*get(fd)?, peer)
 }
 
 /// `rsetsockopt` with an int value (`None`: the option is not one rsockets knows).
@@ -1483,7 +1563,7 @@ pub(crate) fn c_setsockopt(fd: c_int, level: c_int, name: c_int, v: c_int) -> Re
     let rs = get(fd)?;
     let mut st = lock(&rs.st);
     // A listener's sizes are its connections' (rsocket.c takes them until the rings exist).
-    let before_connect = st.conn.is_none();
+    let before_connect = matches!(st.state, State::Idle | State::Listening);
     match (level, name) {
         (libc::SOL_SOCKET, libc::SO_REUSEADDR) | (libc::SOL_SOCKET, libc::SO_LINGER) => {}
         (libc::SOL_SOCKET, libc::SO_KEEPALIVE) => st.keepalive = v,
@@ -1497,6 +1577,7 @@ pub(crate) fn c_setsockopt(fd: c_int, level: c_int, name: c_int, v: c_int) -> Re
         (libc::IPPROTO_TCP, libc::TCP_NODELAY) => st.nodelay = v,
         (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE) => st.keepidle = v,
         (libc::IPPROTO_TCP, libc::TCP_MAXSEG) => {}
+        (libc::IPPROTO_IPV6, libc::IPV6_V6ONLY) => st.v6only = v != 0,
         (SOL_RDMA, RDMA_SQSIZE) if before_connect => {
             st.sizes.sq = v.clamp(16, 0xFFFE) as u16;
         }
@@ -1550,88 +1631,12 @@ pub(crate) fn c_fcntl(fd: c_int, cmd: c_int, arg: c_int) -> Result<c_int, c_int>
     }
 }
 
-/// `rpoll`: rsockets and ordinary descriptors together. An rsocket's readiness comes from
-/// its completions (taken here); between looks this sleeps on its completion channel (a
-/// listener: on its accept queue's descriptor) beside the ordinary descriptors.
+/// `rpoll`: rsockets and ordinary descriptors together (see [`wait::poll`]).
 pub(crate) fn c_poll(fds: &mut [libc::pollfd], timeout: c_int) -> Result<c_int, c_int> {
-    let deadline =
-        (timeout >= 0).then(|| std::time::Instant::now() + Duration::from_millis(timeout as u64));
-    let socks: Vec<Option<Arc<Rsock>>> = fds.iter().map(|p| lookup(p.fd)).collect();
-    loop {
-        let mut sleep: Vec<libc::pollfd> = Vec::with_capacity(fds.len());
-        let mut ready = 0;
-        for (p, rs) in fds.iter_mut().zip(&socks) {
-            p.revents = 0;
-            match rs {
-                Some(rs) => {
-                    let (mut r, mut wfd) = poll_rs(rs, p.events);
-                    if wfd == -2 {
-                        (r, wfd) = poll_rs(rs, p.events);
-                    }
-                    p.revents = r;
-                    if r != 0 {
-                        ready += 1;
-                    }
-                    sleep.push(libc::pollfd {
-                        fd: wfd.max(-1),
-                        events: libc::POLLIN,
-                        revents: 0,
-                    });
-                }
-                None => sleep.push(libc::pollfd {
-                    fd: p.fd,
-                    events: p.events,
-                    revents: 0,
-                }),
-            }
-        }
-        let wait_ms = if ready > 0 {
-            0
-        } else {
-            match deadline {
-                Some(d) => d
-                    .saturating_duration_since(std::time::Instant::now())
-                    .as_millis()
-                    .min(c_int::MAX as u128) as c_int,
-                None => -1,
-            }
-        };
-        // The rsockets' own readiness is already known when some are ready: look at the
-        // ordinary descriptors only.
-        if ready > 0 {
-            for (s, rs) in sleep.iter_mut().zip(&socks) {
-                if rs.is_some() {
-                    s.fd = -1;
-                }
-            }
-        }
-        // SAFETY: `sleep` is a live array of its length.
-        let n = unsafe { libc::poll(sleep.as_mut_ptr(), sleep.len() as libc::nfds_t, wait_ms) };
-        if n < 0 {
-            return Err(std::io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EIO));
-        }
-        for ((p, s), rs) in fds.iter_mut().zip(&sleep).zip(&socks) {
-            match rs {
-                None => {
-                    p.revents = s.revents;
-                    if s.revents != 0 {
-                        ready += 1;
-                    }
-                }
-                Some(rs) => {
-                    if s.revents != 0 {
-                        woke(rs);
-                    }
-                }
-            }
-        }
-        if ready > 0 {
-            return Ok(ready);
-        }
-        if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
-            return Ok(0);
-        }
-    }
+    let srcs: Vec<wait::Src> = fds
+        .iter()
+        .map(|p| lookup(p.fd).map_or(wait::Src::Kernel, wait::Src::Rs))
+        .collect();
+    let t = (timeout >= 0).then(|| Duration::from_millis(timeout as u64));
+    wait::poll(fds, &srcs, t, None)
 }
