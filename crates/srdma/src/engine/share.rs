@@ -8,14 +8,16 @@
 //! flight, far more than the ring or socket holds: the ring then holds them back for
 //! seconds (longer than their retransmission timers) and a socket drops. A NIC schedules
 //! its QPs round robin for the same reason. The cap is [`SHARE_BUDGET_PSNS`] divided among
-//! the QPs with work to that peer: no effect on one QP alone (1024 < 2048), 128 PSNs each
-//! for 16, the floor ([`srdma_proto::congestion::MIN_WINDOW_PSNS`]) from 512 on.
+//! the QPs with work to that peer: no effect up to 16 QPs (a window is at most
+//! [`srdma_proto::congestion::MAX_WINDOW_PSNS`], 1024), 64 PSNs each for 256, the floor
+//! ([`srdma_proto::congestion::MIN_WINDOW_PSNS`]) from 4096 on.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
 
-/// PSNs in flight that one peer address gets from this device at most, all QPs together
-/// (8 MiB of 4 KiB packets).
+/// PSNs in flight that one peer address gets from this device at most, all QPs together:
+/// 16 MiB of 1 KiB packets (the MTU perftest picks), 64 MiB of 4 KiB ones. The ring or
+/// socket buffer holding back the excess is what keeps the total in check beyond it.
 pub(super) const SHARE_BUDGET_PSNS: u32 = 16384;
 
 /// QPs with work, per destination address.
@@ -63,7 +65,11 @@ mod tests {
         for _ in 0..14 {
             s.update(None, Some(a));
         }
-        assert_eq!(s.update(Some(a), Some(a)), 128, "16 QPs to a");
+        assert_eq!(
+            s.update(Some(a), Some(a)),
+            1024,
+            "16 QPs to a: a full window each"
+        );
         // One goes idle, one moves to b.
         assert_eq!(s.update(Some(a), None), u32::MAX);
         assert_eq!(s.update(Some(a), Some(b)), SHARE_BUDGET_PSNS / 2);
