@@ -399,6 +399,32 @@ fn print_stats(args: &Args, out: &mut impl Write) -> anyhow::Result<bool> {
             line.push_str(&format!(" {k} {v}"));
         }
         writeln!(out, "{line}")?;
+        // The congestion control of the QPs with sends outstanding.
+        for q in &d.qps {
+            let rate = q.rate.map_or_else(
+                || "unpaced".to_owned(),
+                |r| format!("{:.1}MiB/s", r as f64 / f64::from(1 << 20)),
+            );
+            let srtt = q
+                .srtt_us
+                .map_or_else(|| "-".to_owned(), |t| format!("{t}us"));
+            writeln!(
+                out,
+                "    qp {:#x} window {} rate {rate} srtt {srtt} timeouts {} cnps {} recovery {}",
+                q.qpn,
+                q.window_psns,
+                q.timeouts,
+                q.cnps,
+                if q.selective_repeat {
+                    "selective-repeat"
+                } else {
+                    "go-back-N"
+                }
+            )?;
+        }
+        if d.qps_more > 0 {
+            writeln!(out, "    ({} more QPs with sends outstanding)", d.qps_more)?;
+        }
     }
     Ok(true)
 }

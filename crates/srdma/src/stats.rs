@@ -23,12 +23,17 @@
 //! counter rx_datagrams 17
 //! counter tx_datagrams 17
 //! ...
+//! qp 0x1a2b window 64 rate - srtt_us 41 timeouts 0 cnps 0 recovery sr
 //! ```
 //!
 //! `start` is the process's start time (field 22 of `/proc/<pid>/stat`, absent where `/proc`
 //! cannot be read), so a file is not mistaken for a live device once its pid is reused. The
 //! device counters come first, then the sum of the QP transport counters, each in the order
-//! of its `entries()`. Files are written to a temporary name and renamed, so a reader never
+//! of its `entries()`; then a `qp` line for each connected QP that has sends outstanding (at
+//! most [`MAX_QP_LINES`], then `qps_more N`): its congestion window (PSNs), pacing rate
+//! (bytes per second, `-` when not paced), smoothed RTT (µs, `-` before the first sample),
+//! timeouts, CNPs taken in, and how it recovers losses (`sr` selective repeat, `gbn`
+//! go-back-N). Files are written to a temporary name and renamed, so a reader never
 //! sees half a file. The device writes at open, then at most once a second, and removes the
 //! file when it closes; files of processes that died without closing are removed by the next
 //! reader. The counters are read under the device's lock, but the file is written after it
@@ -175,6 +180,7 @@ impl Publisher {
         p.render(
             &DeviceCounters::default(),
             &srdma_proto::Counters::default(),
+            &[],
         )
         .commit()
         .then_some(p)
@@ -188,6 +194,7 @@ impl Publisher {
         &mut self,
         dev: &DeviceCounters,
         qp: &srdma_proto::Counters,
+        qps: &[QpLine],
         now: Instant,
     ) -> Option<Pending> {
         let changed = (*dev, *qp) != self.written;
@@ -204,7 +211,7 @@ impl Publisher {
         self.last = Some(now);
         self.written = (*dev, *qp);
         self.dirty = false;
-        Some(self.render(dev, qp))
+        Some(self.render(dev, qp, qps))
     }
 
     /// Whether a write would be rate-limited at `now` anyway: the caller need not sum the QP
@@ -235,10 +242,27 @@ impl Publisher {
     }
 
     /// The file's contents for these counters, to write under a temporary name of its own.
-    fn render(&self, dev: &DeviceCounters, qp: &srdma_proto::Counters) -> Pending {
+    fn render(&self, dev: &DeviceCounters, qp: &srdma_proto::Counters, qps: &[QpLine]) -> Pending {
         let mut text = self.header.clone();
         for (k, v) in dev.entries().into_iter().chain(qp.entries()) {
             let _ = writeln!(text, "counter {k} {v}");
+        }
+        for q in qps.iter().take(MAX_QP_LINES) {
+            let opt = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |v| v.to_string());
+            let _ = writeln!(
+                text,
+                "qp {:#x} window {} rate {} srtt_us {} timeouts {} cnps {} recovery {}",
+                q.qpn,
+                q.window_psns,
+                opt(q.rate),
+                opt(q.srtt_us),
+                q.timeouts,
+                q.cnps,
+                if q.selective_repeat { "sr" } else { "gbn" }
+            );
+        }
+        if qps.len() > MAX_QP_LINES {
+            let _ = writeln!(text, "qps_more {}", qps.len() - MAX_QP_LINES);
         }
         let k = WRITES.fetch_add(1, Ordering::Relaxed);
         let mut tmp = self.tmp.clone().into_os_string();
@@ -276,6 +300,78 @@ pub struct LiveDevice {
     pub pid: u32,
     /// Counter name and value (device counters, then the QP transport counters).
     pub counters: Vec<(String, u64)>,
+    /// The congestion control of its connected QPs with sends outstanding (at most
+    /// [`MAX_QP_LINES`]).
+    pub qps: Vec<QpLine>,
+    /// Such QPs left out of `qps`.
+    pub qps_more: u64,
+}
+
+/// The most `qp` lines a statistics file holds.
+pub const MAX_QP_LINES: usize = 256;
+
+/// Where one QP's congestion control stands, as a statistics file holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpLine {
+    /// The QP number.
+    pub qpn: u32,
+    /// The congestion window, PSNs.
+    pub window_psns: u32,
+    /// The pacing rate, bytes per second (`None`: not paced).
+    pub rate: Option<u64>,
+    /// The smoothed RTT, µs (`None`: no sample yet).
+    pub srtt_us: Option<u64>,
+    /// Retransmission timeouts the window collapsed for.
+    pub timeouts: u64,
+    /// CNPs taken in.
+    pub cnps: u64,
+    /// Selective repeat agreed (else go-back-N).
+    pub selective_repeat: bool,
+}
+
+impl QpLine {
+    /// Parses the rest of a `qp` line.
+    fn parse(rest: &str) -> Option<QpLine> {
+        let f: Vec<&str> = rest.split(' ').collect();
+        let [
+            qpn,
+            "window",
+            w,
+            "rate",
+            r,
+            "srtt_us",
+            t,
+            "timeouts",
+            to,
+            "cnps",
+            c,
+            "recovery",
+            rec,
+        ] = f[..]
+        else {
+            return None;
+        };
+        let opt = |v: &str| -> Option<Option<u64>> {
+            if v == "-" {
+                Some(None)
+            } else {
+                v.parse().ok().map(Some)
+            }
+        };
+        Some(QpLine {
+            qpn: u32::from_str_radix(qpn.strip_prefix("0x")?, 16).ok()?,
+            window_psns: w.parse().ok()?,
+            rate: opt(r)?,
+            srtt_us: opt(t)?,
+            timeouts: to.parse().ok()?,
+            cnps: c.parse().ok()?,
+            selective_repeat: match rec {
+                "sr" => true,
+                "gbn" => false,
+                _ => return None,
+            },
+        })
+    }
 }
 
 /// Every device open on this host (by a live process), from the statistics directory.
@@ -351,6 +447,7 @@ fn parse(text: &str) -> Option<Parsed> {
     }
     let (mut pid, mut start, mut name, mut local) = (None, None, None, None);
     let mut counters = Vec::new();
+    let (mut qps, mut qps_more) = (Vec::new(), 0);
     for line in lines {
         let (key, rest) = line.split_once(' ')?;
         match key {
@@ -362,6 +459,9 @@ fn parse(text: &str) -> Option<Parsed> {
                 let (k, v) = rest.split_once(' ')?;
                 counters.push((k.to_owned(), v.parse().ok()?));
             }
+            // A line this reader cannot parse costs that line only.
+            "qp" => qps.extend(QpLine::parse(rest)),
+            "qps_more" => qps_more = rest.parse().unwrap_or(0),
             // Fields of later versions.
             _ => {}
         }
@@ -372,6 +472,8 @@ fn parse(text: &str) -> Option<Parsed> {
             local: local?,
             pid: pid?,
             counters,
+            qps,
+            qps_more,
         },
         start,
     })
@@ -549,13 +651,16 @@ mod tests {
             rdma_sends: 3,
             ..srdma_proto::Counters::default()
         };
-        assert!(p.maybe_write(&dev, &qp, t0).is_some_and(Pending::commit));
+        assert!(
+            p.maybe_write(&dev, &qp, &[], t0)
+                .is_some_and(Pending::commit)
+        );
         assert_eq!(read(), 5, "the first call writes at once");
         let live = live_devices_in(std::slice::from_ref(&*dir));
         assert_eq!(counter(&live[0], "rdma_sends"), 3);
         dev.rx_datagrams = 6;
         assert!(
-            p.maybe_write(&dev, &qp, t0 + Duration::from_millis(999))
+            p.maybe_write(&dev, &qp, &[], t0 + Duration::from_millis(999))
                 .is_none()
         );
         assert_eq!(read(), 5, "rate-limited");
@@ -565,7 +670,7 @@ mod tests {
             Some(Duration::from_millis(1))
         );
         assert!(
-            p.maybe_write(&dev, &qp, t0 + Duration::from_secs(1))
+            p.maybe_write(&dev, &qp, &[], t0 + Duration::from_secs(1))
                 .is_some_and(Pending::commit)
         );
         assert_eq!(read(), 6);
@@ -577,7 +682,7 @@ mod tests {
         let before = std::fs::metadata(&file).unwrap().modified().unwrap();
         std::thread::sleep(Duration::from_millis(20));
         assert!(
-            p.maybe_write(&dev, &qp, t0 + Duration::from_secs(5))
+            p.maybe_write(&dev, &qp, &[], t0 + Duration::from_secs(5))
                 .is_none()
         );
         assert_eq!(
@@ -587,6 +692,41 @@ mod tests {
         assert_eq!(p.due_in(t0 + Duration::from_secs(5)), None);
         // No temporary file stays behind.
         assert_eq!(files(&dir).len(), 1, "{:?}", files(&dir));
+    }
+
+    #[test]
+    fn qp_lines_go_through_the_file() {
+        let dir = scratch("qps");
+        let mut p = Publisher::new_in(&dir, "d", local()).unwrap();
+        let line = |qpn: u32| QpLine {
+            qpn,
+            window_psns: 37,
+            rate: (qpn % 2 == 0).then_some(12_500_000),
+            srtt_us: (qpn % 3 != 0).then_some(41),
+            timeouts: 2,
+            cnps: u64::from(qpn),
+            selective_repeat: qpn % 2 == 1,
+        };
+        let qps: Vec<QpLine> = (0x11..0x11 + MAX_QP_LINES as u32 + 5).map(line).collect();
+        let dev = DeviceCounters {
+            rx_datagrams: 1,
+            ..DeviceCounters::default()
+        };
+        let qp = srdma_proto::Counters::default();
+        assert!(
+            p.maybe_write(&dev, &qp, &qps, Instant::now())
+                .is_some_and(Pending::commit)
+        );
+        let live = live_devices_in(std::slice::from_ref(&*dir));
+        assert_eq!(live[0].qps, qps[..MAX_QP_LINES]);
+        assert_eq!(live[0].qps_more, 5);
+        // A line of a later format is skipped, the rest of the file kept.
+        let file = dir.join(&files(&dir)[0]);
+        let text = std::fs::read_to_string(&file).unwrap();
+        std::fs::write(&file, format!("{text}qp 0x99 window 3 burst 7\n")).unwrap();
+        let live = live_devices_in(std::slice::from_ref(&*dir));
+        assert_eq!(live[0].qps.len(), MAX_QP_LINES);
+        assert_eq!(counter(&live[0], "rx_datagrams"), 1);
     }
 
     #[test]

@@ -274,11 +274,26 @@ fn publish_stats(st: &mut State) -> Option<crate::stats::Pending> {
         return None;
     }
     let mut qp = srdma_proto::Counters::default();
-    for s in st.qps.values() {
+    let mut lines = Vec::new();
+    for (&qpn, s) in &st.qps {
         qp += *s.qp.counters();
+        // Connected QPs with sends outstanding: where their congestion control stands.
+        if s.qp.qp_type() != srdma_proto::QpType::Ud && s.qp.send_queue_len() > 0 {
+            let c = s.qp.congestion();
+            lines.push(crate::stats::QpLine {
+                qpn,
+                window_psns: c.window_psns,
+                rate: c.rate,
+                srtt_us: c.srtt.map(|d| d.as_micros() as u64),
+                timeouts: c.timeouts,
+                cnps: c.cnps,
+                selective_repeat: s.qp.reliability()
+                    == srdma_proto::transport::Reliability::SelectiveRepeat,
+            });
+        }
     }
     let dev = st.counters;
-    st.stats.as_mut()?.maybe_write(&dev, &qp, now)
+    st.stats.as_mut()?.maybe_write(&dev, &qp, &lines, now)
 }
 
 /// Takes in what the shared-memory driver's descriptors say (new links, ended ones).
