@@ -28,7 +28,10 @@
 //! connection's. The first REQ of a connect and the first REP of an accept leave from the
 //! caller's thread ([`start_connect`], [`IbRequest::start_accept`]).
 
-use std::collections::VecDeque;
+mod backlog;
+mod seen;
+
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -51,7 +54,7 @@ pub const MAX_SENDS: u32 = 15;
 /// 4.096 µs × 2^24, 69 s).
 pub const MRA_WAIT_MAX: Duration = Duration::from_secs(70);
 /// Receive buffers of the GSI QP.
-const RECV_SLOTS: usize = 64;
+const RECV_SLOTS: usize = 512;
 /// GRH + MAD.
 const RECV_LEN: usize = 40 + wire::MAD_LEN;
 /// Send buffers.
@@ -59,7 +62,10 @@ const SEND_SLOTS: usize = 32;
 /// The GSI thread wakes on the CQ's events, and at least this often.
 const PUMP_EVERY: Duration = Duration::from_millis(100);
 /// Most messages kept for later askers; a flood pushes the oldest out.
-pub const BACKLOG: usize = 256;
+pub const BACKLOG: usize = 4096;
+/// The service timeout of the MRA a resent REQ gets while its request waits for the
+/// application: 4.096 µs × 2^24, 69 s (kernel rdma_cm's `CMA_CM_MRA_SETTING`).
+const MRA_SERVICE_TIMEOUT: u8 = 24;
 /// wr_id of sends (receives use their slot index).
 const SEND_WR: u64 = u64::MAX;
 
@@ -105,7 +111,7 @@ struct GsiInner {
 /// Which MADs wake a waiter: the service ID of a REQ or SIDR_REQ, the communication ID a
 /// reply names as its recipient's (a SIDR_REP's request ID), or the sender's communication
 /// ID of a REQ (an accept waits for duplicates of the REQ it answers).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Key {
     /// Every MAD.
     Any,
@@ -132,25 +138,39 @@ fn keys_of(msg: &CmMsg) -> [Option<Key>; 2] {
     }
 }
 
-/// The threads in [`Gsi::recv`]: an eventfd each, with the keys of the MADs they want.
+/// The threads in [`Gsi::recv`]: an eventfd each, under the keys of the MADs they want
+/// (ten thousand connections wait at once: a MAD wakes its own, found by key).
 #[derive(Default)]
-struct Waiters(Mutex<Vec<(Arc<std::os::fd::OwnedFd>, Vec<Key>)>>);
+struct Waiters(Mutex<WaiterMap>);
+
+#[derive(Default)]
+struct WaiterMap {
+    next: u64,
+    by_key: HashMap<Key, Vec<(u64, Arc<std::os::fd::OwnedFd>)>>,
+}
 
 impl Waiters {
-    /// Wakes the waiters of `msg`.
-    fn wake_for(&self, msg: &CmMsg) {
-        let keys = keys_of(msg);
-        for (fd, want) in lock(&self.0).iter() {
-            if want.contains(&Key::Any) || keys.iter().flatten().any(|k| want.contains(k)) {
+    /// Wakes the waiters of a MAD kept under `keys`.
+    fn wake(&self, keys: &[Option<Key>; 2]) {
+        let m = lock(&self.0);
+        for k in keys.iter().flatten().chain([&Key::Any]) {
+            for (_, fd) in m.by_key.get(k).into_iter().flatten() {
                 crate::sys::signal(fd);
             }
         }
+    }
+
+    /// Whether a thread waits for the MADs of `key`.
+    fn any_for(&self, key: Key) -> bool {
+        lock(&self.0).by_key.contains_key(&key)
     }
 }
 
 /// A registered waiter: its eventfd, unregistered on drop.
 struct Waiter {
     all: Arc<Waiters>,
+    id: u64,
+    keys: Vec<Key>,
     fd: Arc<std::os::fd::OwnedFd>,
 }
 
@@ -160,9 +180,16 @@ impl Waiter {
             context: "eventfd for a QP1 waiter".into(),
             source: e,
         })?);
-        lock(&all.0).push((fd.clone(), keys.to_vec()));
+        let mut m = lock(&all.0);
+        let id = m.next;
+        m.next += 1;
+        for k in keys {
+            m.by_key.entry(*k).or_default().push((id, fd.clone()));
+        }
         Ok(Waiter {
             all: all.clone(),
+            id,
+            keys: keys.to_vec(),
             fd,
         })
     }
@@ -180,19 +207,30 @@ impl Waiter {
 
 impl Drop for Waiter {
     fn drop(&mut self) {
-        lock(&self.all.0).retain(|(f, _)| !Arc::ptr_eq(f, &self.fd));
+        let mut m = lock(&self.all.0);
+        for k in &self.keys {
+            if let Some(v) = m.by_key.get_mut(k) {
+                v.retain(|(id, _)| *id != self.id);
+                if v.is_empty() {
+                    m.by_key.remove(k);
+                }
+            }
+        }
     }
 }
 
 struct GsiState {
-    /// Messages nobody has asked for yet, oldest first (bounded).
-    backlog: VecDeque<Incoming>,
+    /// Messages nobody has asked for yet, oldest first (bounded), by the keys of their
+    /// waiters.
+    backlog: backlog::Backlog<Key, Incoming>,
     next_send: usize,
     /// The service IDs listened on here: a REQ for another one is rejected (reason 8).
     listens: Vec<u64>,
     /// Local communication IDs of the live connections: a DREQ for another one is answered
     /// with a DREP at once, as a kernel CM answers it.
-    conns: Vec<u32>,
+    conns: HashSet<u32>,
+    /// The REQs taken in, by sender and communication ID: a resent one is no new request.
+    reqs: seen::SeenReqs<(Gid, u32)>,
     counters: CmCounters,
 }
 
@@ -210,7 +248,9 @@ pub struct CmCounters {
     pub unknown_service: u64,
     /// DREQs for a connection that does not exist (any more), answered with a DREP.
     pub stray_dreqs: u64,
-    /// Duplicate REQs of a connection being accepted, answered with its REP again.
+    /// REQs sent again by their peer: not a new request. One whose request the application
+    /// has not answered yet gets an MRA (wait), as kernel rdma_cm answers it; one being
+    /// accepted gets its REP again.
     pub duplicate_reqs: u64,
     /// Messages nobody asked for, dropped (oldest first) when the backlog was full.
     pub backlog_dropped: u64,
@@ -248,10 +288,11 @@ impl Gsi {
             cq,
             mr,
             state: Mutex::new(GsiState {
-                backlog: VecDeque::new(),
+                backlog: backlog::Backlog::new(BACKLOG),
                 next_send: 0,
                 listens: Vec::new(),
-                conns: Vec::new(),
+                conns: HashSet::new(),
+                reqs: seen::SeenReqs::default(),
                 counters: CmCounters::default(),
             }),
             waiters,
@@ -415,6 +456,28 @@ impl Gsi {
             self.reject_unknown(st, from, hdr.tid, &msg);
             return;
         }
+        if let CmMsg::Req(r) = &msg {
+            let key = Key::PeerReq(r.local_comm_id);
+            match st
+                .reqs
+                .arrive((from, r.local_comm_id), hdr.tid, Instant::now())
+            {
+                seen::Arrival::New => {}
+                seen::Arrival::WhilePending => {
+                    st.counters.duplicate_reqs += 1;
+                    self.mra_req(st, from, hdr.tid, r.local_comm_id);
+                    return;
+                }
+                // For the accept under way (it sends its REP again), never for a listener.
+                seen::Arrival::Answered => {
+                    st.counters.duplicate_reqs += 1;
+                    if self.inner.waiters.any_for(key) {
+                        self.keep(st, [Some(key), None], Incoming { hdr, msg, from });
+                    }
+                    return;
+                }
+            }
+        }
         if let CmMsg::Dreq(d) = &msg {
             if !st.conns.contains(&d.remote_comm_id) {
                 // The connection is gone (its DREP was lost, or it never was): a DREP ends
@@ -429,12 +492,30 @@ impl Gsi {
                 return;
             }
         }
-        if st.backlog.len() >= BACKLOG {
-            st.backlog.pop_front();
+        self.keep(st, keys_of(&msg), Incoming { hdr, msg, from });
+    }
+
+    /// Keeps `i` under `keys` for [`Gsi::recv`] and wakes its waiters.
+    fn keep(&self, st: &mut GsiState, keys: [Option<Key>; 2], i: Incoming) {
+        self.inner.waiters.wake(&keys);
+        if st.backlog.push(keys, i).is_some() {
             st.counters.backlog_dropped += 1;
         }
-        self.inner.waiters.wake_for(&msg);
-        st.backlog.push_back(Incoming { hdr, msg, from });
+    }
+
+    /// Answers a REQ sent again while the application has not answered its request: an
+    /// MRA for the REQ asking the peer to wait (4.096 µs × 2^24, 69 s), as kernel rdma_cm
+    /// does for a listener in user space. It names no communication ID of ours (none is
+    /// chosen before the accept), as a REJ for an unknown service does not.
+    fn mra_req(&self, st: &mut GsiState, to: Gid, tid: u64, peer_comm_id: u32) {
+        let mra = CmMsg::Mra(wire::Mra {
+            local_comm_id: 0,
+            remote_comm_id: peer_comm_id,
+            message_mraed: 0,
+            service_timeout: MRA_SERVICE_TIMEOUT,
+            private_data: [0; 222],
+        });
+        let _ = self.send_in(st, to, &MadHdr::cm(wire::attr::MRA, tid), &mra);
     }
 
     /// Answers a REQ for a service nobody listens on: REJ, reason 8 (invalid service ID), as
@@ -477,8 +558,8 @@ impl Gsi {
         self.recv_keyed(deadline, &[Key::Any], want)
     }
 
-    /// [`Gsi::recv`] woken only by the MADs with one of `keys` (see `Key`); others that
-    /// `want` takes are found within `PUMP_EVERY`.
+    /// [`Gsi::recv`] woken only by the MADs with one of `keys` (see `Key`): `want` must take
+    /// only MADs with one of them.
     fn recv_keyed(
         &self,
         deadline: Instant,
@@ -491,19 +572,28 @@ impl Gsi {
             {
                 let mut st = lock(&self.inner.state);
                 self.pump(&mut st);
-                if let Some(i) = st.backlog.iter().position(&want) {
-                    return st.backlog.remove(i);
+                let got = if keys.contains(&Key::Any) {
+                    st.backlog.take_any(&want)
+                } else {
+                    st.backlog.take(keys, &want)
+                };
+                if got.is_some() {
+                    return got;
                 }
             }
             let now = Instant::now();
             if now >= deadline {
                 return None;
             }
-            let until = deadline.min(now + PUMP_EVERY);
             match &me {
-                Some(w) => w.wait(until),
+                // Woken by the MADs of its keys (the GSI thread and the engine take MADs in
+                // as they complete): no periodic look, so that ten thousand connections
+                // waiting for their DREQ cost no CPU.
+                Some(w) => w.wait(deadline),
                 // No eventfd to be had: look again every millisecond.
-                None => std::thread::sleep((until - now).min(Duration::from_millis(1))),
+                None => std::thread::sleep(
+                    (deadline.min(now + PUMP_EVERY) - now).min(Duration::from_millis(1)),
+                ),
             }
         }
     }
@@ -802,7 +892,8 @@ impl IbConnection {
                     return None;
                 }
             }
-            let slice = (Instant::now() + Duration::from_millis(50)).min(deadline);
+            // In slices of a second: events another thread of this connection queued.
+            let slice = (Instant::now() + Duration::from_secs(1)).min(deadline);
             if let Some(i) = self
                 .gsi
                 .recv_keyed(slice, &[Key::Comm(self.local_comm_id)], |i| self.is_ours(i))
@@ -815,8 +906,16 @@ impl IbConnection {
                         st.disconnected = true;
                         return Some(CmEvent::Disconnected);
                     }
-                    // The answer to our DREQ, for `disconnect` (which reports Disconnected).
-                    CmMsg::Drep(_) => lock(&self.state).drep = true,
+                    // The answer to our DREQ: disconnected (`disconnect`, if it waits for
+                    // it too, sees the flag).
+                    CmMsg::Drep(_) => {
+                        let mut st = lock(&self.state);
+                        st.drep = true;
+                        if st.dreq_tid.is_some() {
+                            st.disconnected = true;
+                            return Some(CmEvent::Disconnected);
+                        }
+                    }
                     _ => {}
                 }
             }
@@ -834,7 +933,8 @@ impl Drop for IbConnection {
 }
 
 /// A local communication ID in use, from the first REQ or REP sent with it until its
-/// connection is gone: a DREQ for it is the connection's (see [`Gsi`]'s stray DREQs).
+/// connection is gone: a DREQ for it is the connection's (see [`Gsi`]'s stray DREQs), and
+/// no other connection picks it meanwhile.
 #[derive(Debug)]
 struct CommIdReg {
     gsi: Gsi,
@@ -842,21 +942,27 @@ struct CommIdReg {
 }
 
 impl CommIdReg {
-    fn new(gsi: &Gsi, id: u32) -> CommIdReg {
-        lock(&gsi.inner.state).conns.push(id);
-        CommIdReg {
-            gsi: gsi.clone(),
-            id,
+    /// A local communication ID no live connection of this device uses (ten thousand
+    /// connections in the 24 bits a shared port leaves would otherwise share a few), never
+    /// 0 (the ID of no connection, in a REJ or MRA sent before one is chosen).
+    fn pick(gsi: &Gsi) -> CommIdReg {
+        let prefix = gsi.device().comm_id_prefix();
+        let mut st = lock(&gsi.inner.state);
+        loop {
+            let id = prefix | (random_u32() >> 8);
+            if id != 0 && st.conns.insert(id) {
+                return CommIdReg {
+                    gsi: gsi.clone(),
+                    id,
+                };
+            }
         }
     }
 }
 
 impl Drop for CommIdReg {
     fn drop(&mut self) {
-        let mut st = lock(&self.gsi.inner.state);
-        if let Some(i) = st.conns.iter().position(|&c| c == self.id) {
-            st.conns.swap_remove(i);
-        }
+        lock(&self.gsi.inner.state).conns.remove(&self.id);
     }
 }
 
@@ -938,8 +1044,8 @@ fn start(
     let mtu = opts.offered_mtu(dev);
     let (responder, initiator) = opts.depths(dev);
     let rq_psn = crate::random_psn();
-    let comm_id = dev.comm_id_prefix() | (random_u32() >> 8);
-    let reg = CommIdReg::new(gsi, comm_id);
+    let reg = CommIdReg::pick(gsi);
+    let comm_id = reg.id;
     let tid = u64::from(random_u32()) << 32 | u64::from(comm_id.swap_bytes());
     let mut private = [0u8; 92];
     CmaHdr {
@@ -1259,9 +1365,12 @@ pub struct IbListener {
     service_id: u64,
 }
 
-/// A REQ waiting for [`IbRequest::accept`] or [`IbRequest::reject`].
+/// A REQ waiting for [`IbRequest::accept`] or [`IbRequest::reject`]; dropped unanswered,
+/// it is rejected (as kernel ib_cm rejects a request whose id is destroyed).
 #[derive(Debug)]
 pub struct IbRequest {
+    /// Accepted or rejected: its resent REQs are answered by the accept (else by an MRA).
+    answered: bool,
     gsi: Gsi,
     hdr: MadHdr,
     req: wire::Req,
@@ -1310,6 +1419,7 @@ impl IbListener {
             .ok_or(CmError::Timeout)?;
         match got.msg {
             CmMsg::Req(req) => Ok(IbRequest {
+                answered: false,
                 gsi: self.gsi.clone(),
                 hdr: got.hdr,
                 req,
@@ -1585,8 +1695,8 @@ impl Accepting {
                         private_data: m.private_data.to_vec(),
                     });
                 }
-                // A duplicate REQ (our REP was lost): the loop sends the REP again.
-                Some(CmMsg::Req(_)) => lock(&gsi.inner.state).counters.duplicate_reqs += 1,
+                // A duplicate REQ (our REP was lost; counted where it came in): the loop
+                // sends the REP again.
                 _ => {}
             }
         }
@@ -1632,7 +1742,8 @@ impl IbRequest {
     }
 
     /// `rdma_reject`: a REJ with `reason` and private data.
-    pub fn reject(self, reason: u16, private_data: &[u8]) -> Result<(), CmError> {
+    pub fn reject(mut self, reason: u16, private_data: &[u8]) -> Result<(), CmError> {
+        self.mark_answered();
         let mut pd = [0u8; 148];
         let n = private_data.len().min(148);
         pd[..n].copy_from_slice(&private_data[..n]);
@@ -1718,18 +1829,19 @@ impl IbRequest {
     }
 
     fn accept_start(
-        self,
+        mut self,
         qp: Option<Qp>,
         qpn: Qpn,
         opts: &ConnectOptions,
     ) -> Result<Accepting, CmError> {
         opts.check()?;
+        self.mark_answered();
         let dev = self.gsi.device().clone();
         let (remote, params, responder, initiator) = self.plan(opts);
         let req = &self.req;
         let rq_psn = self.psn;
-        let comm_id = dev.comm_id_prefix() | (random_u32() >> 8);
-        let reg = CommIdReg::new(&self.gsi, comm_id);
+        let reg = CommIdReg::pick(&self.gsi);
+        let comm_id = reg.id;
         // The REP accepts what both ends offer of the REQ's ECE (for a QP the application
         // moves itself, what it set: `rdma_set_local_ece`).
         let mut ece = opts.ece;
@@ -1780,6 +1892,14 @@ impl IbRequest {
         })
     }
 
+    /// From now on a resent REQ goes to the accept under way (or is dropped), not an MRA.
+    fn mark_answered(&mut self) {
+        self.answered = true;
+        lock(&self.gsi.inner.state)
+            .reqs
+            .answered((self.from, self.req.local_comm_id));
+    }
+
     fn reject_with(&self, reason: u16) -> Result<(), CmError> {
         let req = &self.req;
         let rej = CmMsg::Rej(wire::Rej {
@@ -1794,5 +1914,14 @@ impl IbRequest {
         self.gsi
             .send(self.from, &MadHdr::cm(wire::attr::REJ, self.hdr.tid), &rej)?;
         Ok(())
+    }
+}
+
+impl Drop for IbRequest {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.mark_answered();
+            let _ = self.reject_with(reason::CONSUMER_DEFINED);
+        }
     }
 }

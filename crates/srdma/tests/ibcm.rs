@@ -421,7 +421,7 @@ fn an_mra_stops_the_resends_of_a_req() {
             }
         }
         first.reject(srdma::cm::reason::UNSUPPORTED, &[]).unwrap();
-        again
+        (again, gb.counters().duplicate_reqs)
     });
     let pa = a.alloc_pd();
     let cq = a.create_cq(16, None).unwrap();
@@ -435,11 +435,80 @@ fn an_mra_stops_the_resends_of_a_req() {
             ..ConnectOptions::default()
         },
     );
-    let again = server.join().unwrap();
+    let (again, dups) = server.join().unwrap();
     assert!(
         matches!(r, Err(CmError::Rejected { .. })),
         "{:?}",
         r.map(|_| ())
     );
-    assert_eq!(again, 0, "the REQ was sent again during the MRA's wait");
+    assert_eq!(again, 0, "a resent REQ became a second request");
+    assert_eq!(dups, 0, "the REQ was sent again during the MRA's wait");
+}
+
+/// A listener slow to accept (1.5 s, three resend periods of the REQ) sees its request once:
+/// the REQ sent again is no new request, it gets an MRA (as kernel rdma_cm answers it), the
+/// active side stops sending and waits, and the accept connects.
+#[test]
+fn a_resent_req_is_one_request_and_gets_an_mra_while_the_application_decides() {
+    let (a, ga) = dev("127.0.162.1");
+    let (b, gb) = dev("127.0.162.2");
+    let listener = IbListener::bind(&gb, 7700).unwrap();
+    let server = std::thread::spawn(move || {
+        let first = listener.accept_request(Duration::from_secs(10)).unwrap();
+        let again = listener.accept_request(Duration::from_millis(1500));
+        let pb = b.alloc_pd();
+        let cq = b.create_cq(16, None).unwrap();
+        let conn = first
+            .accept(&pb, &QpInit::new(QpType::Rc, &cq, &cq), &opts())
+            .map(|_| ());
+        (again.is_ok(), conn, gb.counters().duplicate_reqs)
+    });
+    let pa = a.alloc_pd();
+    let cq = a.create_cq(16, None).unwrap();
+    let r = ibcm::connect(
+        &ga,
+        &pa,
+        "127.0.162.2:7700".parse().unwrap(),
+        &QpInit::new(QpType::Rc, &cq, &cq),
+        &ConnectOptions {
+            timeout: Duration::from_secs(5),
+            ..ConnectOptions::default()
+        },
+    );
+    let (again, accepted, dups) = server.join().unwrap();
+    assert!(r.is_ok(), "{:?}", r.map(|_| ()));
+    assert!(accepted.is_ok(), "{accepted:?}");
+    assert!(!again, "a resent REQ became a second request");
+    // One resend at 500 ms, answered by the MRA; none after it (loopback may lose one).
+    assert!((1..=2).contains(&dups), "{dups} duplicate REQs");
+}
+
+/// A request dropped unanswered is rejected (as kernel ib_cm rejects the REQ of a destroyed
+/// id): the active side gets the REJ at once, not a timeout.
+#[test]
+fn a_request_dropped_unanswered_is_rejected() {
+    let (a, ga) = dev("127.0.163.1");
+    let (_b, gb) = dev("127.0.163.2");
+    let listener = IbListener::bind(&gb, 7800).unwrap();
+    let server = std::thread::spawn(move || {
+        drop(listener.accept_request(Duration::from_secs(10)).unwrap());
+    });
+    let pa = a.alloc_pd();
+    let cq = a.create_cq(16, None).unwrap();
+    let r = ibcm::connect(
+        &ga,
+        &pa,
+        "127.0.163.2:7800".parse().unwrap(),
+        &QpInit::new(QpType::Rc, &cq, &cq),
+        &ConnectOptions {
+            timeout: Duration::from_secs(5),
+            ..ConnectOptions::default()
+        },
+    );
+    server.join().unwrap();
+    assert!(
+        matches!(r, Err(CmError::Rejected { reason: 28, .. })),
+        "{:?}",
+        r.map(|_| ())
+    );
 }
