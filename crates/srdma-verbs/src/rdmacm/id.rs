@@ -3,7 +3,9 @@
 //! ports of an id.
 
 use super::event::{event, free_event, new_channel, queue_of, rdma_destroy_event_channel};
-use super::thread::{Holder, adopt_lingering, listen_loop, prepare_workers, spawn};
+use super::thread::{
+    Holder, adopt_lingering, listen_loop, prepare_workers, spawn, start_lingering,
+};
 use super::*;
 
 /// A new id on `channel` (NULL: synchronous, with a channel of its own).
@@ -105,10 +107,19 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
         // finishing a disconnect), and what it queued goes.
         let q = lock(&me.sh.queue).clone();
         q.forget(id as usize, &me.sh.closed);
-        let (conn, req) = {
+        let (conn, req, listeners) = {
             let mut st = lock(&me.sh.st);
-            (st.conn.take(), st.request.take())
+            (
+                st.conn.take(),
+                st.request.take(),
+                std::mem::take(&mut st.listeners),
+            )
         };
+        // Its listeners linger before this returns: a program that listens again on the
+        // port right away (perftest -R) adopts them, with what they hold.
+        for (d, ps, port, holder) in &listeners {
+            start_lingering(holder, *d, *ps, *port);
+        }
         if let Some(Pending::Conn(r)) = req {
             // Destroying a request without an answer rejects it, as the kernel does.
             let _ = r.reject(srdma::cm::reason::CONSUMER_DEFINED, &[]);
@@ -328,7 +339,8 @@ pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_
         let mut listening = 0;
         let mut last = libc::ENODEV;
         for d in devs {
-            if adopt_lingering(d, ps, src.port(), &me.sh) {
+            if let Some(holder) = adopt_lingering(d, ps, src.port(), &me.sh) {
+                lock(&me.sh.st).listeners.push((d, ps, src.port(), holder));
                 listening += 1;
                 continue;
             }
@@ -339,11 +351,13 @@ pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_
                 Ok(l) => {
                     let holder: Holder = Arc::new(Mutex::new(Some(me.sh.clone())));
                     let port = src.port();
+                    let h = holder.clone();
                     if spawn("srdma-cm-listen", move || {
-                        listen_loop(holder, d, l, ud, ps, port)
+                        listen_loop(h, d, l, ud, ps, port)
                     })
                     .is_ok()
                     {
+                        lock(&me.sh.st).listeners.push((d, ps, port, holder));
                         listening += 1;
                     }
                 }

@@ -38,8 +38,9 @@
 //!   REUSEADDR, AFONLY, ACK_TIMEOUT, IB_PATH), `rdma_notify`, `rdma_getaddrinfo`,
 //!   `rdma_freeaddrinfo`, `rdma_get_devices`, `rdma_free_devices`, `rdma_get_src_port`,
 //!   `rdma_get_dst_port`, `rdma_init_qp_attr` (INIT, RTR, RTS), `rdma_establish`,
-//!   `rdma_set_local_ece`, `rdma_get_remote_ece` (no ECE: zeroes); `rpoll` and `rselect` on
-//!   ordinary descriptors (what rping, ucmatose and udaddy call them for).
+//!   `rdma_set_local_ece`, `rdma_get_remote_ece` (srdma's ECE, selective repeat, in the REQ
+//!   and REP); `rpoll` and `rselect` on ordinary descriptors (what rping, ucmatose and udaddy
+//!   call them for).
 //! - Ids without a QP (UCX's way): `rdma_connect` and `rdma_accept` name
 //!   `conn_param->qp_num` in the REQ/REP and leave the QP to the application, which moves
 //!   it with `rdma_init_qp_attr`; the active side gets RDMA_CM_EVENT_CONNECT_RESPONSE and
@@ -493,6 +494,8 @@ struct State {
     src: Option<SocketAddr>,
     dst: Option<SocketAddr>,
     listening: bool,
+    /// Its listeners (device, port space, port, holder), for `rdma_destroy_id`.
+    listeners: Vec<(usize, u16, u16, thread::Holder)>,
     request: Option<Pending>,
     conn: Option<Arc<IbConnection>>,
     /// A connect or accept is under way or done.

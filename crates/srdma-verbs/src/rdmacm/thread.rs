@@ -116,9 +116,7 @@ pub(super) fn run_connection(sh: Arc<Shared>, conn: IbConnection, established: O
     if let Some(qp) = conn.try_qp() {
         static HOOK: std::sync::Once = std::sync::Once::new();
         HOOK.call_once(|| crate::verbs::on_qp_destroyed(qp_destroyed));
-        let mut all = lock(&CONNS);
-        all.retain(|(_, w)| w.strong_count() > 0);
-        all.push((qp.qpn().value(), Arc::downgrade(&conn)));
+        lock(&CONNS).insert(qp.qpn().value(), Arc::downgrade(&conn));
     }
     lock(&sh.st).conn = Some(conn.clone());
     if let Some(ev) = established {
@@ -133,7 +131,10 @@ pub(super) fn run_connection(sh: Arc<Shared>, conn: IbConnection, established: O
             sh.report_disconnected();
             return;
         }
-        if let Some(CmEvent::Disconnected) = conn.poll_event(Some(Duration::from_millis(20))) {
+        // Woken by the peer's DREQ, or the DREP to ours (`rdma_disconnect` sends it); the
+        // flags above are looked at every second (a thread per connection: ten thousand of
+        // them must not wake fifty times a second each).
+        if let Some(CmEvent::Disconnected) = conn.poll_event(Some(Duration::from_secs(1))) {
             sh.report_disconnected();
             return;
         }
@@ -141,7 +142,10 @@ pub(super) fn run_connection(sh: Arc<Shared>, conn: IbConnection, established: O
 }
 
 /// Every connection of the process, for [`disconnect_at_exit`].
-static LIVE: Mutex<Vec<std::sync::Weak<IbConnection>>> = Mutex::new(Vec::new());
+static LIVE: Mutex<LiveList> = Mutex::new(LiveList {
+    list: Vec::new(),
+    left: 0,
+});
 /// The process that registered [`disconnect_at_exit`] (a forked child's exit is not its).
 static LIVE_PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 
@@ -156,9 +160,48 @@ fn on_exit_disconnect(conn: &Arc<IbConnection>) {
             libc::atexit(disconnect_at_exit);
         }
     });
-    let mut all = lock(&LIVE);
-    all.retain(|w| w.strong_count() > 0);
-    all.push(Arc::downgrade(conn));
+    lock(&LIVE).push(Arc::downgrade(conn));
+}
+
+/// When to drop the entries of connections that are gone from [`LIVE`] and [`CONNS`]: once
+/// they hold twice what the last pruning left, so that each connection costs O(1) (a walk
+/// of all at each one costs ten thousand connections 10^8 steps).
+fn prune_due(len: usize, left: usize) -> bool {
+    len >= 2 * left.max(32)
+}
+
+/// Weak handles of the live connections, for [`disconnect_at_exit`].
+struct LiveList {
+    list: Vec<std::sync::Weak<IbConnection>>,
+    /// Entries the last pruning left.
+    left: usize,
+}
+
+impl LiveList {
+    fn push(&mut self, c: std::sync::Weak<IbConnection>) {
+        if prune_due(self.list.len(), self.left) {
+            self.list.retain(|w| w.strong_count() > 0);
+            self.left = self.list.len();
+        }
+        self.list.push(c);
+    }
+}
+
+/// The connections by the QPN of their QP, for [`qp_destroyed`].
+struct ConnMap {
+    map: std::collections::BTreeMap<u32, std::sync::Weak<IbConnection>>,
+    /// Entries the last pruning left.
+    left: usize,
+}
+
+impl ConnMap {
+    fn insert(&mut self, qpn: u32, c: std::sync::Weak<IbConnection>) {
+        if prune_due(self.map.len(), self.left) {
+            self.map.retain(|_, w| w.strong_count() > 0);
+            self.left = self.map.len();
+        }
+        self.map.insert(qpn, c);
+    }
 }
 
 /// At `exit`, a DREQ for every connection still up, as the kernel sends one for each
@@ -173,7 +216,11 @@ extern "C" fn disconnect_at_exit() {
         if unsafe { libc::getpid() } != LIVE_PID.load(Ordering::Relaxed) {
             return;
         }
-        let conns: Vec<_> = lock(&LIVE).iter().filter_map(|w| w.upgrade()).collect();
+        let conns: Vec<_> = lock(&LIVE)
+            .list
+            .iter()
+            .filter_map(|w| w.upgrade())
+            .collect();
         for c in conns {
             if !c.is_disconnected() {
                 let _ = c.start_disconnect();
@@ -183,23 +230,22 @@ extern "C" fn disconnect_at_exit() {
 }
 
 /// The connections, by the QPN of their QP: `ibv_destroy_qp` makes them let go of it.
-static CONNS: Mutex<Vec<(u32, std::sync::Weak<IbConnection>)>> = Mutex::new(Vec::new());
+static CONNS: Mutex<ConnMap> = Mutex::new(ConnMap {
+    map: std::collections::BTreeMap::new(),
+    left: 0,
+});
 
-/// The application destroyed QP `qpn`: connections over it release it (so its CQs and PD
-/// are free to go).
+/// The application destroyed QP `qpn`: the connection over it releases it (so its CQs and
+/// PD are free to go).
 fn qp_destroyed(qpn: u32) {
-    lock(&CONNS).retain(|(q, w)| {
-        if *q == qpn {
-            if let Some(c) = w.upgrade() {
-                c.release_qp();
-            }
-            return false;
-        }
-        w.strong_count() > 0
-    });
+    let c = lock(&CONNS).map.remove(&qpn);
+    if let Some(c) = c.and_then(|w| w.upgrade()) {
+        c.release_qp();
+    }
 }
 
-/// Recent requests a listener delivered, so that a REQ sent again is not a new one.
+/// Recent SIDR requests a listener delivered, so that a SIDR_REQ sent again is not a new
+/// one.
 struct Seen(VecDeque<(Gid, u32)>);
 
 impl Seen {
@@ -230,27 +276,61 @@ pub(super) type Holder = Arc<Mutex<Option<Arc<Shared>>>>;
 /// Listeners whose ids were destroyed, still holding their port: (device, port space, port).
 static LINGERING: Mutex<Vec<(usize, u16, u16, Holder)>> = Mutex::new(Vec::new());
 
-/// The lingering listener of (`d`, `ps`, `port`), handed to `sh`: true if there was one.
-pub(super) fn adopt_lingering(d: usize, ps: u16, port: u16, sh: &Arc<Shared>) -> bool {
+/// The lingering listener of (`d`, `ps`, `port`), handed to `sh`: its holder, if there
+/// was one.
+pub(super) fn adopt_lingering(d: usize, ps: u16, port: u16, sh: &Arc<Shared>) -> Option<Holder> {
     let mut l = lock(&LINGERING);
-    let Some(i) = l.iter().position(|e| e.0 == d && e.1 == ps && e.2 == port) else {
-        return false;
-    };
+    let i = l
+        .iter()
+        .position(|e| e.0 == d && e.1 == ps && e.2 == port)?;
     let (_, _, _, holder) = l.swap_remove(i);
     *lock(&holder) = Some(sh.clone());
-    true
+    Some(holder)
+}
+
+/// The listening id of `holder` is destroyed: its listener lingers (see [`LINGER`]) from
+/// now on, so that an `rdma_listen` on the same port right after adopts it. Called by
+/// `rdma_destroy_id` (before it returns: a program that listens again at once must find
+/// it) and by the listener's thread; the second call does nothing.
+pub(super) fn start_lingering(holder: &Holder, d: usize, ps: u16, port: u16) {
+    let mut l = lock(&LINGERING);
+    {
+        let mut h = lock(holder);
+        if h.as_ref()
+            .is_some_and(|sh| !sh.closed.load(Ordering::Acquire))
+        {
+            // Adopted already.
+            return;
+        }
+        *h = None;
+    }
+    if !l.iter().any(|e| Arc::ptr_eq(&e.3, holder)) {
+        l.push((d, ps, port, holder.clone()));
+    }
 }
 
 pub(super) fn listen_loop(holder: Holder, d: usize, l: IbListener, ud: bool, ps: u16, port: u16) {
     let mut seen = Seen(VecDeque::new());
     let tick = Duration::from_millis(50);
+    // A request taken just as its listening id was destroyed: for the id that listens
+    // again (perftest -R destroys its first listener right after its first connection,
+    // while the second REQ may already be here), else refused with the rest.
+    let mut held: Option<Pending> = None;
     loop {
-        let Some(sh) = lock(&holder).clone() else {
-            return;
-        };
-        if sh.closed.load(Ordering::Acquire) {
-            if !linger(&holder, d, ps, port) {
+        let sh = lock(&holder).clone();
+        let Some(sh) = sh.filter(|sh| !sh.closed.load(Ordering::Acquire)) else {
+            start_lingering(&holder, d, ps, port);
+            if !linger(&holder) {
                 // Nobody listened again: what waited is refused as for a closed port.
+                match held.take() {
+                    Some(Pending::Conn(r)) => {
+                        let _ = r.reject(srdma::cm::reason::INVALID_SERVICE_ID, &[]);
+                    }
+                    Some(Pending::Sidr(r)) => {
+                        let _ = r.reject(ibcm::SIDR_UNSUPPORTED, &[]);
+                    }
+                    None => {}
+                }
                 while let Ok(r) = l.accept_request(Duration::ZERO) {
                     let _ = r.reject(srdma::cm::reason::INVALID_SERVICE_ID, &[]);
                 }
@@ -260,27 +340,32 @@ pub(super) fn listen_loop(holder: Holder, d: usize, l: IbListener, ud: bool, ps:
                 return;
             }
             continue;
+        };
+        let req = match held.take() {
+            Some(r) => Some(r),
+            None if ud => l.accept_sidr(tick).ok().and_then(|r| {
+                seen.first((r.from(), r.request_id()))
+                    .then_some(Pending::Sidr(r))
+            }),
+            // A REQ sent again never comes here: QP1 answers it (see `srdma::ibcm`).
+            None => l.accept_request(tick).ok().map(Pending::Conn),
+        };
+        let Some(req) = req else { continue };
+        if sh.closed.load(Ordering::Acquire) {
+            held = Some(req);
+            continue;
         }
-        if ud {
-            if let Ok(r) = l.accept_sidr(tick) {
-                let hdr = r.cma_hdr();
-                if seen.first((r.from(), r.request_id())) {
-                    on_request(&sh, d, port, hdr, Pending::Sidr(r));
-                }
-            }
-        } else if let Ok(r) = l.accept_request(tick) {
-            let hdr = r.cma_hdr();
-            if seen.first((r.from(), r.req().local_comm_id)) {
-                on_request(&sh, d, port, hdr, Pending::Conn(r));
-            }
-        }
+        let hdr = match &req {
+            Pending::Conn(r) => r.cma_hdr(),
+            Pending::Sidr(r) => r.cma_hdr(),
+        };
+        on_request(&sh, d, port, hdr, req);
     }
 }
 
-/// Keeps a destroyed id's listener for [`LINGER`]: true if a new id adopted it meanwhile.
-fn linger(holder: &Holder, d: usize, ps: u16, port: u16) -> bool {
-    *lock(holder) = None;
-    lock(&LINGERING).push((d, ps, port, holder.clone()));
+/// Keeps a destroyed id's listener (lingering: [`start_lingering`]) for [`LINGER`]: true if
+/// a new id adopted it meanwhile.
+fn linger(holder: &Holder) -> bool {
     let until = std::time::Instant::now() + LINGER;
     loop {
         std::thread::sleep(Duration::from_millis(5));
