@@ -25,6 +25,9 @@
 #   ucx-*, fi-*     UCX's ucx_perftest (rc_verbs+ud_verbs, ud_verbs; both roles) and
 #                   libfabric's fi_pingpong (msg, rdm; both roles) on the drop-in
 #                   against the same Debian builds on rxe
+#   lossy-rc-*      ibv_rc_pingpong on the drop-in against rxe, 64 KiB messages checked, with
+#                   1 % of the RoCEv2 datagrams dropped each way (both roles; see
+#                   lossy_scenario)
 # for SIZE in 64, 4096, 65536 (multi-packet at the path MTU 1024). Every scenario must exit 0
 # on both sides, and the guest's rxe hw counters must show no sequence error and no retry
 # (duplicate_request only as many as the copies of srdma's GSO path probe in the capture).
@@ -161,6 +164,43 @@ scenario() { # name guest-command host-command
     tail -5 "$out/out-A.txt" "$out/host.txt" 2>/dev/null | sed 's/^/    /'
     return 1
   fi
+}
+
+# A scenario over a lossy link: the host's namespace drops LOSS_PCT % of the RoCEv2 datagrams
+# in each direction (nftables `numgen random`, in its input and output hooks). rxe's counters
+# then show sequence errors and retries by design: instead of them, both sides must exit 0
+# (ibv_rc_pingpong -c checks every byte it receives), both drop rules must have dropped, and
+# srdma must have sent no SACK (go-back-N toward rxe: rxe offers no ECE).
+LOSS_PCT=1
+LOSS_RULES="nft add table inet srdmaloss && \
+nft add chain inet srdmaloss o '{ type filter hook output priority 0; }' && \
+nft add chain inet srdmaloss i '{ type filter hook input priority 0; }' && \
+nft add rule inet srdmaloss o udp dport 4791 numgen random mod 100 lt $LOSS_PCT counter drop && \
+nft add rule inet srdmaloss i udp dport 4791 numgen random mod 100 lt $LOSS_PCT counter drop"
+lossy_scenario() { # name guest-command host-command
+  local name=$1 guest=$2 host=$3 out="$RUNS/$1"
+  rm -rf "$out"; mkdir -p "$out"
+  printf '#!/bin/sh\n%s\n' "$HOST_RETRY" > "$out/retry-host"; chmod +x "$out/retry-host"
+  host=${host//@/$name}
+  host="nft delete table inet srdmaloss 2>/dev/null; $LOSS_RULES || exit 3; $host; rc=\$?; nft list table inet srdmaloss; nft delete table inet srdmaloss; exit \$rc"
+  local gcmd="rxe-counters > /lab/cnt-before; $guest; rc=\$?; rxe-counters-diff /lab/cnt-before > /lab/cnt-diff; exit \$rc"
+  if ! "$LAB/run.sh" -q -o "$out" -t 120 -w "$out/capture.pcap" -a "$gcmd" -H "$host" > "$out/run.log" 2>&1; then
+    log "FAIL $name: see $out (guest: out-A.txt, host: host.txt, capture.pcap)"
+    tail -5 "$out/out-A.txt" "$out/host.txt" 2>/dev/null | sed 's/^/    /'
+    return 1
+  fi
+  local dropped
+  dropped=$(grep -o 'counter packets [0-9]*' "$out/host.txt" | awk '{print $3}' | tr '\n' ' ')
+  if [ "$(echo $dropped | wc -w)" != 2 ] || echo " $dropped " | grep -q ' 0 '; then
+    log "FAIL $name: the loss rules did not drop in both directions (dropped: ${dropped:-none})"
+    return 1
+  fi
+  "$SRDMA" decode "$out/capture.pcap" > "$out/decoded.txt" 2>/dev/null || true
+  if grep -q 'SRDMA_SACK' "$out/decoded.txt"; then
+    log "FAIL $name: srdma sent a SACK to rxe"
+    return 1
+  fi
+  log "ok   $name (dropped host→guest, guest→host: $dropped; rxe: $(grep -E '^(rcvd_seq_err|completer_retry_err|duplicate_request|out_of_seq_request):' "$out/cnt-diff" | tr '\n' ' '))"
 }
 
 want=("$@")
@@ -403,4 +443,13 @@ for ep in msg rdm; do
 done
 
 [ $fail = 0 ] && log "all scenarios passed" || log "some scenarios FAILED"
+# Random loss both ways: the drop-in's go-back-N against rxe's (Debian's ibv_rc_pingpong on
+# both sides, every byte checked), both roles.
+selected lossy-rc-server && { lossy_scenario lossy-rc-server \
+  "ibv_rc_pingpong -d rxe0 -g 1 -n 50 -s 65536 -c" \
+  "$RUNS/@/retry-host $EXEC ibv_rc_pingpong -g 1 -n 50 -s 65536 -c 10.77.0.2" || fail=1; }
+selected lossy-rc-client && { lossy_scenario lossy-rc-client \
+  "retry 80 0.5 ibv_rc_pingpong -d rxe0 -g 1 -n 50 -s 65536 -c 10.77.0.1" \
+  "$EXEC ibv_rc_pingpong -g 1 -n 50 -s 65536 -c" || fail=1; }
+
 exit $fail
