@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# MPI_Bcast of 1 GiB (64 MiB calls, data checked on every rank) on one host, Open MPI 4.1:
+# MPI_Bcast of 1 GiB (64 MiB calls, data checked on every rank) on one host, Open MPI 4.1,
+# and between two ranks an 8 B ping-pong and a 64 MiB send/recv stream (mpi_p2p.c):
 # over UCX on srdma (`--mca pml ucx`, UCX_TLS=rc_verbs,ud_verbs,self, UCX's defaults
 # otherwise, one srdma device: 127.0.0.1 in a namespace of its own) beside Open MPI's own
 # shared memory (ob1 + vader) and TCP (ob1 + tcp), in the same run, RUNS times each,
-# alternating. Prints medians (and ranges) and the ratios; the summary replaces the block
+# alternating; the stream also beside `ucx_perftest -t ucp_put_bw -s 64MiB` through srdma.
+# Prints medians (and ranges) and the ratios; the summary replaces the block
 # between `<!-- mpi.sh:begin -->` and `<!-- mpi.sh:end -->` of benchmarks/README.md.
 #
 # Knobs: SRDMA_BIN (its directory must hold libibverbs.so), RANKS ("2 3"), RUNS (5),
@@ -29,21 +31,47 @@ else
 fi
 PROG=$(mktemp -d /tmp/srdma-mpi.XXXXXX)/mpi_bcast
 mpicc -O2 -o "$PROG" "$ROOT/benchmarks/mpi_bcast.c" || exit 1
+P2P=$(dirname "$PROG")/mpi_p2p
+mpicc -O2 -o "$P2P" "$ROOT/benchmarks/mpi_p2p.c" || exit 1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 ARGS="${TOTAL_MIB:-1024} ${CHUNK_MIB:-64}"
 
-# one MODE NP: prints MiB/s (or 0 when the run failed or a rank saw wrong data).
-one() {
-    local mode=$1 np=$2 out
+# run MODE NP PROG ARGS...: the program's output under MODE.
+run() {
+    local mode=$1 np=$2
+    shift 2
     case $mode in
-    vader) out=$(timeout 300 mpirun --oversubscribe -np "$np" --mca pml ob1 --mca btl self,vader "$PROG" $ARGS 2>&1) ;;
-    tcp) out=$(timeout 300 mpirun --oversubscribe -np "$np" --mca pml ob1 --mca btl self,tcp "$PROG" $ARGS 2>&1) ;;
-    srdma) out=$(timeout 300 unshare -n sh -c "ip link set lo up; UCX_TLS=rc_verbs,ud_verbs,self \
+    vader) timeout 300 mpirun --oversubscribe -np "$np" --mca pml ob1 --mca btl self,vader "$@" 2>&1 ;;
+    tcp) timeout 300 mpirun --oversubscribe -np "$np" --mca pml ob1 --mca btl self,tcp "$@" 2>&1 ;;
+    srdma) timeout 300 unshare -n sh -c "ip link set lo up; UCX_TLS=rc_verbs,ud_verbs,self \
         '$S' exec --device 127.0.0.1 mpirun --oversubscribe -np $np --mca pml ucx --mca osc ucx \
-        -x UCX_TLS -x LD_LIBRARY_PATH '$PROG' $ARGS" 2>&1) ;;
+        -x UCX_TLS -x LD_LIBRARY_PATH $*" 2>&1 ;;
     esac
-    echo "$out" >>"$RES/$mode-$np.txt"
+}
+
+# one MODE NP: prints MiB/s of the broadcast (or 0 when the run failed or a rank saw wrong
+# data).
+one() {
+    local out
+    out=$(run "$1" "$2" "$PROG" $ARGS)
+    echo "$out" >>"$RES/$1-$2.txt"
     echo "$out" | awk '/^bcast .* 0 bad$/{print $(NF-3); found=1} END{if (!found) print 0}'
+}
+
+# p2p MODE: prints "half-RTT-us MiB/s" of mpi_p2p (0 0 when it failed).
+p2p() {
+    local out
+    out=$(run "$1" 2 "$P2P")
+    echo "$out" >>"$RES/p2p-$1.txt"
+    echo "$out" | awk '/^pingpong/{l=$(NF-1)} /^sendrecv .* 0 bad$/{b=$(NF-3)} END{print (l ? l : 0), (b ? b : 0)}'
+}
+
+# put_bw: ucx_perftest ucp_put_bw of 64 MiB through srdma (MiB/s, UCX's MB are MiB).
+put_bw() {
+    timeout 120 unshare -n sh -c "ip link set lo up; export UCX_TLS=rc_verbs,ud_verbs,self; \
+        '$S' exec --device 127.0.0.1 ucx_perftest -t ucp_put_bw -s 67108864 -n 32 >/dev/null 2>&1 & \
+        sleep 1.5; '$S' exec --device 127.0.0.1 ucx_perftest 127.0.0.1 -t ucp_put_bw \
+        -s 67108864 -n 32 2>&1; wait" | tee -a "$RES/put_bw.txt" | awk '/^Final:/{print $(NF-2)}'
 }
 
 OUT=()
@@ -72,6 +100,31 @@ PY
 )
     say "$row"
 done
+say ""
+say "| 2 ranks | srdma (UCX) | vader | TCP | srdma / vader | srdma / TCP |"
+say "|---|---|---|---|---|---|"
+rm -f "$RES"/p2p-*.txt "$RES/put_bw.txt"
+declare -A lat=([srdma]="" [vader]="" [tcp]="") bw=([srdma]="" [vader]="" [tcp]="")
+putbw=""
+for r in $(seq "${RUNS:-5}"); do
+    for mode in srdma vader tcp; do
+        read -r l b < <(p2p "$mode")
+        lat[$mode]+="$l "
+        bw[$mode]+="$b "
+    done
+    putbw+="$(put_bw) "
+done
+python3 - "${lat[srdma]}" "${lat[vader]}" "${lat[tcp]}" "${bw[srdma]}" "${bw[vader]}" "${bw[tcp]}" "$putbw" <<'PY' | while read -r row; do say "$row"; done
+import statistics, sys
+c = [[float(x) for x in a.split()] for a in sys.argv[1:]]
+m = [statistics.median(x) for x in c]
+cell = lambda x, v, f: f"{v:{f}} ({min(x):{f}}–{max(x):{f}})"
+r = lambda a, b: f"{a / b:.2f}×" if b > 0 else "-"
+print(f"| 8 B ping-pong, half round trip (µs) | {cell(c[0], m[0], '.2f')} | {cell(c[1], m[1], '.2f')} | {cell(c[2], m[2], '.2f')} | {r(m[0], m[1])} | {r(m[0], m[2])} |")
+print(f"| 64 MiB send/recv (MiB/s) | {cell(c[3], m[3], '.0f')} | {cell(c[4], m[4], '.0f')} | {cell(c[5], m[5], '.0f')} | {r(m[3], m[4])} | {r(m[3], m[5])} |")
+print(f"| ucx_perftest ucp_put_bw 64 MiB on srdma (MiB/s) | {cell(c[6], m[6], '.0f')} | | | send/recv / put_bw: {r(m[3], m[6])} | |")
+PY
+
 BLOCK=$(
     echo "<!-- mpi.sh:begin -->"
     echo "Run of $START on $COMMIT ($(nproc) CPUs; \`benchmarks/mpi.sh\`: MPI_Bcast of ${TOTAL_MIB:-1024} MiB in ${CHUNK_MIB:-64} MiB calls, data checked; medians of ${RUNS:-5} runs, range in brackets; raw outputs in benchmarks/results/mpi/)."
