@@ -498,8 +498,13 @@ impl Gsi {
     /// Keeps `i` under `keys` for [`Gsi::recv`] and wakes its waiters.
     fn keep(&self, st: &mut GsiState, keys: [Option<Key>; 2], i: Incoming) {
         self.inner.waiters.wake(&keys);
-        if st.backlog.push(keys, i).is_some() {
+        if let Some(old) = st.backlog.push(keys, i) {
             st.counters.backlog_dropped += 1;
+            // A REQ pushed out before a listener took it was never a request: its resend
+            // is a new one, not a duplicate to answer with an MRA.
+            if let CmMsg::Req(r) = &old.msg {
+                st.reqs.forget((old.from, r.local_comm_id), old.hdr.tid);
+            }
         }
     }
 

@@ -90,6 +90,18 @@ impl<K: Copy + Eq + Hash> SeenReqs<K> {
         }
     }
 
+    /// Forgets the REQ of `key` with transaction ID `tid` (one nobody took: a resend of it
+    /// is new).
+    pub(super) fn forget(&mut self, key: K, tid: u64) {
+        if self
+            .map
+            .get(&key)
+            .is_some_and(|e| e.tid == tid && !e.answered)
+        {
+            self.map.remove(&key);
+        }
+    }
+
     /// REQs remembered.
     #[cfg(test)]
     fn len(&self) -> usize {
@@ -141,6 +153,14 @@ mod tests {
             s.arrive(7, 2, t + Duration::from_secs(2)),
             Arrival::WhilePending
         );
+        s.forget(7, 1);
+        assert_eq!(
+            s.arrive(7, 2, t),
+            Arrival::WhilePending,
+            "another tid's: kept"
+        );
+        s.forget(7, 2);
+        assert_eq!(s.arrive(7, 2, t), Arrival::New, "forgotten: new again");
     }
 
     #[test]
