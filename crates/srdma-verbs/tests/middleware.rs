@@ -10,11 +10,12 @@
 
 mod common;
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
+
+use common::{Ended, finish};
 
 /// The device both ends use.
 const ADDR: &str = "127.0.0.1";
@@ -71,55 +72,6 @@ fn spawn_in(host: Option<&srdma_netlab::Host>, device: &str, prog: &Path, args: 
         .unwrap()
 }
 
-/// How a process ended: None if it was still running at the deadline (then killed).
-struct Ended {
-    status: Option<ExitStatus>,
-    out: String,
-}
-
-impl Ended {
-    fn ok(&self) -> bool {
-        self.status.is_some_and(|s| s.success())
-    }
-}
-
-/// Waits until `child` exits or `deadline` passes (then kills it), reading its output.
-fn finish(mut child: Child, deadline: Instant) -> Ended {
-    let drain = |r: Option<Box<dyn Read + Send>>| {
-        std::thread::spawn(move || {
-            let mut v = Vec::new();
-            if let Some(mut r) = r {
-                let _ = r.read_to_end(&mut v);
-            }
-            v
-        })
-    };
-    let out = drain(child.stdout.take().map(|r| Box::new(r) as _));
-    let err = drain(child.stderr.take().map(|r| Box::new(r) as _));
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break Some(st);
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let (o, e) = (out.join().unwrap(), err.join().unwrap());
-    Ended {
-        status,
-        out: format!(
-            "{}{}",
-            String::from_utf8_lossy(&o),
-            String::from_utf8_lossy(&e)
-        ),
-    }
-}
-
-/// Runs a server, then (once `ready` says it listens) a client; returns both, the server
-/// stopped `linger` after the client ended if it had not exited by then.
 fn pair(
     prog: &Path,
     server: &[&str],

@@ -21,12 +21,13 @@
 
 mod common;
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
+
+use common::{Ended, finish};
 
 use srdma_netlab::{Host, Lab};
 
@@ -109,61 +110,8 @@ fn cmd(host: &Host, device: Option<&str>, prog: impl AsRef<std::ffi::OsStr>) -> 
     c
 }
 
-/// How a process ended (None: still running at its deadline, then killed) and its output.
-struct Ended {
-    status: Option<ExitStatus>,
-    out: String,
-}
-
-impl Ended {
-    fn ok(&self) -> bool {
-        self.status.is_some_and(|s| s.success())
-    }
-}
-
-impl std::fmt::Display for Ended {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "status {:?}\n{}", self.status, self.out)
-    }
-}
-
-fn finish(mut child: Child, limit: Duration) -> Ended {
-    let drain = |r: Option<Box<dyn Read + Send>>| {
-        std::thread::spawn(move || {
-            let mut v = Vec::new();
-            if let Some(mut r) = r {
-                let _ = r.read_to_end(&mut v);
-            }
-            v
-        })
-    };
-    let out = drain(child.stdout.take().map(|r| Box::new(r) as _));
-    let err = drain(child.stderr.take().map(|r| Box::new(r) as _));
-    let deadline = Instant::now() + limit;
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break Some(st);
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let (o, e) = (out.join().unwrap(), err.join().unwrap());
-    Ended {
-        status,
-        out: format!(
-            "{}{}",
-            String::from_utf8_lossy(&o),
-            String::from_utf8_lossy(&e)
-        ),
-    }
-}
-
 fn run(c: &mut Command) -> Ended {
-    finish(c.spawn().expect("spawning"), LIMIT)
+    finish(c.spawn().expect("spawning"), Instant::now() + LIMIT)
 }
 
 /// A tgtd in a namespace, killed on drop.
@@ -324,7 +272,7 @@ fn tgtd_over_tcp_under_srdma_exec_keeps_its_signals() {
     std::thread::sleep(Duration::from_secs(3));
     // SAFETY: signals a child of ours that has not been reaped (its pid is still ours).
     unsafe { libc::kill(perf.id() as i32, libc::SIGINT) };
-    let e = finish(perf, Duration::from_secs(10));
+    let e = finish(perf, Instant::now() + Duration::from_secs(10));
     assert!(
         tgtd.alive(),
         "tgtd ended while iscsi-perf ran: {:?}\n{}\niscsi-perf: {e}",
@@ -459,7 +407,10 @@ fn iscsi_test_cu_gives_the_same_results_over_iser_as_over_tcp() {
     let run_suite = |device: Option<&str>, url: &str, suite: &str| {
         let mut c = cmd(h, device, "/usr/bin/iscsi-test-cu");
         c.args(["-d", "-v", "-i", INI, "-I", INI2, "-t", suite, url]);
-        let e = finish(c.spawn().unwrap(), Duration::from_secs(120));
+        let e = finish(
+            c.spawn().unwrap(),
+            Instant::now() + Duration::from_secs(120),
+        );
         assert!(e.status.is_some(), "iscsi-test-cu {suite} {url} hung: {e}");
         e
     };
@@ -524,11 +475,11 @@ fn a_target_killed_mid_io_fails_the_iser_initiator() {
     assert!(
         ini.try_wait().unwrap().is_none(),
         "the initiator ended early: {}",
-        finish(ini, Duration::from_secs(1))
+        finish(ini, Instant::now() + Duration::from_secs(1))
     );
     tgtd.kill();
     let killed = Instant::now();
-    let e = finish(ini, Duration::from_secs(30));
+    let e = finish(ini, Instant::now() + Duration::from_secs(30));
     assert!(
         e.status.is_some(),
         "the initiator still waited 30 s after the target died: {e}"
@@ -581,7 +532,7 @@ fn misbehaving_iser_peers_get_errors() {
         std::thread::sleep(Duration::from_millis(500));
         let url = format!("iser://127.0.0.1:{port}/iqn.2026-01.org.srdma:bad/1");
         let e = run(cmd(h, Some("127.0.0.1"), "/usr/bin/iscsi-inq").args(["-i", INI, &url]));
-        let t = finish(target, Duration::from_secs(10));
+        let t = finish(target, Instant::now() + Duration::from_secs(10));
         assert!(
             e.status.and_then(|s| s.code()).is_some_and(|c| c != 0) && e.out.contains(want),
             "iscsi-inq against a target that does {kind}: {e}\ntarget: {t}"
@@ -607,7 +558,7 @@ fn an_initiator_exiting_without_disconnecting_is_disconnected() {
     std::thread::sleep(Duration::from_millis(500));
     let e = run(cmd(h, Some("127.0.0.2"), &peer).args(["initiator", "127.0.0.1", "3272", "exit"]));
     assert!(e.ok(), "initiator: {e}");
-    let t = finish(target, Duration::from_secs(15));
+    let t = finish(target, Instant::now() + Duration::from_secs(15));
     assert!(
         t.ok() && t.out.contains("RDMA_CM_EVENT_DISCONNECTED"),
         "target: {t}"

@@ -4,7 +4,7 @@
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output};
+use std::process::{Child, Command, ExitStatus, Output};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -91,10 +91,13 @@ pub fn srdma_bin() -> &'static Path {
     })
 }
 
-/// Waits for `child` at most `limit`, killing it past that (and then failing with what it
-/// printed). Its output is read meanwhile: a program that prints more than a pipe holds
-/// (rping -V, the pyverbs suite) would otherwise block before it exits.
-pub fn wait(mut child: Child, limit: Duration, what: &str) -> Output {
+/// Waits until `child` exits or `deadline` passes (then kills it), reading its stdout and
+/// stderr meanwhile: a program that prints more than a pipe holds (rping -V, the pyverbs
+/// suite) would otherwise block before it exits. The status is None if it was killed.
+fn collect(
+    mut child: Child,
+    deadline: Instant,
+) -> (Option<ExitStatus>, ExitStatus, Vec<u8>, Vec<u8>) {
     let drain = |r: Option<Box<dyn Read + Send>>| {
         std::thread::spawn(move || {
             let mut v = Vec::new();
@@ -116,21 +119,28 @@ pub fn wait(mut child: Child, limit: Duration, what: &str) -> Output {
             .take()
             .map(|r| Box::new(r) as Box<dyn Read + Send>),
     );
-    let start = Instant::now();
     let status = loop {
         if let Some(st) = child.try_wait().unwrap() {
             break Some(st);
         }
-        if start.elapsed() > limit {
+        if Instant::now() > deadline {
             let _ = child.kill();
             break None;
         }
         std::thread::sleep(Duration::from_millis(20));
     };
+    let last = status.unwrap_or_else(|| child.wait().unwrap());
+    (status, last, out.join().unwrap(), err.join().unwrap())
+}
+
+/// Waits for `child` at most `limit`, killing it past that (and then failing with what it
+/// printed).
+pub fn wait(child: Child, limit: Duration, what: &str) -> Output {
+    let (status, last, stdout, stderr) = collect(child, Instant::now() + limit);
     let o = Output {
-        status: status.unwrap_or_else(|| child.wait().unwrap()),
-        stdout: out.join().unwrap(),
-        stderr: err.join().unwrap(),
+        status: last,
+        stdout,
+        stderr,
     };
     assert!(
         status.is_some(),
@@ -139,6 +149,41 @@ pub fn wait(mut child: Child, limit: Duration, what: &str) -> Output {
         String::from_utf8_lossy(&o.stderr)
     );
     o
+}
+
+/// How a process ended (None: still running at its deadline, then killed) and its output,
+/// stdout then stderr.
+pub struct Ended {
+    /// The exit status; None if it was killed at its deadline.
+    pub status: Option<ExitStatus>,
+    /// stdout and stderr, one after the other.
+    pub out: String,
+}
+
+impl Ended {
+    /// It exited, with status 0.
+    pub fn ok(&self) -> bool {
+        self.status.is_some_and(|s| s.success())
+    }
+}
+
+impl std::fmt::Display for Ended {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "status {:?}\n{}", self.status, self.out)
+    }
+}
+
+/// Waits until `child` exits or `deadline` passes (then kills it), reading its output.
+pub fn finish(child: Child, deadline: Instant) -> Ended {
+    let (status, _, o, e) = collect(child, deadline);
+    Ended {
+        status,
+        out: format!(
+            "{}{}",
+            String::from_utf8_lossy(&o),
+            String::from_utf8_lossy(&e)
+        ),
+    }
 }
 
 /// stdout and stderr of `o`, one after the other.
