@@ -664,7 +664,7 @@ impl Conn {
             return Ok(());
         }
         while self.staged > 0 && self.sqe_avail > 0 && self.sseq_no != self.sseq_comp {
-            let (taddr, tkey, tlen) = self.target_sgl[self.target_sge];
+            let (_, _, tlen) = self.target_sgl[self.target_sge];
             if tlen == 0 {
                 break;
             }
@@ -676,41 +676,19 @@ impl Conn {
             if first < xfer {
                 sges.push(self.sbuf.sge(0, (xfer - first) as usize));
             }
-            self.sseq_no = self.sseq_no.wrapping_add(1);
-            self.sqe_avail -= 1;
             self.staged -= xfer;
-            let i = self.target_sge;
-            self.target_sgl[i] = (taddr.wrapping_add(u64::from(xfer)), tkey, tlen - xfer);
-            if tlen == xfer {
-                self.target_sge = (self.target_sge + 1) % SGL_SIZE as usize;
-            }
-            let m = msg(OP_DATA, xfer);
-            let op = SendOp::WriteWithImm {
-                remote_addr: taddr,
-                rkey: RKey(tkey),
-                imm: m,
-            };
-            self.post(u64::from(m), op, sges)?;
+            self.write_data(xfer, sges)?;
         }
         Ok(())
     }
 
-    /// Stages and posts one data transfer of at most `most` bytes of `src` (from `skip`),
-    /// into the buffer the peer gave last (rs_write_data); the bytes sent. The caller has
-    /// checked [`Conn::can_send`].
-    pub(super) fn send_data(
-        &mut self,
-        src: &[&[u8]],
-        skip: usize,
-        most: u32,
-    ) -> Result<u32, c_int> {
+    /// Posts `sges` (`xfer` bytes, staged in the send buffer) as one RDMA WRITE with
+    /// immediate into the buffer the peer gave last, which moves on before the write leaves
+    /// (rs_write_data).
+    fn write_data(&mut self, xfer: u32, sges: SgeList) -> Result<(), c_int> {
         let (taddr, tkey, tlen) = self.target_sgl[self.target_sge];
-        let xfer = most.min(tlen).min(self.sbuf_bytes_avail);
-        let sges = self.stage(src, skip, xfer);
-        // The target entry moves on before the write leaves.
         self.sseq_no = self.sseq_no.wrapping_add(1);
         self.sqe_avail -= 1;
-        self.sbuf_bytes_avail -= xfer;
         let i = self.target_sge;
         self.target_sgl[i] = (taddr.wrapping_add(u64::from(xfer)), tkey, tlen - xfer);
         if tlen == xfer {
@@ -722,7 +700,23 @@ impl Conn {
             rkey: RKey(tkey),
             imm: m,
         };
-        self.post(u64::from(m), op, sges).map(|()| xfer)
+        self.post(u64::from(m), op, sges)
+    }
+
+    /// Stages and posts one data transfer of at most `most` bytes of `src` (from `skip`),
+    /// into the buffer the peer gave last (rs_write_data); the bytes sent. The caller has
+    /// checked [`Conn::can_send`].
+    pub(super) fn send_data(
+        &mut self,
+        src: &[&[u8]],
+        skip: usize,
+        most: u32,
+    ) -> Result<u32, c_int> {
+        let (_, _, tlen) = self.target_sgl[self.target_sge];
+        let xfer = most.min(tlen).min(self.sbuf_bytes_avail);
+        let sges = self.stage(src, skip, xfer);
+        self.sbuf_bytes_avail -= xfer;
+        self.write_data(xfer, sges).map(|()| xfer)
     }
 
     /// `riowrite`'s step: one plain RDMA WRITE of at most `most` bytes of `data` at
