@@ -131,25 +131,14 @@ pub(crate) fn poll_readable<const N: usize>(
     fds: [RawFd; N],
     timeout: Option<Duration>,
 ) -> io::Result<[bool; N]> {
-    let mut p = fds.map(|fd| libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    });
+    let mut p = pollfds(fds);
     // Round up so a timer is never polled too early.
     let ms = timeout.map_or(-1, |t| {
         t.as_micros().div_ceil(1000).min(i32::MAX as u128) as libc::c_int
     });
     // SAFETY: `p` is a live array of `N` pollfd structs.
     let r = unsafe { libc::poll(p.as_mut_ptr(), N as libc::nfds_t, ms) };
-    if r < 0 {
-        let e = io::Error::last_os_error();
-        if e.kind() == io::ErrorKind::Interrupted {
-            return Ok([false; N]);
-        }
-        return Err(e);
-    }
-    Ok(p.map(|x| x.revents & (libc::POLLIN | libc::POLLERR | libc::POLLHUP) != 0))
+    readable(r, &p)
 }
 
 /// [`poll_readable`] to the nanosecond (`ppoll`): for a deadline that must not be rounded
@@ -158,11 +147,7 @@ pub(crate) fn poll_readable_precise<const N: usize>(
     fds: [RawFd; N],
     timeout: Option<Duration>,
 ) -> io::Result<[bool; N]> {
-    let mut p = fds.map(|fd| libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    });
+    let mut p = pollfds(fds);
     let ts = timeout.map(|t| libc::timespec {
         tv_sec: t.as_secs().min(i64::MAX as u64) as libc::time_t,
         tv_nsec: libc::c_long::from(t.subsec_nanos() as i32),
@@ -173,6 +158,21 @@ pub(crate) fn poll_readable_precise<const N: usize>(
     // SAFETY: `p` is a live array of `N` pollfd structs; `tsp` is null or points at `ts`,
     // which outlives the call; no signal mask is passed.
     let r = unsafe { libc::ppoll(p.as_mut_ptr(), N as libc::nfds_t, tsp, std::ptr::null()) };
+    readable(r, &p)
+}
+
+/// `fds` waited on for input.
+fn pollfds<const N: usize>(fds: [RawFd; N]) -> [libc::pollfd; N] {
+    fds.map(|fd| libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    })
+}
+
+/// What a `poll`/`ppoll` that returned `r` says of `p`: which are readable (or in error,
+/// which a read reports); none when a signal cut the wait short.
+fn readable<const N: usize>(r: libc::c_int, p: &[libc::pollfd; N]) -> io::Result<[bool; N]> {
     if r < 0 {
         let e = io::Error::last_os_error();
         if e.kind() == io::ErrorKind::Interrupted {
