@@ -12,6 +12,7 @@
 # TOTAL_MIB (1024), CHUNK_MIB (64). Root (a network namespace); installs Open MPI and UCX.
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+. "$ROOT/benchmarks/readme_block.sh"
 README=$ROOT/benchmarks/README.md
 RES=$ROOT/benchmarks/results/mpi
 mkdir -p "$RES"
@@ -132,15 +133,5 @@ BLOCK=$(
     printf '%s\n' "${OUT[@]}"
     echo "<!-- mpi.sh:end -->"
 )
-if grep -q "<!-- mpi.sh:begin -->" "$README"; then
-    python3 - "$README" "$BLOCK" <<'PY'
-import sys
-p, block = sys.argv[1], sys.argv[2]
-s = open(p).read()
-a = s.index("<!-- mpi.sh:begin -->")
-b = s.index("<!-- mpi.sh:end -->") + len("<!-- mpi.sh:end -->")
-open(p, "w").write(s[:a] + block + s[b:])
-PY
-else
-    printf '\n%s\n' "$BLOCK" >>"$README"
-fi
+printf '%s\n' "$BLOCK" >"$RES/block.md"
+readme_block mpi.sh "$RES/block.md" "$README"

@@ -34,6 +34,7 @@
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+. "$ROOT/benchmarks/readme_block.sh"
 RES=$ROOT/benchmarks/results/network
 README=$ROOT/benchmarks/README.md
 DUR=${DURATION:-4}
@@ -307,16 +308,6 @@ BLOCK=$(
     printf '%s\n' "${OUT[@]}"
     echo "<!-- network.sh:end -->"
 )
-if grep -q "<!-- network.sh:begin -->" "$README"; then
-    python3 - "$README" "$BLOCK" <<'PY'
-import sys
-p, block = sys.argv[1], sys.argv[2]
-s = open(p).read()
-a = s.index("<!-- network.sh:begin -->")
-b = s.index("<!-- network.sh:end -->") + len("<!-- network.sh:end -->")
-open(p, "w").write(s[:a] + block + s[b:])
-PY
-else
-    printf '\n%s\n' "$BLOCK" >>"$README"
-fi
+printf '%s\n' "$BLOCK" >"$RES/block.md"
+readme_block network.sh "$RES/block.md" "$README"
 log "done"

@@ -27,6 +27,7 @@
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+. "$ROOT/benchmarks/readme_block.sh"
 RES=$ROOT/benchmarks/results
 README=$ROOT/benchmarks/README.md
 DUR=${DURATION:-2}
@@ -455,14 +456,7 @@ KERNEL=$(uname -r)
     echo "<!-- run.sh:end -->"
 } >"$RES/run-block.md"
 
-if grep -q '<!-- run.sh:begin -->' "$README" && grep -q '<!-- run.sh:end -->' "$README"; then
-    awk -v block="$RES/run-block.md" '
-        /<!-- run.sh:begin -->/ { while ((getline l < block) > 0) print l; skip = 1; next }
-        /<!-- run.sh:end -->/ { skip = 0; next }
-        !skip { print }' "$README" >"$README.tmp" && mv "$README.tmp" "$README"
-else
-    { echo; cat "$RES/run-block.md"; } >>"$README"
-fi
+readme_block run.sh "$RES/run-block.md" "$README"
 log "wrote the run.sh block of $README"
 cat "$RES/run-block.md"
 [ "$FAILURES" = 0 ]
