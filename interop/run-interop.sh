@@ -69,6 +69,8 @@ gcc -O2 -Wall -o "$RUNS/verbs_target" "$HERE/verbs_target.c" -libverbs
 gcc -O2 -Wall -o "$RUNS/chain" "$ROOT/crates/srdma-verbs/tests/c/chain.c" -libverbs
 gcc -O2 -Wall -o "$RUNS/qpless" "$ROOT/crates/srdma-verbs/tests/c/qpless.c" -lrdmacm -libverbs -lpthread
 # iSER: Debian's tgtd and libiscsi on each side (tests/c/iscsi_rw.c checks the data).
+# The lossy scenarios drop datagrams with nftables in the host's namespace.
+command -v nft >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables >/dev/null
 command -v tgtd >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tgt >/dev/null
 command -v iscsi-inq >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libiscsi-bin >/dev/null
 [ -f /usr/include/iscsi/iscsi.h ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libiscsi-dev >/dev/null
