@@ -18,6 +18,10 @@ use std::time::{Duration, Instant};
 /// sending one (15 × 4.3 s).
 pub(super) const MEMORY: Duration = Duration::from_secs(70);
 
+/// The most REQs remembered (and twice as many sightings): a flood of REQs with fresh IDs
+/// or TIDs forgets the oldest first, rather than taking memory without bound.
+pub(super) const MOST: usize = 65_536;
+
 /// What a REQ that arrives is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Arrival {
@@ -59,6 +63,17 @@ impl<K: Copy + Eq + Hash> SeenReqs<K> {
     /// A REQ with `key` and transaction ID `tid` arrives at `now`.
     pub(super) fn arrive(&mut self, key: K, tid: u64, now: Instant) -> Arrival {
         self.expire(now);
+        // Bounded: REQs (fresh IDs) and sightings (resends of one, fresh TIDs) alike.
+        while (self.map.len() >= MOST && !self.map.contains_key(&key))
+            || self.order.len() >= 2 * MOST
+        {
+            let Some((at, old)) = self.order.pop_front() else {
+                break;
+            };
+            if self.map.get(&old).is_some_and(|e| e.last == at) {
+                self.map.remove(&old);
+            }
+        }
         self.order.push_back((now, key));
         match self.map.get_mut(&key) {
             Some(e) if e.tid == tid => {
@@ -108,6 +123,7 @@ impl<K: Copy + Eq + Hash> SeenReqs<K> {
         self.map.len()
     }
 
+    /// Drops what was last seen [`MEMORY`] ago or more.
     fn expire(&mut self, now: Instant) {
         while let Some(&(at, key)) = self.order.front() {
             if now.saturating_duration_since(at) < MEMORY {
@@ -161,6 +177,26 @@ mod tests {
         );
         s.forget(7, 2);
         assert_eq!(s.arrive(7, 2, t), Arrival::New, "forgotten: new again");
+    }
+
+    #[test]
+    fn a_flood_of_fresh_ids_is_bounded() {
+        let t = Instant::now();
+        let mut s = SeenReqs::default();
+        for k in 0..(MOST as u32 + 1000) {
+            assert_eq!(s.arrive(k, 1, t), Arrival::New);
+        }
+        assert_eq!(s.len(), MOST);
+        assert_eq!(s.arrive(0, 1, t), Arrival::New, "the oldest went first");
+        assert_eq!(
+            s.arrive(MOST as u32 + 999, 1, t),
+            Arrival::WhilePending,
+            "the newest stay"
+        );
+        for tid in 0..(3 * MOST as u64) {
+            s.arrive(7, tid, t);
+        }
+        assert!(s.order.len() <= 2 * MOST && s.len() <= MOST);
     }
 
     #[test]
