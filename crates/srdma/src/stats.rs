@@ -102,9 +102,11 @@ impl Pending {
     /// written here if it cannot start). A progress thread must not write itself: replacing
     /// a file by a rename makes ext4 flush it (`auto_da_alloc`), which took 30–130 ms on this
     /// project's test machine, where `/run` is on disk — that long without reading the
-    /// socket, and every peer's retransmission timer fires.
+    /// socket, and every peer's retransmission timer fires. A forked child, which has the
+    /// channel but not the thread, writes itself.
     pub(crate) fn commit_later(self) {
-        static WRITER: OnceLock<Option<Mutex<mpsc::Sender<Pending>>>> = OnceLock::new();
+        type Writer = (u32, Mutex<mpsc::Sender<Pending>>);
+        static WRITER: OnceLock<Option<Writer>> = OnceLock::new();
         let writer = WRITER.get_or_init(|| {
             let (tx, rx) = mpsc::channel::<Pending>();
             crate::threads::spawn("srdma-stats", move || {
@@ -113,16 +115,16 @@ impl Pending {
                 }
             })
             .ok()
-            .map(|_| Mutex::new(tx))
+            .map(|_| (std::process::id(), Mutex::new(tx)))
         });
         let rejected = match writer {
-            Some(tx) => tx
+            Some((pid, tx)) if *pid == std::process::id() => tx
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .send(self)
                 .err()
                 .map(|e| e.0),
-            None => Some(self),
+            _ => Some(self),
         };
         if let Some(p) = rejected {
             p.commit();
