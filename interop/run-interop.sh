@@ -444,7 +444,6 @@ for ep in msg rdm; do
     "$EXEC fi_pingpong -p '$prov' -e $ep -S 4096 -I 20 -c" || fail=1; }
 done
 
-[ $fail = 0 ] && log "all scenarios passed" || log "some scenarios FAILED"
 # Random loss both ways: the drop-in's go-back-N against rxe's (Debian's ibv_rc_pingpong on
 # both sides, every byte checked), both roles.
 selected lossy-rc-server && { lossy_scenario lossy-rc-server \
@@ -454,4 +453,5 @@ selected lossy-rc-client && { lossy_scenario lossy-rc-client \
   "retry 80 0.5 ibv_rc_pingpong -d rxe0 -g 1 -n 50 -s 65536 -c 10.77.0.1" \
   "$EXEC ibv_rc_pingpong -g 1 -n 50 -s 65536 -c" || fail=1; }
 
+[ $fail = 0 ] && log "all scenarios passed" || log "some scenarios FAILED"
 exit $fail
