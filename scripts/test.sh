@@ -4,15 +4,14 @@
 #
 # Needs: tshark (decode comparisons), iproute2 and nftables (network namespaces, loss), gcc,
 # libibverbs-dev and librdmacm-dev (C programs and layouts against the real headers),
-# ibverbs-utils, rdmacm-utils, perftest, ucx-utils, openmpi-bin with libopenmpi-dev,
-# libfabric-bin and qperf (the Debian-built tools and middleware the drop-in libibverbs and
-# librdmacm run), python3-pyverbs (rdma-core's own test suite, compared with kernel rxe's),
-# tgt, libiscsi-bin and libiscsi-dev (iSCSI and iSER: tgtd and libiscsi's initiator),
-# redis-server, redis-tools, iperf3 and sockperf (socket programs on rsockets, `srdma exec
-# --rsockets`).
-# Installing needs root; without root, what
-# is missing is named and the tests that need it skip or fail with that name
-# (SRDMA_SKIP_NETNS=1 and SRDMA_SKIP_TSHARK=1 skip those on purpose).
+# ibverbs-utils, rdmacm-utils, perftest, ucx-utils, openmpi-bin with libopenmpi-dev, mpich
+# with libmpich-dev, libfabric-bin and qperf (the Debian-built tools and middleware the
+# drop-in libibverbs and librdmacm run), python3-pyverbs (rdma-core's own test suite,
+# compared with kernel rxe's), tgt, libiscsi-bin and libiscsi-dev (iSCSI and iSER: tgtd and
+# libiscsi's initiator), redis-server, redis-tools, iperf3 and sockperf (socket programs on
+# rsockets, `srdma exec --rsockets`). Installing needs root; without root, what is missing is
+# named and the tests that need it skip or fail with that name (SRDMA_SKIP_NETNS=1 and
+# SRDMA_SKIP_TSHARK=1 skip those on purpose).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,6 +28,7 @@ command -v rping >/dev/null || need+=(rdmacm-utils)
 [ -e /usr/share/doc/rdma-core/tests ] || need+=(python3-pyverbs)
 command -v ucx_perftest >/dev/null || need+=(ucx-utils)
 command -v mpicc >/dev/null || need+=(openmpi-bin libopenmpi-dev)
+{ command -v mpiexec.mpich && [ -e /usr/lib/x86_64-linux-gnu/libmpich.so ]; } >/dev/null || need+=(mpich libmpich-dev)
 command -v fi_pingpong >/dev/null || need+=(libfabric-bin)
 command -v qperf >/dev/null || need+=(qperf)
 [ -x /usr/sbin/tgtd ] || need+=(tgt)

@@ -6,7 +6,7 @@
 //! Both ends run on this host, each on its own loopback address (`SRDMA_DEVICES`), every
 //! test on its own addresses and TCP port. Skipped, with a message, without ucx-utils
 //! (`scripts/test.sh` installs it); Open MPI over UCX too, without openmpi-bin and
-//! libopenmpi-dev.
+//! libopenmpi-dev, and MPICH without mpich.
 
 mod common;
 
@@ -267,19 +267,28 @@ impl Drop for TempDir {
 
 /// tests/c/mpi_check.c built with mpicc into `dir`.
 fn build_mpi_check(dir: &Path) -> String {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/mpi_check.c");
-    let prog = dir.join("mpi_check");
-    let o = Command::new("mpicc")
+    build_mpi(dir, "mpicc", "crates/srdma-verbs/tests/c/mpi_check.c")
+}
+
+/// The C program `src` (a path from the repository's root) built with the MPI compiler
+/// wrapper `cc` into `dir`, named after `cc` and the source.
+fn build_mpi(dir: &Path, cc: &str, src: &str) -> String {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(src);
+    let stem = src.file_stem().unwrap().to_str().unwrap();
+    let prog = dir.join(format!("{stem}.{cc}"));
+    let o = Command::new(cc)
         .args(["-O1", "-Wall", "-o"])
         .arg(&prog)
         .arg(&src)
         .output()
         .unwrap();
-    assert!(o.status.success(), "mpicc mpi_check.c: {}", text(&o));
+    assert!(o.status.success(), "{cc} {}: {}", src.display(), text(&o));
     prog.to_str().unwrap().to_string()
 }
 
-/// mpi_check's run `o` passed on `ranks` ranks, UCX reporting no error.
+/// mpi_check's or mpi_coll's run `o` passed on `ranks` ranks, UCX reporting no error.
 fn assert_mpi_passed(o: &Output, ranks: usize) {
     assert!(o.status.success(), "{}", text(o));
     let passed = format!("PASSED: 0 failures over {ranks} ranks");
@@ -315,6 +324,86 @@ fn open_mpi_over_ucx() {
         .unwrap();
     let o = wait(child, Duration::from_secs(60), "mpirun mpi_check");
     assert_mpi_passed(&o, 2);
+}
+
+/// Open MPI over UCX over srdma on 3 ranks: benchmarks/mpi_coll.c checks a send/recv stream
+/// at every size from 8 B to 4 MiB, `MPI_Allreduce` and `MPI_Alltoall` of 3 MiB per call,
+/// every element of every result.
+#[test]
+fn open_mpi_collectives_over_ucx() {
+    if !have_ucx() || !have_mpi() {
+        return;
+    }
+    let dir = TempDir::new("mpicoll");
+    let prog = build_mpi(&dir.0, "mpicc", "benchmarks/mpi_coll.c");
+    let mut args = vec!["--oversubscribe", "-np", "3"];
+    args.extend(MPI_OVER_UCX);
+    args.extend(["-x", "LD_LIBRARY_PATH", "-x", "SRDMA_DEVICES", &prog]);
+    args.extend(MPI_COLL_SIZES);
+    let child = exec("127.0.76.1", "rc_verbs,ud_verbs,self", "mpirun", &args)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .spawn()
+        .unwrap();
+    let o = wait(child, Duration::from_secs(90), "mpirun mpi_coll");
+    assert_mpi_passed(&o, 3);
+}
+
+/// mpi_coll's arguments in the tests: sizes up to 4 MiB, 3 MiB per collective call, 12 MiB
+/// of each.
+const MPI_COLL_SIZES: [&str; 3] = ["4", "3", "12"];
+
+/// Whether MPICH (Debian's mpich: `mpicc.mpich`, `mpiexec.mpich`, device ch4:ucx) is
+/// installed; if not, says so (the caller skips).
+fn have_mpich() -> bool {
+    let ok = ["mpicc.mpich", "mpiexec.mpich"]
+        .iter()
+        .all(|t| Path::new("/usr/bin").join(t).exists());
+    if !ok {
+        eprintln!(
+            "skipped: /usr/bin/mpicc.mpich or /usr/bin/mpiexec.mpich is missing (apt-get \
+             install mpich, or run scripts/test.sh as root)"
+        );
+    }
+    ok
+}
+
+/// MPICH 4.0 (Debian's, ch4:ucx, its Hydra launcher) over UCX over srdma: mpi_check on 2
+/// ranks (point-to-point, collectives, one-sided RMA) and mpi_coll on 3. UCX may use the
+/// verbs transports only, and `MPIR_CVAR_NOLOCAL=1` keeps MPICH from its own shared memory
+/// between ranks of one host: every byte between ranks goes through srdma.
+#[test]
+fn mpich_over_ucx() {
+    if !have_ucx() || !have_mpich() {
+        return;
+    }
+    let dir = TempDir::new("mpich");
+    let check = build_mpi(
+        &dir.0,
+        "mpicc.mpich",
+        "crates/srdma-verbs/tests/c/mpi_check.c",
+    );
+    let coll = build_mpi(&dir.0, "mpicc.mpich", "benchmarks/mpi_coll.c");
+    for (ranks, prog, sizes) in [(2, &check, &[][..]), (3, &coll, &MPI_COLL_SIZES[..])] {
+        let np = ranks.to_string();
+        let mut args = vec!["-n", &np, prog];
+        args.extend(sizes);
+        let child = exec(
+            "127.0.77.1",
+            "rc_verbs,ud_verbs,self",
+            "mpiexec.mpich",
+            &args,
+        )
+        .env("MPIR_CVAR_NOLOCAL", "1")
+        .spawn()
+        .unwrap();
+        let o = wait(
+            child,
+            Duration::from_secs(90),
+            &format!("mpiexec.mpich {prog}"),
+        );
+        assert_mpi_passed(&o, ranks);
+    }
 }
 
 /// mpirun's options for point-to-point and one-sided traffic over UCX, with the ranks
