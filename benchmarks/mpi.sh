@@ -8,7 +8,11 @@
 #   2. MPI_Allreduce (sum of doubles) and MPI_Alltoall, 16 MiB per call, 256 MiB in all, and a
 #      send/recv stream at every size from 8 B to 64 MiB (mpi_coll.c), 2 and 3 ranks;
 #   3. between two ranks an 8 B ping-pong and a 64 MiB send/recv stream (mpi_p2p.c), beside
-#      `ucx_perftest -t ucp_put_bw -s 64MiB` through srdma.
+#      `ucx_perftest -t ucp_put_bw -s 64MiB` through srdma;
+#   4. between two network namespaces joined by a veth (MTU 1500): Open MPI's MPI_Bcast of
+#      1 GiB with 2 ranks (one per namespace) and 4 (two per namespace, mapped by node), over
+#      UCX on srdma and over TCP (ob1 + tcp), beside `srdma relay node` moving the same GiB
+#      from one namespace to the other (a 1-hop chain).
 #
 # Each for Open MPI 4.1 and MPICH 4.0 (Debian's: ch4:ucx), in three ways:
 #   srdma  over UCX on srdma: UCX_TLS=rc_verbs,ud_verbs,self, UCX's defaults otherwise, one
@@ -25,7 +29,7 @@
 #
 # Knobs: SRDMA_BIN (its directory must hold libibverbs.so), RANKS ("2 3"), RUNS (5),
 # MPIS ("ompi mpich"), TOTAL_MIB (1024), CHUNK_MIB (64), SKIP_BCAST=1, SKIP_COLL=1,
-# SKIP_P2P=1. Root (a network namespace); installs Open MPI, MPICH and UCX.
+# SKIP_P2P=1, SKIP_NETNS=1. Root (a network namespace); installs Open MPI, MPICH and UCX.
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 . "$ROOT/benchmarks/readme_block.sh"
@@ -39,6 +43,7 @@ command -v mpicc >/dev/null || need+=(openmpi-bin libopenmpi-dev)
 { command -v mpiexec.mpich && [ -e /usr/lib/x86_64-linux-gnu/libmpich.so ]; } >/dev/null ||
     need+=(mpich libmpich-dev)
 command -v ucx_info >/dev/null || need+=(ucx-utils)
+command -v jq >/dev/null || need+=(jq)
 if [ ${#need[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null 2>&1
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}" >/dev/null 2>&1
@@ -164,6 +169,59 @@ for r in $(seq "${RUNS:-5}"); do
     fi
 done
 
+# ------------------------------------------------------------ 4. between two namespaces
+# Two "hosts" (namespaces NS-0 and NS-1, 10.95.0.1 and .2 on a veth); mpirun runs in the
+# first and starts its daemons through an agent (plm_rsh_agent) that enters the namespace,
+# under `srdma exec --device` of the host's address when SRDMA is set.
+netns() {
+    local ns=srdmampi$$ i r np mode out
+    for i in 0 1; do ip netns add $ns-$i && ip -n $ns-$i link set lo up; done
+    ip link add eth0 netns $ns-0 type veth peer name eth0 netns $ns-1
+    for i in 0 1; do
+        ip -n $ns-$i addr add 10.95.0.$((i + 1))/24 dev eth0
+        ip -n $ns-$i link set eth0 up
+    done
+    # shellcheck disable=SC2016 # expanded by the agent
+    printf '%s\n' '#!/bin/sh' 'host=$1; shift' \
+        'addr=$(ip -n "$host" -4 -o addr show dev eth0 | sed -n "s/.* inet \([0-9.]*\).*/\1/p")' \
+        'exec ip netns exec "$host" unshare --uts sh -c '\''hostname "$0" && exec "$@"'\'' "$host" \' \
+        '    ${SRDMA:+"$SRDMA" exec --device "ucx=$addr"} sh -c "$*"' >"$DIR/agent"
+    chmod +x "$DIR/agent"
+    printf '%s slots=2\n' $ns-0 $ns-1 >"$DIR/hosts"
+    printf '%s\n' '[transfer]' 'chunk_size = "1MiB"' '' '[[node]]' 'name = "a"' \
+        'addr = "10.95.0.1"' 'role = "source"' "source = \"gen:${TOTAL_MIB:-1024}MiB\"" '' \
+        '[[node]]' 'name = "b"' 'addr = "10.95.0.2"' 'role = "sink"' 'parent = "a"' \
+        'sink = "discard"' >"$DIR/relay.toml"
+    for r in $(seq "${RUNS:-5}"); do
+        for np in 2 4; do
+            for mode in srdma tcp; do
+                local srdma="" mca=(--mca pml ob1 --mca btl self,tcp)
+                if [ $mode = srdma ]; then
+                    srdma=$S
+                    mca=(--mca pml ucx --mca osc ucx -x UCX_TLS)
+                fi
+                out=$(SRDMA=$srdma UCX_TLS=$UCX_SRDMA timeout 300 ip netns exec $ns-0 mpirun \
+                    --hostfile "$DIR/hosts" -np $np --map-by node --mca plm_rsh_agent "$DIR/agent" \
+                    --mca oob_tcp_if_include eth0 --mca btl_tcp_if_include eth0 "${mca[@]}" \
+                    "$DIR/mpi_bcast.ompi" "${TOTAL_MIB:-1024}" "${CHUNK_MIB:-64}" 2>&1)
+                echo "$out" >>"$RES/netns-bcast-$mode-$np.txt"
+                put "netns/$np" $mode "$(echo "$out" | awk '/^bcast .* 0 bad$/{print $(NF-3)}')"
+            done
+        done
+        ip netns exec $ns-1 timeout 120 "$S" relay node --config "$DIR/relay.toml" --name b \
+            --json >"$DIR/b.json" 2>>"$RES/netns-relay.txt" &
+        sleep 0.5
+        ip netns exec $ns-0 timeout 120 "$S" relay node --config "$DIR/relay.toml" --name a \
+            >>"$RES/netns-relay.txt" 2>&1
+        wait
+        cat "$DIR/b.json" >>"$RES/netns-relay.txt"
+        put netns/relay relay "$(jq -r 'select(.event == "report" and .ok) | .bytes / .seconds / 1048576' \
+            "$DIR/b.json" 2>/dev/null | tail -1)"
+    done
+    for i in 0 1; do ip netns del $ns-$i; done
+}
+[ -z "${SKIP_NETNS:-}" ] && netns
+
 START=$(date -u '+%Y-%m-%d %H:%M UTC')
 COMMIT=$(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null || echo unknown)
 {
@@ -225,6 +283,16 @@ sizes = sorted({int(k.split("/")[2]) for k in vals if k.startswith("sweep/")})
 for m in mpis:
     table(f"{NAMES[m]}, send/recv stream between 2 ranks by message size (mpi_coll.c), MiB/s",
           [(f"{n} B" if n < 1024 else f"{n >> 10} KiB" if n < 1 << 20 else f"{n >> 20} MiB", f"sweep/{m}/{n}") for n in sizes])
+if any(k.startswith("netns/") for k in vals):
+    print()
+    print(f"Between two network namespaces (veth, MTU 1500; RoCE path MTU 1024): Open MPI's MPI_Bcast of {total} MiB in {chunk} MiB calls, 2 ranks (one per namespace) and 4 (two per namespace), MiB/s, beside `srdma relay node` moving the same bytes from one namespace to the other.")
+    print()
+    print("| ranks | srdma (UCX) | TCP | srdma relay | srdma / TCP | srdma / relay |")
+    print("|---|---|---|---|---|---|")
+    for n in ("2", "4"):
+        k = f"netns/{n}"
+        s, t, r = med(k, "srdma"), med(k, "tcp"), med("netns/relay", "relay")
+        print(f"| {n} | {cell(k, 'srdma')} | {cell(k, 'tcp')} | {cell('netns/relay', 'relay')} | {ratio(s, t)} | {ratio(s, r)} |")
 lat = [(f"{NAMES[m]}, 8 B ping-pong, half round trip (µs)", f"pingpong/{m}") for m in mpis]
 if any(k in vals for _, k in lat):
     print()
