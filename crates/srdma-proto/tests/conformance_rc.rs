@@ -3254,3 +3254,141 @@ fn each_copy_of_a_gso_probe_draws_an_ack_that_acknowledges_nothing() {
     assert_eq!(p.b.qp.recv_queue_len(), 1, "nor take a receive");
     assert!(p.completions(A).is_empty());
 }
+
+/// A's and B's 1 MiB regions for the long READs below (A: zeros, B: a byte pattern).
+fn long_regions(p: &mut Pair) -> (MrKeys, MrKeys) {
+    let (a_at, b_at) = (0x100_0000, 0x200_0000);
+    let a = p.reg(A, a_at, 1 << 20, 0, all_remote());
+    let b = p.reg(B, b_at, 1 << 20, 0, all_remote());
+    p.bytes_mut(B, &b).copy_from_slice(&pattern(1 << 20));
+    (a, b)
+}
+
+fn read_1m(p: &mut Pair, a: &MrKeys, b: &MrKeys) {
+    p.post_send(
+        A,
+        wr(
+            7,
+            SendOp::Read {
+                remote_addr: 0x200_0000,
+                rkey: rkey(b),
+            },
+            &[sge(a, 0x100_0000, 1 << 20)],
+        ),
+    );
+}
+
+/// (PSN, va, length) of every READ request A sent.
+fn read_requests(p: &Pair) -> Vec<(Psn, u64, u32)> {
+    p.sent_by(A)
+        .iter()
+        .filter(|s| s.pkt.bth.opcode == Opcode::RcRdmaReadRequest)
+        .map(|s| {
+            let r = s.pkt.reth.unwrap();
+            (s.pkt.bth.psn, r.va, r.dma_len)
+        })
+        .collect()
+}
+
+/// Rule (srdma; flow control of READ responses): a READ longer than one segment
+/// (`read_segment`: the window shared by `max_rd_atomic` READs, at least 256 response
+/// packets) goes as consecutive READ requests of a segment each — PSN, address and length
+/// advancing together, every one a READ request any responder takes — so that the window
+/// paces its responses as it paces WRITEs; one completion, the data whole.
+#[test]
+fn a_long_read_goes_as_one_request_per_segment() {
+    let mut p = rc();
+    let (a, b) = long_regions(&mut p);
+    read_1m(&mut p, &a, &b);
+    p.settle();
+    let t = p.trace();
+    let seg = 256u32; // max_rd_atomic 4: 1024 / 4
+    let want: Vec<_> = (0..4)
+        .map(|i| {
+            (
+                ps(i * seg),
+                0x200_0000 + u64::from(i * seg) * 1024,
+                seg * 1024,
+            )
+        })
+        .collect();
+    assert_eq!(read_requests(&p), want, "{t}");
+    assert_eq!(st(&p.completions(A)), vec![(7, WcStatus::Success)]);
+    same(p.bytes(A, &a), &pattern(1 << 20), "data");
+}
+
+/// Rule: a response of a segmented READ that is lost is asked for again from the first
+/// missing packet to the end of its segment (a request the responder answers from the
+/// resource of that segment, as rxe's does: `duplicate_request` takes a re-request only
+/// inside one READ's range), and the READ completes once, whole.
+#[test]
+fn a_lost_response_of_a_long_read_is_asked_again_to_its_segment_end() {
+    let mut p = rc();
+    let (a, b) = long_regions(&mut p);
+    read_1m(&mut p, &a, &b);
+    let mut dropped = false;
+    p.settle_with(50, |from, r| {
+        if from == B && r.bth.psn == ps(300) && !dropped {
+            dropped = true;
+            return Fate::Drop;
+        }
+        Fate::Deliver
+    });
+    let t = p.trace();
+    let reqs = read_requests(&p);
+    assert!(
+        reqs.contains(&(ps(300), 0x200_0000 + 300 * 1024, (512 - 300) * 1024)),
+        "{reqs:x?}\n{t}"
+    );
+    assert!(
+        reqs.iter().all(|&(psn, va, len)| {
+            let k = psn.diff(ps(0)) as u64;
+            va == 0x200_0000 + k * 1024 && (k + u64::from(len) / 1024) % 256 == 0
+        }),
+        "every request ends at a segment's end: {reqs:x?}"
+    );
+    assert_eq!(st(&p.completions(A)), vec![(7, WcStatus::Success)], "{t}");
+    same(p.bytes(A, &a), &pattern(1 << 20), "data");
+}
+
+/// Rule: with `max_rd_atomic` 1 a READ's segments (1024 packets each) go one at a time: the
+/// next request leaves only after the last response of the one before, so that no more
+/// READ requests are outstanding than the responder agreed to keep.
+#[test]
+fn segments_of_a_long_read_respect_max_rd_atomic() {
+    let mut p = rc_with(|a| {
+        a.max_rd_atomic = 1;
+        a.max_dest_rd_atomic = 1;
+    });
+    let a = p.reg(A, 0x100_0000, 2 << 20, 0, all_remote());
+    let b = p.reg(B, 0x400_0000, 2 << 20, 0, all_remote());
+    p.bytes_mut(B, &b).copy_from_slice(&pattern(2 << 20));
+    p.post_send(
+        A,
+        wr(
+            9,
+            SendOp::Read {
+                remote_addr: 0x400_0000,
+                rkey: rkey(&b),
+            },
+            &[sge(&a, 0x100_0000, 2 << 20)],
+        ),
+    );
+    p.settle();
+    let t = p.trace();
+    let sent = p.sent();
+    let second = sent
+        .iter()
+        .position(|s| s.pkt.bth.opcode == Opcode::RcRdmaReadRequest && s.pkt.bth.psn == ps(1024))
+        .unwrap_or_else(|| panic!("no second request\n{t}"));
+    let last_of_first = sent
+        .iter()
+        .position(|s| {
+            s.pkt.bth.psn == ps(1023) && s.pkt.bth.opcode == Opcode::RcRdmaReadResponseLast
+        })
+        .unwrap_or_else(|| panic!("no end of the first segment\n{t}"));
+    assert!(last_of_first < second, "{t}");
+    assert_eq!(read_requests(&p).len(), 2, "{t}");
+    assert_eq!(st(&p.completions(A)), vec![(9, WcStatus::Success)]);
+    same(p.bytes(A, &a), &pattern(2 << 20), "data");
+}

@@ -199,9 +199,7 @@ impl Qp {
     /// Pops the head WQE with `status`.
     fn complete_head(&mut self, status: WcStatus) {
         let Some(w) = self.sq.pop_front() else { return };
-        if w.has_rd_atomic {
-            self.rd_atomic = self.rd_atomic.saturating_sub(1);
-        }
+        self.rd_atomic = self.rd_atomic.saturating_sub(w.rd_slots());
         let signaled = w.wr.flags.contains(SendFlags::SIGNALED);
         self.push_send_wc(send_wc(self.cfg.qpn, &w, status), signaled);
         self.req_cursor = self.req_cursor.saturating_sub(1);
@@ -336,11 +334,18 @@ impl Qp {
         }
         self.comp_psn = psn.add(1);
         if ends {
-            if w.read_done != w.len {
+            if w.read_done == w.len {
+                self.complete_head(WcStatus::Success);
+            } else if (k + 1) % w.read_seg.max(1) == 0 {
+                // The last response of a segment (see `read_segment`): its request is
+                // answered, and a slot it held is free.
+                if w.extra_reads > 0 {
+                    w.extra_reads -= 1;
+                    self.rd_atomic = self.rd_atomic.saturating_sub(1);
+                }
+            } else {
                 self.fail_head(WcStatus::BadRespErr);
-                return;
             }
-            self.complete_head(WcStatus::Success);
         }
     }
 
@@ -446,6 +451,9 @@ impl Qp {
             };
             w.next_pkt = if w.wr.op.is_atomic() { 0 } else { from };
             w.state = WqeState::Active;
+            // A READ's segments are asked for again from `from`, one slot at a time.
+            self.rd_atomic = self.rd_atomic.saturating_sub(w.extra_reads);
+            w.extra_reads = 0;
             cursor.get_or_insert(i);
         }
         self.req_cursor = cursor.unwrap_or(self.req_cursor);

@@ -115,13 +115,19 @@ impl Qp {
             };
             let w = &self.sq[idx];
             let k = if w.wr.op.is_read_or_atomic() {
-                let (first, last) = (w.first_psn, w.last_psn);
+                // The request of the segment `p` is in (the whole READ unless it went as
+                // several requests, see `read_segment`; an atomic's one PSN).
+                let seg = w.read_seg.max(1);
+                let start = p.diff(w.first_psn) as u32 / seg * seg;
+                let end = start.saturating_add(seg).min(w.npkts);
+                let (first, last) = (w.first_psn.add(start), w.first_psn.add(end - 1));
                 self.resend.retain(|q| q.before(first) || q.after(last));
-                if self.scoreboard.contains(first) {
+                let done = w.read_done / self.pmtu();
+                if self.scoreboard.contains(first) || done >= end {
                     // The request arrived; its responses are the requester's to wait for.
                     continue;
                 }
-                w.read_done / self.pmtu()
+                start.max(done)
             } else {
                 p.diff(w.first_psn) as u32
             };
@@ -168,7 +174,12 @@ impl Qp {
             _ => packets(wqe.len, pmtu),
         };
         let first = self.req_psn;
+        let network = !self.cc.is_unlimited();
         let wqe = &mut self.sq[idx];
+        if matches!(wqe.wr.op, SendOp::Read { .. }) {
+            wqe.read_seg = super::read_segment(npkts, self.attr.max_rd_atomic, network);
+            wqe.extra_reads = 0;
+        }
         wqe.first_psn = first;
         wqe.last_psn = first.add(npkts - 1);
         wqe.npkts = npkts;
@@ -202,14 +213,25 @@ impl Qp {
         let wqe = &self.sq[idx];
         let k = resend.unwrap_or(wqe.next_pkt);
         let psn = wqe.first_psn.add(k);
-        if resend.is_none()
-            && ty == QpType::Rc
-            && psn.diff(self.comp_psn) >= self.cc.window() as i32
-        {
-            self.cc.held();
-            return Ok(None);
-        }
         let n = wqe.npkts;
+        // A READ request asks for the responses up to the end of its segment (see
+        // `read_segment`); it needs window room for all of them, and a `max_rd_atomic` slot
+        // of its own unless every earlier response of its READ has come.
+        let read = matches!(wqe.wr.op, SendOp::Read { .. });
+        let seg = wqe.read_seg.max(1);
+        let read_end = (k / seg).saturating_add(1).saturating_mul(seg).min(n);
+        let extra_read = read && k > wqe.read_done / pmtu;
+        if resend.is_none() && ty == QpType::Rc {
+            let in_flight = psn.diff(self.comp_psn).max(0) as u32;
+            let need = if read { read_end - k } else { 1 };
+            if in_flight > 0 && in_flight + need > self.cc.window() {
+                self.cc.held();
+                return Ok(None);
+            }
+            if extra_read && self.rd_atomic >= u32::from(self.attr.max_rd_atomic.max(1)) {
+                return Ok(None);
+            }
+        }
         let position = super::position(n, k);
         let end = matches!(position, Position::Last | Position::Only);
         let mut bth = super::bth(Opcode::RcSendOnly, self.attr.dest_qp_num, psn);
@@ -297,17 +319,19 @@ impl Qp {
                 payload = Some((offset, plen));
             }
             SendOp::Read { remote_addr, rkey } => {
-                // A retried READ restarts at the first response packet not yet received.
+                // Response packets k..read_end: a segment of a long READ, or what a retry
+                // asks again from the first response not yet received to its segment's end.
                 let offset = u64::from(k) * u64::from(pmtu);
+                let end = (u64::from(read_end) * u64::from(pmtu)).min(u64::from(wqe.len));
                 bth.opcode = Opcode::RcRdmaReadRequest;
                 bth.ack_req = true;
                 repr = PacketRepr::new(bth, &[]);
                 repr.reth = Some(RethRepr {
                     va: remote_addr.wrapping_add(offset),
                     rkey: rkey.0,
-                    dma_len: wqe.len - offset as u32,
+                    dma_len: end.saturating_sub(offset) as u32,
                 });
-                request_done = true;
+                request_done = read_end == n;
             }
             SendOp::CompareSwap {
                 remote_addr, rkey, ..
@@ -389,13 +413,25 @@ impl Qp {
 
         // The packet is built: advance.
         let wqe = &mut self.sq[idx];
-        wqe.next_pkt = if request_done && wqe.wr.op.is_read_or_atomic() {
+        wqe.next_pkt = if read {
+            read_end
+        } else if request_done && wqe.wr.op.is_atomic() {
             wqe.npkts
         } else {
             k + 1
         };
+        if extra_read {
+            wqe.extra_reads += 1;
+            self.rd_atomic += 1;
+        }
         self.noack_pkts = if ack_req { 0 } else { self.noack_pkts + 1 };
-        let sent_through = if request_done { last_psn } else { psn };
+        let sent_through = if read {
+            wqe.first_psn.add(read_end - 1)
+        } else if request_done {
+            last_psn
+        } else {
+            psn
+        };
         if psn.before(self.max_sent_psn) {
             self.counters.retransmitted_pkts += 1;
             self.cc.on_resent(ctx.now, psn, len as u32);
@@ -472,9 +508,7 @@ impl Qp {
     pub(super) fn local_error(&mut self, idx: usize, status: WcStatus) {
         if idx == 0 {
             if let Some(w) = self.sq.pop_front() {
-                if w.has_rd_atomic {
-                    self.rd_atomic = self.rd_atomic.saturating_sub(1);
-                }
+                self.rd_atomic = self.rd_atomic.saturating_sub(w.rd_slots());
                 self.push_send_wc(send_wc(self.cfg.qpn, &w, status), true);
             }
             if self.cfg.qp_type == QpType::Ud {
