@@ -7,7 +7,8 @@
 //! through the drivers of `crate::driver`, GSO), `probe` (the GSO path probe), `rx`
 //! (receiving from the drivers, multicast groups),
 //! `timers`, `complete` (completions, hooks, events), `progress` (the progress thread
-//! and the application-driven progress), `xrc` (XRC SRQ routing), `verbs` (what modify,
+//! and the application-driven progress), `timing` (when to spin, rest, sleep, look and
+//! hold an ACK back: the heuristics, pure), `xrc` (XRC SRQ routing), `verbs` (what modify,
 //! post and the doorbell do to a QP's slot) and `state` (what the rest of the crate does to
 //! the state: its fields are the engine's).
 
@@ -18,6 +19,7 @@ mod rx;
 mod share;
 mod state;
 mod timers;
+mod timing;
 mod tx;
 mod verbs;
 mod xrc;
@@ -47,6 +49,7 @@ use crate::types::DeviceCounters;
 use complete::deliver_completions;
 use rx::Group;
 pub(crate) use rx::{MAX_MCAST_GRP, MAX_MCAST_QP_ATTACH};
+use timing::{ACK_RIDE_WINDOW, UNWAITED_AT, UNWAITED_MAX};
 
 /// Datagrams queued per `sendmmsg` (runs of them to one peer go out as one UDP GSO message).
 const TX_BATCH: usize = 128;
@@ -68,7 +71,7 @@ pub(crate) struct QpSlot {
     /// Learned: how many times in a row the application posted a send while what a receive
     /// brought was held back for it (an ACK, or nothing to send yet), or right after its
     /// `post_recv` or poll sent a held-back ACK (a SEND or WRITE ping-pong). From
-    /// [`ACK_RIDES_AFTER`] on, an ACK held back by a receive (the progress thread's too:
+    /// [`timing::ACK_RIDES_AFTER`] on, an ACK held back by a receive (the progress thread's too:
     /// [`Hold::Riding`]) waits past `post_recv` and polls (for [`ACK_RIDE_WINDOW`]) for that
     /// send and leaves right behind it, in the same `sendmmsg`. Cleared when the progress
     /// thread had to send a held-back ACK because the application went elsewhere (a peer
@@ -156,25 +159,6 @@ impl QpSlot {
     }
 }
 
-/// How soon after a `post_recv` that sent a held-back ACK a send must follow for the next
-/// ACK to wait for the send instead; also how long such an ACK waits through the
-/// application's polls for that send.
-pub(crate) const ACK_RIDE_WINDOW: Duration = Duration::from_micros(100);
-
-/// The score of posts without waiting (`QpSlot::unwaited`) from which an application is
-/// taken not to wait for its sends' completions: eight such posts in a row, or more than
-/// four in five for long. One that waits only for its peer's reply, and takes its send
-/// completions on the way, posts before its ACK came back now and then: such posts must not
-/// change its ACKs' way.
-pub(crate) const UNWAITED_AT: u8 = 8;
-/// The most the score of `QpSlot::unwaited` counts up to: an application that starts to
-/// wait is recognized within a few posts.
-const UNWAITED_MAX: u8 = 16;
-
-/// How many quick send-after-`post_recv` in a row make a QP's ACKs wait for its sends (a
-/// few hand-shakes in a row must not: perftest's do, then it goes quiet).
-pub(crate) const ACK_RIDES_AFTER: u8 = 8;
-
 /// What a receive holds back of the packets (ACKs, responses) of the QPs it touched, for
 /// the application's next post (see `State::deferred`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -229,16 +213,16 @@ pub(crate) struct State {
     /// (u64::MAX: none): the progress thread sleeps towards it to the microsecond.
     next_pace: u64,
     /// When (ns since the epoch) a READ or atomic request last arrived (see
-    /// `progress::ONE_SIDED_SPIN`).
+    /// `timing::ONE_SIDED_SPIN`).
     one_sided_at: u64,
-    /// Whether that request came alone in its receive batch (see `progress::ONE_SIDED_SPIN`).
+    /// Whether that request came alone in its receive batch (see `timing::ONE_SIDED_SPIN`).
     one_sided_lone: bool,
     /// When (ns since the epoch) a receive that took datagrams last left the socket empty (see
-    /// `progress::RX_REST`); taken (reset) by the next application poll, which skips the
-    /// socket if it comes within `progress::RX_REST`.
+    /// `timing::RX_REST`); taken (reset) by the next application poll, which skips the
+    /// socket if it comes within `timing::RX_REST`.
     drained_at: u64,
     /// A running count of the completions flushes and held-back receives moved to CQs; only
-    /// its change across one receive matters (see `progress::RX_REST`: a receive that moved
+    /// its change across one receive matters (see `timing::RX_REST`: a receive that moved
     /// none is no reason for the application to skip a look).
     delivered: u64,
     /// When (ns since the epoch) the published statistics may be refreshed next.
@@ -259,7 +243,7 @@ pub(crate) struct State {
     /// rings are read (boxed: a look moves a pointer, not the driver).
     shm: Option<Box<crate::shm::Shm>>,
     /// Until when (ns since the epoch) an application's poll leaves the UDP socket alone
-    /// while peers send through shared memory (see `rx::UDP_QUIET`).
+    /// while peers send through shared memory (see `timing::UDP_QUIET`).
     udp_quiet_until: u64,
     /// When (ns since the epoch) a receive last took packets from the shared-memory rings.
     shm_took_at: u64,
@@ -294,7 +278,7 @@ pub(crate) struct Shared {
     app_active_until: AtomicU64,
     /// Until when (ns since `epoch`) the progress thread, standing aside for an
     /// application's polls, looks often whether they stopped: some QP executed a WRITE
-    /// without immediate less than `rx::SILENT_WRITES_HOLD` ago, so an application may be
+    /// without immediate less than `timing::SILENT_WRITES_HOLD` ago, so an application may be
     /// waiting for the next one in its memory instead of on a CQ.
     silent_writes_until: AtomicU64,
     stop: AtomicBool,
@@ -308,7 +292,7 @@ pub(crate) struct Shared {
     /// watching the socket themselves: a datagram wakes the thread that waits for it, with
     /// no hand-off from the progress thread, which leaves the socket to them.
     app_waiters: AtomicUsize,
-    /// When (ns since `epoch`) such a thread last woke (0: never): for `progress::APP_GRACE`
+    /// When (ns since `epoch`) such a thread last woke (0: never): for `timing::APP_GRACE`
     /// after it, the progress thread still leaves the socket alone, as the application is
     /// expected back.
     wait_woke_at: AtomicU64,

@@ -5,50 +5,16 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::{ACK_RIDE_WINDOW, ACK_RIDES_AFTER, Hold, QpSlot, Shared, State};
+use super::timing::{
+    ACK_RIDE_WINDOW, ACK_RIDES_AFTER, APP_GRACE, FIRST_LOOK, ONE_SIDED_SPIN, POLL_GAP, RX_REST,
+    SHM_ROOM_LOOK, SHM_SPIN, STATS_EVERY,
+};
+use super::{Hold, QpSlot, Shared, State};
 use crate::sys;
 
 /// Receive batches handled before timers and the stop flag are looked at again: a flood of
 /// datagrams must not starve retransmissions or block the device's drop.
 const RX_BUDGET: usize = 8;
-/// An application poll this soon after a receive that left the socket empty (a batch not
-/// full) does not look at the socket again (once): it comes to collect what that receive
-/// completed, and the application's next step (a post, in a ping-pong) should not wait for
-/// a system call that finds nothing. Loopback, 8 B SEND ping-pong: the client's poll
-/// between its receive and its next send cost ~0.9 µs of the round trip (see
-/// benchmarks/README.md). A `post_send` in between cancels the rest: what it sent may
-/// already have been answered (a QP of this device answers at once).
-const RX_REST: Duration = Duration::from_micros(3);
-/// How long the progress thread keeps looking at the socket (without sleeping) after it
-/// answered a one-sided request (READ, atomic) that came alone in its receive batch: the
-/// peer's next one waits on this thread alone — no application here polls for it — and a
-/// wake-up from `poll` costs more than the round trip (loopback: `ib_read_lat -s 8` 24–38 µs
-/// typical while the thread slept between requests, 10–12 µs with it looking on). Requests
-/// that come several to a batch are a stream that keeps the thread busy anyway; looking on
-/// there took a core from the requester (`ib_read_bw -e -s 4096` −20 % on 2 cores).
-const ONE_SIDED_SPIN: Duration = Duration::from_micros(50);
-/// How long the progress thread keeps looking (without sleeping) after it took packets from
-/// the rings of the shared-memory driver: looking costs no system call, while a sleeping
-/// consumer costs its peer a doorbell and itself a wake-up per burst (loopback, 64 B WRITE
-/// stream: the target's thread spent a quarter of its time switching in and out of `poll`).
-const SHM_SPIN: Duration = Duration::from_micros(50);
-/// While a full shared-memory ring holds QPs back, how soon the progress thread looks again
-/// whether the peer made room.
-const SHM_ROOM_LOOK: Duration = Duration::from_micros(20);
-/// How long after an application's last poll the progress thread keeps out of the way:
-/// while an application polls, its polls drive the device (no thread hand-off on the hot
-/// path); when it stops, the thread takes over within this time.
-const APP_GRACE: Duration = Duration::from_millis(1);
-/// While WRITEs without immediate arrive (see `Shared::silent_writes_until`), a gap this
-/// long since an application's last poll means it stopped polling before its grace ran
-/// out — it spins on its memory for the peer's next WRITE, as perftest's `ib_write_lat`
-/// does after its send completes — and the progress thread takes over at once.
-const POLL_GAP: Duration = Duration::from_micros(20);
-/// The progress thread's first look, while it stands aside, at whether the application
-/// still polls; each look after that waits twice as long, up to the grace.
-const FIRST_LOOK: Duration = Duration::from_micros(25);
-/// How often an application's polls refresh the device's published statistics at most.
-const STATS_EVERY: Duration = Duration::from_millis(250);
 
 impl Shared {
     /// Called from an application's CQ poll, or its read of registered memory (an application
@@ -320,7 +286,7 @@ pub(super) fn progress(shared: &Shared) {
     let mut look = FIRST_LOOK;
     // Until when (ns since the epoch) a look without waiting may take the rings alone: a
     // same-host peer streams through them and the socket was found empty less than
-    // `rx::UDP_QUIET` ago (the socket, the doorbells, new links and wake-ups cost system
+    // `timing::UDP_QUIET` ago (the socket, the doorbells, new links and wake-ups cost system
     // calls to look at; they wait that long at most).
     let mut rings_only_until = 0;
     // The next sleep ends at a pacing deadline (see `State::next_pace`).

@@ -10,17 +10,12 @@ use srdma_proto::{Ctx, RecvMeta};
 use srdma_wire::{Encap, IpRepr, Kind, PacketRepr};
 
 use super::timers::note_timer;
-use super::{ACK_RIDES_AFTER, Hold, Shared, State, capture_epoch, deliver_completions};
+use super::timing::{ACK_RIDES_AFTER, SILENT_WRITES_HOLD, UDP_QUIET};
+use super::{Hold, Shared, State, capture_epoch, deliver_completions};
 use crate::driver::{Driver, Received, Via};
 use crate::error::{Result, io_err};
 use crate::sys;
 use crate::types::Gid;
-
-/// While peers of this host send through shared memory, an application's polls look at the
-/// UDP socket only this long after it was last found empty: the rings cost nothing to look
-/// at, a socket a system call (a same-host 8 B ping-pong over rings is a few hundred ns).
-/// What comes over UDP meanwhile (off-host peers, CM) waits at most this long.
-pub(super) const UDP_QUIET: Duration = Duration::from_micros(20);
 
 /// Datagrams taken from one multicast group's socket per receive pass.
 const GROUP_BUDGET: usize = 64;
@@ -28,8 +23,6 @@ const GROUP_BUDGET: usize = 64;
 pub const MAX_MCAST_GRP: u32 = 8192;
 /// QPs attached to one multicast group at most (rxe's `RXE_MAX_MCAST_QP_ATTACH`).
 pub const MAX_MCAST_QP_ATTACH: u32 = 56;
-/// How long after the last WRITE without immediate the progress thread keeps looking.
-const SILENT_WRITES_HOLD: Duration = Duration::from_millis(100);
 
 /// A multicast group UD QPs of this device are attached to ([`crate::Qp::attach_mcast`]),
 /// as rxe keeps one per multicast GID: a socket that is a member of the group on the

@@ -7,7 +7,8 @@ use std::sync::atomic::Ordering;
 
 use srdma_proto::{AttrMask, DeviceLimits, QpAttr, QpState, RecvWr, SendWr};
 
-use super::{ACK_RIDE_WINDOW, ACK_RIDES_AFTER, QpSlot, Shared, State, deliver_completions};
+use super::timing::{ACK_RIDE_WINDOW, ACK_RIDES_AFTER};
+use super::{QpSlot, Shared, State, deliver_completions};
 use crate::cq::Cq;
 use crate::error::{Error, Result};
 use crate::sys;
@@ -139,7 +140,7 @@ impl Shared {
             }
         }
         // A post may bring answers soon (at once from a QP of this device): the next poll
-        // looks at the socket (see `progress::RX_REST`).
+        // looks at the socket (see `timing::RX_REST`).
         st.expect_answers();
         self.doorbell(st, qpn);
         res
