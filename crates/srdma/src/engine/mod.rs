@@ -49,7 +49,6 @@ use crate::types::DeviceCounters;
 use complete::deliver_completions;
 use rx::Group;
 pub(crate) use rx::{MAX_MCAST_GRP, MAX_MCAST_QP_ATTACH};
-use timing::{ACK_RIDE_WINDOW, UNWAITED_AT, UNWAITED_MAX};
 
 /// Datagrams queued per `sendmmsg` (runs of them to one peer go out as one UDP GSO message).
 const TX_BATCH: usize = 128;
@@ -68,35 +67,11 @@ pub(crate) struct QpSlot {
     send_cq: Cq,
     recv_cq: Cq,
     srq: Option<u32>,
-    /// Learned: how many times in a row the application posted a send while what a receive
-    /// brought was held back for it (an ACK, or nothing to send yet), or right after its
-    /// `post_recv` or poll sent a held-back ACK (a SEND or WRITE ping-pong). From
-    /// [`timing::ACK_RIDES_AFTER`] on, an ACK held back by a receive (the progress thread's too:
-    /// [`Hold::Riding`]) waits past `post_recv` and polls (for [`ACK_RIDE_WINDOW`]) for that
-    /// send and leaves right behind it, in the same `sendmmsg`. Cleared when the progress
-    /// thread had to send a held-back ACK because the application went elsewhere (a peer
-    /// with a short retransmission timer, rxe in a slow VM, retries after a millisecond).
-    ack_rides_send: u8,
-    /// When (ns since the epoch) `post_recv` or a poll last sent a held-back ACK (0: not
-    /// since the last send): a send soon after it counts towards `ack_rides_send`.
-    ack_flushed_at: u64,
-    /// When (ns since the epoch) a receive last held this QP's packets back (put it in
-    /// `State::deferred`).
-    deferred_at: u64,
+    /// Whether the QP's ACKs wait for its application's sends, and whether that
+    /// application waits for its sends' completions: learned at posts and receives.
+    ride: timing::AckRide,
     /// Whether a receive was posted to the QP (see [`QpSlot::ack_tail`]).
     posted_recv: bool,
-    /// Learned at each post, a score of the posts that came without the application waiting
-    /// for the completion of its last send (it was unsignaled, is still unacknowledged or
-    /// not polled yet, or came before the application's first look: no poll of the send CQ
-    /// found it empty since that send): one up for each (to [`UNWAITED_MAX`]), four down for
-    /// each post that came after such a wait. From [`UNWAITED_AT`] on, the application is
-    /// taken not to wait for its sends' completions, which their ACKs bring (see
-    /// [`QpSlot::ack_tail`]).
-    unwaited: u8,
-    /// Whether the last send WR posted to the QP completes (signaled, or `sq_sig_all`).
-    last_signaled: bool,
-    /// The send CQ's [`Cq::waits`] at the last post.
-    waits_at_post: u32,
     /// The ECE options set on the QP (`Qp::set_ece`), if any.
     pub(crate) ece: Option<crate::Ece>,
     /// The deadline (ns since the epoch) of the QP's entry in `State::timers` (u64::MAX:
@@ -132,51 +107,17 @@ impl QpSlot {
     fn ack_tail(&self) -> bool {
         let shares_cq = Arc::ptr_eq(&self.send_cq.inner, &self.recv_cq.inner);
         let receives = self.posted_recv || self.srq.is_some();
-        self.unwaited < UNWAITED_AT && !(shares_cq && receives)
+        !(self.ride.unwaited() || shares_cq && receives)
     }
 
     /// At a post (before its WRs join the send queue): learns whether the application took
-    /// the completion of its last send first (see [`QpSlot::unwaited`]).
+    /// the completion of its last send first (see [`timing::AckRide::note_post`]).
     fn note_post(&mut self) {
         let waits = self.send_cq.waits();
-        let waited = self.last_signaled
-            && waits != self.waits_at_post
-            && self.qp.send_queue_len() == 0
-            && !self.send_cq.holds_any();
-        self.waits_at_post = waits;
-        self.unwaited = if !waited {
-            (self.unwaited + 1).min(UNWAITED_MAX)
-        } else {
-            self.unwaited.saturating_sub(4)
-        };
+        let (qp, cq) = (&self.qp, &self.send_cq);
+        self.ride
+            .note_post(waits, || qp.send_queue_len() == 0 && !cq.holds_any());
     }
-
-    /// When (ns since the epoch) what a receive held back for this QP has waited
-    /// [`ACK_RIDE_WINDOW`] and leaves whatever the application does.
-    fn hold_ends(&self) -> u64 {
-        self.deferred_at
-            .saturating_add(ACK_RIDE_WINDOW.as_nanos() as u64)
-    }
-}
-
-/// What a receive holds back of the packets (ACKs, responses) of the QPs it touched, for
-/// the application's next post (see `State::deferred`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Hold {
-    /// Nothing: everything leaves now.
-    Nothing,
-    /// Everything but requests: the receive was the application's busy poll of a CQ, or
-    /// its read of its memory, which polls it for a peer's WRITE. It looks again soon, and
-    /// one datagram a look may be enough (see `udp::RxBatch::recv`).
-    Poll,
-    /// The ACKs of QPs whose application posts a send right after it takes what they
-    /// acknowledge (`QpSlot::ack_rides_send`), for at most [`ACK_RIDE_WINDOW`]: the
-    /// progress thread's receive for an application that waits on its memory, not its CQ
-    /// (perftest's `ib_write_lat`). Sent at once, such an ACK reaches the peer alone; the
-    /// peer's application, which polls its send CQ for it, then turns to its memory, and
-    /// the reply WRITE that follows lands while nothing polls — the progress thread has to
-    /// take over there too, every round.
-    Riding,
 }
 
 pub(crate) struct State {
@@ -209,25 +150,10 @@ pub(crate) struct State {
     timers: timers::TimerSet,
     /// Earliest QP timer, in ns since the epoch (u64::MAX: none).
     next_timer: u64,
-    /// Earliest pacing deadline of a QP (as of the last `run_timers`), in ns since the epoch
-    /// (u64::MAX: none): the progress thread sleeps towards it to the microsecond.
-    next_pace: u64,
-    /// When (ns since the epoch) a READ or atomic request last arrived (see
-    /// `timing::ONE_SIDED_SPIN`).
-    one_sided_at: u64,
-    /// Whether that request came alone in its receive batch (see `timing::ONE_SIDED_SPIN`).
-    one_sided_lone: bool,
-    /// When (ns since the epoch) a receive that took datagrams last left the socket empty (see
-    /// `timing::RX_REST`); taken (reset) by the next application poll, which skips the
-    /// socket if it comes within `timing::RX_REST`.
-    drained_at: u64,
-    /// A running count of the completions flushes and held-back receives moved to CQs; only
-    /// its change across one receive matters (see `timing::RX_REST`: a receive that moved
-    /// none is no reason for the application to skip a look).
-    delivered: u64,
-    /// When (ns since the epoch) the published statistics may be refreshed next.
-    stats_next: u64,
     stats: Option<crate::stats::Publisher>,
+    /// What the timing heuristics keep: when polls rest, the progress thread spins,
+    /// statistics refresh, and the next pacing deadline (`timing`).
+    timing: timing::Timing,
     /// What the GSO path probe (`Shared::probe_path`) learned of each peer address.
     paths: probe::Paths,
     /// How many of `paths` are [`PathGso::Probing`]: flushes look at them only then.
@@ -242,11 +168,6 @@ pub(crate) struct State {
     /// The shared-memory driver (`None`: off, or it could not open); taken out while its
     /// rings are read (boxed: a look moves a pointer, not the driver).
     shm: Option<Box<crate::shm::Shm>>,
-    /// Until when (ns since the epoch) an application's poll leaves the UDP socket alone
-    /// while peers send through shared memory (see `timing::UDP_QUIET`).
-    udp_quiet_until: u64,
-    /// When (ns since the epoch) a receive last took packets from the shared-memory rings.
-    shm_took_at: u64,
     /// QPs a full shared-memory ring held back (`Shared::flush_blocked` tries them again).
     shm_blocked: Vec<u32>,
     /// QPs with work per peer address: their windows' fair shares (`share`).
@@ -473,20 +394,13 @@ pub(crate) fn start(cfg: DeviceConfig, sock: crate::udp::Socket) -> Result<Arc<D
         groups: Vec::new(),
         group_buf: Vec::new(),
         shm,
-        udp_quiet_until: 0,
-        shm_took_at: 0,
         shm_blocked: Vec::new(),
         shares: share::Shares::default(),
         due: Vec::with_capacity(64),
         timers: timers::TimerSet::default(),
         next_timer: u64::MAX,
-        next_pace: u64::MAX,
-        one_sided_at: 0,
-        one_sided_lone: false,
-        drained_at: 0,
-        delivered: 0,
-        stats_next: 0,
         stats: crate::stats::Publisher::new(&cfg.name, local),
+        timing: timing::Timing::default(),
     };
     let shared = Arc::new(Shared {
         state: Mutex::new(state),

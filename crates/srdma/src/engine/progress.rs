@@ -5,11 +5,8 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::timing::{
-    ACK_RIDE_WINDOW, ACK_RIDES_AFTER, APP_GRACE, FIRST_LOOK, ONE_SIDED_SPIN, POLL_GAP, RX_REST,
-    SHM_ROOM_LOOK, SHM_SPIN, STATS_EVERY,
-};
-use super::{Hold, QpSlot, Shared, State};
+use super::timing::{Hold, Turns, app_grace_until, ride_wakes, watch_grace};
+use super::{Shared, State};
 use crate::sys;
 
 /// Receive batches handled before timers and the stop flag are looked at again: a flood of
@@ -31,7 +28,7 @@ impl Shared {
             return;
         }
         let now = self.now().as_nanos() as u64;
-        let until = now + APP_GRACE.as_nanos() as u64;
+        let until = app_grace_until(now);
         if polling && self.app_active_until.load(Ordering::Relaxed) < until {
             self.app_active_until.store(until, Ordering::Relaxed);
         }
@@ -45,9 +42,8 @@ impl Shared {
         }
         // A last look before sleeping (`!polling`: the CQ is armed) holds nothing back:
         // no post or poll would follow to send it, and it always looks.
-        let drained = std::mem::take(&mut st.drained_at);
-        let quiet = now < st.udp_quiet_until && st.shm.as_ref().is_some_and(|s| s.has_ins());
-        let udp = !polling || (now >= drained + RX_REST.as_nanos() as u64 && !quiet);
+        let rings_in = st.shm.as_ref().is_some_and(|s| s.has_ins());
+        let udp = st.timing.rest.poll_looks(now, polling, rings_in);
         self.receive(
             &mut st,
             RX_BUDGET,
@@ -59,8 +55,7 @@ impl Shared {
             self.run_timers(&mut st);
         }
         let mut pending = None;
-        if now >= st.stats_next {
-            st.stats_next = now + STATS_EVERY.as_nanos() as u64;
+        if st.timing.stats.due(now) {
             pending = publish_stats(&mut st);
         }
         let held = !st.deferred.is_empty();
@@ -71,8 +66,7 @@ impl Shared {
         // window, nothing would wake it before the peer's retransmission timer fires: wake
         // it (and only then: a wake-up on every poll that holds an ACK takes a core from a
         // spinning application on a small machine).
-        let window_end = now + ACK_RIDE_WINDOW.as_nanos() as u64;
-        if held && self.sleep_until.load(Ordering::Acquire) > window_end {
+        if held && ride_wakes(now, self.sleep_until.load(Ordering::Acquire)) {
             sys::signal(&self.wake);
         }
         self.run_hooks();
@@ -92,11 +86,10 @@ impl Shared {
     }
 
     /// True while an application thread waits in [`Shared::wait_with_socket`] or woke from
-    /// it less than [`APP_GRACE`] ago.
+    /// it less than `timing::APP_GRACE` ago.
     fn app_watches(&self, now: u64) -> bool {
         let woke = self.wait_woke_at.load(Ordering::SeqCst);
-        self.app_waiters.load(Ordering::SeqCst) > 0
-            || (woke != 0 && now < woke + APP_GRACE.as_nanos() as u64)
+        self.app_waiters.load(Ordering::SeqCst) > 0 || watch_grace(woke, now).is_some()
     }
 
     /// Sleeps until `fd` (a completion channel's) or the device's socket (or a multicast
@@ -166,7 +159,7 @@ impl Shared {
 
     /// What an application's poll sends of what earlier application-driven receives held
     /// back: everything, except the ACKs of a QP whose application posts a send right after
-    /// replenishing its receives (`QpSlot::ack_rides_send`), for [`ACK_RIDE_WINDOW`]: they
+    /// replenishing its receives (`AckRide::rides`), for `timing::ACK_RIDE_WINDOW`: they
     /// leave with that send (a SEND ping-pong that polls its send queue in between).
     fn flush_deferred_polled(&self, st: &mut State, now: u64) {
         if st.deferred.is_empty() {
@@ -177,10 +170,10 @@ impl Shared {
             let Some(slot) = st.qps.get_mut(&qpn) else {
                 return false;
             };
-            if slot.ack_rides_send >= ACK_RIDES_AFTER && now < slot.hold_ends() {
+            if slot.ride.keeps_holding(now) {
                 return true;
             }
-            slot.ack_flushed_at = now.max(1);
+            slot.ride.flushed(now);
             self.queue_out(st, qpn);
             false
         });
@@ -189,10 +182,10 @@ impl Shared {
     }
 
     /// The progress thread's part of what receives held back: packets wait for their
-    /// application's next post or poll until [`ACK_RIDE_WINDOW`] after they were held
+    /// application's next post or poll until `timing::ACK_RIDE_WINDOW` after they were held
     /// (sent earlier, an ACK would reach the peer alone: see [`Hold::Riding`]); those that
     /// waited that long leave now, and their QP's application, which neither posted nor
-    /// polled in time, is no longer waited for (`QpSlot::ack_rides_send`).
+    /// polled in time, is no longer waited for (`AckRide::hold_expired`).
     fn flush_deferred_expired(&self, st: &mut State) {
         if st.deferred.is_empty() {
             return;
@@ -203,10 +196,9 @@ impl Shared {
             let Some(slot) = st.qps.get_mut(&qpn) else {
                 return false;
             };
-            if now < slot.hold_ends() {
+            if !slot.ride.hold_expired(now) {
                 return true;
             }
-            slot.ack_rides_send = 0;
             self.queue_out(st, qpn);
             false
         });
@@ -219,7 +211,7 @@ impl Shared {
         st.deferred
             .iter()
             .filter_map(|q| st.qps.get(q))
-            .map(QpSlot::hold_ends)
+            .map(|s| s.ride.hold_ends())
             .min()
     }
 
@@ -283,13 +275,9 @@ fn service_shm(shared: &Shared) {
 /// keeps out of the way while an application's CQ polls drive the device.
 pub(super) fn progress(shared: &Shared) {
     let mut timeout = None;
-    let mut look = FIRST_LOOK;
-    // Until when (ns since the epoch) a look without waiting may take the rings alone: a
-    // same-host peer streams through them and the socket was found empty less than
-    // `timing::UDP_QUIET` ago (the socket, the doorbells, new links and wake-ups cost system
-    // calls to look at; they wait that long at most).
-    let mut rings_only_until = 0;
-    // The next sleep ends at a pacing deadline (see `State::next_pace`).
+    // How often it looks while standing aside, when it may take the rings alone.
+    let mut turns = Turns::default();
+    // The next sleep ends at a pacing deadline (see `timing::Pace`).
     let mut precise = false;
     while !shared.stop.load(Ordering::Acquire) {
         if shared.inject_failure.load(Ordering::Relaxed) {
@@ -297,34 +285,26 @@ pub(super) fn progress(shared: &Shared) {
         }
         let now = shared.now().as_nanos() as u64;
         let active = shared.app_active_until.load(Ordering::Relaxed);
-        let last_poll = active.saturating_sub(APP_GRACE.as_nanos() as u64);
-        let looking = now < shared.silent_writes_until.load(Ordering::Relaxed);
-        if now < active && (!looking || now.saturating_sub(last_poll) < POLL_GAP.as_nanos() as u64)
-        {
+        let silent_until = shared.silent_writes_until.load(Ordering::Relaxed);
+        if let Some(sleep) = turns.stand_aside(now, active, silent_until) {
             // Posts need not wake us meanwhile (0: "asleep until the past", so no timer is
             // earlier): the application's polls run the timers, and we run them on return.
             // Nothing tells us when the application stops polling: while it may wait on its
             // memory instead, look again soon (it may be polling only for a WRITE's
             // completion), then less and less often.
             shared.sleep_until.store(0, Ordering::Release);
-            let rest = Duration::from_nanos(active - now);
             // The application's polls read the rings; a new link is for this thread to
             // take in. (Doorbells, and links that ended, wait for a thread that sleeps on
             // the rings: see `Shm::service`.)
             let [port, _] = shared.shm_fds;
-            let r = sys::poll_readable(
-                [shared.wake.as_raw_fd(), port],
-                Some(if looking { rest.min(look) } else { rest }),
-            );
+            let r = sys::poll_readable([shared.wake.as_raw_fd(), port], Some(sleep));
             if r.is_ok_and(|[_, p]| p) {
                 service_shm(shared);
             }
-            look = (look * 2).min(APP_GRACE);
             sys::drain(&shared.wake);
             timeout = Some(Duration::ZERO);
             continue;
         }
-        look = FIRST_LOOK;
         let keeper = match (&shared._keeper, shared.cm_forwarded.load(Ordering::Relaxed)) {
             (Some(k), true) => k.as_raw_fd(),
             _ => -1,
@@ -336,10 +316,8 @@ pub(super) fn progress(shared: &Shared) {
         let mut sock = shared.socket.as_raw_fd();
         let mut wait = timeout;
         let woke = shared.wait_woke_at.load(Ordering::SeqCst);
-        let grace_end = woke + APP_GRACE.as_nanos() as u64;
-        if woke != 0 && now < grace_end {
+        if let Some(rest) = watch_grace(woke, now) {
             sock = -1;
-            let rest = Duration::from_nanos(grace_end - now);
             wait = Some(wait.map_or(rest, |t| t.min(rest)));
         } else if shared.app_waiters.load(Ordering::SeqCst) > 0 {
             shared.sleeps_deep.store(true, Ordering::SeqCst);
@@ -366,7 +344,7 @@ pub(super) fn progress(shared: &Shared) {
         if armed && !shared.lock().shm.as_mut().is_none_or(|s| s.arm()) {
             wait = Some(Duration::ZERO);
         }
-        let rings_only = wait == Some(Duration::ZERO) && now < rings_only_until;
+        let rings_only = turns.rings_only(now, wait);
         let ready = if rings_only {
             Ok([false; 6])
         } else {
@@ -410,33 +388,16 @@ pub(super) fn progress(shared: &Shared) {
             let rest = Duration::from_nanos(end.saturating_sub(shared.now().as_nanos() as u64));
             timeout = Some(timeout.map_or(rest, |t| t.min(rest)));
         }
-        // More waiting, or a peer doing one-sided operations: look again without sleeping.
-        let spin_until = st
-            .one_sided_at
-            .saturating_add(ONE_SIDED_SPIN.as_nanos() as u64);
+        // More waiting, a peer doing one-sided operations or streaming through the rings,
+        // QPs a full ring holds back: look again without sleeping, or soon.
         let now = shared.now().as_nanos() as u64;
-        let spin = sock >= 0 && st.one_sided_lone && now < spin_until;
-        // A peer of this host streaming through shared memory: its next packets cost no
-        // system call to look for, a doorbell and a wake-up several microseconds each.
-        let shm_spin = sock >= 0 && now < st.shm_took_at.saturating_add(SHM_SPIN.as_nanos() as u64);
-        if more || spin || shm_spin {
-            timeout = Some(Duration::ZERO);
-        }
-        // QPs a full ring holds back: look again soon (the peer that reads it rings no bell
-        // for room).
-        if !st.shm_blocked.is_empty() {
-            timeout = Some(timeout.map_or(SHM_ROOM_LOOK, |t| t.min(SHM_ROOM_LOOK)));
-        }
-        rings_only_until = if shm_spin && !more && !spin {
-            st.udp_quiet_until
-        } else {
-            0
-        };
+        let blocked = !st.shm_blocked.is_empty();
+        timeout = turns.after_pass(now, timeout, more, sock >= 0, blocked, &st.timing);
         // Published under the lock: a post that arms an earlier timer after this sees the
         // value and wakes the thread.
         let until = timeout.map_or(u64::MAX, |t| (shared.now() + t).as_nanos() as u64);
         shared.sleep_until.store(until, Ordering::Release);
-        precise = st.next_pace <= until;
+        precise = st.timing.pace.precise(until);
         if let Some(w) = st.capture.as_mut() {
             let _ = w.flush();
         }

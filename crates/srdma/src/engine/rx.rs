@@ -10,8 +10,8 @@ use srdma_proto::{Ctx, RecvMeta};
 use srdma_wire::{Encap, IpRepr, Kind, PacketRepr};
 
 use super::timers::note_timer;
-use super::timing::{ACK_RIDES_AFTER, SILENT_WRITES_HOLD, UDP_QUIET};
-use super::{Hold, Shared, State, capture_epoch, deliver_completions};
+use super::timing::{Hold, silent_writes_until};
+use super::{Shared, State, capture_epoch, deliver_completions};
 use crate::driver::{Driver, Received, Via};
 use crate::error::{Result, io_err};
 use crate::sys;
@@ -68,7 +68,7 @@ impl Shared {
         // The socket once per call while it is empty: the rings' batches that follow cost no
         // system call each.
         let mut look_udp = udp;
-        let delivered = st.delivered;
+        let mark = st.timing.rest.mark();
         for _ in 0..budget {
             let now = now.take().unwrap_or_else(|| self.now());
             let k = self.receive_shm(st, now);
@@ -79,20 +79,12 @@ impl Shared {
             };
             if look_udp {
                 // The socket found empty (rings or not): quiet for a while.
-                st.udp_quiet_until = match n.taken {
-                    0 => now.as_nanos() as u64 + UDP_QUIET.as_nanos() as u64,
-                    _ => 0,
-                };
+                st.timing.rest.udp_looked(now.as_nanos() as u64, n.taken);
                 look_udp = n.taken > 0;
             }
             if n.taken == 0 && k.taken == 0 {
-                // The rest (`RX_REST`) begins only after a receive that completed something
-                // for the application to collect; after a look that found nothing, or only
-                // what completes nothing (a peer's ACK of unsignaled sends), the next poll
-                // looks again.
-                if udp && st.delivered != delivered {
-                    st.drained_at = now.as_nanos() as u64;
-                }
+                // The rest begins only after a receive that completed something (`RxRest::drained`).
+                st.timing.rest.drained(now.as_nanos() as u64, mark, udp);
                 break;
             }
             let mut touched = std::mem::take(&mut st.touched);
@@ -102,20 +94,16 @@ impl Shared {
                 }
                 // Requests (a window the ACKs just opened) go now; only ACKs and responses
                 // wait for the application's reply.
-                let held = st.qps.get(&qpn).is_some_and(|s| {
-                    !s.qp.has_requests_ready()
-                        && match hold {
-                            Hold::Nothing => false,
-                            Hold::Poll => true,
-                            Hold::Riding => s.ack_rides_send >= ACK_RIDES_AFTER,
-                        }
-                });
+                let held = st
+                    .qps
+                    .get(&qpn)
+                    .is_some_and(|s| !s.qp.has_requests_ready() && hold.holds(&s.ride));
                 if !held {
                     self.queue_out(st, qpn);
                 } else if let Some(slot) = st.qps.get_mut(&qpn) {
-                    st.delivered += deliver_completions(slot) as u64;
+                    st.timing.rest.delivered(deliver_completions(slot));
                     if !st.deferred.contains(&qpn) {
-                        slot.deferred_at = now.as_nanos() as u64;
+                        slot.ride.held(now.as_nanos() as u64);
                         st.deferred.push(qpn);
                     }
                     note_timer(st, qpn);
@@ -126,9 +114,7 @@ impl Shared {
             self.send_queued(st);
             more = n.full || k.full;
             if !more {
-                if udp && st.delivered != delivered {
-                    st.drained_at = now.as_nanos() as u64;
-                }
+                st.timing.rest.drained(now.as_nanos() as u64, mark, udp);
                 break;
             }
         }
@@ -170,7 +156,7 @@ impl Shared {
         });
         if k.taken > 0 {
             shm.count_into(&mut st.counters);
-            st.shm_took_at = now.as_nanos() as u64;
+            st.timing.spin.shm_took(now.as_nanos() as u64);
         }
         // A ring found corrupt is gone.
         self.shm_ins.store(shm.ins(), Ordering::Relaxed);
@@ -328,10 +314,7 @@ impl Shared {
             repr.bth.opcode.kind(),
             Kind::ReadRequest | Kind::CompareSwap | Kind::FetchAdd
         ) {
-            // Several in one receive batch (one clock reading): a stream, not a ping-pong.
-            let t = now.as_nanos() as u64;
-            st.one_sided_lone = st.one_sided_at != t;
-            st.one_sided_at = t;
+            st.timing.spin.one_sided(now.as_nanos() as u64);
         }
         let qpn = repr.bth.dest_qpn.value();
         if qpn == srdma_wire::Qpn::MULTICAST.value() {
@@ -372,7 +355,7 @@ impl Shared {
             super::xrc::complete_to(&mut slot.qp, cq);
         }
         if slot.qp.silent_writes() != silent {
-            let until = now + SILENT_WRITES_HOLD;
+            let until = silent_writes_until(now);
             self.silent_writes_until
                 .store(until.as_nanos() as u64, Ordering::Relaxed);
         }

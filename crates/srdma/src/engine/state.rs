@@ -35,7 +35,7 @@ impl State {
     /// A post may bring answers soon (at once from a QP of this device): the next
     /// application poll looks at the socket (see `timing::RX_REST`).
     pub(crate) fn expect_answers(&mut self) {
-        self.drained_at = 0;
+        self.timing.rest.expect_answers();
     }
 
     /// The slot of QP `qpn`.

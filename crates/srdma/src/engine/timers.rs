@@ -95,7 +95,7 @@ impl Shared {
             .first()
             .map(|(t, _)| Duration::from_nanos(t).saturating_sub(now));
         // A pacing deadline first: the sleep towards it is kept to the microsecond.
-        st.next_pace = match st.timers.first() {
+        st.timing.pace.set(match st.timers.first() {
             Some((t, qpn))
                 if st
                     .qps
@@ -103,10 +103,10 @@ impl Shared {
                     .and_then(|s| s.qp.pace_deadline())
                     .is_some_and(|p| p.as_nanos() as u64 == t) =>
             {
-                t
+                Some(t)
             }
-            _ => u64::MAX,
-        };
+            _ => None,
+        });
         // Probes at their deadline decide; those still waiting keep the timer.
         self.probe_answered(st, u32::MAX, now);
         if st.probing > 0 {

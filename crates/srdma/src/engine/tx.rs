@@ -186,7 +186,7 @@ impl Shared {
                 counters.tx_errors += 1;
             }
         }
-        st.delivered += deliver_completions(slot) as u64;
+        st.timing.rest.delivered(deliver_completions(slot));
         // The QP's fair share of its peer, among this device's QPs with work there.
         let working = slot.qp.qp_type() != srdma_proto::QpType::Ud
             && slot.qp.send_queue_len() > 0
