@@ -40,14 +40,12 @@ use srdma_wire::pcap;
 
 use crate::config::DeviceConfig;
 use crate::cq::Cq;
-use crate::driver::Frame;
 use crate::error::{Result, io_err};
 use crate::memory::Store;
 use crate::sys;
 use crate::types::DeviceCounters;
 
 use complete::deliver_completions;
-use rx::Group;
 pub(crate) use rx::{MAX_MCAST_GRP, MAX_MCAST_QP_ATTACH};
 
 /// Datagrams queued per `sendmmsg` (runs of them to one peer go out as one UDP GSO message).
@@ -77,10 +75,10 @@ pub(crate) struct QpSlot {
     /// The deadline (ns since the epoch) of the QP's entry in `State::timers` (u64::MAX:
     /// none).
     timer_at: u64,
-    /// The QP is on `State::touched` (a receive gave it packets: it is flushed after the
+    /// The QP is on `RxState::touched` (a receive gave it packets: it is flushed after the
     /// batch), so that a batch with thousands of QPs does not search the list per packet.
     touched: bool,
-    /// The QP is on `State::shm_blocked` (a full ring held it back).
+    /// The QP is on `TxState::shm_blocked` (a full ring held it back).
     shm_blocked: bool,
     /// The peer address the QP is counted under in `State::shares` (it has work there).
     sharing: Option<std::net::IpAddr>,
@@ -135,12 +133,11 @@ pub(crate) struct State {
     capture: Option<pcap::Writer<BufWriter<File>>>,
     /// The UDP driver; `None` only while a receive pass has it out.
     udp: Option<Box<crate::udp::Udp>>,
-    /// The buffer the next outgoing packet is built in (see [`Frame`]: the UDP driver swaps
-    /// it for a free one of its batch when it keeps the packet).
-    frame: Frame,
-    touched: Vec<u32>,
-    /// Buffer for datagrams the port keeper forwards (allocated on first use).
-    fwd_buf: Vec<u8>,
+    /// What the transmit path keeps: the frame packets are built in, the QPs a full ring
+    /// held back (`tx`).
+    tx: tx::TxState,
+    /// What the receive path keeps between datagrams and passes (`rx`).
+    rx: rx::RxState,
     /// QPs whose packets (ACKs, responses) an application-driven receive held back: they go
     /// out with the application's next post to that QP (one send for the ACK and the reply
     /// of a ping-pong) or at its next poll, whichever comes first.
@@ -158,18 +155,9 @@ pub(crate) struct State {
     paths: probe::Paths,
     /// How many of `paths` are [`PathGso::Probing`]: flushes look at them only then.
     probing: usize,
-    /// What the receive path keeps from one datagram to the next to check ICRCs faster (see
-    /// `handle_datagram`).
-    rx_icrc: srdma_wire::icrc::Memo,
-    /// The multicast groups this device's UD QPs are attached to.
-    groups: Vec<Group>,
-    /// Receive buffer for the groups' sockets (allocated on first use).
-    group_buf: Vec<u8>,
     /// The shared-memory driver (`None`: off, or it could not open); taken out while its
     /// rings are read (boxed: a look moves a pointer, not the driver).
     shm: Option<Box<crate::shm::Shm>>,
-    /// QPs a full shared-memory ring held back (`Shared::flush_blocked` tries them again).
-    shm_blocked: Vec<u32>,
     /// QPs with work per peer address: their windows' fair shares (`share`).
     shares: share::Shares,
 }
@@ -384,17 +372,12 @@ pub(crate) fn start(cfg: DeviceConfig, sock: crate::udp::Socket) -> Result<Arc<D
             MAX_PACKET_LEN,
             gro,
         ))),
-        frame: vec![0; MAX_PACKET_LEN],
-        touched: Vec::with_capacity(64),
-        fwd_buf: Vec::new(),
+        tx: tx::TxState::new(),
+        rx: rx::RxState::new(),
         deferred: Vec::with_capacity(64),
         paths: probe::Paths::default(),
         probing: 0,
-        rx_icrc: Default::default(),
-        groups: Vec::new(),
-        group_buf: Vec::new(),
         shm,
-        shm_blocked: Vec::new(),
         shares: share::Shares::default(),
         due: Vec::with_capacity(64),
         timers: timers::TimerSet::default(),

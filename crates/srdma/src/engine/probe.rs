@@ -103,7 +103,7 @@ impl Shared {
         let State {
             qps,
             udp,
-            frame,
+            tx: super::tx::TxState { frame, .. },
             paths,
             probing,
             counters,

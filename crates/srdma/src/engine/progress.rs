@@ -391,7 +391,7 @@ pub(super) fn progress(shared: &Shared) {
         // More waiting, a peer doing one-sided operations or streaming through the rings,
         // QPs a full ring holds back: look again without sleeping, or soon.
         let now = shared.now().as_nanos() as u64;
-        let blocked = !st.shm_blocked.is_empty();
+        let blocked = st.tx.blocked();
         timeout = turns.after_pass(now, timeout, more, sock >= 0, blocked, &st.timing);
         // Published under the lock: a post that arms an earlier timer after this sees the
         // value and wakes the thread.

@@ -193,6 +193,6 @@ impl State {
 
     /// Whether some multicast group has QPs of this device attached.
     pub(crate) fn has_groups(&self) -> bool {
-        !self.groups.is_empty()
+        self.rx.has_groups()
     }
 }

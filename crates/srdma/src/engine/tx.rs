@@ -6,13 +6,40 @@ use std::io::BufWriter;
 use std::net::SocketAddr;
 
 use srdma_proto::Ctx;
+use srdma_proto::transport::MAX_PACKET_LEN;
 use srdma_wire::{Encap, IpRepr, Packet, pcap};
 
 use super::probe::PathGso;
 use super::timers::note_timer;
 use super::{Shared, State, capture_epoch, deliver_completions};
-use crate::driver::{Driver, Outgoing};
+use crate::driver::{Driver, Frame, Outgoing};
 use crate::types::{Gid, Gso};
+
+/// What the transmit path keeps (in the engine's `State`).
+pub(super) struct TxState {
+    /// The buffer the next outgoing packet is built in (see [`Frame`]: the UDP driver swaps
+    /// it for a free one of its batch when it keeps the packet); always
+    /// [`MAX_PACKET_LEN`] long.
+    pub(super) frame: Frame,
+    /// QPs a full shared-memory ring held back, each once (`QpSlot::shm_blocked` says which
+    /// are on it): [`Shared::flush_blocked`] tries them again.
+    shm_blocked: Vec<u32>,
+}
+
+impl TxState {
+    /// A frame of the largest packet's length, and no QP held back.
+    pub(super) fn new() -> TxState {
+        TxState {
+            frame: vec![0; MAX_PACKET_LEN],
+            shm_blocked: Vec::new(),
+        }
+    }
+
+    /// Whether a full ring holds some QP back (the progress thread then looks again soon).
+    pub(super) fn blocked(&self) -> bool {
+        !self.shm_blocked.is_empty()
+    }
+}
 
 impl Shared {
     pub(super) fn encap_to(&self, dst: SocketAddr, sport: u16) -> Option<Encap> {
@@ -59,7 +86,7 @@ impl Shared {
     /// [`Shared::send_queued`], or when their batch fills), then hands its completions to
     /// its CQs.
     ///
-    /// Each packet is built in `State::frame` (its payload left in registered memory
+    /// Each packet is built in `TxState::frame` (its payload left in registered memory
     /// unless a capture wants it whole), then goes to the first driver that routes it:
     /// shared memory, else UDP.
     pub(super) fn queue_out(&self, st: &mut State, qpn: u32) {
@@ -73,7 +100,7 @@ impl Shared {
             counters,
             capture,
             udp,
-            frame,
+            tx: TxState { frame, .. },
             paths,
             shm,
             ..
@@ -199,7 +226,7 @@ impl Shared {
         slot.sharing = peer;
         slot.qp.set_window_cap(cap);
         if blocked && !std::mem::replace(&mut slot.shm_blocked, true) {
-            st.shm_blocked.push(qpn);
+            st.tx.shm_blocked.push(qpn);
         }
         note_timer(st, qpn);
         self.probe_answered(st, qpn, now);
@@ -208,10 +235,10 @@ impl Shared {
     /// Flushes again the QPs a full ring held back (see `shm`): whoever reads the rings or
     /// waits on the device calls this, and the QPs still without room stay on the list.
     pub(crate) fn flush_blocked(&self, st: &mut State) {
-        if st.shm_blocked.is_empty() {
+        if st.tx.shm_blocked.is_empty() {
             return;
         }
-        let blocked = std::mem::take(&mut st.shm_blocked);
+        let blocked = std::mem::take(&mut st.tx.shm_blocked);
         for qpn in &blocked {
             if let Some(s) = st.qps.get_mut(qpn) {
                 s.shm_blocked = false;
