@@ -118,18 +118,28 @@ impl QpSlot {
     }
 }
 
+/// A device's state, behind its lock. The device's objects (memory regions and windows,
+/// their memory, QPs, SRQs, XRC), its counters, capture and drivers are used by every file
+/// of the engine and live here; what one file alone keeps is a struct of that file's, its
+/// invariants documented there: `rx::RxState`, `tx::TxState`, `timers::TimerSet`,
+/// `probe::Probes`, `share::Shares`, `state::Ids`, and the timing heuristics'
+/// `timing::Timing`.
 pub(crate) struct State {
+    /// The memory regions and windows and their keys.
     mrs: MrTable,
+    /// The memory of the regions, by handle.
     mem: Store,
+    /// The QPs, by QPN.
     qps: BTreeMap<u32, QpSlot>,
+    /// The SRQs, by identifier.
     srqs: BTreeMap<u32, ProtoSrq>,
     /// XRC domains' SRQs and target QPs (`xrc`; the verbs side is `qp::xrc`).
     xrc: xrc::XrcState,
-    /// The QPN range this device owns: `qpn_base | n` (0 unless the port is shared).
-    qpn_base: u32,
-    next_qpn: u32,
-    next_id: u32,
+    /// The QP numbers and identifiers given out (`state`).
+    ids: state::Ids,
+    /// The device's receive/transmit statistics.
     counters: DeviceCounters,
+    /// The packet capture (`DeviceConfig::pcap`), if any.
     capture: Option<pcap::Writer<BufWriter<File>>>,
     /// The UDP driver; `None` only while a receive pass has it out.
     udp: Option<Box<crate::udp::Udp>>,
@@ -142,19 +152,15 @@ pub(crate) struct State {
     /// out with the application's next post to that QP (one send for the ACK and the reply
     /// of a ping-pong) or at its next poll, whichever comes first.
     deferred: Vec<u32>,
-    due: Vec<u32>,
-    /// The QPs' deadlines, earliest first.
+    /// The QPs' deadlines, earliest first, and the earliest timer of all (`timers`).
     timers: timers::TimerSet,
-    /// Earliest QP timer, in ns since the epoch (u64::MAX: none).
-    next_timer: u64,
+    /// What the GSO path probe learned of each peer address (`probe`).
+    probes: probe::Probes,
+    /// The device's published statistics (`stats`), if they are published.
     stats: Option<crate::stats::Publisher>,
     /// What the timing heuristics keep: when polls rest, the progress thread spins,
     /// statistics refresh, and the next pacing deadline (`timing`).
     timing: timing::Timing,
-    /// What the GSO path probe (`Shared::probe_path`) learned of each peer address.
-    paths: probe::Paths,
-    /// How many of `paths` are [`PathGso::Probing`]: flushes look at them only then.
-    probing: usize,
     /// The shared-memory driver (`None`: off, or it could not open); taken out while its
     /// rings are read (boxed: a look moves a pointer, not the driver).
     shm: Option<Box<crate::shm::Shm>>,
@@ -351,18 +357,7 @@ pub(crate) fn start(cfg: DeviceConfig, sock: crate::udp::Socket) -> Result<Arc<D
         qps: BTreeMap::new(),
         srqs: BTreeMap::new(),
         xrc: Default::default(),
-        // rxe numbers QPs from 17 (0x11) up, wrapping; 0 and 1 are the special QPs. A shared
-        // port's slot k owns k << 16 | n. A kernel device outlives the processes that use it,
-        // so a new process's QPs get numbers not used just before; here each process opens
-        // its own device (and takes the slot of one that ended), so the first number is drawn
-        // at random: a kernel peer still holds the last connection of a QPN for its timewait
-        // (seconds) and rejects a REQ from the same QPN as stale (REJ reason 10), as tgtd on
-        // rxe did to a libiscsi run right after another.
-        qpn_base: u32::from(slot) << 16,
-        // The draw stays below 0x10000 on an unshared port too: a QPN's upper bits name the
-        // slot wherever packets are steered or shared-memory links found (`QPN >> 16`).
-        next_qpn: (0x11 + crate::random::random_u64() % (0xFFFF - 0x11 + 1)) as u32,
-        next_id: 1,
+        ids: state::Ids::new(slot),
         counters: DeviceCounters::default(),
         capture,
         udp: Some(Box::new(crate::udp::Udp::new(
@@ -375,13 +370,10 @@ pub(crate) fn start(cfg: DeviceConfig, sock: crate::udp::Socket) -> Result<Arc<D
         tx: tx::TxState::new(),
         rx: rx::RxState::new(),
         deferred: Vec::with_capacity(64),
-        paths: probe::Paths::default(),
-        probing: 0,
         shm,
         shares: share::Shares::default(),
-        due: Vec::with_capacity(64),
-        timers: timers::TimerSet::default(),
-        next_timer: u64::MAX,
+        timers: timers::TimerSet::new(),
+        probes: probe::Probes::default(),
         stats: crate::stats::Publisher::new(&cfg.name, local),
         timing: timing::Timing::default(),
     };

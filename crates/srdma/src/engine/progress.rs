@@ -51,7 +51,7 @@ impl Shared {
             udp,
             Some(Duration::from_nanos(now)),
         );
-        if now >= st.next_timer {
+        if now >= st.timers.next() {
             self.run_timers(&mut st);
         }
         let mut pending = None;
@@ -148,7 +148,7 @@ impl Shared {
             let mut st = self.lock();
             self.flush_deferred(&mut st);
             self.receive(&mut st, RX_BUDGET, Hold::Nothing, udp, None);
-            if now >= st.next_timer {
+            if now >= st.timers.next() {
                 self.run_timers(&mut st);
             }
             drop(st);

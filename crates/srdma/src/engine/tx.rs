@@ -9,7 +9,6 @@ use srdma_proto::Ctx;
 use srdma_proto::transport::MAX_PACKET_LEN;
 use srdma_wire::{Encap, IpRepr, Packet, pcap};
 
-use super::probe::PathGso;
 use super::timers::note_timer;
 use super::{Shared, State, capture_epoch, deliver_completions};
 use crate::driver::{Driver, Frame, Outgoing};
@@ -101,7 +100,7 @@ impl Shared {
             capture,
             udp,
             tx: TxState { frame, .. },
-            paths,
+            probes,
             shm,
             ..
         } = st;
@@ -189,7 +188,7 @@ impl Shared {
             let dst_gso = match gso_dst {
                 Some((d, g)) if d == dst => g,
                 _ => {
-                    let g = self.gso_for(paths, dst);
+                    let g = self.gso_for(probes, dst);
                     gso_dst = Some((dst, g));
                     g
                 }
@@ -248,12 +247,12 @@ impl Shared {
     }
 
     /// Whether datagrams to `dst` may go as GSO messages.
-    fn gso_for(&self, paths: &super::probe::Paths, dst: SocketAddr) -> bool {
+    fn gso_for(&self, probes: &super::probe::Probes, dst: SocketAddr) -> bool {
         match self.cfg.gso {
             Gso::Never => false,
             Gso::Always => true,
             Gso::Local => self.uncut(dst),
-            Gso::Auto => self.uncut(dst) || paths.get(&dst.ip()) == Some(&PathGso::Verified),
+            Gso::Auto => self.uncut(dst) || probes.verified(dst.ip()),
         }
     }
 
