@@ -119,7 +119,8 @@ impl Shared {
                 look_udp = n.taken > 0;
             }
             if n.taken == 0 && k.taken == 0 {
-                // The rest begins only after a receive that completed something (`RxRest::drained`).
+                // The rest begins only after a receive that completed something (see
+                // `RxRest::drained`).
                 st.timing.rest.drained(now.as_nanos() as u64, mark, udp);
                 break;
             }
