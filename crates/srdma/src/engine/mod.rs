@@ -7,7 +7,8 @@
 //! through the drivers of `crate::driver`, GSO), `probe` (the GSO path probe), `rx`
 //! (receiving from the drivers, multicast groups),
 //! `timers`, `complete` (completions, hooks, events), `progress` (the progress thread
-//! and the application-driven progress), `xrc` (XRC SRQ routing), `verbs` (what modify,
+//! and the application-driven progress), `timing` (when to spin, rest, sleep, look and
+//! hold an ACK back: the heuristics, pure), `xrc` (XRC SRQ routing), `verbs` (what modify,
 //! post and the doorbell do to a QP's slot) and `state` (what the rest of the crate does to
 //! the state: its fields are the engine's).
 
@@ -18,6 +19,7 @@ mod rx;
 mod share;
 mod state;
 mod timers;
+mod timing;
 mod tx;
 mod verbs;
 mod xrc;
@@ -38,14 +40,12 @@ use srdma_wire::pcap;
 
 use crate::config::DeviceConfig;
 use crate::cq::Cq;
-use crate::driver::Frame;
 use crate::error::{Result, io_err};
 use crate::memory::Store;
 use crate::sys;
 use crate::types::DeviceCounters;
 
 use complete::deliver_completions;
-use rx::Group;
 pub(crate) use rx::{MAX_MCAST_GRP, MAX_MCAST_QP_ATTACH};
 
 /// Datagrams queued per `sendmmsg` (runs of them to one peer go out as one UDP GSO message).
@@ -65,44 +65,20 @@ pub(crate) struct QpSlot {
     send_cq: Cq,
     recv_cq: Cq,
     srq: Option<u32>,
-    /// Learned: how many times in a row the application posted a send while what a receive
-    /// brought was held back for it (an ACK, or nothing to send yet), or right after its
-    /// `post_recv` or poll sent a held-back ACK (a SEND or WRITE ping-pong). From
-    /// [`ACK_RIDES_AFTER`] on, an ACK held back by a receive (the progress thread's too:
-    /// [`Hold::Riding`]) waits past `post_recv` and polls (for [`ACK_RIDE_WINDOW`]) for that
-    /// send and leaves right behind it, in the same `sendmmsg`. Cleared when the progress
-    /// thread had to send a held-back ACK because the application went elsewhere (a peer
-    /// with a short retransmission timer, rxe in a slow VM, retries after a millisecond).
-    ack_rides_send: u8,
-    /// When (ns since the epoch) `post_recv` or a poll last sent a held-back ACK (0: not
-    /// since the last send): a send soon after it counts towards `ack_rides_send`.
-    ack_flushed_at: u64,
-    /// When (ns since the epoch) a receive last held this QP's packets back (put it in
-    /// `State::deferred`).
-    deferred_at: u64,
+    /// Whether the QP's ACKs wait for its application's sends, and whether that
+    /// application waits for its sends' completions: learned at posts and receives.
+    ride: timing::AckRide,
     /// Whether a receive was posted to the QP (see [`QpSlot::ack_tail`]).
     posted_recv: bool,
-    /// Learned at each post, a score of the posts that came without the application waiting
-    /// for the completion of its last send (it was unsignaled, is still unacknowledged or
-    /// not polled yet, or came before the application's first look: no poll of the send CQ
-    /// found it empty since that send): one up for each (to [`UNWAITED_MAX`]), four down for
-    /// each post that came after such a wait. From [`UNWAITED_AT`] on, the application is
-    /// taken not to wait for its sends' completions, which their ACKs bring (see
-    /// [`QpSlot::ack_tail`]).
-    unwaited: u8,
-    /// Whether the last send WR posted to the QP completes (signaled, or `sq_sig_all`).
-    last_signaled: bool,
-    /// The send CQ's [`Cq::waits`] at the last post.
-    waits_at_post: u32,
     /// The ECE options set on the QP (`Qp::set_ece`), if any.
     pub(crate) ece: Option<crate::Ece>,
     /// The deadline (ns since the epoch) of the QP's entry in `State::timers` (u64::MAX:
     /// none).
     timer_at: u64,
-    /// The QP is on `State::touched` (a receive gave it packets: it is flushed after the
+    /// The QP is on `RxState::touched` (a receive gave it packets: it is flushed after the
     /// batch), so that a batch with thousands of QPs does not search the list per packet.
     touched: bool,
-    /// The QP is on `State::shm_blocked` (a full ring held it back).
+    /// The QP is on `TxState::shm_blocked` (a full ring held it back).
     shm_blocked: bool,
     /// The peer address the QP is counted under in `State::shares` (it has work there).
     sharing: Option<std::net::IpAddr>,
@@ -129,142 +105,65 @@ impl QpSlot {
     fn ack_tail(&self) -> bool {
         let shares_cq = Arc::ptr_eq(&self.send_cq.inner, &self.recv_cq.inner);
         let receives = self.posted_recv || self.srq.is_some();
-        self.unwaited < UNWAITED_AT && !(shares_cq && receives)
+        !(self.ride.unwaited() || shares_cq && receives)
     }
 
     /// At a post (before its WRs join the send queue): learns whether the application took
-    /// the completion of its last send first (see [`QpSlot::unwaited`]).
+    /// the completion of its last send first (see [`timing::AckRide::note_post`]).
     fn note_post(&mut self) {
         let waits = self.send_cq.waits();
-        let waited = self.last_signaled
-            && waits != self.waits_at_post
-            && self.qp.send_queue_len() == 0
-            && !self.send_cq.holds_any();
-        self.waits_at_post = waits;
-        self.unwaited = if !waited {
-            (self.unwaited + 1).min(UNWAITED_MAX)
-        } else {
-            self.unwaited.saturating_sub(4)
-        };
-    }
-
-    /// When (ns since the epoch) what a receive held back for this QP has waited
-    /// [`ACK_RIDE_WINDOW`] and leaves whatever the application does.
-    fn hold_ends(&self) -> u64 {
-        self.deferred_at
-            .saturating_add(ACK_RIDE_WINDOW.as_nanos() as u64)
+        let (qp, cq) = (&self.qp, &self.send_cq);
+        self.ride
+            .note_post(waits, || qp.send_queue_len() == 0 && !cq.holds_any());
     }
 }
 
-/// How soon after a `post_recv` that sent a held-back ACK a send must follow for the next
-/// ACK to wait for the send instead; also how long such an ACK waits through the
-/// application's polls for that send.
-pub(crate) const ACK_RIDE_WINDOW: Duration = Duration::from_micros(100);
-
-/// The score of posts without waiting (`QpSlot::unwaited`) from which an application is
-/// taken not to wait for its sends' completions: eight such posts in a row, or more than
-/// four in five for long. One that waits only for its peer's reply, and takes its send
-/// completions on the way, posts before its ACK came back now and then: such posts must not
-/// change its ACKs' way.
-pub(crate) const UNWAITED_AT: u8 = 8;
-/// The most the score of `QpSlot::unwaited` counts up to: an application that starts to
-/// wait is recognized within a few posts.
-const UNWAITED_MAX: u8 = 16;
-
-/// How many quick send-after-`post_recv` in a row make a QP's ACKs wait for its sends (a
-/// few hand-shakes in a row must not: perftest's do, then it goes quiet).
-pub(crate) const ACK_RIDES_AFTER: u8 = 8;
-
-/// What a receive holds back of the packets (ACKs, responses) of the QPs it touched, for
-/// the application's next post (see `State::deferred`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Hold {
-    /// Nothing: everything leaves now.
-    Nothing,
-    /// Everything but requests: the receive was the application's busy poll of a CQ, or
-    /// its read of its memory, which polls it for a peer's WRITE. It looks again soon, and
-    /// one datagram a look may be enough (see `udp::RxBatch::recv`).
-    Poll,
-    /// The ACKs of QPs whose application posts a send right after it takes what they
-    /// acknowledge (`QpSlot::ack_rides_send`), for at most [`ACK_RIDE_WINDOW`]: the
-    /// progress thread's receive for an application that waits on its memory, not its CQ
-    /// (perftest's `ib_write_lat`). Sent at once, such an ACK reaches the peer alone; the
-    /// peer's application, which polls its send CQ for it, then turns to its memory, and
-    /// the reply WRITE that follows lands while nothing polls — the progress thread has to
-    /// take over there too, every round.
-    Riding,
-}
-
+/// A device's state, behind its lock. The device's objects (memory regions and windows,
+/// their memory, QPs, SRQs, XRC), its counters, capture and drivers are used by every file
+/// of the engine and live here; what one file alone keeps is a struct of that file's, its
+/// invariants documented there: `rx::RxState`, `tx::TxState`, `timers::TimerSet`,
+/// `probe::Probes`, `share::Shares`, `state::Ids`, and the timing heuristics'
+/// `timing::Timing`.
 pub(crate) struct State {
+    /// The memory regions and windows and their keys.
     mrs: MrTable,
+    /// The memory of the regions, by handle.
     mem: Store,
+    /// The QPs, by QPN.
     qps: BTreeMap<u32, QpSlot>,
+    /// The SRQs, by identifier.
     srqs: BTreeMap<u32, ProtoSrq>,
     /// XRC domains' SRQs and target QPs (`xrc`; the verbs side is `qp::xrc`).
     xrc: xrc::XrcState,
-    /// The QPN range this device owns: `qpn_base | n` (0 unless the port is shared).
-    qpn_base: u32,
-    next_qpn: u32,
-    next_id: u32,
+    /// The QP numbers and identifiers given out (`state`).
+    ids: state::Ids,
+    /// The device's receive/transmit statistics.
     counters: DeviceCounters,
+    /// The packet capture (`DeviceConfig::pcap`), if any.
     capture: Option<pcap::Writer<BufWriter<File>>>,
     /// The UDP driver; `None` only while a receive pass has it out.
     udp: Option<Box<crate::udp::Udp>>,
-    /// The buffer the next outgoing packet is built in (see [`Frame`]: the UDP driver swaps
-    /// it for a free one of its batch when it keeps the packet).
-    frame: Frame,
-    touched: Vec<u32>,
-    /// Buffer for datagrams the port keeper forwards (allocated on first use).
-    fwd_buf: Vec<u8>,
+    /// What the transmit path keeps: the frame packets are built in, the QPs a full ring
+    /// held back (`tx`).
+    tx: tx::TxState,
+    /// What the receive path keeps between datagrams and passes (`rx`).
+    rx: rx::RxState,
     /// QPs whose packets (ACKs, responses) an application-driven receive held back: they go
     /// out with the application's next post to that QP (one send for the ACK and the reply
     /// of a ping-pong) or at its next poll, whichever comes first.
     deferred: Vec<u32>,
-    due: Vec<u32>,
-    /// The QPs' deadlines, earliest first.
+    /// The QPs' deadlines, earliest first, and the earliest timer of all (`timers`).
     timers: timers::TimerSet,
-    /// Earliest QP timer, in ns since the epoch (u64::MAX: none).
-    next_timer: u64,
-    /// Earliest pacing deadline of a QP (as of the last `run_timers`), in ns since the epoch
-    /// (u64::MAX: none): the progress thread sleeps towards it to the microsecond.
-    next_pace: u64,
-    /// When (ns since the epoch) a READ or atomic request last arrived (see
-    /// `progress::ONE_SIDED_SPIN`).
-    one_sided_at: u64,
-    /// Whether that request came alone in its receive batch (see `progress::ONE_SIDED_SPIN`).
-    one_sided_lone: bool,
-    /// When (ns since the epoch) a receive that took datagrams last left the socket empty (see
-    /// `progress::RX_REST`); taken (reset) by the next application poll, which skips the
-    /// socket if it comes within `progress::RX_REST`.
-    drained_at: u64,
-    /// A running count of the completions flushes and held-back receives moved to CQs; only
-    /// its change across one receive matters (see `progress::RX_REST`: a receive that moved
-    /// none is no reason for the application to skip a look).
-    delivered: u64,
-    /// When (ns since the epoch) the published statistics may be refreshed next.
-    stats_next: u64,
+    /// What the GSO path probe learned of each peer address (`probe`).
+    probes: probe::Probes,
+    /// The device's published statistics (`stats`), if they are published.
     stats: Option<crate::stats::Publisher>,
-    /// What the GSO path probe (`Shared::probe_path`) learned of each peer address.
-    paths: probe::Paths,
-    /// How many of `paths` are [`PathGso::Probing`]: flushes look at them only then.
-    probing: usize,
-    /// What the receive path keeps from one datagram to the next to check ICRCs faster (see
-    /// `handle_datagram`).
-    rx_icrc: srdma_wire::icrc::Memo,
-    /// The multicast groups this device's UD QPs are attached to.
-    groups: Vec<Group>,
-    /// Receive buffer for the groups' sockets (allocated on first use).
-    group_buf: Vec<u8>,
+    /// What the timing heuristics keep: when polls rest, the progress thread spins,
+    /// statistics refresh, and the next pacing deadline (`timing`).
+    timing: timing::Timing,
     /// The shared-memory driver (`None`: off, or it could not open); taken out while its
     /// rings are read (boxed: a look moves a pointer, not the driver).
     shm: Option<Box<crate::shm::Shm>>,
-    /// Until when (ns since the epoch) an application's poll leaves the UDP socket alone
-    /// while peers send through shared memory (see `rx::UDP_QUIET`).
-    udp_quiet_until: u64,
-    /// When (ns since the epoch) a receive last took packets from the shared-memory rings.
-    shm_took_at: u64,
-    /// QPs a full shared-memory ring held back (`Shared::flush_blocked` tries them again).
-    shm_blocked: Vec<u32>,
     /// QPs with work per peer address: their windows' fair shares (`share`).
     shares: share::Shares,
 }
@@ -294,7 +193,7 @@ pub(crate) struct Shared {
     app_active_until: AtomicU64,
     /// Until when (ns since `epoch`) the progress thread, standing aside for an
     /// application's polls, looks often whether they stopped: some QP executed a WRITE
-    /// without immediate less than `rx::SILENT_WRITES_HOLD` ago, so an application may be
+    /// without immediate less than `timing::SILENT_WRITES_HOLD` ago, so an application may be
     /// waiting for the next one in its memory instead of on a CQ.
     silent_writes_until: AtomicU64,
     stop: AtomicBool,
@@ -308,7 +207,7 @@ pub(crate) struct Shared {
     /// watching the socket themselves: a datagram wakes the thread that waits for it, with
     /// no hand-off from the progress thread, which leaves the socket to them.
     app_waiters: AtomicUsize,
-    /// When (ns since `epoch`) such a thread last woke (0: never): for `progress::APP_GRACE`
+    /// When (ns since `epoch`) such a thread last woke (0: never): for `timing::APP_GRACE`
     /// after it, the progress thread still leaves the socket alone, as the application is
     /// expected back.
     wait_woke_at: AtomicU64,
@@ -458,18 +357,7 @@ pub(crate) fn start(cfg: DeviceConfig, sock: crate::udp::Socket) -> Result<Arc<D
         qps: BTreeMap::new(),
         srqs: BTreeMap::new(),
         xrc: Default::default(),
-        // rxe numbers QPs from 17 (0x11) up, wrapping; 0 and 1 are the special QPs. A shared
-        // port's slot k owns k << 16 | n. A kernel device outlives the processes that use it,
-        // so a new process's QPs get numbers not used just before; here each process opens
-        // its own device (and takes the slot of one that ended), so the first number is drawn
-        // at random: a kernel peer still holds the last connection of a QPN for its timewait
-        // (seconds) and rejects a REQ from the same QPN as stale (REJ reason 10), as tgtd on
-        // rxe did to a libiscsi run right after another.
-        qpn_base: u32::from(slot) << 16,
-        // The draw stays below 0x10000 on an unshared port too: a QPN's upper bits name the
-        // slot wherever packets are steered or shared-memory links found (`QPN >> 16`).
-        next_qpn: (0x11 + crate::random::random_u64() % (0xFFFF - 0x11 + 1)) as u32,
-        next_id: 1,
+        ids: state::Ids::new(slot),
         counters: DeviceCounters::default(),
         capture,
         udp: Some(Box::new(crate::udp::Udp::new(
@@ -479,30 +367,15 @@ pub(crate) fn start(cfg: DeviceConfig, sock: crate::udp::Socket) -> Result<Arc<D
             MAX_PACKET_LEN,
             gro,
         ))),
-        frame: vec![0; MAX_PACKET_LEN],
-        touched: Vec::with_capacity(64),
-        fwd_buf: Vec::new(),
+        tx: tx::TxState::new(),
+        rx: rx::RxState::new(),
         deferred: Vec::with_capacity(64),
-        paths: probe::Paths::default(),
-        probing: 0,
-        rx_icrc: Default::default(),
-        groups: Vec::new(),
-        group_buf: Vec::new(),
         shm,
-        udp_quiet_until: 0,
-        shm_took_at: 0,
-        shm_blocked: Vec::new(),
         shares: share::Shares::default(),
-        due: Vec::with_capacity(64),
-        timers: timers::TimerSet::default(),
-        next_timer: u64::MAX,
-        next_pace: u64::MAX,
-        one_sided_at: 0,
-        one_sided_lone: false,
-        drained_at: 0,
-        delivered: 0,
-        stats_next: 0,
+        timers: timers::TimerSet::new(),
+        probes: probe::Probes::default(),
         stats: crate::stats::Publisher::new(&cfg.name, local),
+        timing: timing::Timing::default(),
     };
     let shared = Arc::new(Shared {
         state: Mutex::new(state),

@@ -38,6 +38,36 @@ pub(super) enum PathGso {
 /// What a device knows of the paths to its peers' addresses.
 pub(super) type Paths = HashMap<IpAddr, PathGso, BuildHasherDefault<AddrHasher>>;
 
+/// What the GSO path probe ([`Shared::probe_path`]) learned of each peer address (in the
+/// engine's `State`).
+#[derive(Debug, Default)]
+pub(super) struct Probes {
+    /// Each peer address's path, once a QP to it was flushed.
+    paths: Paths,
+    /// How many of `paths` are [`PathGso::Probing`]: flushes look at them only then.
+    probing: usize,
+}
+
+impl Probes {
+    /// Whether the path to `ip` is known to take GSO messages cut into datagrams.
+    pub(super) fn verified(&self, ip: IpAddr) -> bool {
+        self.paths.get(&ip) == Some(&PathGso::Verified)
+    }
+
+    /// The deadlines (ns since the epoch) of the probes under way.
+    pub(super) fn deadlines(&self) -> impl Iterator<Item = u64> + '_ {
+        let under_way = if self.probing > 0 {
+            Some(self.paths.values())
+        } else {
+            None
+        };
+        under_way.into_iter().flatten().filter_map(|p| match *p {
+            PathGso::Probing { deadline, .. } => Some(deadline),
+            _ => None,
+        })
+    }
+}
+
 /// The hasher of [`Paths`], cheaper than the standard library's SipHash, which costs two hash
 /// computations per flush on a busy path. Its keys are the addresses of the application's
 /// own RC QPs' peers, not anything a packet chooses: no defence against chosen keys needed.
@@ -103,11 +133,10 @@ impl Shared {
         let State {
             qps,
             udp,
-            frame,
-            paths,
-            probing,
+            tx: super::tx::TxState { frame, .. },
+            probes: Probes { paths, probing },
             counters,
-            next_timer,
+            timers,
             capture,
             shm,
             ..
@@ -201,18 +230,18 @@ impl Shared {
             ones,
         };
         *probing += 1;
-        *next_timer = (*next_timer).min(deadline);
+        timers.expect(deadline);
     }
 
     /// After QP `qpn` handled what arrived: a probe it sent that both ACKs answered
     /// verifies its path; at the probe's deadline ([`Shared::run_timers`]) the answers so
     /// far decide.
     pub(super) fn probe_answered(&self, st: &mut State, qpn: u32, now: Duration) {
-        if st.probing == 0 {
+        if st.probes.probing == 0 {
             return;
         }
         let ns = now.as_nanos() as u64;
-        for path in st.paths.values_mut() {
+        for path in st.probes.paths.values_mut() {
             let PathGso::Probing {
                 qpn: q,
                 acks,
@@ -236,7 +265,7 @@ impl Shared {
             let Some(v) = probe_verdict(got, idle, ns >= deadline, tries, ones) else {
                 continue;
             };
-            st.probing -= 1;
+            st.probes.probing -= 1;
             *path = match v {
                 PathGso::Unknown { tries, ones, .. } => PathGso::Unknown {
                     tries,

@@ -5,50 +5,13 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::{ACK_RIDE_WINDOW, ACK_RIDES_AFTER, Hold, QpSlot, Shared, State};
+use super::timing::{Hold, Turns, app_grace_until, ride_wakes, watch_grace};
+use super::{Shared, State};
 use crate::sys;
 
 /// Receive batches handled before timers and the stop flag are looked at again: a flood of
 /// datagrams must not starve retransmissions or block the device's drop.
 const RX_BUDGET: usize = 8;
-/// An application poll this soon after a receive that left the socket empty (a batch not
-/// full) does not look at the socket again (once): it comes to collect what that receive
-/// completed, and the application's next step (a post, in a ping-pong) should not wait for
-/// a system call that finds nothing. Loopback, 8 B SEND ping-pong: the client's poll
-/// between its receive and its next send cost ~0.9 µs of the round trip (see
-/// benchmarks/README.md). A `post_send` in between cancels the rest: what it sent may
-/// already have been answered (a QP of this device answers at once).
-const RX_REST: Duration = Duration::from_micros(3);
-/// How long the progress thread keeps looking at the socket (without sleeping) after it
-/// answered a one-sided request (READ, atomic) that came alone in its receive batch: the
-/// peer's next one waits on this thread alone — no application here polls for it — and a
-/// wake-up from `poll` costs more than the round trip (loopback: `ib_read_lat -s 8` 24–38 µs
-/// typical while the thread slept between requests, 10–12 µs with it looking on). Requests
-/// that come several to a batch are a stream that keeps the thread busy anyway; looking on
-/// there took a core from the requester (`ib_read_bw -e -s 4096` −20 % on 2 cores).
-const ONE_SIDED_SPIN: Duration = Duration::from_micros(50);
-/// How long the progress thread keeps looking (without sleeping) after it took packets from
-/// the rings of the shared-memory driver: looking costs no system call, while a sleeping
-/// consumer costs its peer a doorbell and itself a wake-up per burst (loopback, 64 B WRITE
-/// stream: the target's thread spent a quarter of its time switching in and out of `poll`).
-const SHM_SPIN: Duration = Duration::from_micros(50);
-/// While a full shared-memory ring holds QPs back, how soon the progress thread looks again
-/// whether the peer made room.
-const SHM_ROOM_LOOK: Duration = Duration::from_micros(20);
-/// How long after an application's last poll the progress thread keeps out of the way:
-/// while an application polls, its polls drive the device (no thread hand-off on the hot
-/// path); when it stops, the thread takes over within this time.
-const APP_GRACE: Duration = Duration::from_millis(1);
-/// While WRITEs without immediate arrive (see `Shared::silent_writes_until`), a gap this
-/// long since an application's last poll means it stopped polling before its grace ran
-/// out — it spins on its memory for the peer's next WRITE, as perftest's `ib_write_lat`
-/// does after its send completes — and the progress thread takes over at once.
-const POLL_GAP: Duration = Duration::from_micros(20);
-/// The progress thread's first look, while it stands aside, at whether the application
-/// still polls; each look after that waits twice as long, up to the grace.
-const FIRST_LOOK: Duration = Duration::from_micros(25);
-/// How often an application's polls refresh the device's published statistics at most.
-const STATS_EVERY: Duration = Duration::from_millis(250);
 
 impl Shared {
     /// Called from an application's CQ poll, or its read of registered memory (an application
@@ -65,7 +28,7 @@ impl Shared {
             return;
         }
         let now = self.now().as_nanos() as u64;
-        let until = now + APP_GRACE.as_nanos() as u64;
+        let until = app_grace_until(now);
         if polling && self.app_active_until.load(Ordering::Relaxed) < until {
             self.app_active_until.store(until, Ordering::Relaxed);
         }
@@ -79,9 +42,8 @@ impl Shared {
         }
         // A last look before sleeping (`!polling`: the CQ is armed) holds nothing back:
         // no post or poll would follow to send it, and it always looks.
-        let drained = std::mem::take(&mut st.drained_at);
-        let quiet = now < st.udp_quiet_until && st.shm.as_ref().is_some_and(|s| s.has_ins());
-        let udp = !polling || (now >= drained + RX_REST.as_nanos() as u64 && !quiet);
+        let rings_in = st.shm.as_ref().is_some_and(|s| s.has_ins());
+        let udp = st.timing.rest.poll_looks(now, polling, rings_in);
         self.receive(
             &mut st,
             RX_BUDGET,
@@ -89,12 +51,11 @@ impl Shared {
             udp,
             Some(Duration::from_nanos(now)),
         );
-        if now >= st.next_timer {
+        if now >= st.timers.next() {
             self.run_timers(&mut st);
         }
         let mut pending = None;
-        if now >= st.stats_next {
-            st.stats_next = now + STATS_EVERY.as_nanos() as u64;
+        if st.timing.stats.due(now) {
             pending = publish_stats(&mut st);
         }
         let held = !st.deferred.is_empty();
@@ -105,8 +66,7 @@ impl Shared {
         // window, nothing would wake it before the peer's retransmission timer fires: wake
         // it (and only then: a wake-up on every poll that holds an ACK takes a core from a
         // spinning application on a small machine).
-        let window_end = now + ACK_RIDE_WINDOW.as_nanos() as u64;
-        if held && self.sleep_until.load(Ordering::Acquire) > window_end {
+        if held && ride_wakes(now, self.sleep_until.load(Ordering::Acquire)) {
             sys::signal(&self.wake);
         }
         self.run_hooks();
@@ -126,11 +86,10 @@ impl Shared {
     }
 
     /// True while an application thread waits in [`Shared::wait_with_socket`] or woke from
-    /// it less than [`APP_GRACE`] ago.
+    /// it less than `timing::APP_GRACE` ago.
     fn app_watches(&self, now: u64) -> bool {
         let woke = self.wait_woke_at.load(Ordering::SeqCst);
-        self.app_waiters.load(Ordering::SeqCst) > 0
-            || (woke != 0 && now < woke + APP_GRACE.as_nanos() as u64)
+        self.app_waiters.load(Ordering::SeqCst) > 0 || watch_grace(woke, now).is_some()
     }
 
     /// Sleeps until `fd` (a completion channel's) or the device's socket (or a multicast
@@ -189,7 +148,7 @@ impl Shared {
             let mut st = self.lock();
             self.flush_deferred(&mut st);
             self.receive(&mut st, RX_BUDGET, Hold::Nothing, udp, None);
-            if now >= st.next_timer {
+            if now >= st.timers.next() {
                 self.run_timers(&mut st);
             }
             drop(st);
@@ -200,7 +159,7 @@ impl Shared {
 
     /// What an application's poll sends of what earlier application-driven receives held
     /// back: everything, except the ACKs of a QP whose application posts a send right after
-    /// replenishing its receives (`QpSlot::ack_rides_send`), for [`ACK_RIDE_WINDOW`]: they
+    /// replenishing its receives (`AckRide::rides`), for `timing::ACK_RIDE_WINDOW`: they
     /// leave with that send (a SEND ping-pong that polls its send queue in between).
     fn flush_deferred_polled(&self, st: &mut State, now: u64) {
         if st.deferred.is_empty() {
@@ -211,10 +170,10 @@ impl Shared {
             let Some(slot) = st.qps.get_mut(&qpn) else {
                 return false;
             };
-            if slot.ack_rides_send >= ACK_RIDES_AFTER && now < slot.hold_ends() {
+            if slot.ride.keeps_holding(now) {
                 return true;
             }
-            slot.ack_flushed_at = now.max(1);
+            slot.ride.flushed(now);
             self.queue_out(st, qpn);
             false
         });
@@ -223,10 +182,10 @@ impl Shared {
     }
 
     /// The progress thread's part of what receives held back: packets wait for their
-    /// application's next post or poll until [`ACK_RIDE_WINDOW`] after they were held
+    /// application's next post or poll until `timing::ACK_RIDE_WINDOW` after they were held
     /// (sent earlier, an ACK would reach the peer alone: see [`Hold::Riding`]); those that
     /// waited that long leave now, and their QP's application, which neither posted nor
-    /// polled in time, is no longer waited for (`QpSlot::ack_rides_send`).
+    /// polled in time, is no longer waited for (`AckRide::hold_expired`).
     fn flush_deferred_expired(&self, st: &mut State) {
         if st.deferred.is_empty() {
             return;
@@ -237,10 +196,9 @@ impl Shared {
             let Some(slot) = st.qps.get_mut(&qpn) else {
                 return false;
             };
-            if now < slot.hold_ends() {
+            if !slot.ride.hold_expired(now) {
                 return true;
             }
-            slot.ack_rides_send = 0;
             self.queue_out(st, qpn);
             false
         });
@@ -253,7 +211,7 @@ impl Shared {
         st.deferred
             .iter()
             .filter_map(|q| st.qps.get(q))
-            .map(QpSlot::hold_ends)
+            .map(|s| s.ride.hold_ends())
             .min()
     }
 
@@ -317,13 +275,9 @@ fn service_shm(shared: &Shared) {
 /// keeps out of the way while an application's CQ polls drive the device.
 pub(super) fn progress(shared: &Shared) {
     let mut timeout = None;
-    let mut look = FIRST_LOOK;
-    // Until when (ns since the epoch) a look without waiting may take the rings alone: a
-    // same-host peer streams through them and the socket was found empty less than
-    // `rx::UDP_QUIET` ago (the socket, the doorbells, new links and wake-ups cost system
-    // calls to look at; they wait that long at most).
-    let mut rings_only_until = 0;
-    // The next sleep ends at a pacing deadline (see `State::next_pace`).
+    // How often it looks while standing aside, when it may take the rings alone.
+    let mut turns = Turns::default();
+    // The next sleep ends at a pacing deadline (see `timing::Pace`).
     let mut precise = false;
     while !shared.stop.load(Ordering::Acquire) {
         if shared.inject_failure.load(Ordering::Relaxed) {
@@ -331,34 +285,26 @@ pub(super) fn progress(shared: &Shared) {
         }
         let now = shared.now().as_nanos() as u64;
         let active = shared.app_active_until.load(Ordering::Relaxed);
-        let last_poll = active.saturating_sub(APP_GRACE.as_nanos() as u64);
-        let looking = now < shared.silent_writes_until.load(Ordering::Relaxed);
-        if now < active && (!looking || now.saturating_sub(last_poll) < POLL_GAP.as_nanos() as u64)
-        {
+        let silent_until = shared.silent_writes_until.load(Ordering::Relaxed);
+        if let Some(sleep) = turns.stand_aside(now, active, silent_until) {
             // Posts need not wake us meanwhile (0: "asleep until the past", so no timer is
             // earlier): the application's polls run the timers, and we run them on return.
             // Nothing tells us when the application stops polling: while it may wait on its
             // memory instead, look again soon (it may be polling only for a WRITE's
             // completion), then less and less often.
             shared.sleep_until.store(0, Ordering::Release);
-            let rest = Duration::from_nanos(active - now);
             // The application's polls read the rings; a new link is for this thread to
             // take in. (Doorbells, and links that ended, wait for a thread that sleeps on
             // the rings: see `Shm::service`.)
             let [port, _] = shared.shm_fds;
-            let r = sys::poll_readable(
-                [shared.wake.as_raw_fd(), port],
-                Some(if looking { rest.min(look) } else { rest }),
-            );
+            let r = sys::poll_readable([shared.wake.as_raw_fd(), port], Some(sleep));
             if r.is_ok_and(|[_, p]| p) {
                 service_shm(shared);
             }
-            look = (look * 2).min(APP_GRACE);
             sys::drain(&shared.wake);
             timeout = Some(Duration::ZERO);
             continue;
         }
-        look = FIRST_LOOK;
         let keeper = match (&shared._keeper, shared.cm_forwarded.load(Ordering::Relaxed)) {
             (Some(k), true) => k.as_raw_fd(),
             _ => -1,
@@ -370,10 +316,8 @@ pub(super) fn progress(shared: &Shared) {
         let mut sock = shared.socket.as_raw_fd();
         let mut wait = timeout;
         let woke = shared.wait_woke_at.load(Ordering::SeqCst);
-        let grace_end = woke + APP_GRACE.as_nanos() as u64;
-        if woke != 0 && now < grace_end {
+        if let Some(rest) = watch_grace(woke, now) {
             sock = -1;
-            let rest = Duration::from_nanos(grace_end - now);
             wait = Some(wait.map_or(rest, |t| t.min(rest)));
         } else if shared.app_waiters.load(Ordering::SeqCst) > 0 {
             shared.sleeps_deep.store(true, Ordering::SeqCst);
@@ -400,7 +344,7 @@ pub(super) fn progress(shared: &Shared) {
         if armed && !shared.lock().shm.as_mut().is_none_or(|s| s.arm()) {
             wait = Some(Duration::ZERO);
         }
-        let rings_only = wait == Some(Duration::ZERO) && now < rings_only_until;
+        let rings_only = turns.rings_only(now, wait);
         let ready = if rings_only {
             Ok([false; 6])
         } else {
@@ -444,33 +388,16 @@ pub(super) fn progress(shared: &Shared) {
             let rest = Duration::from_nanos(end.saturating_sub(shared.now().as_nanos() as u64));
             timeout = Some(timeout.map_or(rest, |t| t.min(rest)));
         }
-        // More waiting, or a peer doing one-sided operations: look again without sleeping.
-        let spin_until = st
-            .one_sided_at
-            .saturating_add(ONE_SIDED_SPIN.as_nanos() as u64);
+        // More waiting, a peer doing one-sided operations or streaming through the rings,
+        // QPs a full ring holds back: look again without sleeping, or soon.
         let now = shared.now().as_nanos() as u64;
-        let spin = sock >= 0 && st.one_sided_lone && now < spin_until;
-        // A peer of this host streaming through shared memory: its next packets cost no
-        // system call to look for, a doorbell and a wake-up several microseconds each.
-        let shm_spin = sock >= 0 && now < st.shm_took_at.saturating_add(SHM_SPIN.as_nanos() as u64);
-        if more || spin || shm_spin {
-            timeout = Some(Duration::ZERO);
-        }
-        // QPs a full ring holds back: look again soon (the peer that reads it rings no bell
-        // for room).
-        if !st.shm_blocked.is_empty() {
-            timeout = Some(timeout.map_or(SHM_ROOM_LOOK, |t| t.min(SHM_ROOM_LOOK)));
-        }
-        rings_only_until = if shm_spin && !more && !spin {
-            st.udp_quiet_until
-        } else {
-            0
-        };
+        let blocked = st.tx.blocked();
+        timeout = turns.after_pass(now, timeout, more, sock >= 0, blocked, &st.timing);
         // Published under the lock: a post that arms an earlier timer after this sees the
         // value and wakes the thread.
         let until = timeout.map_or(u64::MAX, |t| (shared.now() + t).as_nanos() as u64);
         shared.sleep_until.store(until, Ordering::Release);
-        precise = st.next_pace <= until;
+        precise = st.timing.pace.precise(until);
         if let Some(w) = st.capture.as_mut() {
             let _ = w.flush();
         }

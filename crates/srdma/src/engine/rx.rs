@@ -10,17 +10,12 @@ use srdma_proto::{Ctx, RecvMeta};
 use srdma_wire::{Encap, IpRepr, Kind, PacketRepr};
 
 use super::timers::note_timer;
-use super::{ACK_RIDES_AFTER, Hold, Shared, State, capture_epoch, deliver_completions};
+use super::timing::{Hold, silent_writes_until};
+use super::{Shared, State, capture_epoch, deliver_completions};
 use crate::driver::{Driver, Received, Via};
 use crate::error::{Result, io_err};
 use crate::sys;
 use crate::types::Gid;
-
-/// While peers of this host send through shared memory, an application's polls look at the
-/// UDP socket only this long after it was last found empty: the rings cost nothing to look
-/// at, a socket a system call (a same-host 8 B ping-pong over rings is a few hundred ns).
-/// What comes over UDP meanwhile (off-host peers, CM) waits at most this long.
-pub(super) const UDP_QUIET: Duration = Duration::from_micros(20);
 
 /// Datagrams taken from one multicast group's socket per receive pass.
 const GROUP_BUDGET: usize = 64;
@@ -28,8 +23,42 @@ const GROUP_BUDGET: usize = 64;
 pub const MAX_MCAST_GRP: u32 = 8192;
 /// QPs attached to one multicast group at most (rxe's `RXE_MAX_MCAST_QP_ATTACH`).
 pub const MAX_MCAST_QP_ATTACH: u32 = 56;
-/// How long after the last WRITE without immediate the progress thread keeps looking.
-const SILENT_WRITES_HOLD: Duration = Duration::from_millis(100);
+
+/// What the receive path keeps from one datagram or pass to the next (in the engine's
+/// `State`): the QPs a batch touched, the ICRC memo, the multicast groups and the buffers of
+/// the side sockets.
+pub(super) struct RxState {
+    /// The QPs the batch being handled gave packets to, each once (`QpSlot::touched` says
+    /// which are on it): flushed after the batch, then cleared.
+    touched: Vec<u32>,
+    /// Buffer for datagrams the port keeper forwards (allocated on first use).
+    fwd_buf: Vec<u8>,
+    /// What the receive path keeps from one datagram to the next to check ICRCs faster (see
+    /// `handle_datagram`).
+    icrc: srdma_wire::icrc::Memo,
+    /// The multicast groups this device's UD QPs are attached to.
+    groups: Vec<Group>,
+    /// Receive buffer for the groups' sockets (allocated on first use).
+    group_buf: Vec<u8>,
+}
+
+impl RxState {
+    /// Empty, with room for a batch's QPs (the side buffers are allocated on first use).
+    pub(super) fn new() -> RxState {
+        RxState {
+            touched: Vec::with_capacity(64),
+            fwd_buf: Vec::new(),
+            icrc: Default::default(),
+            groups: Vec::new(),
+            group_buf: Vec::new(),
+        }
+    }
+
+    /// Whether some multicast group has QPs of this device attached.
+    pub(super) fn has_groups(&self) -> bool {
+        !self.groups.is_empty()
+    }
+}
 
 /// A multicast group UD QPs of this device are attached to ([`crate::Qp::attach_mcast`]),
 /// as rxe keeps one per multicast GID: a socket that is a member of the group on the
@@ -69,13 +98,13 @@ impl Shared {
         if udp && self.cm_forwarded.load(Ordering::Relaxed) {
             self.receive_forwarded(st);
         }
-        if udp && !st.groups.is_empty() {
+        if udp && !st.rx.groups.is_empty() {
             self.receive_groups(st);
         }
         // The socket once per call while it is empty: the rings' batches that follow cost no
         // system call each.
         let mut look_udp = udp;
-        let delivered = st.delivered;
+        let mark = st.timing.rest.mark();
         for _ in 0..budget {
             let now = now.take().unwrap_or_else(|| self.now());
             let k = self.receive_shm(st, now);
@@ -86,56 +115,43 @@ impl Shared {
             };
             if look_udp {
                 // The socket found empty (rings or not): quiet for a while.
-                st.udp_quiet_until = match n.taken {
-                    0 => now.as_nanos() as u64 + UDP_QUIET.as_nanos() as u64,
-                    _ => 0,
-                };
+                st.timing.rest.udp_looked(now.as_nanos() as u64, n.taken);
                 look_udp = n.taken > 0;
             }
             if n.taken == 0 && k.taken == 0 {
-                // The rest (`RX_REST`) begins only after a receive that completed something
-                // for the application to collect; after a look that found nothing, or only
-                // what completes nothing (a peer's ACK of unsignaled sends), the next poll
-                // looks again.
-                if udp && st.delivered != delivered {
-                    st.drained_at = now.as_nanos() as u64;
-                }
+                // The rest begins only after a receive that completed something (see
+                // `RxRest::drained`).
+                st.timing.rest.drained(now.as_nanos() as u64, mark, udp);
                 break;
             }
-            let mut touched = std::mem::take(&mut st.touched);
+            let mut touched = std::mem::take(&mut st.rx.touched);
             for qpn in touched.drain(..) {
                 if let Some(s) = st.qps.get_mut(&qpn) {
                     s.touched = false;
                 }
                 // Requests (a window the ACKs just opened) go now; only ACKs and responses
                 // wait for the application's reply.
-                let held = st.qps.get(&qpn).is_some_and(|s| {
-                    !s.qp.has_requests_ready()
-                        && match hold {
-                            Hold::Nothing => false,
-                            Hold::Poll => true,
-                            Hold::Riding => s.ack_rides_send >= ACK_RIDES_AFTER,
-                        }
-                });
+                let held = st
+                    .qps
+                    .get(&qpn)
+                    .is_some_and(|s| !s.qp.has_requests_ready() && hold.holds(&s.ride));
                 if !held {
                     self.queue_out(st, qpn);
                 } else if let Some(slot) = st.qps.get_mut(&qpn) {
-                    st.delivered += deliver_completions(slot) as u64;
+                    st.timing.rest.delivered(deliver_completions(slot));
                     if !st.deferred.contains(&qpn) {
-                        slot.deferred_at = now.as_nanos() as u64;
+                        slot.ride.held(now.as_nanos() as u64);
                         st.deferred.push(qpn);
                     }
                     note_timer(st, qpn);
                 }
             }
-            st.touched = touched;
+            st.rx.touched = touched;
             // Every QP's packets of this batch in one go.
             self.send_queued(st);
             more = n.full || k.full;
             if !more {
-                if udp && st.delivered != delivered {
-                    st.drained_at = now.as_nanos() as u64;
-                }
+                st.timing.rest.drained(now.as_nanos() as u64, mark, udp);
                 break;
             }
         }
@@ -177,7 +193,7 @@ impl Shared {
         });
         if k.taken > 0 {
             shm.count_into(&mut st.counters);
-            st.shm_took_at = now.as_nanos() as u64;
+            st.timing.spin.shm_took(now.as_nanos() as u64);
         }
         // A ring found corrupt is gone.
         self.shm_ins.store(shm.ins(), Ordering::Relaxed);
@@ -191,29 +207,29 @@ impl Shared {
         let Some(conn) = self._keeper.as_ref() else {
             return;
         };
-        let mut buf = std::mem::take(&mut st.fwd_buf);
+        let mut buf = std::mem::take(&mut st.rx.fwd_buf);
         buf.resize(crate::portshare::FWD_HDR + 65536, 0);
         while let Some((from, n)) = crate::portshare::recv_forwarded(conn, &mut buf) {
             self.handle_datagram(st, self.now(), from, &buf[..n], 0);
         }
-        let touched = std::mem::take(&mut st.touched);
+        let touched = std::mem::take(&mut st.rx.touched);
         self.untouch(st, &touched);
         self.flush_each(st, &touched);
-        st.touched = touched;
-        st.touched.clear();
-        st.fwd_buf = buf;
+        st.rx.touched = touched;
+        st.rx.touched.clear();
+        st.rx.fwd_buf = buf;
     }
 
     /// Handles what the sockets of the multicast groups received: at most [`GROUP_BUDGET`]
     /// datagrams per group and pass, so that a flood cannot starve the rest.
     fn receive_groups(&self, st: &mut State) {
-        let mut buf = std::mem::take(&mut st.group_buf);
+        let mut buf = std::mem::take(&mut st.rx.group_buf);
         buf.resize(crate::udp::RX_BUF, 0);
         let mut now = None;
-        for i in 0..st.groups.len() {
-            let to = st.groups[i].ip;
+        for i in 0..st.rx.groups.len() {
+            let to = st.rx.groups[i].ip;
             for _ in 0..GROUP_BUDGET {
-                let Ok((n, from)) = st.groups[i].socket.recv_from(&mut buf) else {
+                let Ok((n, from)) = st.rx.groups[i].socket.recv_from(&mut buf) else {
                     break;
                 };
                 let now = *now.get_or_insert_with(|| self.now());
@@ -221,12 +237,12 @@ impl Shared {
                 self.handle_datagram_to(st, now, from, to, &buf[..n], via);
             }
         }
-        let touched = std::mem::take(&mut st.touched);
+        let touched = std::mem::take(&mut st.rx.touched);
         self.untouch(st, &touched);
         self.flush_each(st, &touched);
-        st.touched = touched;
-        st.touched.clear();
-        st.group_buf = buf;
+        st.rx.touched = touched;
+        st.rx.touched.clear();
+        st.rx.group_buf = buf;
     }
 
     /// Handles one datagram the device's socket received; `now` is when its receive batch
@@ -276,11 +292,11 @@ impl Shared {
             (Via::SharedMemory(_), _) => Some(0),
             (Via::Udp { place, .. }, IpRepr::V4(_)) => {
                 st.counters.rx_datagrams += 1;
-                srdma_wire::icrc::verify_ipv4_ident_guess(&encap, data, place, &mut st.rx_icrc).ok()
+                srdma_wire::icrc::verify_ipv4_ident_guess(&encap, data, place, &mut st.rx.icrc).ok()
             }
             (Via::Udp { .. }, IpRepr::V6(_)) => {
                 st.counters.rx_datagrams += 1;
-                srdma_wire::icrc::verify_with_memo(&encap, data, &mut st.rx_icrc)
+                srdma_wire::icrc::verify_with_memo(&encap, data, &mut st.rx.icrc)
                     .ok()
                     .map(|()| 0)
             }
@@ -335,10 +351,7 @@ impl Shared {
             repr.bth.opcode.kind(),
             Kind::ReadRequest | Kind::CompareSwap | Kind::FetchAdd
         ) {
-            // Several in one receive batch (one clock reading): a stream, not a ping-pong.
-            let t = now.as_nanos() as u64;
-            st.one_sided_lone = st.one_sided_at != t;
-            st.one_sided_at = t;
+            st.timing.spin.one_sided(now.as_nanos() as u64);
         }
         let qpn = repr.bth.dest_qpn.value();
         if qpn == srdma_wire::Qpn::MULTICAST.value() {
@@ -352,7 +365,7 @@ impl Shared {
             srqs,
             xrc,
             counters,
-            touched,
+            rx: RxState { touched, .. },
             ..
         } = st;
         let Some(slot) = qps.get_mut(&qpn) else {
@@ -379,7 +392,7 @@ impl Shared {
             super::xrc::complete_to(&mut slot.qp, cq);
         }
         if slot.qp.silent_writes() != silent {
-            let until = now + SILENT_WRITES_HOLD;
+            let until = silent_writes_until(now);
             self.silent_writes_until
                 .store(until.as_nanos() as u64, Ordering::Relaxed);
         }
@@ -408,8 +421,9 @@ impl Shared {
             qps,
             srqs,
             counters,
-            touched,
-            groups,
+            rx: RxState {
+                touched, groups, ..
+            },
             ..
         } = st;
         let Some(g) = groups.iter().find(|g| g.ip == to) else {
@@ -446,7 +460,7 @@ impl Shared {
             ));
         };
         let ip = IpAddr::V4(group);
-        if let Some(g) = st.groups.iter_mut().find(|g| g.ip == ip) {
+        if let Some(g) = st.rx.groups.iter_mut().find(|g| g.ip == ip) {
             if !g.qpns.contains(&qpn) {
                 if g.qpns.len() >= MAX_MCAST_QP_ATTACH as usize {
                     return Err(crate::Error::Exhausted(
@@ -457,7 +471,7 @@ impl Shared {
             }
             return Ok(());
         }
-        if st.groups.len() >= MAX_MCAST_GRP as usize {
+        if st.rx.groups.len() >= MAX_MCAST_GRP as usize {
             return Err(crate::Error::Exhausted("multicast groups"));
         }
         let socket = crate::udp::join_group(group, local, self.local.port())
@@ -470,7 +484,7 @@ impl Shared {
             }
         };
         sys::epoll_add(ep, socket.as_raw_fd()).map_err(io_err("epoll_ctl"))?;
-        st.groups.push(Group {
+        st.rx.groups.push(Group {
             ip,
             socket,
             qpns: vec![qpn],
@@ -485,7 +499,7 @@ impl Shared {
     /// device is attached to any more. Returns whether it was attached.
     pub(crate) fn detach_group(&self, st: &mut State, qpn: u32, ip: Option<IpAddr>) -> bool {
         let mut found = false;
-        st.groups.retain_mut(|g| {
+        st.rx.groups.retain_mut(|g| {
             if ip.is_none_or(|ip| ip == g.ip) {
                 let before = g.qpns.len();
                 g.qpns.retain(|&q| q != qpn);
@@ -494,7 +508,7 @@ impl Shared {
             // Closing the socket leaves the group (and the epoll set).
             !g.qpns.is_empty()
         });
-        if st.groups.is_empty() {
+        if st.rx.groups.is_empty() {
             self.groups_fd.store(-1, Ordering::SeqCst);
         }
         found
@@ -502,7 +516,7 @@ impl Shared {
 
     /// Whether QP `qpn` is attached to some multicast group.
     pub(crate) fn in_group(st: &State, qpn: u32) -> bool {
-        st.groups.iter().any(|g| g.qpns.contains(&qpn))
+        st.rx.groups.iter().any(|g| g.qpns.contains(&qpn))
     }
 
     /// Takes `qpns` off the touched list's bookkeeping (they are flushed now).

@@ -14,6 +14,40 @@ use super::{QpSlot, State};
 use crate::memory::Region;
 use crate::types::DeviceCounters;
 
+/// The numbers a device gives out: QPNs in the range it owns, and identifiers of PDs, CQs
+/// and SRQs (in the engine's `State`).
+#[derive(Debug)]
+pub(super) struct Ids {
+    /// The QPN range this device owns: `qpn_base | n` (0 unless the port is shared; a shared
+    /// port's slot k owns k << 16 | n).
+    qpn_base: u32,
+    /// The `n` the next QPN tries, 0x11 (rxe's first) and up, wrapping.
+    next_qpn: u32,
+    /// The identifier given out last (the first is 2).
+    next_id: u32,
+}
+
+impl Ids {
+    /// The numbers of a device in slot `slot` of its port (0: the port is its alone).
+    ///
+    /// rxe numbers QPs from 17 (0x11) up, wrapping; 0 and 1 are the special QPs. A kernel
+    /// device outlives the processes that use it, so a new process's QPs get numbers not
+    /// used just before; here each process opens its own device (and takes the slot of one
+    /// that ended), so the first number is drawn at random: a kernel peer still holds the
+    /// last connection of a QPN for its timewait (seconds) and rejects a REQ from the same
+    /// QPN as stale (REJ reason 10), as tgtd on rxe did to a libiscsi run right after
+    /// another. The draw stays below 0x10000 on an unshared port too: a QPN's upper bits
+    /// name the slot wherever packets are steered or shared-memory links found (`QPN >>
+    /// 16`).
+    pub(super) fn new(slot: u8) -> Ids {
+        Ids {
+            qpn_base: u32::from(slot) << 16,
+            next_qpn: (0x11 + crate::random::random_u64() % (0xFFFF - 0x11 + 1)) as u32,
+            next_id: 1,
+        }
+    }
+}
+
 impl State {
     /// Takes QP `qpn` off the list of QPs whose packets a receive held back; true if it was
     /// on it.
@@ -33,9 +67,9 @@ impl State {
     }
 
     /// A post may bring answers soon (at once from a QP of this device): the next
-    /// application poll looks at the socket (see `progress::RX_REST`).
+    /// application poll looks at the socket (see `timing::RX_REST`).
     pub(crate) fn expect_answers(&mut self) {
-        self.drained_at = 0;
+        self.timing.rest.expect_answers();
     }
 
     /// The slot of QP `qpn`.
@@ -77,15 +111,12 @@ impl State {
     /// A free QP number of this device's range, `None` when every one is taken. Unshared:
     /// 0x11..=0xFFFFFE; a shared port's slot: its 64 Ki numbers (0x11..=0xFFFF).
     pub(crate) fn alloc_qpn(&mut self) -> Option<u32> {
-        let last = if self.qpn_base == 0 {
-            0xFF_FFFE
-        } else {
-            0xFFFF
-        };
+        let ids = &mut self.ids;
+        let last = if ids.qpn_base == 0 { 0xFF_FFFE } else { 0xFFFF };
         for _ in 0..0x1_0000 {
-            let n = self.next_qpn;
-            self.next_qpn = if n >= last { 0x11 } else { n + 1 };
-            let qpn = self.qpn_base | n;
+            let n = ids.next_qpn;
+            ids.next_qpn = if n >= last { 0x11 } else { n + 1 };
+            let qpn = ids.qpn_base | n;
             if !self.qps.contains_key(&qpn) {
                 return Some(qpn);
             }
@@ -95,13 +126,13 @@ impl State {
 
     /// The slot of a shared port this device holds (0 when the port is its alone).
     pub(crate) fn port_slot(&self) -> u8 {
-        (self.qpn_base >> 16) as u8
+        (self.ids.qpn_base >> 16) as u8
     }
 
     /// A new identifier for a PD, CQ or SRQ, unique on the device.
     pub(crate) fn next_id(&mut self) -> u32 {
-        self.next_id += 1;
-        self.next_id
+        self.ids.next_id += 1;
+        self.ids.next_id
     }
 
     /// The device's receive/transmit statistics.
@@ -193,6 +224,6 @@ impl State {
 
     /// Whether some multicast group has QPs of this device attached.
     pub(crate) fn has_groups(&self) -> bool {
-        !self.groups.is_empty()
+        self.rx.has_groups()
     }
 }

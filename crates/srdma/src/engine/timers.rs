@@ -10,17 +10,42 @@ use std::time::Duration;
 
 use srdma_proto::Ctx;
 
-use super::probe::PathGso;
 use super::{QpSlot, Shared, State};
 
 /// The QPs' deadlines: `(deadline in ns since the epoch, QPN)`, one entry per QP that has
-/// one (the slot remembers which: `QpSlot::timer_at`).
-#[derive(Debug, Default)]
+/// one (the slot remembers which: `QpSlot::timer_at`); and the earliest timer an
+/// application's poll must run, the GSO probes' too.
+#[derive(Debug)]
 pub(super) struct TimerSet {
     set: BTreeSet<(u64, u32)>,
+    /// The QPs whose timers fire now (kept to reuse its allocation).
+    due: Vec<u32>,
+    /// The earliest timer, in ns since the epoch (u64::MAX: none): at or before the first
+    /// entry of `set` and every probe's deadline (run early, timers find nothing due).
+    next: u64,
 }
 
 impl TimerSet {
+    /// No deadlines.
+    pub(super) fn new() -> TimerSet {
+        TimerSet {
+            set: BTreeSet::new(),
+            due: Vec::with_capacity(64),
+            next: u64::MAX,
+        }
+    }
+
+    /// When (ns since the epoch) the earliest timer fires (u64::MAX: none): an application's
+    /// poll runs the timers from then on.
+    pub(super) fn next(&self) -> u64 {
+        self.next
+    }
+
+    /// A deadline at `t` (ns since the epoch): the next timer fires no later.
+    pub(super) fn expect(&mut self, t: u64) {
+        self.next = self.next.min(t);
+    }
+
     /// Puts QP `qpn`'s entry at its slot's current deadline (none: no entry).
     fn arm(&mut self, qpn: u32, slot: &mut QpSlot) -> u64 {
         let t = slot
@@ -64,11 +89,11 @@ impl TimerSet {
 }
 
 impl Shared {
-    /// Runs due timers; returns the time until the next one (also kept in `next_timer`).
+    /// Runs due timers; returns the time until the next one (also kept: `TimerSet::next`).
     pub(super) fn run_timers(&self, st: &mut State) -> Option<Duration> {
         let now = self.now();
         let now_ns = now.as_nanos() as u64;
-        let mut due = std::mem::take(&mut st.due);
+        let mut due = std::mem::take(&mut st.timers.due);
         due.clear();
         st.timers.take_due(now_ns, &mut due);
         for &qpn in &due {
@@ -88,14 +113,14 @@ impl Shared {
             }
             self.queue_out(st, qpn);
         }
-        st.due = due;
+        st.timers.due = due;
         self.send_queued(st);
         let mut next = st
             .timers
             .first()
             .map(|(t, _)| Duration::from_nanos(t).saturating_sub(now));
         // A pacing deadline first: the sleep towards it is kept to the microsecond.
-        st.next_pace = match st.timers.first() {
+        st.timing.pace.set(match st.timers.first() {
             Some((t, qpn))
                 if st
                     .qps
@@ -103,38 +128,29 @@ impl Shared {
                     .and_then(|s| s.qp.pace_deadline())
                     .is_some_and(|p| p.as_nanos() as u64 == t) =>
             {
-                t
+                Some(t)
             }
-            _ => u64::MAX,
-        };
+            _ => None,
+        });
         // Probes at their deadline decide; those still waiting keep the timer.
         self.probe_answered(st, u32::MAX, now);
-        if st.probing > 0 {
-            for p in st.paths.values() {
-                if let PathGso::Probing { deadline, .. } = *p {
-                    let d = Duration::from_nanos(deadline).saturating_sub(now);
-                    next = Some(next.map_or(d, |n| n.min(d)));
-                }
-            }
+        for deadline in st.probes.deadlines() {
+            let d = Duration::from_nanos(deadline).saturating_sub(now);
+            next = Some(next.map_or(d, |n| n.min(d)));
         }
-        st.next_timer = next.map_or(u64::MAX, |d| (now + d).as_nanos() as u64);
+        st.timers.next = next.map_or(u64::MAX, |d| (now + d).as_nanos() as u64);
         next
     }
 }
 
-/// Puts QP `qpn`'s deadline in the set and keeps `next_timer` (the earliest timer an
+/// Puts QP `qpn`'s deadline in the set and keeps `TimerSet::next` (the earliest timer an
 /// application's poll must run) at or before it, so a timer armed by a post or a packet
 /// fires while an application polls.
 pub(super) fn note_timer(st: &mut State, qpn: u32) {
-    let State {
-        qps,
-        timers,
-        next_timer,
-        ..
-    } = st;
+    let State { qps, timers, .. } = st;
     if let Some(slot) = qps.get_mut(&qpn) {
         let t = timers.arm(qpn, slot);
-        *next_timer = (*next_timer).min(t);
+        timers.expect(t);
     }
 }
 
@@ -144,7 +160,7 @@ mod tests {
 
     #[test]
     fn due_entries_come_off_the_front_in_order() {
-        let mut t = TimerSet::default();
+        let mut t = TimerSet::new();
         for (at, qpn) in [(30, 3), (10, 1), (20, 2), (40, 4)] {
             t.set.insert((at, qpn));
         }

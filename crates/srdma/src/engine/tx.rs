@@ -6,13 +6,39 @@ use std::io::BufWriter;
 use std::net::SocketAddr;
 
 use srdma_proto::Ctx;
+use srdma_proto::transport::MAX_PACKET_LEN;
 use srdma_wire::{Encap, IpRepr, Packet, pcap};
 
-use super::probe::PathGso;
 use super::timers::note_timer;
 use super::{Shared, State, capture_epoch, deliver_completions};
-use crate::driver::{Driver, Outgoing};
+use crate::driver::{Driver, Frame, Outgoing};
 use crate::types::{Gid, Gso};
+
+/// What the transmit path keeps (in the engine's `State`).
+pub(super) struct TxState {
+    /// The buffer the next outgoing packet is built in (see [`Frame`]: the UDP driver swaps
+    /// it for a free one of its batch when it keeps the packet); always
+    /// [`MAX_PACKET_LEN`] long.
+    pub(super) frame: Frame,
+    /// QPs a full shared-memory ring held back, each once (`QpSlot::shm_blocked` says which
+    /// are on it): [`Shared::flush_blocked`] tries them again.
+    shm_blocked: Vec<u32>,
+}
+
+impl TxState {
+    /// A frame of the largest packet's length, and no QP held back.
+    pub(super) fn new() -> TxState {
+        TxState {
+            frame: vec![0; MAX_PACKET_LEN],
+            shm_blocked: Vec::new(),
+        }
+    }
+
+    /// Whether a full ring holds some QP back (the progress thread then looks again soon).
+    pub(super) fn blocked(&self) -> bool {
+        !self.shm_blocked.is_empty()
+    }
+}
 
 impl Shared {
     pub(super) fn encap_to(&self, dst: SocketAddr, sport: u16) -> Option<Encap> {
@@ -59,7 +85,7 @@ impl Shared {
     /// [`Shared::send_queued`], or when their batch fills), then hands its completions to
     /// its CQs.
     ///
-    /// Each packet is built in `State::frame` (its payload left in registered memory
+    /// Each packet is built in `TxState::frame` (its payload left in registered memory
     /// unless a capture wants it whole), then goes to the first driver that routes it:
     /// shared memory, else UDP.
     pub(super) fn queue_out(&self, st: &mut State, qpn: u32) {
@@ -73,8 +99,8 @@ impl Shared {
             counters,
             capture,
             udp,
-            frame,
-            paths,
+            tx: TxState { frame, .. },
+            probes,
             shm,
             ..
         } = st;
@@ -162,7 +188,7 @@ impl Shared {
             let dst_gso = match gso_dst {
                 Some((d, g)) if d == dst => g,
                 _ => {
-                    let g = self.gso_for(paths, dst);
+                    let g = self.gso_for(probes, dst);
                     gso_dst = Some((dst, g));
                     g
                 }
@@ -186,7 +212,7 @@ impl Shared {
                 counters.tx_errors += 1;
             }
         }
-        st.delivered += deliver_completions(slot) as u64;
+        st.timing.rest.delivered(deliver_completions(slot));
         // The QP's fair share of its peer, among this device's QPs with work there.
         let working = slot.qp.qp_type() != srdma_proto::QpType::Ud
             && slot.qp.send_queue_len() > 0
@@ -199,7 +225,7 @@ impl Shared {
         slot.sharing = peer;
         slot.qp.set_window_cap(cap);
         if blocked && !std::mem::replace(&mut slot.shm_blocked, true) {
-            st.shm_blocked.push(qpn);
+            st.tx.shm_blocked.push(qpn);
         }
         note_timer(st, qpn);
         self.probe_answered(st, qpn, now);
@@ -208,10 +234,10 @@ impl Shared {
     /// Flushes again the QPs a full ring held back (see `shm`): whoever reads the rings or
     /// waits on the device calls this, and the QPs still without room stay on the list.
     pub(crate) fn flush_blocked(&self, st: &mut State) {
-        if st.shm_blocked.is_empty() {
+        if st.tx.shm_blocked.is_empty() {
             return;
         }
-        let blocked = std::mem::take(&mut st.shm_blocked);
+        let blocked = std::mem::take(&mut st.tx.shm_blocked);
         for qpn in &blocked {
             if let Some(s) = st.qps.get_mut(qpn) {
                 s.shm_blocked = false;
@@ -221,12 +247,12 @@ impl Shared {
     }
 
     /// Whether datagrams to `dst` may go as GSO messages.
-    fn gso_for(&self, paths: &super::probe::Paths, dst: SocketAddr) -> bool {
+    fn gso_for(&self, probes: &super::probe::Probes, dst: SocketAddr) -> bool {
         match self.cfg.gso {
             Gso::Never => false,
             Gso::Always => true,
             Gso::Local => self.uncut(dst),
-            Gso::Auto => self.uncut(dst) || paths.get(&dst.ip()) == Some(&PathGso::Verified),
+            Gso::Auto => self.uncut(dst) || probes.verified(dst.ip()),
         }
     }
 

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 
 use srdma_proto::{AttrMask, DeviceLimits, QpAttr, QpState, RecvWr, SendWr};
 
-use super::{ACK_RIDE_WINDOW, ACK_RIDES_AFTER, QpSlot, Shared, State, deliver_completions};
+use super::{QpSlot, Shared, State, deliver_completions};
 use crate::cq::Cq;
 use crate::error::{Error, Result};
 use crate::sys;
@@ -22,13 +22,8 @@ impl QpSlot {
             send_cq,
             recv_cq,
             srq,
-            ack_rides_send: 0,
-            ack_flushed_at: 0,
-            deferred_at: 0,
+            ride: super::timing::AckRide::new(),
             posted_recv: false,
-            unwaited: 0,
-            last_signaled: true,
-            waits_at_post: 0,
             ece: None,
             timer_at: u64::MAX,
             touched: false,
@@ -106,23 +101,16 @@ impl Shared {
         let mut res = Ok(());
         {
             let slot = st.slot_mut(qpn).ok_or_else(|| no_qp(qpn))?;
-            if slot.ack_flushed_at != 0 {
-                let now = self.now().as_nanos() as u64;
-                slot.ack_rides_send = if now.saturating_sub(slot.ack_flushed_at)
-                    < ACK_RIDE_WINDOW.as_nanos() as u64
-                {
-                    slot.ack_rides_send.saturating_add(1)
-                } else {
-                    0
-                };
-                slot.ack_flushed_at = 0;
+            if slot.ride.awaits_send() {
+                slot.ride.send_posted(self.now().as_nanos() as u64);
             }
             slot.note_post();
             for wr in wrs {
                 let posted = wr.and_then(|wr| {
                     let signaled = wr.flags.contains(srdma_proto::SendFlags::SIGNALED);
                     slot.qp.post_send(wr).map_err(Error::from)?;
-                    slot.last_signaled = signaled || slot.qp.signals_all();
+                    slot.ride
+                        .set_last_signaled(signaled || slot.qp.signals_all());
                     Ok(())
                 });
                 if let Err(e) = posted {
@@ -135,11 +123,11 @@ impl Shared {
         // one more time the application answered what it received with a send.
         if st.undefer(qpn) {
             if let Some(slot) = st.slot_mut(qpn) {
-                slot.ack_rides_send = slot.ack_rides_send.saturating_add(1);
+                slot.ride.answered();
             }
         }
         // A post may bring answers soon (at once from a QP of this device): the next poll
-        // looks at the socket (see `progress::RX_REST`).
+        // looks at the socket (see `timing::RX_REST`).
         st.expect_answers();
         self.doorbell(st, qpn);
         res
@@ -148,18 +136,16 @@ impl Shared {
     /// `ibv_post_recv` of `wr` to QP `qpn`.
     pub(crate) fn post_recv(&self, st: &mut State, qpn: u32, wr: RecvWr) -> Result<()> {
         // An ACK held back for the application's next post leaves now, unless this QP's
-        // application is known to post a send right after (see `QpSlot::ack_rides_send`):
+        // application is known to post a send right after (see `timing::AckRide::rides`):
         // one that replenishes its receives and then does something else may not post or
         // poll again for a long time (perftest -R posts a receive, then makes its next
         // connection, while the peer waits for the ACK of its SEND before listening).
-        let rides = st
-            .slot(qpn)
-            .is_some_and(|s| s.ack_rides_send >= ACK_RIDES_AFTER);
+        let rides = st.slot(qpn).is_some_and(|s| s.ride.rides());
         if !rides && st.is_deferred(qpn) {
             self.flush_if_deferred(st, qpn);
             let now = self.now().as_nanos() as u64;
             if let Some(s) = st.slot_mut(qpn) {
-                s.ack_flushed_at = now.max(1);
+                s.ride.flushed(now);
             }
         }
         let s = st.slot_mut(qpn).ok_or_else(|| no_qp(qpn))?;
