@@ -252,6 +252,12 @@ selected dropin-srq-client && { scenario dropin-srq-client \
 selected dropin-read-bw-client && { scenario dropin-read-bw-client \
   "retry 80 0.5 ib_read_bw -d rxe0 -u 18 -x 1 -s 65536 -n 100 10.77.0.1" \
   "$EXEC ib_read_bw -x 1 -s 65536 -n 100" || fail=1; }
+# srdma reads 1 MiB messages from rxe: each goes as four READ requests of 256 KiB (a segment
+# of the responses each, paced by srdma's window: README "Long READs in segments"), which
+# rxe's responder answers as any READs, with no duplicate and no sequence error.
+selected dropin-read-long-server && { scenario dropin-read-long-server \
+  "ib_read_bw -d rxe0 -u 18 -x 1 -s 1048576 -n 40" \
+  "$RUNS/@/retry-host $EXEC ib_read_bw -x 1 -s 1048576 -n 40 10.77.0.2" || fail=1; }
 selected dropin-send-lat-server && { scenario dropin-send-lat-server \
   "ib_send_lat -d rxe0 -u 18 -x 1 -s 8 -n 100" \
   "$RUNS/@/retry-host $EXEC ib_send_lat -x 1 -s 8 -n 100 10.77.0.2" || fail=1; }
