@@ -54,9 +54,11 @@ pub const READ_SEGMENT_PSNS: u32 = 256;
 /// full receive buffer and timed out. So a long READ goes as several READ requests, each for
 /// a segment of its responses: consecutive PSNs, addresses and lengths, each a READ request
 /// as any responder (rxe, a NIC) takes it, no more of them in flight than `max_rd_atomic`,
-/// and each sent only when the congestion window has room for its responses — the window
-/// paces READs as it paces WRITEs. Segments hold the whole window between them
-/// (`MAX_WINDOW_PSNS / max_rd_atomic`), never fewer than [`READ_SEGMENT_PSNS`].
+/// and each sent, as any request, once its first PSN is inside the congestion window — what
+/// is in flight stays under the window plus one segment. Segments hold the whole window
+/// between them (`MAX_WINDOW_PSNS / max_rd_atomic`), never fewer than
+/// [`READ_SEGMENT_PSNS`]. Veth, MTU 1024, `srdma perf read-bw` of 64 MiB: 214 MiB/s before,
+/// 1569 after (1 MiB READs: 1562 before and after).
 pub(crate) fn read_segment(npkts: u32, max_rd_atomic: u8, network: bool) -> u32 {
     if !network {
         return npkts.max(1);

@@ -215,16 +215,15 @@ impl Qp {
         let psn = wqe.first_psn.add(k);
         let n = wqe.npkts;
         // A READ request asks for the responses up to the end of its segment (see
-        // `read_segment`); it needs window room for all of them, and a `max_rd_atomic` slot
-        // of its own unless every earlier response of its READ has come.
+        // `read_segment`); as every request, it goes while its first PSN is inside the
+        // window, and it needs a `max_rd_atomic` slot of its own unless every earlier
+        // response of its READ has come.
         let read = matches!(wqe.wr.op, SendOp::Read { .. });
         let seg = wqe.read_seg.max(1);
         let read_end = (k / seg).saturating_add(1).saturating_mul(seg).min(n);
         let extra_read = read && k > wqe.read_done / pmtu;
         if resend.is_none() && ty == QpType::Rc {
-            let in_flight = psn.diff(self.comp_psn).max(0) as u32;
-            let need = if read { read_end - k } else { 1 };
-            if in_flight > 0 && in_flight + need > self.cc.window() {
+            if psn.diff(self.comp_psn) >= self.cc.window() as i32 {
                 self.cc.held();
                 return Ok(None);
             }
