@@ -453,8 +453,8 @@ for ep in msg rdm; do
     "$EXEC fi_pingpong -p '$prov' -e $ep -S 4096 -I 20 -c" || fail=1; }
 done
 
-# Random loss both ways: the drop-in's go-back-N against rxe's (Debian's ibv_rc_pingpong on
-# both sides, every byte checked), both roles.
+# Loss both ways (the first of every hundred datagrams): the drop-in's go-back-N against
+# rxe's (Debian's ibv_rc_pingpong on both sides, every byte checked), both roles.
 selected lossy-rc-server && { lossy_scenario lossy-rc-server \
   "ibv_rc_pingpong -d rxe0 -g 1 -n 50 -s 65536 -c" \
   "$RUNS/@/retry-host $EXEC ibv_rc_pingpong -g 1 -n 50 -s 65536 -c 10.77.0.2" || fail=1; }
