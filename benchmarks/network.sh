@@ -6,7 +6,9 @@
 #      share of the datagrams the sender's output sends (RoCEv2 and TCP alike; it sees GSO
 #      super-packets, so one drop can take a burst). `srdma perf write-bw -s 1MiB` against
 #      one TCP stream (`--baseline tcp`), with selective repeat (the default between srdma
-#      peers: ECE agreed) and without it (SRDMA_ECE=0: go-back-N, as toward rxe).
+#      peers: ECE agreed) and without it (SRDMA_ECE=0: go-back-N, as toward rxe); then on the
+#      clean veth `srdma perf read-bw` of 1 MiB and 64 MiB (--mtu 1024) beside TCP, with the
+#      reader's UDP receive-buffer drops.
 #   2. incast: N sender namespaces and a receiver on a bridge whose port toward the receiver
 #      is a RATE bottleneck: tbf alone (drop-tail), or tbf with ECN marking. N `srdma perf
 #      write-bw -s 1MiB` pairs at once, then N TCP streams at once (tcp_incast.py). Sum,
@@ -108,6 +110,37 @@ loss() {
         gbn=$(jn '.results[0].bw_avg_mib_s' $f-gbn.json)
         tcp=$(jn '.baseline.results[0].bw_avg_mib_s' $f-sr.json)
         say "| $(awk "BEGIN{printf \"%.2f %%\", $c/100}") | $(printf '%.0f' "${sr:-0}") MiB/s | $(printf '%.0f' "${gbn:-0}") MiB/s | $(printf '%.0f' "${tcp:-0}") MiB/s | $(awk "BEGIN{printf \"%.2f\", ${sr:-0}/(${tcp:-0}+1e-9)}") | $(awk "BEGIN{printf \"%.2f\", ${gbn:-0}/(${tcp:-0}+1e-9)}") | $(jn '.qp_counters.retransmitted_pkts' $f-sr.json) | $(jn '.congestion[0].timeouts' $f-sr.json) |"
+    done
+    # Long READs on the clean link: a READ's responses are not flow-controlled; srdma sends
+    # a long one as READ requests of a segment each (README, "Long READs in segments").
+    ip netns exec $a nft flush ruleset
+    say ""
+    say "### Long READs (the same veth, no drops, \`srdma perf read-bw -s SIZE --mtu 1024 -D $DUR --baseline tcp\`)"
+    say ""
+    say "| READ size | srdma, selective repeat | srdma, go-back-N | one TCP stream | SR / TCP | GBN / TCP | reader's socket drops (SR, GBN) | SR timeouts |"
+    say "|---|---|---|---|---|---|---|---|"
+    local size mode f drops
+    for size in 1048576 67108864; do
+        f=$RES/read-$size
+        drops=""
+        for mode in sr gbn; do
+            local envs=""
+            [ $mode = gbn ] && envs="SRDMA_ECE=0"
+            local d0 d1
+            d0=$(ip netns exec $a awk '/^Udp:/{n++} n==2 && /^Udp:/{print $6; exit}' /proc/net/snmp)
+            ip netns exec $b env $envs "$S" perf read-bw --bind 10.79.0.2 -s $size --mtu 1024 -D "$DUR" \
+                --baseline tcp >"$f-$mode.server.txt" 2>&1 &
+            sleep 1
+            timeout 120 ip netns exec $a env $envs "$S" perf read-bw --bind 10.79.0.1 -s $size --mtu 1024 \
+                -D "$DUR" --baseline tcp --json 10.79.0.2 >"$f-$mode.json" 2>"$f-$mode.err"
+            wait
+            d1=$(ip netns exec $a awk '/^Udp:/{n++} n==2 && /^Udp:/{print $6; exit}' /proc/net/snmp)
+            drops+="$((d1 - d0)) "
+        done
+        sr=$(jn '.results[0].bw_avg_mib_s' $f-sr.json)
+        gbn=$(jn '.results[0].bw_avg_mib_s' $f-gbn.json)
+        tcp=$(jn '.baseline.results[0].bw_avg_mib_s' $f-sr.json)
+        say "| $((size >> 20)) MiB | $(printf '%.0f' "${sr:-0}") MiB/s | $(printf '%.0f' "${gbn:-0}") MiB/s | $(printf '%.0f' "${tcp:-0}") MiB/s | $(awk "BEGIN{printf \"%.2f\", ${sr:-0}/(${tcp:-0}+1e-9)}") | $(awk "BEGIN{printf \"%.2f\", ${gbn:-0}/(${tcp:-0}+1e-9)}") | ${drops% } | $(jn '.congestion[0].timeouts' $f-sr.json) |"
     done
     ip netns del $a; ip netns del $b
 }
