@@ -57,8 +57,8 @@ pub const READ_SEGMENT_PSNS: u32 = 256;
 /// and each sent, as any request, once its first PSN is inside the congestion window — what
 /// is in flight stays under the window plus one segment. Segments hold the whole window
 /// between them (`MAX_WINDOW_PSNS / max_rd_atomic`), never fewer than
-/// [`READ_SEGMENT_PSNS`]. Veth, MTU 1024, `srdma perf read-bw` of 64 MiB: 214 MiB/s before,
-/// 1569 after (1 MiB READs: 1562 before and after).
+/// [`READ_SEGMENT_PSNS`]. Figures (network.sh, "Long READs"): benchmarks/README.md, "Long
+/// READs over a network".
 pub(crate) fn read_segment(npkts: u32, max_rd_atomic: u8, network: bool) -> u32 {
     if !network {
         return npkts.max(1);
