@@ -3,7 +3,10 @@
 //! server, an unreachable or misconfigured peer, a completion error).
 //!
 //! Every test uses its own 127.77.N.x addresses and its own TCP port, so the tests run in
-//! parallel; every process runs under a deadline and is killed past it, so nothing hangs.
+//! parallel; the ports lie below Linux's ephemeral range (32768–60999), where no outgoing
+//! connection of another process can take them (the server listens on the wildcard address,
+//! as ibv_rc_pingpong does). Every process runs under a deadline and is killed past it, so
+//! nothing hangs.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
@@ -198,7 +201,7 @@ fn have_ipv6() -> bool {
 /// RC, 64-byte messages, `-g 1` as rxe users pass it.
 #[test]
 fn rc_64_bytes_gid_1() {
-    rc_pair(1, 38811, &["-s", "64", "-g", "1"], 64, 300);
+    rc_pair(1, 18811, &["-s", "64", "-g", "1"], 64, 300);
 }
 
 /// RC with `-g 0`, the first GID, which programs take by default: the link-local GID made
@@ -210,7 +213,7 @@ fn rc_gid_0() {
             "--bind",
             "127.77.17.1",
             "-p",
-            "38829",
+            "18829",
             "-n",
             "20",
             "-g",
@@ -220,7 +223,7 @@ fn rc_gid_0() {
             "--bind",
             "127.77.17.2",
             "-p",
-            "38829",
+            "18829",
             "-n",
             "20",
             "-g",
@@ -241,33 +244,33 @@ fn rc_gid_0() {
 /// receive posted at a time.
 #[test]
 fn rc_default_size() {
-    rc_pair(2, 38812, &["-r", "1"], 4096, 200);
+    rc_pair(2, 18812, &["-r", "1"], 4096, 200);
 }
 
 /// RC, 64 KiB messages: 64 packets each (FIRST, MIDDLE..., LAST).
 #[test]
 fn rc_64k_multi_packet() {
-    rc_pair(3, 38813, &["-s", "65536"], 65536, 40);
+    rc_pair(3, 18813, &["-s", "65536"], 65536, 40);
 }
 
 /// `-c` validates every received message; odd size, MTU 2048.
 #[test]
 fn rc_check_data() {
-    let (s, c) = rc_pair(4, 38814, &["-c", "-s", "10000", "-m", "2048"], 10000, 200);
+    let (s, c) = rc_pair(4, 18814, &["-c", "-s", "10000", "-m", "2048"], 10000, 200);
     assert!(!s.stdout.contains("invalid data") && !c.stdout.contains("invalid data"));
 }
 
 /// `-e`: both sides sleep on the completion channel.
 #[test]
 fn rc_events() {
-    rc_pair(5, 38815, &["-e", "-s", "5000", "-r", "8"], 5000, 300);
+    rc_pair(5, 18815, &["-e", "-s", "5000", "-r", "8"], 5000, 300);
 }
 
 /// `--ud`: ibv_ud_pingpong, its "PSN 0x..: GID" local line, 40-byte GRH area, Q_Key
 /// 0x11111111, default size 1024.
 #[test]
 fn ud_pingpong() {
-    let (s, c) = rc_pair(6, 38816, &["--ud"], 1024, 300);
+    let (s, c) = rc_pair(6, 18816, &["--ud"], 1024, 300);
     for out in [&s, &c] {
         let local = out.stdout.lines().next().unwrap();
         assert!(local.contains(", PSN 0x") && local.contains(": GID ::ffff:127.77.6."));
@@ -277,7 +280,7 @@ fn ud_pingpong() {
 /// `--ud` with events and data checks.
 #[test]
 fn ud_events_check_data() {
-    rc_pair(7, 38817, &["--ud", "-e", "-c", "-s", "700"], 700, 200);
+    rc_pair(7, 18817, &["--ud", "-e", "-c", "-s", "700"], 700, 200);
 }
 
 /// IPv6: one loopback address, so the two devices use different UDP ports.
@@ -287,7 +290,7 @@ fn ipv6_rc_and_ud() {
         eprintln!("no IPv6 loopback: skipped");
         return;
     }
-    for (port, ud) in [("38818", false), ("38819", true)] {
+    for (port, ud) in [("18818", false), ("18819", true)] {
         let mut server = vec![
             "--bind",
             "::1",
@@ -317,12 +320,12 @@ fn ipv6_rc_and_ud() {
 /// A server without `--bind` opens its device on the address the client reached.
 #[test]
 fn server_binds_the_address_it_was_reached_at() {
-    let server = ["-p", "38820", "-n", "100", "-s", "100"];
+    let server = ["-p", "18820", "-n", "100", "-s", "100"];
     let client = [
         "--bind",
         "127.77.8.2",
         "-p",
-        "38820",
+        "18820",
         "-n",
         "100",
         "-s",
@@ -344,7 +347,7 @@ fn client_binds_its_route_source() {
         "--peer-udp-port",
         "47963",
         "-p",
-        "38821",
+        "18821",
         "-n",
         "100",
     ];
@@ -352,7 +355,7 @@ fn client_binds_its_route_source() {
         "--udp-port",
         "47963",
         "-p",
-        "38821",
+        "18821",
         "-n",
         "100",
         "127.77.9.1",
@@ -398,11 +401,11 @@ fn bad_arguments_exit_2() {
 /// No server: a clear message and exit 1, at once.
 #[test]
 fn no_server_fails_fast() {
-    let out = run(&["--bind", "127.77.10.2", "-p", "38822", "127.77.10.1"]);
+    let out = run(&["--bind", "127.77.10.2", "-p", "18822", "127.77.10.1"]);
     assert_eq!(out.code, Some(1), "{out:#?}");
     assert!(
         out.stderr
-            .contains("Couldn't connect to 127.77.10.1:38822: Connection refused"),
+            .contains("Couldn't connect to 127.77.10.1:18822: Connection refused"),
         "{}",
         out.stderr
     );
@@ -413,7 +416,7 @@ fn no_server_fails_fast() {
 /// retries and the completion error is reported as rdma-core does, exit 1.
 #[test]
 fn unreachable_peer_is_a_completion_error() {
-    let listener = TcpListener::bind("127.77.11.1:38823").unwrap();
+    let listener = TcpListener::bind("127.77.11.1:18823").unwrap();
     let peer = std::thread::spawn(move || {
         let (mut c, _) = listener.accept().unwrap();
         let mut msg = [0u8; 52];
@@ -428,7 +431,7 @@ fn unreachable_peer_is_a_completion_error() {
         "--bind",
         "127.77.11.2",
         "-p",
-        "38823",
+        "18823",
         "-n",
         "5",
         "127.77.11.1",
@@ -472,12 +475,12 @@ fn unreachable_peer_is_a_completion_error() {
 /// (the NAK), both exit 1.
 #[test]
 fn message_larger_than_the_receive_buffer() {
-    let s = start(&["--bind", "127.77.12.1", "-p", "38824", "-s", "1000"]);
+    let s = start(&["--bind", "127.77.12.1", "-p", "18824", "-s", "1000"]);
     let c = run_client(&[
         "--bind",
         "127.77.12.2",
         "-p",
-        "38824",
+        "18824",
         "-s",
         "2000",
         "127.77.12.1",
@@ -502,13 +505,13 @@ fn message_larger_than_the_receive_buffer() {
 /// does not send it reports rdma-core's "invalid data in page N" lines and exits 1.
 #[test]
 fn check_data_detects_a_wrong_pattern() {
-    let s = start(&["--bind", "127.77.21.1", "-p", "38832", "-c", "-s", "9000"]);
-    wait_listening(38832);
+    let s = start(&["--bind", "127.77.21.1", "-p", "18832", "-c", "-s", "9000"]);
+    wait_listening(18832);
     let mut c = start(&[
         "--bind",
         "127.77.21.2",
         "-p",
-        "38832",
+        "18832",
         "-s",
         "9000",
         "127.77.21.1",
@@ -559,7 +562,7 @@ fn unusable_peer_gids_are_explained() {
         ),
     ] {
         let sa = format!("127.77.{n}.1");
-        let port = format!("{}", 38812 + u16::from(n));
+        let port = format!("{}", 18812 + u16::from(n));
         let peer = fake_server(&format!("{sa}:{port}"), gid);
         let ca = format!("127.77.{n}.2");
         let out = run(&["--bind", &ca, "-p", &port, &sa]);
@@ -574,10 +577,10 @@ fn unusable_peer_gids_are_explained() {
 /// and closes the connection without answering.
 #[test]
 fn server_refuses_a_client_without_gid() {
-    let s = start(&["--bind", "127.77.15.1", "-p", "38827"]);
+    let s = start(&["--bind", "127.77.15.1", "-p", "18827"]);
     let t0 = Instant::now();
     let mut conn = loop {
-        match TcpStream::connect("127.77.15.1:38827") {
+        match TcpStream::connect("127.77.15.1:18827") {
             Ok(c) => break c,
             Err(_) if t0.elapsed() < Duration::from_secs(20) => {
                 std::thread::sleep(Duration::from_millis(50));
@@ -612,7 +615,7 @@ fn local_link_local_gid_off_the_rocev2_port_is_refused() {
         "-g",
         "0",
         "-p",
-        "38828",
+        "18828",
         "127.77.16.1",
     ]);
     assert_eq!(out.code, Some(1), "{out:#?}");
@@ -633,7 +636,7 @@ fn gid_index_out_of_range() {
         "-g",
         "5",
         "-p",
-        "38829",
+        "18829",
         "127.77.17.1",
     ]);
     assert_eq!(out.code, Some(1), "{out:#?}");
@@ -665,7 +668,7 @@ fn ud_message_above_the_mtu() {
 /// `--bind` an address this host does not have: said so.
 #[test]
 fn bind_to_a_foreign_address() {
-    let out = run(&["--bind", "192.0.2.1", "-p", "38830", "127.77.19.1"]);
+    let out = run(&["--bind", "192.0.2.1", "-p", "18830", "127.77.19.1"]);
     assert_eq!(out.code, Some(1), "{out:#?}");
     assert!(
         out.stderr.contains("not an address of this host"),
@@ -678,7 +681,7 @@ fn bind_to_a_foreign_address() {
 #[test]
 fn device_port_in_use() {
     let _taken = UdpSocket::bind(SocketAddr::from(([127, 77, 20, 2], 4791))).unwrap();
-    let out = run(&["--bind", "127.77.20.2", "-p", "38831", "127.77.20.1"]);
+    let out = run(&["--bind", "127.77.20.2", "-p", "18831", "127.77.20.1"]);
     assert_eq!(out.code, Some(1), "{out:#?}");
     assert!(out.stderr.contains("--udp-port"), "{}", out.stderr);
 }

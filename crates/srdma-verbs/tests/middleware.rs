@@ -124,6 +124,8 @@ fn pingpong_rows(out: &str) -> Vec<(String, String, String)> {
 
 /// fi_pingpong with data checks (`-c`) over every size it tries by default, both ends on
 /// `srdma_lo`; both must exit 0 and report every message of every size acknowledged.
+/// `ctrl_port` lies below Linux's ephemeral range (32768–60999), so no outgoing connection
+/// of another test can hold it.
 fn fi_pingpong(provider: &str, ep: &str, ctrl_port: u16, sizes: &[&str]) {
     let Some(prog) = tool("fi_pingpong", "libfabric-bin") else {
         return;
@@ -169,7 +171,7 @@ fn fi_pingpong_msg() {
     fi_pingpong(
         "verbs",
         "msg",
-        47711,
+        27711,
         &["64", "256", "1k", "4k", "64k", "1m"],
     );
 }
@@ -182,7 +184,7 @@ fn fi_pingpong_rdm() {
     fi_pingpong(
         "verbs;ofi_rxm",
         "rdm",
-        47712,
+        27712,
         &["64", "256", "1k", "4k", "64k", "1m"],
     );
 }
@@ -194,7 +196,7 @@ fn fi_pingpong_rdm_over_dgram() {
     fi_pingpong(
         "verbs;ofi_rxd",
         "rdm",
-        47715,
+        27715,
         &["64", "256", "1k", "4k", "64k", "1m"],
     );
 }
@@ -203,7 +205,7 @@ fn fi_pingpong_rdm_over_dgram() {
 /// GID, which must reach the device's IPv4 address. Sizes up to the path MTU (4096 on lo).
 #[test]
 fn fi_pingpong_dgram() {
-    fi_pingpong("verbs", "dgram", 47713, &["64", "256", "1k", "4k"]);
+    fi_pingpong("verbs", "dgram", 27713, &["64", "256", "1k", "4k"]);
 }
 
 /// fi_pingpong between two hosts (network namespaces joined by veth, MTU 1500, so a path
@@ -253,7 +255,7 @@ fn fi_pingpong_between_namespaces(provider: &str, ep: &str, ctrl_port: u16, size
 /// reaches the other's address. Sizes up to the path MTU.
 #[test]
 fn fi_pingpong_dgram_between_two_namespaces() {
-    fi_pingpong_between_namespaces("verbs", "dgram", 47714, &["64", "256", "1k"]);
+    fi_pingpong_between_namespaces("verbs", "dgram", 27714, &["64", "256", "1k"]);
 }
 
 /// The connected endpoint between two hosts, srdma the server.
@@ -262,7 +264,7 @@ fn fi_pingpong_msg_between_two_namespaces() {
     fi_pingpong_between_namespaces(
         "verbs",
         "msg",
-        47716,
+        27716,
         &["64", "256", "1k", "4k", "64k", "1m"],
     );
 }
@@ -274,7 +276,7 @@ fn fi_pingpong_rdm_between_two_namespaces() {
     fi_pingpong_between_namespaces(
         "verbs;ofi_rxm",
         "rdm",
-        47717,
+        27717,
         &["64", "256", "1k", "4k", "64k", "1m"],
     );
 }
