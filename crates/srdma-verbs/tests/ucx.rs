@@ -19,18 +19,24 @@ fn srdma() -> &'static Path {
     common::srdma_bin()
 }
 
-/// Whether UCX's tools are installed; if not, says so (the caller skips).
-fn have_ucx() -> bool {
-    let ok = ["ucx_info", "ucx_perftest"]
+/// Whether every one of `tools` is in /usr/bin; if not, says which is missing and what to
+/// install (`packages`), and the caller skips.
+fn installed(tools: &[&str], packages: &str) -> bool {
+    let missing = tools
         .iter()
-        .all(|t| Path::new("/usr/bin").join(t).exists());
-    if !ok {
+        .find(|t| !Path::new("/usr/bin").join(t).exists());
+    if let Some(t) = missing {
         eprintln!(
-            "skipped: /usr/bin/ucx_info or /usr/bin/ucx_perftest is missing (apt-get install \
-             ucx-utils, or run scripts/test.sh as root)"
+            "skipped: /usr/bin/{t} is missing (apt-get install {packages}, or run \
+             scripts/test.sh as root)"
         );
     }
-    ok
+    missing.is_none()
+}
+
+/// Whether UCX's tools are installed; if not, says so (the caller skips).
+fn have_ucx() -> bool {
+    installed(&["ucx_info", "ucx_perftest"], "ucx-utils")
 }
 
 /// `srdma exec PROGRAM ARGS` seeing one device, `ucx` at `addr`, and using `tls`.
@@ -236,16 +242,7 @@ fn ucp_over_ud_verbs_and_uct() {
 
 /// Whether Open MPI (mpicc, mpirun) is installed; if not, says so (the caller skips).
 fn have_mpi() -> bool {
-    let ok = ["mpicc", "mpirun"]
-        .iter()
-        .all(|t| Path::new("/usr/bin").join(t).exists());
-    if !ok {
-        eprintln!(
-            "skipped: /usr/bin/mpicc or /usr/bin/mpirun is missing (apt-get install \
-             openmpi-bin libopenmpi-dev, or run scripts/test.sh as root)"
-        );
-    }
-    ok
+    installed(&["mpicc", "mpirun"], "openmpi-bin libopenmpi-dev")
 }
 
 /// A directory of this process removed when dropped.
@@ -377,16 +374,7 @@ const MPI_COLL_SIZES: [&str; 3] = ["4", "3", "12"];
 /// Whether MPICH (Debian's mpich: `mpicc.mpich`, `mpiexec.mpich`, device ch4:ucx) is
 /// installed; if not, says so (the caller skips).
 fn have_mpich() -> bool {
-    let ok = ["mpicc.mpich", "mpiexec.mpich"]
-        .iter()
-        .all(|t| Path::new("/usr/bin").join(t).exists());
-    if !ok {
-        eprintln!(
-            "skipped: /usr/bin/mpicc.mpich or /usr/bin/mpiexec.mpich is missing (apt-get \
-             install mpich, or run scripts/test.sh as root)"
-        );
-    }
-    ok
+    installed(&["mpicc.mpich", "mpiexec.mpich"], "mpich")
 }
 
 /// MPICH 4.0 (Debian's, ch4:ucx, its Hydra launcher) over UCX over srdma: mpi_check on 2
