@@ -90,6 +90,17 @@ static long sendrecv(size_t n, int msgs) {
     return all;
 }
 
+/* A collective's result: `calls` calls of `chunk` bytes in `t` s; the bad elements of every
+ * rank summed, printed by rank 0 and returned. */
+static long report(const char *what, size_t chunk, int calls, double t, long bad) {
+    long all = 0;
+    MPI_Allreduce(&bad, &all, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+    if (rank == 0)
+        printf("%s %zu MiB: %.1f MiB/s, %ld bad\n", what, chunk >> 20,
+               (double)chunk * calls / t / (1 << 20), all);
+    return all;
+}
+
 static long allreduce(size_t chunk, int calls) {
     size_t count = chunk / sizeof(double);
     double *in = malloc(count * sizeof(double)), *out = malloc(count * sizeof(double));
@@ -105,12 +116,7 @@ static long allreduce(size_t chunk, int calls) {
         bad += out[0] != ranks + (double)size * c;
         for (size_t i = 1; i < count; i++) bad += out[i] != ranks + (double)size * (double)(i % 1000);
     }
-    double t = MPI_Wtime() - t0;
-    long all = 0;
-    MPI_Allreduce(&bad, &all, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
-    if (rank == 0)
-        printf("allreduce %zu MiB: %.1f MiB/s, %ld bad\n", chunk >> 20,
-               (double)chunk * calls / t / (1 << 20), all);
+    long all = report("allreduce", chunk, calls, MPI_Wtime() - t0, bad);
     free(in); free(out);
     return all;
 }
@@ -133,12 +139,7 @@ static long alltoall(size_t chunk, int calls) {
             for (size_t i = 1; i < block; i++) bad += b[i] != pattern(from, rank, i);
         }
     }
-    double t = MPI_Wtime() - t0;
-    long all = 0;
-    MPI_Allreduce(&bad, &all, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
-    if (rank == 0)
-        printf("alltoall %zu MiB: %.1f MiB/s, %ld bad\n", chunk >> 20,
-               (double)chunk * calls / t / (1 << 20), all);
+    long all = report("alltoall", chunk, calls, MPI_Wtime() - t0, bad);
     free(in); free(out);
     return all;
 }
