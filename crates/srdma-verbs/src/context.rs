@@ -17,7 +17,7 @@ use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_char, c_int, c_void};
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 
 use srdma::{AsyncEvent, Device, DeviceConfig, Mtu};
 
@@ -105,11 +105,31 @@ pub(crate) struct Context {
 /// outlive the context (objects keep the device open).
 pub(crate) struct Sink {
     async_fd: OwnedFd,
-    events: Mutex<VecDeque<ibv_async_event>>,
+    events: Mutex<Events>,
+    /// Notified by every `ibv_ack_async_event`: a destroy waits on it for its object's events.
+    acked: Condvar,
     /// The CQs and QPs of the context, by srdma id / QPN, for naming them in events.
     pub(crate) cqs: Mutex<HashMap<u32, usize>>,
     pub(crate) qps: Mutex<HashMap<u32, usize>>,
     closed: std::sync::atomic::AtomicBool,
+}
+
+/// The events waiting for `ibv_get_async_event`, and those taken but not yet acknowledged.
+#[derive(Default)]
+struct Events {
+    queue: VecDeque<ibv_async_event>,
+    /// Per object (the QP, CQ or SRQ pointer an event names): events taken by
+    /// `ibv_get_async_event` and not yet acknowledged.
+    unacked: HashMap<usize, u32>,
+}
+
+/// The object an event names (the `element` pointer of a QP, CQ or SRQ event), None for
+/// port and device events.
+fn object_of(ev: &ibv_async_event) -> Option<usize> {
+    // CQ_ERR 0, the QP events 1-7 and 16, SRQ_ERR 14, SRQ_LIMIT_REACHED 15, WQ_FATAL 19.
+    // SAFETY: for these types the element is one of its pointer members, all of one size
+    // and place; reading it as the QP member reads the pointer's value, nothing behind it.
+    matches!(ev.event_type, 0..=7 | 14..=16 | 19).then(|| unsafe { ev.element.qp } as usize)
 }
 
 // SAFETY: the raw pointers in queued events name the application's own objects; the library
@@ -131,36 +151,81 @@ impl Sink {
             return;
         }
         let mut q = lock(&self.events);
-        if q.is_empty() {
+        if q.queue.is_empty() {
             signal(&self.async_fd);
         }
-        q.push_back(ev);
+        q.queue.push_back(ev);
     }
 
-    /// The next event, if any; `async_fd` stops being readable with the last.
+    /// The next event, if any; `async_fd` stops being readable with the last. An event that
+    /// names an object counts as unacknowledged on it until [`Sink::ack`].
     fn pop(&self) -> Option<ibv_async_event> {
         let mut q = lock(&self.events);
-        let ev = q.pop_front()?;
-        if q.is_empty() {
+        let ev = q.queue.pop_front()?;
+        if q.queue.is_empty() {
             drain(self.async_fd.as_raw_fd());
         }
+        if let Some(obj) = object_of(&ev) {
+            *q.unacked.entry(obj).or_default() += 1;
+        }
         Some(ev)
+    }
+
+    /// `ibv_ack_async_event` of `ev`, an event [`Sink::pop`] returned.
+    fn ack(&self, ev: &ibv_async_event) {
+        let Some(obj) = object_of(ev) else {
+            return;
+        };
+        let mut q = lock(&self.events);
+        if let Some(n) = q.unacked.get_mut(&obj) {
+            *n -= 1;
+            if *n == 0 {
+                q.unacked.remove(&obj);
+            }
+            self.acked.notify_all();
+        }
+    }
+
+    /// Before object `obj` (a QP, CQ or SRQ pointer) is destroyed, as the kernel and
+    /// rdma-core do: its events not yet taken are dropped (the application never sees an
+    /// event naming a destroyed object), and those taken are waited for until acknowledged
+    /// (a thread that took one may still read the object). An application that never
+    /// acknowledges an event it took blocks here, as with rdma-core.
+    pub(crate) fn forget(&self, obj: usize) {
+        let mut q = lock(&self.events);
+        let before = q.queue.len();
+        q.queue.retain(|ev| object_of(ev) != Some(obj));
+        if before != 0 && q.queue.is_empty() {
+            drain(self.async_fd.as_raw_fd());
+        }
+        while q.unacked.contains_key(&obj) {
+            q = self
+                .acked
+                .wait(q)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
     }
 
     /// The verbs form of an srdma event, if the object it names is still there.
     fn deliver(&self, ev: AsyncEvent) {
         // SAFETY: ibv_async_event is plain C data; all zeroes is valid.
         let mut e: ibv_async_event = unsafe { std::mem::zeroed() };
+        // The object's map stays locked until the event is queued: a destroy, which removes
+        // the object from its map before it drops the object's queued events
+        // ([`Sink::forget`]), cannot fall between the two.
         match ev {
             AsyncEvent::CqError { cq } => {
-                let Some(&p) = lock(&self.cqs).get(&cq) else {
+                let cqs = lock(&self.cqs);
+                let Some(&p) = cqs.get(&cq) else {
                     return;
                 };
                 e.element.cq = p as *mut ibv_cq;
                 e.event_type = IBV_EVENT_CQ_ERR;
+                self.push(e);
             }
             AsyncEvent::QpFatal { qpn } | AsyncEvent::QpLastWqeReached { qpn } => {
-                let Some(&p) = lock(&self.qps).get(&qpn.value()) else {
+                let qps = lock(&self.qps);
+                let Some(&p) = qps.get(&qpn.value()) else {
                     return;
                 };
                 e.element.qp = p as *mut ibv_qp;
@@ -169,14 +234,15 @@ impl Sink {
                 } else {
                     IBV_EVENT_QP_LAST_WQE_REACHED
                 };
+                self.push(e);
             }
             AsyncEvent::DeviceFatal => {
                 e.element.port_num = 1;
                 e.event_type = IBV_EVENT_DEVICE_FATAL;
+                self.push(e);
             }
-            _ => return,
+            _ => {}
         }
-        self.push(e);
     }
 }
 
@@ -446,7 +512,8 @@ impl Context {
             gsi: Mutex::new(None),
             sink: Arc::new(Sink {
                 async_fd,
-                events: Mutex::new(VecDeque::new()),
+                events: Mutex::new(Events::default()),
+                acked: Condvar::new(),
                 cqs: Mutex::new(HashMap::new()),
                 qps: Mutex::new(HashMap::new()),
                 closed: std::sync::atomic::AtomicBool::new(false),
@@ -919,8 +986,8 @@ pub unsafe extern "C-unwind" fn ibv_get_async_event(
     }
 }
 
-/// `ibv_ack_async_event`: counts the event as handled on its object (destroying a QP, CQ or
-/// SRQ waits for its events to be acknowledged in rdma-core; here they are counted).
+/// `ibv_ack_async_event`: the event is handled. Destroying the QP, CQ or SRQ it names waits
+/// for this, as in rdma-core.
 ///
 /// # Safety
 /// `event` is NULL or an event from `ibv_get_async_event`.
@@ -932,12 +999,19 @@ pub unsafe extern "C" fn ibv_ack_async_event(event: *mut ibv_async_event) {
         }
         // SAFETY: `event` is readable per the contract.
         let ev = unsafe { &*event };
-        ack_async(ev);
+        let Some(obj) = object_of(ev) else {
+            return;
+        };
+        // SAFETY: the event came from ibv_get_async_event and is not acknowledged yet, so the
+        // QP, CQ or SRQ it names is live (destroying it waits for this call); each of those
+        // structs begins with its `ibv_context` pointer.
+        let ctx = unsafe { *(obj as *const *mut ibv_context) };
+        // SAFETY: a live object's context is open.
+        if let Some(ctx) = unsafe { Context::from_c(ctx) } {
+            ctx.sink.ack(ev);
+        }
     })
 }
-
-/// Handles `ibv_ack_async_event` for an event this library raised (nothing to release).
-fn ack_async(_ev: &ibv_async_event) {}
 
 /// `ibv_fork_init`: nothing to do (memory is reached by address, not DMA): 0.
 #[unsafe(no_mangle)]

@@ -42,7 +42,9 @@
 //!   `ibv_create_srq`, `ibv_modify_srq` (the limit), `ibv_query_srq`, `ibv_destroy_srq`,
 //!   `ibv_post_srq_recv`, `ibv_create_ah`, `ibv_destroy_ah`, `ibv_init_ah_from_wc`,
 //!   `ibv_create_ah_from_wc`, `ibv_get_async_event`, `ibv_ack_async_event` (CQ error, QP
-//!   fatal, last WQE reached, device fatal, port active), `ibv_fork_init`,
+//!   fatal, last WQE reached, device fatal, port active; as with rdma-core, destroying a QP
+//!   or CQ drops its events not yet taken and waits until those taken are acknowledged),
+//!   `ibv_fork_init`,
 //!   `ibv_is_fork_initialized`, `ibv_dontfork_range`, `ibv_dofork_range`,
 //!   `ibv_query_qp_data_in_order`, `ibv_attach_mcast`/`ibv_detach_mcast` (UD multicast:
 //!   the device joins the group, see [`srdma::Qp::attach_mcast`]), the `*_str` functions and

@@ -215,7 +215,8 @@ pub(crate) unsafe extern "C" fn vctx_create_cq_ex(
     })
 }
 
-/// `ibv_destroy_cq`: 0; EBUSY while a QP uses it.
+/// `ibv_destroy_cq`: 0; EBUSY while a QP uses it. Its async events are dropped or waited
+/// for as `ibv_destroy_qp`'s.
 ///
 /// # Safety
 /// `cq` is NULL or a live CQ, destroyed once.
@@ -233,6 +234,7 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
         // SAFETY: a CQ's context outlives it (verbs rule: objects are destroyed first).
         if let Some(ctx) = unsafe { Context::from_c(c.c.cq.context) } {
             lock(&ctx.sink.cqs).remove(&c.cq.id());
+            ctx.sink.forget(cq as usize);
         }
         if !c.channel.is_null() {
             // SAFETY: a CQ keeps its channel alive (destroy_comp_channel refuses while the

@@ -328,7 +328,9 @@ pub(crate) fn qp_attr_to_c(s: &QpAttr, a: &mut ibv_qp_attr) {
 }
 
 /// `ibv_destroy_qp`: outstanding work is dropped with the QP, as with rxe. A QP still
-/// attached to a multicast group is not destroyed: EBUSY, as the kernel answers.
+/// attached to a multicast group is not destroyed: EBUSY, as the kernel answers. As in
+/// rdma-core, async events naming the QP that were not taken are dropped, and the call
+/// waits until those taken are acknowledged (`ibv_ack_async_event`).
 ///
 /// # Safety
 /// `qp` NULL or live, destroyed once.
@@ -345,6 +347,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         // SAFETY: a QP's context outlives it.
         if let Some(ctx) = unsafe { Context::from_c(q.c.qp_base.context) } {
             lock(&ctx.sink.qps).remove(&q.c.qp_base.qp_num);
+            ctx.sink.forget(qp as usize);
         }
         pd_users(q.c.qp_base.pd, -1);
         // An rdma_cm connection over this QP lets go of it too.

@@ -11,6 +11,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <infiniband/verbs.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -99,6 +100,38 @@ static int wait_event(enum ibv_event_type type, struct ibv_async_event *ev)
 		}
 	}
 	return -1;
+}
+
+/* Takes every queued async event (acknowledging it): whether one of type `type` named `obj`
+ * (compared as a pointer, never read: the object may be gone). */
+static int event_named(enum ibv_event_type type, const void *obj)
+{
+	struct ibv_async_event ev;
+	int seen = 0;
+
+	fcntl(ctx->async_fd, F_SETFL, fcntl(ctx->async_fd, F_GETFL) | O_NONBLOCK);
+	while (ibv_get_async_event(ctx, &ev) == 0) {
+		if (ev.event_type == type && (const void *)ev.element.qp == obj)
+			seen = 1;
+		ibv_ack_async_event(&ev);
+	}
+	return seen;
+}
+
+/* A thread that destroys a QP and says when it is done. */
+struct destroyer {
+	struct ibv_qp *qp;
+	int rc;
+	volatile int done;
+};
+
+static void *destroy_qp_thread(void *arg)
+{
+	struct destroyer *d = arg;
+
+	d->rc = ibv_destroy_qp(d->qp);
+	d->done = 1;
+	return NULL;
 }
 
 static void fatal_scenario(void)
@@ -305,6 +338,40 @@ int main(int argc, char **argv)
 		CHECK("destroy-srq-in-use", ibv_destroy_srq(srq) == EBUSY, "not EBUSY");
 		ibv_destroy_qp(s);
 		CHECK("destroy-srq", ibv_destroy_srq(srq) == 0, "failed");
+	}
+
+	/* As rdma-core with a kernel provider: destroying a QP drops its async events not taken
+	 * yet, and waits until those taken are acknowledged. An SRQ's QP moved to ERR reports
+	 * IBV_EVENT_QP_LAST_WQE_REACHED (queued before ibv_modify_qp returns). */
+	srq = ibv_create_srq(pd, &si);
+	{
+		struct ibv_qp *s = make_qp(cq, srq, 1);
+		struct ibv_qp *gone = s;
+		struct destroyer d = { 0 };
+		pthread_t t;
+
+		event_named(IBV_EVENT_QP_LAST_WQE_REACHED, NULL); /* what came before */
+		qa.qp_state = IBV_QPS_ERR;
+		CHECK("srq-qp-to-err", s && to_init(s) == 0 && ibv_modify_qp(s, &qa, IBV_QP_STATE) == 0,
+		      "errno %d", errno);
+		ibv_destroy_qp(s);
+		CHECK("destroy-qp-drops-its-events",
+		      !event_named(IBV_EVENT_QP_LAST_WQE_REACHED, gone),
+		      "an event named a destroyed QP");
+
+		d.qp = make_qp(cq, srq, 1);
+		CHECK("last-wqe-reached", d.qp && to_init(d.qp) == 0 &&
+		      ibv_modify_qp(d.qp, &qa, IBV_QP_STATE) == 0 &&
+		      ibv_get_async_event(ctx, &ev) == 0 &&
+		      ev.event_type == IBV_EVENT_QP_LAST_WQE_REACHED && ev.element.qp == d.qp,
+		      "no IBV_EVENT_QP_LAST_WQE_REACHED for the QP");
+		pthread_create(&t, NULL, destroy_qp_thread, &d);
+		usleep(200 * 1000);
+		CHECK("destroy-qp-waits-for-ack", !d.done, "returned with an event not acknowledged");
+		ibv_ack_async_event(&ev);
+		pthread_join(t, NULL);
+		CHECK("destroy-qp-after-ack", d.done && d.rc == 0, "rc %d", d.rc);
+		CHECK("destroy-srq-again", ibv_destroy_srq(srq) == 0, "failed");
 	}
 
 	/* Completion channels. */
