@@ -1,15 +1,26 @@
 //! Completion queues and completion channels.
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use srdma_proto::Wc;
 
 use crate::error::{Result, io_err};
 use crate::sys;
+
+/// How long a thread's polls find every CQ empty before each further empty poll yields its
+/// core (see `Cq::polled`).
+const SPIN_BEFORE_YIELD: Duration = Duration::from_micros(50);
+
+thread_local! {
+    /// When this thread's polls started finding nothing, on whatever CQ: None after a poll
+    /// that found a completion.
+    static EMPTY_SINCE: Cell<Option<Instant>> = const { Cell::new(None) };
+}
 
 /// What a CQ and its channel ask of the device whose QPs complete into them: the engine
 /// implements it (`engine::Shared`), so that this module needs nothing of the engine's.
@@ -131,12 +142,12 @@ impl CompChannel {
     /// millisecond after, expecting it back), so a message wakes the waiting application
     /// directly. A zero `timeout` only looks.
     pub fn get_event(&self, timeout: Option<Duration>) -> Result<Option<u32>> {
-        let deadline = timeout.map(|t| std::time::Instant::now() + t);
+        let deadline = timeout.map(|t| Instant::now() + t);
         loop {
             if let Some(id) = self.pop() {
                 return Ok(Some(id));
             }
-            let left = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
             let fd = self.inner.fd.as_raw_fd();
             // A look without waiting (an application that waits in epoll and calls this
             // when the fd is readable) leaves the socket to the progress thread.
@@ -281,10 +292,34 @@ impl Cq {
             self.drive();
             n += self.take(out, max - n);
         }
-        if n == 0 && max > 0 {
-            self.inner.waits.fetch_add(1, Ordering::Relaxed);
+        if max > 0 {
+            self.polled(n > 0);
         }
         n
+    }
+
+    /// After a poll of the application: one that found nothing counts as a wait on this CQ,
+    /// and once the calling thread's polls have found nothing on any CQ for
+    /// [`SPIN_BEFORE_YIELD`], each further empty poll gives its core away (`sched_yield`).
+    /// With more spinning threads than cores (MPI ranks beside their progress threads on two
+    /// cores) the peer or the thread that will produce the completion then runs within
+    /// microseconds, not at the end of the spinner's time slice; a lone spinner's yield
+    /// returns at once. The clock is the thread's, not the CQ's: a program that polls an idle
+    /// CQ beside a busy one (UCX polls its UD and RC CQs in one loop) is not waiting.
+    fn polled(&self, found: bool) {
+        if found {
+            EMPTY_SINCE.set(None);
+            return;
+        }
+        self.inner.waits.fetch_add(1, Ordering::Relaxed);
+        let now = Instant::now();
+        match EMPTY_SINCE.get() {
+            None => EMPTY_SINCE.set(Some(now)),
+            Some(since) if now.duration_since(since) >= SPIN_BEFORE_YIELD => {
+                std::thread::yield_now();
+            }
+            Some(_) => {}
+        }
     }
 
     /// A counter (it wraps) of the times the application waited on this CQ: polled it and
@@ -331,14 +366,12 @@ impl Cq {
 
     /// The next completion, if any.
     pub fn poll_one(&self) -> Option<Wc> {
-        if let Some(wc) = lock(&self.inner.queue).pop_front() {
-            return Some(wc);
-        }
-        self.drive();
-        let wc = lock(&self.inner.queue).pop_front();
-        if wc.is_none() {
-            self.inner.waits.fetch_add(1, Ordering::Relaxed);
-        }
+        let first = lock(&self.inner.queue).pop_front();
+        let wc = first.or_else(|| {
+            self.drive();
+            lock(&self.inner.queue).pop_front()
+        });
+        self.polled(wc.is_some());
         wc
     }
 
