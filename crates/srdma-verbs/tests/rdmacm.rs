@@ -372,6 +372,47 @@ fn rping_without_a_server_is_rejected_quickly() {
     assert!(err.contains("RDMA_CM_EVENT_REJECTED"), "{}", text(&o));
 }
 
+/// A process killed with its connection up: its peer gets RDMA_CM_EVENT_DISCONNECTED within
+/// moments, as when a process on a kernel device dies (the kernel sends the DREQ; here the
+/// port keeper does). Both on one address (one keeper) and on two (the client's keeper
+/// sends it).
+#[test]
+fn a_killed_peer_is_disconnected() {
+    let _serial = serial();
+    for net in [122u8, 123] {
+        let sa = format!("127.0.{net}.1");
+        let ca = if net % 2 == 0 {
+            sa.clone()
+        } else {
+            format!("127.0.{net}.2")
+        };
+        let srv = cmd(&tool("rping"), &sa, &["-s", "-a", &sa, "-p", "7398"])
+            .spawn()
+            .unwrap();
+        wait_thread(srv.id(), "srdma-cm-listen");
+        let mut cli = cmd(
+            &tool("rping"),
+            &ca,
+            &["-c", "-a", &sa, "-p", "7398", "-C", "100000000"],
+        )
+        .spawn()
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(1500));
+        assert!(cli.try_wait().unwrap().is_none(), "the client ended early");
+        cli.kill().unwrap(); // SIGKILL: no destructor, no rdma_disconnect
+        cli.wait().unwrap();
+        let killed = Instant::now();
+        let s = wait(srv, Duration::from_secs(30), "rping server");
+        let err = String::from_utf8_lossy(&s.stderr);
+        assert!(err.contains("server DISCONNECT EVENT"), "{}", text(&s));
+        assert!(
+            killed.elapsed() < Duration::from_secs(5),
+            "the server heard of it after {:?}",
+            killed.elapsed()
+        );
+    }
+}
+
 #[test]
 fn a_request_between_two_listeners_waits_for_the_second() {
     let _serial = serial();

@@ -307,6 +307,32 @@ impl Device {
         }
     }
 
+    /// A CM connection of this device is established: on a shared port the keeper sends its
+    /// peer a DREQ should this process die before [`Device::cm_closed`] (as the kernel does
+    /// for a process's rdma_cm ids). Best effort: a connection the keeper does not know of
+    /// is only left to the peer's own timers.
+    pub(crate) fn cm_established(&self, c: &crate::portshare::CmConn) {
+        if let Some(t) = self.cm_table() {
+            t.insert(c);
+        }
+    }
+
+    /// The CM connection `local_comm_id` ended (see [`Device::cm_established`]).
+    pub(crate) fn cm_closed(&self, local_comm_id: u32) {
+        if let Some(t) = self.cm_table() {
+            t.remove(local_comm_id);
+        }
+    }
+
+    /// The table of CM connections the keeper reads should this process die.
+    fn cm_table(&self) -> Option<&crate::portshare::ConnTable> {
+        let sh = &self.h.shared;
+        let k = sh._keeper.as_ref()?;
+        sh.cm_table
+            .get_or_init(|| crate::portshare::ConnTable::share_with(k).ok())
+            .as_ref()
+    }
+
     /// The configuration it was opened with.
     pub fn config(&self) -> &DeviceConfig {
         &self.h.shared.cfg

@@ -720,6 +720,12 @@ impl IbConnection {
         private_data: Vec<u8>,
         peer_params: PeerParams,
     ) -> IbConnection {
+        gsi.device().cm_established(&crate::portshare::CmConn {
+            local_comm_id: ids.0,
+            remote_comm_id: ids.1,
+            remote_qpn: remote.qpn.value(),
+            peer: std::net::SocketAddr::new(peer.ip(), remote.port),
+        });
         IbConnection {
             _reg: reg,
             qp: Mutex::new(qp),
@@ -786,6 +792,12 @@ impl IbConnection {
     /// Whether either side has disconnected.
     pub fn is_disconnected(&self) -> bool {
         lock(&self.state).disconnected
+    }
+
+    /// Disconnected, by either side: the port keeper no longer needs to send a DREQ for it.
+    fn ended(&self, st: &mut IbState) {
+        st.disconnected = true;
+        self.gsi.device().cm_closed(self.local_comm_id);
     }
 
     fn is_ours(&self, i: &Incoming) -> bool {
@@ -878,7 +890,7 @@ impl IbConnection {
             }
         }
         let mut st = lock(&self.state);
-        st.disconnected = true;
+        self.ended(&mut st);
         st.events.push_back(CmEvent::Disconnected);
         r
     }
@@ -908,7 +920,7 @@ impl IbConnection {
                         let _ = self.qp_to_error();
                         self.drep(i.hdr.tid);
                         let mut st = lock(&self.state);
-                        st.disconnected = true;
+                        self.ended(&mut st);
                         return Some(CmEvent::Disconnected);
                     }
                     // The answer to our DREQ: disconnected (`disconnect`, if it waits for
@@ -917,7 +929,7 @@ impl IbConnection {
                         let mut st = lock(&self.state);
                         st.drep = true;
                         if st.dreq_tid.is_some() {
-                            st.disconnected = true;
+                            self.ended(&mut st);
                             return Some(CmEvent::Disconnected);
                         }
                     }

@@ -35,11 +35,19 @@
 //! forwards the second over the process's connection ([`FWD_HDR`] bytes of source address,
 //! then the UDP payload), which the process handles as if its own socket had received it
 //! (same addresses, same ICRC).
+//!
+//! A process that dies without `exit` leaves its rdma_cm connections behind; the kernel
+//! answers that by sending a DREQ for each, so the peer learns of it at once. The keeper
+//! does the same: a process keeps its established connections in a [`ConnTable`], memory it
+//! shares with the keeper (a memfd sent over its connection on first use: a connection costs
+//! a few stores, no message); when a process's connection to the keeper closes, the keeper
+//! reads the table and sends a DREQ from QP1 for every connection still in it.
 
 use std::io;
 use std::mem::size_of;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 /// The slots, 1..=MAX_SLOT, one process each (slot 0 is the keeper's).
@@ -61,7 +69,206 @@ pub(crate) fn register_listen(conn: &OwnedFd, service_id: u64) -> io::Result<()>
     let mut m = [0u8; 9];
     m[0] = b'L';
     m[1..].copy_from_slice(&service_id.to_be_bytes());
-    // SAFETY: sends 9 bytes from a live buffer on our own socket.
+    tell(conn, &m)
+}
+
+/// An established CM connection of a process, for the DREQ the keeper sends should the
+/// process die with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CmConn {
+    /// This side's communication ID.
+    pub(crate) local_comm_id: u32,
+    /// The peer's.
+    pub(crate) remote_comm_id: u32,
+    /// The peer's QPN.
+    pub(crate) remote_qpn: u32,
+    /// The peer's address and UDP port.
+    pub(crate) peer: SocketAddr,
+}
+
+/// Connections a [`ConnTable`] holds at most (more are not recorded: a peer of one of those
+/// is left to its own timers should the process die).
+const TABLE_RECORDS: usize = 65536;
+/// 32-bit words per record: state (1 = live), local and remote communication IDs, the
+/// peer's QPN, its UDP port, its address (4 words, IPv4 as IPv4-mapped IPv6).
+const RECORD_WORDS: usize = 9;
+
+/// A process's established CM connections, in a memfd shared with its port keeper, which
+/// sends their DREQs should the process die. Every word is read and written as an atomic
+/// (the other process reads them while this one writes); a record's state is stored last
+/// when it is filled and first when it is emptied, so the keeper sees whole records only.
+/// Record 0 is the header: word 0 is how many records have ever been used (the keeper reads
+/// no further).
+pub(crate) struct ConnTable {
+    words: &'static [AtomicU32],
+    alloc: std::sync::Mutex<TableAlloc>,
+}
+
+#[derive(Default)]
+struct TableAlloc {
+    /// Records freed, for reuse.
+    free: Vec<u32>,
+    /// Records in use, by local communication ID.
+    used: std::collections::HashMap<u32, u32>,
+}
+
+impl std::fmt::Debug for ConnTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ConnTable")
+    }
+}
+
+impl ConnTable {
+    const BYTES: usize = TABLE_RECORDS * RECORD_WORDS * 4;
+
+    /// A new, empty table and its memfd (for the keeper).
+    fn create() -> io::Result<(ConnTable, OwnedFd)> {
+        // SAFETY: a NUL-terminated name; the descriptor returned is ours.
+        let fd = unsafe {
+            OwnedFd::from_raw_fd(cvt(libc::memfd_create(
+                c"srdma-cm-connections".as_ptr(),
+                libc::MFD_CLOEXEC,
+            ))?)
+        };
+        // SAFETY: sizing our own memfd.
+        cvt(unsafe { libc::ftruncate(fd.as_raw_fd(), ConnTable::BYTES as libc::off_t) })?;
+        Ok((ConnTable::map(&fd)?, fd))
+    }
+
+    /// The table in memfd `fd` (the keeper's view of a process's table).
+    fn map(fd: &OwnedFd) -> io::Result<ConnTable> {
+        // SAFETY: a shared mapping of the whole memfd, which has this size (a smaller file
+        // would fault on access: the keeper maps only what a process of this build sent).
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                ConnTable::BYTES,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: the mapping is page-aligned, BYTES long, zero-filled, and lives until Drop
+        // unmaps it; AtomicU32 has u32's layout, and only atomics touch it.
+        let words =
+            unsafe { std::slice::from_raw_parts(p.cast::<AtomicU32>(), ConnTable::BYTES / 4) };
+        Ok(ConnTable {
+            words,
+            alloc: std::sync::Mutex::new(TableAlloc::default()),
+        })
+    }
+
+    /// Creates a table and hands its memfd to the keeper on `conn`.
+    pub(crate) fn share_with(conn: &OwnedFd) -> io::Result<ConnTable> {
+        let (t, fd) = ConnTable::create()?;
+        send_slot(conn, b'T', fd.as_raw_fd())?;
+        Ok(t)
+    }
+
+    fn record(&self, i: u32) -> &[AtomicU32] {
+        let at = i as usize * RECORD_WORDS;
+        &self.words[at..at + RECORD_WORDS]
+    }
+
+    /// Records `c` (nothing when the table is full).
+    pub(crate) fn insert(&self, c: &CmConn) {
+        let mut a = self
+            .alloc
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let i = match a.free.pop() {
+            Some(i) => i,
+            None => {
+                let used = self.words[0].load(Ordering::Relaxed).max(1);
+                if used as usize >= TABLE_RECORDS {
+                    return;
+                }
+                self.words[0].store(used + 1, Ordering::Release);
+                used
+            }
+        };
+        let r = self.record(i);
+        let ip = match c.peer.ip() {
+            std::net::IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+            std::net::IpAddr::V6(v6) => v6,
+        }
+        .octets();
+        let fields = [
+            c.local_comm_id,
+            c.remote_comm_id,
+            c.remote_qpn,
+            u32::from(c.peer.port()),
+        ];
+        for (w, v) in r[1..5].iter().zip(fields) {
+            w.store(v, Ordering::Relaxed);
+        }
+        for (w, b) in r[5..9].iter().zip(ip.chunks_exact(4)) {
+            w.store(
+                u32::from_be_bytes([b[0], b[1], b[2], b[3]]),
+                Ordering::Relaxed,
+            );
+        }
+        r[0].store(1, Ordering::Release);
+        if let Some(old) = a.used.insert(c.local_comm_id, i) {
+            // The same ID twice: the first record goes.
+            self.record(old)[0].store(0, Ordering::Release);
+            a.free.push(old);
+        }
+    }
+
+    /// Forgets connection `local_comm_id` (nothing if it is not there).
+    pub(crate) fn remove(&self, local_comm_id: u32) {
+        let mut a = self
+            .alloc
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(i) = a.used.remove(&local_comm_id) {
+            self.record(i)[0].store(0, Ordering::Release);
+            a.free.push(i);
+        }
+    }
+
+    /// The connections recorded (the keeper's read, after the process died).
+    fn live(&self) -> Vec<CmConn> {
+        let used = (self.words[0].load(Ordering::Acquire) as usize).min(TABLE_RECORDS);
+        (1..used as u32)
+            .filter_map(|i| {
+                let r = self.record(i);
+                if r[0].load(Ordering::Acquire) != 1 {
+                    return None;
+                }
+                let w: Vec<u32> = r.iter().map(|w| w.load(Ordering::Relaxed)).collect();
+                let mut ip = [0u8; 16];
+                for (b, v) in ip.chunks_exact_mut(4).zip(&w[5..9]) {
+                    b.copy_from_slice(&v.to_be_bytes());
+                }
+                let ip = std::net::Ipv6Addr::from(ip);
+                let ip: std::net::IpAddr = ip.to_ipv4_mapped().map_or(ip.into(), Into::into);
+                Some(CmConn {
+                    local_comm_id: w[1],
+                    remote_comm_id: w[2],
+                    remote_qpn: w[3],
+                    peer: SocketAddr::new(ip, w[4] as u16),
+                })
+            })
+            .collect()
+    }
+}
+
+impl Drop for ConnTable {
+    fn drop(&mut self) {
+        // SAFETY: unmaps the mapping made in `map`; `words` is not used after this.
+        unsafe { libc::munmap(self.words.as_ptr().cast_mut().cast(), ConnTable::BYTES) };
+    }
+}
+
+/// Sends one message to the keeper on `conn`.
+fn tell(conn: &OwnedFd, m: &[u8]) -> io::Result<()> {
+    // SAFETY: sends the live message on our own socket.
     let n = unsafe {
         libc::send(
             conn.as_raw_fd(),
@@ -70,7 +277,7 @@ pub(crate) fn register_listen(conn: &OwnedFd, service_id: u64) -> io::Result<()>
             libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
         )
     };
-    if n == 9 {
+    if usize::try_from(n) == Ok(m.len()) {
         Ok(())
     } else {
         Err(io::Error::last_os_error())
@@ -513,6 +720,8 @@ fn keeper(addr: SocketAddr, name: &[u8], ready: RawFd) -> i32 {
     let mut users: Vec<Option<OwnedFd>> = (0..=MAX_SLOT).map(|_| None).collect();
     // (service ID, slot) of the CM listens the processes registered.
     let mut listens: Vec<(u64, usize)> = Vec::new();
+    // tables[slot] = the CM connections of the process holding that slot.
+    let mut tables: Vec<Option<ConnTable>> = (0..=MAX_SLOT).map(|_| None).collect();
     let mut idle_since = Some(Instant::now());
     loop {
         if idle_since.is_some_and(|t| t.elapsed() >= IDLE_EXIT) {
@@ -545,26 +754,37 @@ fn keeper(addr: SocketAddr, name: &[u8], ready: RawFd) -> i32 {
         }
         let mut relisted = false;
         for (k, &i) in slots.iter().enumerate() {
-            if fds[2 + k].revents != 0 {
+            if fds[2 + k].revents == 0 {
+                continue;
+            }
+            // Every message waiting.
+            loop {
                 let mut m = [0u8; 16];
                 let fd = users[i].as_ref().map_or(-1, |f| f.as_raw_fd());
-                // SAFETY: receives into a live buffer; non-blocking.
-                let n =
-                    unsafe { libc::recv(fd, m.as_mut_ptr().cast(), m.len(), libc::MSG_DONTWAIT) };
-                if n == 9 && m[0] == b'L' {
+                let (n, passed) = recv_with_fd(fd, &mut m);
+                let msg = &m[..usize::try_from(n).unwrap_or(0)];
+                if msg.len() == 9 && msg[0] == b'L' {
                     let sid = u64::from_be_bytes(m[1..9].try_into().unwrap_or([0; 8]));
                     listens.retain(|&(s, _)| s != sid);
                     listens.push((sid, i));
                     relisted = true;
+                } else if msg == b"T" {
+                    tables[i] = passed.and_then(|f| ConnTable::map(&f).ok());
                 } else if n == 0
                     || (n < 0 && io::Error::last_os_error().kind() != io::ErrorKind::WouldBlock)
                 {
                     // The process closed its connection (exited): the slot is free again,
-                    // and its listens go.
+                    // its listens go, and its peers hear of the connections it left.
                     users[i] = None;
                     let before = listens.len();
                     listens.retain(|&(_, slot)| slot != i);
                     relisted |= listens.len() != before;
+                    for c in tables[i].take().map(|t| t.live()).unwrap_or_default() {
+                        send_dreq(sockets[0].as_raw_fd(), addr.ip(), &c);
+                    }
+                    break;
+                } else if n < 0 {
+                    break; // nothing more waiting
                 }
             }
         }
@@ -685,7 +905,7 @@ fn forward_qp1(fd: RawFd, users: &[Option<OwnedFd>], listens: &[(u64, usize)]) {
 /// (invalid service ID), from QP1, as a kernel's CM does; anything else is dropped.
 fn reject_unknown_service(fd: RawFd, pkt: &[u8], from: SocketAddr) {
     use srdma_wire::cm::{self as wire, CmMsg, MadHdr};
-    use srdma_wire::{BthRepr, DethRepr, Encap, IpRepr, Opcode, PacketRepr, Psn, Qpn};
+    use srdma_wire::{PacketRepr, Qpn};
     let Ok(p) = PacketRepr::parse_bytes(pkt) else {
         return;
     };
@@ -714,13 +934,44 @@ fn reject_unknown_service(fd: RawFd, pkt: &[u8], from: SocketAddr) {
     // Our address is the REQ's destination: the GID it names as the remote one.
     let local = std::net::Ipv6Addr::from(req.primary_remote_gid);
     let local: std::net::IpAddr = local.to_ipv4_mapped().map_or(local.into(), Into::into);
-    let Ok(ip) = IpRepr::between(local, from.ip()) else {
+    send_mad(
+        fd,
+        local,
+        SocketAddr::new(from.ip(), srdma_wire::ROCEV2_PORT),
+        &mad,
+    );
+}
+
+/// Sends the DREQ of connection `c`, whose process ended without disconnecting it, from
+/// QP1 of `local`, as the kernel's CM does for the ids of a process that exits. The peer
+/// answers with a DREP to the dead process's slot, which the keeper drains.
+fn send_dreq(fd: RawFd, local: std::net::IpAddr, c: &CmConn) {
+    use srdma_wire::cm::{self as wire, CmMsg, MadHdr};
+    let dreq = CmMsg::Dreq(wire::Dreq {
+        local_comm_id: c.local_comm_id,
+        remote_comm_id: c.remote_comm_id,
+        remote_qpn: c.remote_qpn,
+        private_data: [0; 220],
+    });
+    let mut mad = [0u8; wire::MAD_LEN];
+    if dreq
+        .emit_mad(&MadHdr::cm(wire::attr::DREQ, crate::random_u64()), &mut mad)
+        .is_ok()
+    {
+        send_mad(fd, local, c.peer, &mad);
+    }
+}
+
+/// Sends `mad` from QP1 of `local` to QP1 at `to`, on the keeper's socket `fd`.
+fn send_mad(fd: RawFd, local: std::net::IpAddr, to: SocketAddr, mad: &[u8]) {
+    use srdma_wire::{BthRepr, DethRepr, Encap, IpRepr, Opcode, PacketRepr, Psn, Qpn};
+    let Ok(ip) = IpRepr::between(local, to.ip()) else {
         return;
     };
     let encap = Encap {
         ip,
         src_port: srdma_wire::ROCEV2_PORT,
-        dst_port: srdma_wire::ROCEV2_PORT,
+        dst_port: to.port(),
     };
     let mut out = PacketRepr::new(
         BthRepr {
@@ -735,7 +986,7 @@ fn reject_unknown_service(fd: RawFd, pkt: &[u8], from: SocketAddr) {
             ack_req: false,
             psn: Psn::new(0),
         },
-        &mad,
+        mad,
     );
     out.deth = Some(DethRepr {
         qkey: srdma_wire::deth::GSI_QKEY,
@@ -747,7 +998,7 @@ fn reject_unknown_service(fd: RawFd, pkt: &[u8], from: SocketAddr) {
     };
     // SAFETY: sockaddr_storage is plain data; all zeroes is valid.
     let mut sa: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let len = crate::sys::to_sockaddr(SocketAddr::new(from.ip(), srdma_wire::ROCEV2_PORT), &mut sa);
+    let len = crate::sys::to_sockaddr(to, &mut sa);
     // SAFETY: sends `n` live bytes to a valid address.
     unsafe { libc::sendto(fd, buf.as_ptr().cast(), n, 0, (&raw const sa).cast(), len) };
 }
@@ -790,6 +1041,40 @@ fn drain(fd: RawFd) {
     }
 }
 
+/// Receives one message of at most `buf.len()` bytes on `fd` without waiting, and the
+/// descriptor it carried, if any: recv's result and the descriptor.
+fn recv_with_fd(fd: RawFd, buf: &mut [u8]) -> (isize, Option<OwnedFd>) {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let mut cbuf = [0u64; 8];
+    // SAFETY: msghdr is plain data; all zeroes is valid.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = size_of::<[u64; 8]>();
+    // SAFETY: `msg` points at live buffers of the sizes it states.
+    let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC) };
+    let mut passed = None;
+    if n > 0 {
+        // SAFETY: the kernel filled `msg_controllen` bytes of `cbuf` with well-formed cmsgs;
+        // a descriptor it passed is ours.
+        unsafe {
+            let cm = libc::CMSG_FIRSTHDR(&msg);
+            if !cm.is_null()
+                && (*cm).cmsg_level == libc::SOL_SOCKET
+                && (*cm).cmsg_type == libc::SCM_RIGHTS
+            {
+                let f: RawFd = std::ptr::read_unaligned(libc::CMSG_DATA(cm).cast());
+                passed = Some(OwnedFd::from_raw_fd(f));
+            }
+        }
+    }
+    (n, passed)
+}
+
 fn send_slot(conn: &OwnedFd, slot: u8, fd: RawFd) -> io::Result<()> {
     let byte = [slot];
     let mut iov = libc::iovec {
@@ -825,6 +1110,43 @@ fn send_slot(conn: &OwnedFd, slot: u8, fd: RawFd) -> io::Result<()> {
 mod tests {
     use super::*;
     use srdma_wire::cm::{self as wire, CmMsg, MadHdr};
+
+    #[test]
+    fn the_keepers_view_of_a_table_holds_the_live_connections() {
+        let (t, fd) = ConnTable::create().unwrap();
+        let keeper = ConnTable::map(&fd).unwrap();
+        assert!(keeper.live().is_empty());
+        let conn = |id: u32, peer: &str| CmConn {
+            local_comm_id: id,
+            remote_comm_id: !id,
+            remote_qpn: 0x01_0011 + id,
+            peer: peer.parse().unwrap(),
+        };
+        let (a, b, c) = (
+            conn(0x0301_0001, "10.1.2.3:4791"),
+            conn(0x0301_0002, "[fd00::7]:4791"),
+            conn(0x0301_0003, "127.0.0.1:18515"),
+        );
+        for x in [&a, &b, &c] {
+            t.insert(x);
+        }
+        t.remove(b.local_comm_id);
+        t.remove(0x0301_0009); // not there: nothing
+        assert_eq!(keeper.live(), vec![a, c]);
+        // A freed record is reused; the same ID twice keeps the newer.
+        let d = conn(0x0301_0004, "10.9.9.9:4791");
+        t.insert(&d);
+        let c2 = CmConn { remote_qpn: 7, ..c };
+        t.insert(&c2);
+        let mut live = keeper.live();
+        live.sort_by_key(|x| x.local_comm_id);
+        assert_eq!(live, vec![a, c2, d]);
+        assert_eq!(
+            keeper.words[0].load(Ordering::Relaxed),
+            5,
+            "header + 4 records used"
+        );
+    }
 
     /// Runs a classic BPF program of the instructions `steering_program` uses, as the kernel
     /// does: an out-of-bounds load ends it with 0.

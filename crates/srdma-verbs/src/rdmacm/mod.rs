@@ -18,6 +18,10 @@
 //!   events: REQ/REP/RTU/REJ/DREQ/DREP for connected QPs, SIDR_REQ/SIDR_REP for UD. The
 //!   first REQ of `rdma_connect` and the first REP of `rdma_accept` leave from the caller's
 //!   thread (an error there is the call's errno); a waiting CM worker takes the rest.
+//! - the kernel disconnects the ids of a process that exits or dies: at `exit` a handler
+//!   sends a DREQ for each connection still up, and for a process killed without `exit` the
+//!   port keeper of its address sends them (`srdma::ibcm` registers each established
+//!   connection with it).
 //!
 //! One file per concern: `event` (event channels and events), `id` (creating, binding,
 //! resolving, listening), `connect` (connect, accept, reject, disconnect and the QP

@@ -178,6 +178,9 @@ pub(crate) struct Shared {
     /// A GSI QP lives here on a shared port: the keeper forwards QP1's MADs, which receive
     /// passes and the progress thread's poll must look at.
     pub(crate) cm_forwarded: AtomicBool,
+    /// The established CM connections, shared with the keeper (made on first use; None on
+    /// an unshared port or when it could not be made).
+    pub(crate) cm_table: std::sync::OnceLock<Option<crate::portshare::ConnTable>>,
     /// Where async events go.
     pub(crate) events: Mutex<Option<crate::EventHandler>>,
     /// Set when the progress thread failed: the device is dead.
@@ -382,6 +385,7 @@ pub(crate) fn start(cfg: DeviceConfig, sock: crate::udp::Socket) -> Result<Arc<D
         socket,
         shared_port: keeper.is_some(),
         cm_forwarded: AtomicBool::new(false),
+        cm_table: std::sync::OnceLock::new(),
         _keeper: keeper,
         events: Mutex::new(None),
         fatal: AtomicBool::new(false),
