@@ -378,43 +378,20 @@ fn connect_keeper(name: &[u8]) -> io::Result<OwnedFd> {
 /// Receives the keeper's answer: one byte (the slot, 0 = refused) and a descriptor.
 fn recv_slot(conn: &OwnedFd) -> io::Result<(u8, OwnedFd)> {
     let mut byte = [0u8; 1];
-    let mut iov = libc::iovec {
-        iov_base: byte.as_mut_ptr().cast(),
-        iov_len: 1,
-    };
-    let mut cbuf = [0u64; 8];
-    // SAFETY: msghdr is plain data; all zeroes is valid.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cbuf.as_mut_ptr().cast();
-    msg.msg_controllen = size_of::<[u64; 8]>();
     // A keeper that does not answer within the timeout is treated as absent.
     set_timeout(conn.as_raw_fd(), Duration::from_secs(2));
-    // SAFETY: `msg` points at live buffers of the sizes it states.
-    let n = unsafe { libc::recvmsg(conn.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-    if n != 1 {
-        return Err(if n < 0 {
-            io::Error::last_os_error()
-        } else {
-            io::Error::new(io::ErrorKind::UnexpectedEof, "the port keeper closed")
-        });
+    match recv_with_fd(conn.as_raw_fd(), &mut byte, 0) {
+        (1, Some(fd)) => Ok((byte[0], fd)),
+        (1, None) => Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("the port keeper sent no socket (answer {})", byte[0]),
+        )),
+        (0, _) => Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "the port keeper closed",
+        )),
+        _ => Err(io::Error::last_os_error()),
     }
-    // SAFETY: the kernel filled `msg_controllen` bytes of `cbuf` with well-formed cmsgs.
-    unsafe {
-        let cm = libc::CMSG_FIRSTHDR(&msg);
-        if !cm.is_null()
-            && (*cm).cmsg_level == libc::SOL_SOCKET
-            && (*cm).cmsg_type == libc::SCM_RIGHTS
-        {
-            let fd: RawFd = std::ptr::read_unaligned(libc::CMSG_DATA(cm).cast());
-            return Ok((byte[0], OwnedFd::from_raw_fd(fd)));
-        }
-    }
-    Err(io::Error::new(
-        io::ErrorKind::InvalidData,
-        format!("the port keeper sent no socket (answer {})", byte[0]),
-    ))
 }
 
 fn set_timeout(fd: RawFd, d: Duration) {
@@ -523,6 +500,9 @@ fn reuseport_socket(addr: SocketAddr) -> io::Result<OwnedFd> {
     let len = crate::sys::to_sockaddr(addr, &mut sa);
     // SAFETY: `sa` is a sockaddr_storage holding `len` valid bytes.
     cvt(unsafe { libc::bind(fd.as_raw_fd(), (&raw const sa).cast(), len) })?;
+    // DF, so the kernel gives what the keeper sends on slot 0 (REJs, DREQs) the IPv4 ID its
+    // ICRC was computed with (0): rxe and NICs drop a packet whose ICRC does not match.
+    crate::udp::set_dont_fragment(fd.as_raw_fd(), addr.is_ipv6())?;
     Ok(fd)
 }
 
@@ -761,7 +741,7 @@ fn keeper(addr: SocketAddr, name: &[u8], ready: RawFd) -> i32 {
             loop {
                 let mut m = [0u8; 16];
                 let fd = users[i].as_ref().map_or(-1, |f| f.as_raw_fd());
-                let (n, passed) = recv_with_fd(fd, &mut m);
+                let (n, passed) = recv_with_fd(fd, &mut m, libc::MSG_DONTWAIT);
                 let msg = &m[..usize::try_from(n).unwrap_or(0)];
                 if msg.len() == 9 && msg[0] == b'L' {
                     let sid = u64::from_be_bytes(m[1..9].try_into().unwrap_or([0; 8]));
@@ -1041,9 +1021,9 @@ fn drain(fd: RawFd) {
     }
 }
 
-/// Receives one message of at most `buf.len()` bytes on `fd` without waiting, and the
-/// descriptor it carried, if any: recv's result and the descriptor.
-fn recv_with_fd(fd: RawFd, buf: &mut [u8]) -> (isize, Option<OwnedFd>) {
+/// Receives one message of at most `buf.len()` bytes on `fd` (`flags` as recvmsg's), and the
+/// descriptor it carried, if any: recvmsg's result and the descriptor.
+fn recv_with_fd(fd: RawFd, buf: &mut [u8], flags: libc::c_int) -> (isize, Option<OwnedFd>) {
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
@@ -1056,7 +1036,7 @@ fn recv_with_fd(fd: RawFd, buf: &mut [u8]) -> (isize, Option<OwnedFd>) {
     msg.msg_control = cbuf.as_mut_ptr().cast();
     msg.msg_controllen = size_of::<[u64; 8]>();
     // SAFETY: `msg` points at live buffers of the sizes it states.
-    let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC) };
+    let n = unsafe { libc::recvmsg(fd, &mut msg, flags | libc::MSG_CMSG_CLOEXEC) };
     let mut passed = None;
     if n > 0 {
         // SAFETY: the kernel filled `msg_controllen` bytes of `cbuf` with well-formed cmsgs;
