@@ -12,7 +12,9 @@
 #                   roles
 #   dropin-*        Debian's own ibv_rc_pingpong, ibv_ud_pingpong and ib_write_bw/ib_send_lat
 #                   on the host through srdma's drop-in libibverbs (`srdma exec`), against
-#                   the same tools on rxe in the guest, both roles; dropin-rping-*,
+#                   the same tools on rxe in the guest, both roles; dropin-rping-*
+#                   (dropin-rping-killed-client: the client SIGKILLed mid-run, rxe's
+#                   server must get its DISCONNECT EVENT),
 #                   dropin-udaddy-*, dropin-ucmatose-*, dropin-rdma-*, dropin-*-R-*:
 #                   rdmacm-utils and perftest -R through the drop-in librdmacm.so.1 against
 #                   rdma-core's librdmacm on rxe; dropin-mckey-*: UD multicast (mckey),
@@ -290,6 +292,14 @@ selected dropin-rping-server-on-rxe && { scenario dropin-rping-server-on-rxe \
 selected dropin-rping-client-on-rxe && { scenario dropin-rping-client-on-rxe \
   "retry 80 0.5 rping -c -a 10.77.0.1 -v -V -C 5 -S 4000" \
   "$EXEC rping -s -a 10.77.0.1 -v -V -C 5 -S 4000" || fail=1; }
+# A process on srdma killed (SIGKILL) with its connection up: the address's port keeper sends
+# the DREQ the kernel would, and rping's server on rxe gets its DISCONNECT EVENT. (Only the
+# client is killed: the keeper, a fork of the first process on the address, is an "rping" too.)
+selected dropin-rping-killed-client && { scenario dropin-rping-killed-client \
+  "rping -s -a 10.77.0.2 -C 1000000000 > /lab/srv.txt 2>&1; cat /lab/srv.txt; grep -q 'server DISCONNECT EVENT' /lab/srv.txt" \
+  "$RUNS/@/retry-host $EXEC rping -c -a 10.77.0.2 -C 1000000000 -v > $RUNS/@/client.txt 2>&1 & w=\$!
+   for i in \$(seq 400); do grep -q 'ping data' $RUNS/@/client.txt && break; sleep 0.25; done
+   sleep 1; kill -STOP \$w; pkill -9 -P \$w; kill -9 \$w; grep -q 'ping data' $RUNS/@/client.txt" || fail=1; }
 selected dropin-udaddy-server-on-rxe && { scenario dropin-udaddy-server-on-rxe \
   "udaddy -C 5" \
   "$RUNS/@/retry-host $EXEC udaddy -s 10.77.0.2 -C 5" || fail=1; }
