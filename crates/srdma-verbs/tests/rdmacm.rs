@@ -69,9 +69,20 @@ fn wait_thread(pid: u32, name: &str) {
     panic!("process {pid} never started a {name} thread");
 }
 
-/// Runs a server until it listens, then a client; both must exit 0. An even `net` puts
-/// both on one address (sharing UDP 4791 as processes share a kernel device), an odd one on
-/// two. `{server}` in the client's arguments is the server's address.
+/// The server's and the client's address for test network `net`: an even `net` puts both on
+/// one address (sharing UDP 4791 as processes share a kernel device), an odd one on two.
+fn addresses(net: u8) -> (String, String) {
+    let server = format!("127.0.{net}.1");
+    let client = if net % 2 == 0 {
+        server.clone()
+    } else {
+        format!("127.0.{net}.2")
+    };
+    (server, client)
+}
+
+/// Runs a server until it listens, then a client, on the [`addresses`] of `net`; both must
+/// exit 0. `{server}` in the client's arguments is the server's address.
 fn pair(prog: &str, net: u8, server: &[&str], client: &[&str]) -> (Output, Output) {
     pair_on("srdma-cm-listen", prog, net, server, client)
 }
@@ -84,12 +95,7 @@ fn pair_on(
     server: &[&str],
     client: &[&str],
 ) -> (Output, Output) {
-    let sa = format!("127.0.{net}.1");
-    let ca = if net % 2 == 0 {
-        sa.clone()
-    } else {
-        format!("127.0.{net}.2")
-    };
+    let (sa, ca) = addresses(net);
     let sargs: Vec<String> = server.iter().map(|a| a.replace("{server}", &sa)).collect();
     let sargs: Vec<&str> = sargs.iter().map(String::as_str).collect();
     let srv = cmd(&tool(prog), &sa, &sargs).spawn().unwrap();
@@ -180,12 +186,7 @@ fn rping_sizes_and_verify() {
 fn rdma_server_and_client() {
     let _serial = serial();
     for net in [112u8, 113] {
-        let sa = format!("127.0.{net}.1");
-        let ca = if net % 2 == 0 {
-            sa.clone()
-        } else {
-            format!("127.0.{net}.2")
-        };
+        let (sa, ca) = addresses(net);
         let srv = cmd(&tool("rdma_server"), &sa, &["-s", &sa, "-p", "7472"])
             .spawn()
             .unwrap();
@@ -380,12 +381,7 @@ fn rping_without_a_server_is_rejected_quickly() {
 fn a_killed_peer_is_disconnected() {
     let _serial = serial();
     for net in [122u8, 123] {
-        let sa = format!("127.0.{net}.1");
-        let ca = if net % 2 == 0 {
-            sa.clone()
-        } else {
-            format!("127.0.{net}.2")
-        };
+        let (sa, ca) = addresses(net);
         let srv = cmd(&tool("rping"), &sa, &["-s", "-a", &sa, "-p", "7398"])
             .spawn()
             .unwrap();
@@ -538,12 +534,7 @@ fn mckey_multicast() {
     // An even net: two receivers and the sender share one address (and UDP 4791); an odd
     // one: receiver and sender on two.
     for (net, group) in [(126u8, "239.126.0.1"), (127, "239.127.0.1")] {
-        let ra = format!("127.0.{net}.1");
-        let sa = if net % 2 == 0 {
-            ra.clone()
-        } else {
-            format!("127.0.{net}.2")
-        };
+        let (ra, sa) = addresses(net);
         let receiver = || {
             cmd(
                 &tool("mckey"),
