@@ -301,14 +301,6 @@ fn assert_mpi_passed(o: &Output, ranks: usize) {
     );
 }
 
-/// Runs the MPI job `mk` makes, waiting at most `limit`. (UCX's async thread handles the
-/// `IBV_EVENT_QP_LAST_WQE_REACHED` of every SRQ QP it tears down, and crashed or hung now and
-/// then while srdma let an event outlive the QP it named; destroying a QP now drops and
-/// waits for its events as rdma-core does: tests/c/bad_input.c checks it.)
-fn run_mpi(what: &str, limit: Duration, mk: impl Fn() -> Command) -> Output {
-    common::wait(mk().spawn().unwrap(), limit, what)
-}
-
 /// Open MPI 4.1 over UCX over srdma (`--mca pml ucx --mca osc ucx`, verbs transports only):
 /// tests/c/mpi_check.c checks point-to-point at eager and rendezvous sizes, collectives and
 /// one-sided RMA. Skipped without Open MPI (openmpi-bin, libopenmpi-dev).
@@ -322,12 +314,16 @@ fn open_mpi_over_ucx() {
     let mut args = vec!["--oversubscribe", "-np", "2"];
     args.extend(MPI_OVER_UCX);
     args.extend(["-x", "LD_LIBRARY_PATH", "-x", "SRDMA_DEVICES", &prog]);
-    let o = run_mpi("mpirun mpi_check", Duration::from_secs(60), || {
+    let o = {
         let mut c = exec("127.0.75.1", "rc_verbs,ud_verbs,self", "mpirun", &args);
         c.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
             .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
-        c
-    });
+        common::wait(
+            c.spawn().unwrap(),
+            Duration::from_secs(60),
+            "mpirun mpi_check",
+        )
+    };
     assert_mpi_passed(&o, 2);
 }
 
@@ -345,12 +341,16 @@ fn open_mpi_collectives_over_ucx() {
     args.extend(MPI_OVER_UCX);
     args.extend(["-x", "LD_LIBRARY_PATH", "-x", "SRDMA_DEVICES", &prog]);
     args.extend(MPI_COLL_SIZES);
-    let o = run_mpi("mpirun mpi_coll", Duration::from_secs(90), || {
+    let o = {
         let mut c = exec("127.0.76.1", "rc_verbs,ud_verbs,self", "mpirun", &args);
         c.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
             .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
-        c
-    });
+        common::wait(
+            c.spawn().unwrap(),
+            Duration::from_secs(90),
+            "mpirun mpi_coll",
+        )
+    };
     assert_mpi_passed(&o, 3);
 }
 
@@ -385,7 +385,7 @@ fn mpich_over_ucx() {
         let mut args = vec!["-n", &np, prog];
         args.extend(sizes);
         let what = format!("mpiexec.mpich {prog}");
-        let o = run_mpi(&what, Duration::from_secs(90), || {
+        let o = {
             let mut c = exec(
                 "127.0.77.1",
                 "rc_verbs,ud_verbs,self",
@@ -393,8 +393,8 @@ fn mpich_over_ucx() {
                 &args,
             );
             c.env("MPIR_CVAR_NOLOCAL", "1");
-            c
-        });
+            common::wait(c.spawn().unwrap(), Duration::from_secs(90), &what)
+        };
         assert_mpi_passed(&o, ranks);
     }
 }
