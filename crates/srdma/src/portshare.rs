@@ -100,9 +100,15 @@ const RECORD_WORDS: usize = 9;
 /// Record 0 is the header: word 0 is how many records have ever been used (the keeper reads
 /// no further).
 pub(crate) struct ConnTable {
+    /// The table's words, inside `_mem`.
     words: &'static [AtomicU32],
+    /// The shared mapping (unmapped when the table goes).
+    _mem: crate::shm::ring::Mem,
     alloc: std::sync::Mutex<TableAlloc>,
 }
+
+// SAFETY: the mapping is reached only through `words`, atomics, and `alloc` is a Mutex.
+unsafe impl Sync for ConnTable {}
 
 #[derive(Default)]
 struct TableAlloc {
@@ -121,45 +127,30 @@ impl std::fmt::Debug for ConnTable {
 impl ConnTable {
     const BYTES: usize = TABLE_RECORDS * RECORD_WORDS * 4;
 
-    /// A new, empty table and its memfd (for the keeper).
+    /// A new, empty table and its memfd (sealed against shrinking, for the keeper).
     fn create() -> io::Result<(ConnTable, OwnedFd)> {
-        // SAFETY: a NUL-terminated name; the descriptor returned is ours.
-        let fd = unsafe {
-            OwnedFd::from_raw_fd(cvt(libc::memfd_create(
-                c"srdma-cm-connections".as_ptr(),
-                libc::MFD_CLOEXEC,
-            ))?)
-        };
-        // SAFETY: sizing our own memfd.
-        cvt(unsafe { libc::ftruncate(fd.as_raw_fd(), ConnTable::BYTES as libc::off_t) })?;
-        Ok((ConnTable::map(&fd)?, fd))
+        let fd = crate::shm::port::memfd(c"srdma-cm-connections", ConnTable::BYTES)?;
+        let mem = crate::shm::port::map_sealed(&fd, ConnTable::BYTES)?;
+        Ok((ConnTable::of(mem), fd))
     }
 
-    /// The table in memfd `fd` (the keeper's view of a process's table).
-    fn map(fd: &OwnedFd) -> io::Result<ConnTable> {
-        // SAFETY: a shared mapping of the whole memfd, which has this size (a smaller file
-        // would fault on access: the keeper maps only what a process of this build sent).
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                ConnTable::BYTES,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: the mapping is page-aligned, BYTES long, zero-filled, and lives until Drop
-        // unmaps it; AtomicU32 has u32's layout, and only atomics touch it.
-        let words =
-            unsafe { std::slice::from_raw_parts(p.cast::<AtomicU32>(), ConnTable::BYTES / 4) };
-        Ok(ConnTable {
+    /// The table in memfd `fd` a process sent (the keeper's view), if it is one: sealed
+    /// and long enough, so that no read of it can fault.
+    fn map(fd: &OwnedFd) -> Result<ConnTable, &'static str> {
+        crate::shm::port::map_checked(fd, ConnTable::BYTES).map(ConnTable::of)
+    }
+
+    fn of(mem: crate::shm::ring::Mem) -> ConnTable {
+        let (ptr, len) = mem.raw();
+        // SAFETY: a live, page-aligned, zero-filled shared mapping of `len` bytes that lives
+        // as long as the table (`_mem`); AtomicU32 has u32's layout, and both processes
+        // reach the words only atomically.
+        let words = unsafe { std::slice::from_raw_parts(ptr.cast::<AtomicU32>(), len / 4) };
+        ConnTable {
             words,
+            _mem: mem,
             alloc: std::sync::Mutex::new(TableAlloc::default()),
-        })
+        }
     }
 
     /// Creates a table and hands its memfd to the keeper on `conn`.
@@ -256,13 +247,6 @@ impl ConnTable {
                 })
             })
             .collect()
-    }
-}
-
-impl Drop for ConnTable {
-    fn drop(&mut self) {
-        // SAFETY: unmaps the mapping made in `map`; `words` is not used after this.
-        unsafe { libc::munmap(self.words.as_ptr().cast_mut().cast(), ConnTable::BYTES) };
     }
 }
 
@@ -1037,22 +1021,27 @@ fn recv_with_fd(fd: RawFd, buf: &mut [u8], flags: libc::c_int) -> (isize, Option
     msg.msg_controllen = size_of::<[u64; 8]>();
     // SAFETY: `msg` points at live buffers of the sizes it states.
     let n = unsafe { libc::recvmsg(fd, &mut msg, flags | libc::MSG_CMSG_CLOEXEC) };
-    let mut passed = None;
+    // Every descriptor that came along is owned (the first kept, any other closed).
+    let mut passed = Vec::new();
     if n > 0 {
-        // SAFETY: the kernel filled `msg_controllen` bytes of `cbuf` with well-formed cmsgs;
-        // a descriptor it passed is ours.
+        // SAFETY: the kernel filled `msg_controllen` bytes of `cbuf` with well-formed cmsgs
+        // whose data lies inside `cbuf`; the descriptors they carry are ours.
         unsafe {
             let cm = libc::CMSG_FIRSTHDR(&msg);
             if !cm.is_null()
                 && (*cm).cmsg_level == libc::SOL_SOCKET
                 && (*cm).cmsg_type == libc::SCM_RIGHTS
             {
-                let f: RawFd = std::ptr::read_unaligned(libc::CMSG_DATA(cm).cast());
-                passed = Some(OwnedFd::from_raw_fd(f));
+                let data = libc::CMSG_DATA(cm);
+                let len = (*cm).cmsg_len - (data as usize - cm as usize);
+                for i in 0..len / size_of::<RawFd>() {
+                    let f = data.cast::<RawFd>().add(i).read_unaligned();
+                    passed.push(OwnedFd::from_raw_fd(f));
+                }
             }
         }
     }
-    (n, passed)
+    (n, passed.into_iter().next())
 }
 
 fn send_slot(conn: &OwnedFd, slot: u8, fd: RawFd) -> io::Result<()> {
@@ -1126,6 +1115,24 @@ mod tests {
             5,
             "header + 4 records used"
         );
+    }
+
+    #[test]
+    fn the_keeper_refuses_a_table_that_could_fault() {
+        // Sealed but shorter than a table: reading it would fault past the end.
+        let short = crate::shm::port::memfd(c"short", 4096).unwrap();
+        assert!(ConnTable::map(&short).is_err());
+        // Long enough but not sealed: the sender could shrink it under the keeper.
+        // SAFETY: a NUL-terminated name; the descriptor returned is ours.
+        let fd = unsafe {
+            OwnedFd::from_raw_fd(libc::memfd_create(c"unsealed".as_ptr(), libc::MFD_CLOEXEC))
+        };
+        // SAFETY: sizing our own memfd.
+        assert_eq!(
+            unsafe { libc::ftruncate(fd.as_raw_fd(), ConnTable::BYTES as libc::off_t) },
+            0
+        );
+        assert!(ConnTable::map(&fd).is_err());
     }
 
     /// Runs a classic BPF program of the instructions `steering_program` uses, as the kernel

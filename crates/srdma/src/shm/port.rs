@@ -99,7 +99,7 @@ impl Port {
         len: usize,
     ) -> io::Result<(ring::Producer, OwnedFd)> {
         let (a, alen) = unix_addr(to);
-        let memfd = memfd(len)?;
+        let memfd = memfd(c"srdma-ring", len)?;
         let (mine, theirs) = seqpacket_pair()?;
         let mem = map_sealed(&memfd, len)?;
         let producer = ring::Producer::new(mem)
@@ -249,21 +249,7 @@ fn hello_of(
     {
         return Err("ring of a size not taken");
     }
-    let len = len as usize;
-    // The memfd must be sealed against shrinking (a mapping past the end of a file faults)
-    // and at least as long as said.
-    // SAFETY: fcntl on a descriptor we own.
-    let seals = unsafe { libc::fcntl(memfd.as_raw_fd(), libc::F_GET_SEALS) };
-    if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
-        return Err("ring memory not sealed");
-    }
-    // SAFETY: fstat into a zeroed struct.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: `st` is a live stat buffer.
-    if unsafe { libc::fstat(memfd.as_raw_fd(), &mut st) } != 0 || (st.st_size as u64) < len as u64 {
-        return Err("ring memory shorter than said");
-    }
-    let mem = map_sealed(&memfd, len).map_err(|_| "mapping the ring failed")?;
+    let mem = map_checked(&memfd, len as usize)?;
     Ok(Hello {
         from: SocketAddr::new(ip, port),
         mem,
@@ -271,9 +257,26 @@ fn hello_of(
     })
 }
 
+/// Maps the first `len` bytes of a memfd another process sent: it must be sealed against
+/// shrinking (a mapping past the end of a file faults) and at least `len` bytes long.
+pub(crate) fn map_checked(memfd: &OwnedFd, len: usize) -> Result<Mem, &'static str> {
+    // SAFETY: fcntl on a descriptor we own.
+    let seals = unsafe { libc::fcntl(memfd.as_raw_fd(), libc::F_GET_SEALS) };
+    if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+        return Err("shared memory not sealed");
+    }
+    // SAFETY: fstat into a zeroed struct.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is a live stat buffer.
+    if unsafe { libc::fstat(memfd.as_raw_fd(), &mut st) } != 0 || (st.st_size as u64) < len as u64 {
+        return Err("shared memory shorter than said");
+    }
+    map_sealed(memfd, len).map_err(|_| "mapping shared memory failed")
+}
+
 /// Maps the first `len` bytes of `memfd`, which is at least that long and sealed against
 /// shrinking (checked by the caller), shared and writable.
-fn map_sealed(memfd: &OwnedFd, len: usize) -> io::Result<Mem> {
+pub(crate) fn map_sealed(memfd: &OwnedFd, len: usize) -> io::Result<Mem> {
     // SAFETY: maps `len` bytes of a file that holds them and cannot shrink (no access can
     // fault); the kernel validates the descriptor.
     let ptr = unsafe {
@@ -293,14 +296,11 @@ fn map_sealed(memfd: &OwnedFd, len: usize) -> io::Result<Mem> {
     Ok(unsafe { Mem::from_mapping(ptr.cast(), len) })
 }
 
-/// A memfd of `len` bytes, sealed so that it cannot shrink (nor be unsealed).
-fn memfd(len: usize) -> io::Result<OwnedFd> {
-    // SAFETY: the name is a NUL-terminated literal.
+/// A memfd of `len` bytes named `name`, sealed so that it cannot shrink (nor be unsealed).
+pub(crate) fn memfd(name: &std::ffi::CStr, len: usize) -> io::Result<OwnedFd> {
+    // SAFETY: the name is NUL-terminated.
     let fd = cvt(unsafe {
-        libc::memfd_create(
-            c"srdma-ring".as_ptr(),
-            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
-        )
+        libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
     })?;
     // SAFETY: a fresh descriptor we own.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };

@@ -88,7 +88,8 @@ impl Mem {
         }
     }
 
-    /// The bytes, for tests and fuzzing that write garbage where a peer would.
+    /// The bytes: for tests and fuzzing that write garbage where a peer would, and for
+    /// users that lay out atomics of their own in a mapping (the port keeper's table).
     pub(crate) fn raw(&self) -> (*mut u8, usize) {
         (self.ptr, self.len)
     }
