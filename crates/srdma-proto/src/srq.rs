@@ -52,6 +52,17 @@ impl Srq {
         self.limit_reached = false;
     }
 
+    /// The armed limit, 0 when none is armed (`ibv_query_srq`'s `srq_limit`: 0 again once
+    /// the event fired).
+    pub fn limit(&self) -> u32 {
+        self.limit
+    }
+
+    /// The most WQEs the queue holds.
+    pub fn max_wr(&self) -> u32 {
+        self.max_wr
+    }
+
     /// True once after the queue fell below the armed limit (`IBV_EVENT_SRQ_LIMIT_REACHED`);
     /// the limit is then disarmed, as in verbs.
     pub fn take_limit_event(&mut self) -> bool {
@@ -80,5 +91,48 @@ impl Srq {
             self.limit_reached = true;
         }
         Some(wr)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wr::SgeList;
+
+    fn wr(id: u64) -> RecvWr {
+        RecvWr {
+            wr_id: id,
+            sges: SgeList::new(),
+        }
+    }
+
+    #[test]
+    fn the_limit_fires_once_when_the_queue_falls_below_it_then_disarms() {
+        let mut q = Srq::new(8, 1);
+        for i in 0..4 {
+            q.post(wr(i)).unwrap();
+        }
+        q.set_limit(3);
+        assert_eq!(q.limit(), 3);
+        q.pop().unwrap(); // 3 left: not below 3
+        assert!(!q.take_limit_event());
+        q.pop().unwrap(); // 2 left
+        assert!(q.take_limit_event());
+        assert!(!q.take_limit_event(), "reported once");
+        assert_eq!(q.limit(), 0, "disarmed, as ibv_query_srq then says");
+        q.pop().unwrap();
+        assert!(!q.take_limit_event(), "a disarmed limit stays quiet");
+        // Armed again below the current count: the next pop fires it.
+        q.set_limit(2);
+        q.pop().unwrap();
+        assert!(q.take_limit_event());
+    }
+
+    #[test]
+    fn no_limit_no_event() {
+        let mut q = Srq::new(4, 1);
+        q.post(wr(1)).unwrap();
+        q.pop().unwrap();
+        assert!(!q.take_limit_event());
     }
 }

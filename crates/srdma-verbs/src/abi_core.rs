@@ -88,6 +88,8 @@ pub const IBV_EVENT_DEVICE_FATAL: ibv_event_type = 8;
 pub const IBV_EVENT_PORT_ACTIVE: ibv_event_type = 9;
 /// An SRQ's QP reached its last WQE.
 pub const IBV_EVENT_QP_LAST_WQE_REACHED: ibv_event_type = 16;
+/// `IBV_EVENT_SRQ_LIMIT_REACHED`.
+pub const IBV_EVENT_SRQ_LIMIT_REACHED: ibv_event_type = 15;
 /// `enum ibv_fork_status`.
 pub type ibv_fork_status = c_uint;
 /// Fork needs no preparation.

@@ -111,6 +111,8 @@ pub(crate) struct Sink {
     /// The CQs and QPs of the context, by srdma id / QPN, for naming them in events.
     pub(crate) cqs: Mutex<HashMap<u32, usize>>,
     pub(crate) qps: Mutex<HashMap<u32, usize>>,
+    /// The SRQs, by srdma id.
+    pub(crate) srqs: Mutex<HashMap<u32, usize>>,
     closed: std::sync::atomic::AtomicBool,
 }
 
@@ -234,6 +236,15 @@ impl Sink {
                 } else {
                     IBV_EVENT_QP_LAST_WQE_REACHED
                 };
+                self.push(e);
+            }
+            AsyncEvent::SrqLimitReached { srq } => {
+                let srqs = lock(&self.srqs);
+                let Some(&p) = srqs.get(&srq) else {
+                    return;
+                };
+                e.element.srq = p as *mut ibv_srq;
+                e.event_type = IBV_EVENT_SRQ_LIMIT_REACHED;
                 self.push(e);
             }
             AsyncEvent::DeviceFatal => {
@@ -516,6 +527,7 @@ impl Context {
                 acked: Condvar::new(),
                 cqs: Mutex::new(HashMap::new()),
                 qps: Mutex::new(HashMap::new()),
+                srqs: Mutex::new(HashMap::new()),
                 closed: std::sync::atomic::AtomicBool::new(false),
             }),
         });

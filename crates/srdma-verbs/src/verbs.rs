@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 use std::os::fd::{AsFd, AsRawFd};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 

@@ -27,6 +27,12 @@ pub enum AsyncEvent {
         /// The QP.
         qpn: Qpn,
     },
+    /// An SRQ's posted receives fell below its armed limit (`IBV_EVENT_SRQ_LIMIT_REACHED`,
+    /// see [`crate::Srq::set_limit`]); the limit is disarmed until set again.
+    SrqLimitReached {
+        /// The SRQ's id ([`crate::Srq::id`]).
+        srq: u32,
+    },
     /// The device failed (`IBV_EVENT_DEVICE_FATAL`): its progress thread stopped; every QP was
     /// flushed with error completions and later calls fail.
     DeviceFatal,

@@ -608,6 +608,40 @@ impl Srq {
         std::sync::Arc::strong_count(&self.inner)
     }
 
+    /// The SRQ's id, unique among the device's objects (named by
+    /// [`crate::AsyncEvent::SrqLimitReached`]).
+    pub fn id(&self) -> u32 {
+        self.inner.id
+    }
+
+    /// Arms the limit event (`ibv_modify_srq` with `IBV_SRQ_LIMIT`): once a receive leaves
+    /// fewer than `limit` WQEs posted, the device raises
+    /// [`crate::AsyncEvent::SrqLimitReached`] and disarms the limit; 0 disarms it. A limit
+    /// above the SRQ's size is refused, as by rxe.
+    pub fn set_limit(&self, limit: u32) -> Result<()> {
+        let mut st = self.inner.dev.lock();
+        let srq = st
+            .srq_mut(self.inner.id)
+            .ok_or(Error::InvalidArgument("SRQ destroyed".into()))?;
+        if limit > srq.max_wr() {
+            return Err(Error::InvalidArgument(format!(
+                "SRQ limit {limit} above its {} WRs",
+                srq.max_wr()
+            )));
+        }
+        srq.set_limit(limit);
+        Ok(())
+    }
+
+    /// The armed limit; 0 when none is (never set, or the event fired).
+    pub fn limit(&self) -> u32 {
+        self.inner
+            .dev
+            .lock()
+            .srq(self.inner.id)
+            .map_or(0, |s| s.limit())
+    }
+
     /// `ibv_post_srq_recv`.
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
         let mut st = self.inner.dev.lock();

@@ -75,10 +75,45 @@ pub(super) struct Cq {
     pub(super) channel: *mut Channel,
     /// Completions taken from srdma, converted by the next poll.
     pub(super) scratch: Mutex<Vec<Wc>>,
-    /// Events acknowledged (`ibv_ack_cq_events`).
-    pub(super) acked: AtomicU32,
+    /// Completion events handed out by `ibv_get_cq_event` and acknowledged by
+    /// `ibv_ack_cq_events`: `ibv_destroy_cq` waits until the two are equal.
+    pub(super) events: EventCount,
     /// The completion `ibv_start_poll`/`ibv_next_poll` made current.
     pub(super) cur: Mutex<Option<Wc>>,
+}
+
+/// A CQ's completion events taken and acknowledged, as rdma-core's `ibv_cq` counts them
+/// (`comp_events_completed` against the kernel's `comp_events_reported`).
+#[derive(Default)]
+pub(super) struct EventCount {
+    /// (taken, acknowledged), each wrapping.
+    counts: Mutex<(u32, u32)>,
+    acked: std::sync::Condvar,
+}
+
+impl EventCount {
+    fn taken(&self) {
+        let mut c = lock(&self.counts);
+        c.0 = c.0.wrapping_add(1);
+    }
+
+    fn ack(&self, n: u32) {
+        let mut c = lock(&self.counts);
+        c.1 = c.1.wrapping_add(n);
+        self.acked.notify_all();
+    }
+
+    /// Waits until every event taken is acknowledged. An application that never
+    /// acknowledges one blocks here, as with rdma-core ("ibv_destroy_cq will hang").
+    fn wait_all_acked(&self) {
+        let mut c = lock(&self.counts);
+        while (c.0.wrapping_sub(c.1) as i32) > 0 {
+            c = self
+                .acked
+                .wait(c)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+    }
 }
 
 /// `ibv_create_cq`: a CQ of `cqe` entries, optionally on `channel`.
@@ -158,7 +193,7 @@ pub(super) fn make_cq(
         cq,
         channel: channel.cast(),
         scratch: Mutex::new(Vec::with_capacity(16)),
-        acked: AtomicU32::new(0),
+        events: EventCount::default(),
         cur: Mutex::new(None),
     });
     lock(&ctx.sink.cqs).insert(id, boxed as usize);
@@ -241,6 +276,9 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
             // CQ is registered).
             let ch = unsafe { &*c.channel };
             lock(&ch.cqs).remove(&c.cq.id());
+            // As rdma-core: the events `ibv_get_cq_event` gave out must be acknowledged
+            // first (those not yet taken are dropped: the channel no longer names the CQ).
+            c.events.wait_all_acked();
             // SAFETY: as above.
             unsafe { (*c.channel).c.refcnt -= 1 };
         }
@@ -364,14 +402,18 @@ fn get_cq_event(
                 return -1;
             }
         };
-        // An event of a CQ destroyed meanwhile is dropped.
-        let Some(&p) = lock(&ch.cqs).get(&id) else {
+        // An event of a CQ destroyed meanwhile is dropped. The map stays locked until the
+        // event is counted as taken, so a destroy (which unregisters first, then waits for
+        // the taken events' acknowledgements) cannot fall between.
+        let cqs = lock(&ch.cqs);
+        let Some(&p) = cqs.get(&id) else {
             continue;
         };
         let p = p as *mut Cq;
         // SAFETY: registered CQs are live (destroy unregisters first); the out-pointers
         // are valid per the contract.
         unsafe {
+            (*p).events.taken();
             *cq = p.cast();
             *cq_context = (*p).c.cq.cq_context;
         }
@@ -388,7 +430,7 @@ pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: u32) {
     guard((), || {
         // SAFETY: per the contract.
         if let Some(c) = unsafe { back::<Cq, _>(cq) } {
-            c.acked.fetch_add(nevents, Ordering::Relaxed);
+            c.events.ack(nevents);
         }
     })
 }

@@ -9,7 +9,34 @@ pub(super) struct Srq {
     pub(super) srq: srdma::Srq,
     pub(super) max_wr: u32,
     pub(super) max_sge: u32,
-    pub(super) limit: AtomicU32,
+}
+
+/// Hands out a new SRQ of `context` with its limit armed from the create attributes (as
+/// rxe) and registers it for its async events.
+pub(super) fn hand_out_srq(
+    context: *mut ibv_context,
+    c: ibv_srq,
+    srq: srdma::Srq,
+    max_wr: u32,
+    max_sge: u32,
+    limit: u32,
+) -> *mut ibv_srq {
+    if limit != 0 {
+        // A limit above the SRQ's size is refused by modify; here it is left unarmed.
+        let _ = srq.set_limit(limit);
+    }
+    let id = srq.id();
+    let p: *mut ibv_srq = hand_out(Srq {
+        c,
+        srq,
+        max_wr,
+        max_sge,
+    });
+    // SAFETY: an SRQ's context is open while it lives (verbs rule).
+    if let Some(ctx) = unsafe { Context::from_c(context) } {
+        lock(&ctx.sink.srqs).insert(id, p as usize);
+    }
+    p
 }
 
 /// `ibv_create_srq`.
@@ -48,13 +75,7 @@ pub unsafe extern "C" fn ibv_create_srq(
         c.pd = pd;
         a.attr.max_sge = max_sge;
         pd_users(pd, 1);
-        hand_out(Srq {
-            c,
-            srq,
-            max_wr,
-            max_sge,
-            limit: AtomicU32::new(a.attr.srq_limit),
-        })
+        hand_out_srq(p.c.context, c, srq, max_wr, max_sge, a.attr.srq_limit)
     })
 }
 
@@ -87,10 +108,9 @@ pub unsafe extern "C" fn ibv_modify_srq(
             return libc::EOPNOTSUPP;
         }
         if mask & IBV_SRQ_LIMIT != 0 {
-            if a.srq_limit > s.max_wr {
-                return libc::EINVAL;
+            if let Err(e) = s.srq.set_limit(a.srq_limit) {
+                return errno_of(&e);
             }
-            s.limit.store(a.srq_limit, Ordering::Relaxed);
         }
         0
     })
@@ -115,7 +135,7 @@ pub unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_att
             *attr = ibv_srq_attr {
                 max_wr: s.max_wr,
                 max_sge: s.max_sge,
-                srq_limit: s.limit.load(Ordering::Relaxed),
+                srq_limit: s.srq.limit(),
             };
         }
         0
@@ -135,6 +155,11 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
         };
         if s.srq.users() > 1 {
             return libc::EBUSY;
+        }
+        // SAFETY: an SRQ's context outlives it (verbs rule).
+        if let Some(ctx) = unsafe { Context::from_c(s.c.context) } {
+            lock(&ctx.sink.srqs).remove(&s.srq.id());
+            ctx.sink.forget(srq as usize);
         }
         pd_users(s.c.pd, -1);
         // SAFETY: live objects came from hand_out::<Srq>.

@@ -5,7 +5,6 @@
 
 use std::ffi::c_int;
 use std::sync::Mutex;
-use std::sync::atomic::AtomicU32;
 
 use srdma::{AccessFlags, QpCaps, QpInit, QpType};
 
@@ -227,13 +226,7 @@ unsafe extern "C" fn create_srq_ex(
         c.pd = a.pd;
         a.attr.max_sge = max_sge;
         pd_users(a.pd, 1);
-        hand_out(Srq {
-            c,
-            srq,
-            max_wr,
-            max_sge,
-            limit: AtomicU32::new(a.attr.srq_limit),
-        })
+        super::srq::hand_out_srq(context, c, srq, max_wr, max_sge, a.attr.srq_limit)
     })
 }
 

@@ -134,6 +134,48 @@ static void *destroy_qp_thread(void *arg)
 	return NULL;
 }
 
+struct cq_destroyer {
+	struct ibv_cq *cq;
+	int rc;
+	volatile int done;
+};
+
+static void *destroy_cq_thread(void *arg)
+{
+	struct cq_destroyer *d = arg;
+
+	d->rc = ibv_destroy_cq(d->cq);
+	d->done = 1;
+	return NULL;
+}
+
+/* Waits up to 5 s for an async event of type `type` naming `obj`, acknowledging every event
+ * it takes. */
+static int wait_event_named(enum ibv_event_type type, const void *obj)
+{
+	time_t end = time(NULL) + 5;
+
+	while (time(NULL) < end) {
+		if (event_named(type, obj))
+			return 1;
+		usleep(1000);
+	}
+	return 0;
+}
+
+/* Polls `n` completions of status SUCCESS from `cq` within 10 s. */
+static int wait_ok(struct ibv_cq *cq, int n)
+{
+	struct ibv_wc wc;
+
+	while (n > 0) {
+		if (wait_wc(cq, &wc) != 1 || wc.status != IBV_WC_SUCCESS)
+			return 0;
+		n--;
+	}
+	return 1;
+}
+
 static void fatal_scenario(void)
 {
 	struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
@@ -372,6 +414,75 @@ int main(int argc, char **argv)
 		pthread_join(t, NULL);
 		CHECK("destroy-qp-after-ack", d.done && d.rc == 0, "rc %d", d.rc);
 		CHECK("destroy-srq-again", ibv_destroy_srq(srq) == 0, "failed");
+	}
+
+	/* The SRQ limit, as rxe: armed by ibv_modify_srq, one IBV_EVENT_SRQ_LIMIT_REACHED when a
+	 * receive leaves fewer WQEs posted than the limit, then disarmed (ibv_query_srq says 0). */
+	srq = ibv_create_srq(pd, &si);
+	{
+		struct ibv_qp *s = make_qp(cq, srq, 1), *src = make_qp(cq, NULL, 1);
+		struct ibv_srq_attr sa = { .srq_limit = 100 };
+		struct ibv_send_wr send = { .wr_id = 7, .sg_list = &sge, .num_sge = 1,
+					    .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED };
+
+		while (ibv_poll_cq(cq, 1, &wc) > 0)
+			;
+		event_named(IBV_EVENT_SRQ_LIMIT_REACHED, NULL);
+		CHECK("srq-limit-setup", srq && s && src && !to_init(s) && !to_init(src) &&
+		      !connect_to(s, src) && !connect_to(src, s), "setup");
+		for (i = 0; i < 4; i++)
+			ibv_post_srq_recv(srq, &rwr, &rbad);
+		CHECK("srq-limit-above-size", ibv_modify_srq(srq, &sa, IBV_SRQ_LIMIT) == EINVAL,
+		      "a limit of 100 on an SRQ of 8 accepted");
+		sa.srq_limit = 3;
+		CHECK("srq-limit-arm", ibv_modify_srq(srq, &sa, IBV_SRQ_LIMIT) == 0 &&
+		      ibv_query_srq(srq, &sa) == 0 && sa.srq_limit == 3, "limit %u", sa.srq_limit);
+		CHECK("srq-limit-first-send", ibv_post_send(src, &send, &sbad) == 0 &&
+		      wait_ok(cq, 2), "send/receive failed");
+		CHECK("srq-limit-not-yet", !event_named(IBV_EVENT_SRQ_LIMIT_REACHED, srq),
+		      "raised with 3 WQEs posted and a limit of 3");
+		CHECK("srq-limit-second-send", ibv_post_send(src, &send, &sbad) == 0 &&
+		      wait_ok(cq, 2), "send/receive failed");
+		CHECK("srq-limit-reached", wait_event_named(IBV_EVENT_SRQ_LIMIT_REACHED, srq),
+		      "no IBV_EVENT_SRQ_LIMIT_REACHED naming the SRQ with 2 WQEs left");
+		CHECK("srq-limit-disarmed", ibv_query_srq(srq, &sa) == 0 && sa.srq_limit == 0,
+		      "limit %u after the event", sa.srq_limit);
+		CHECK("srq-limit-once", ibv_post_send(src, &send, &sbad) == 0 && wait_ok(cq, 2) &&
+		      !event_named(IBV_EVENT_SRQ_LIMIT_REACHED, srq), "raised again while disarmed");
+		ibv_destroy_qp(s);
+		ibv_destroy_qp(src);
+		CHECK("srq-limit-destroy", ibv_destroy_srq(srq) == 0, "failed");
+	}
+
+	/* As rdma-core: ibv_destroy_cq waits until the completion events ibv_get_cq_event gave
+	 * out are acknowledged. */
+	{
+		struct ibv_comp_channel *c2 = ibv_create_comp_channel(ctx);
+		struct ibv_cq *ecq = c2 ? ibv_create_cq(ctx, 8, NULL, c2, 0) : NULL;
+		struct ibv_qp *a = ecq ? make_qp(ecq, NULL, 1) : NULL;
+		struct cq_destroyer d = { .cq = ecq };
+		time_t end = time(NULL) + 10;
+		int got = -1;
+		pthread_t t;
+
+		qa.qp_state = IBV_QPS_ERR;
+		CHECK("cq-event-setup", a && !to_init(a) && !ibv_req_notify_cq(ecq, 0) &&
+		      !ibv_post_recv(a, &rwr, &rbad) && !ibv_modify_qp(a, &qa, IBV_QP_STATE),
+		      "setup");
+		fcntl(c2->fd, F_SETFL, fcntl(c2->fd, F_GETFL) | O_NONBLOCK);
+		while (time(NULL) < end && (got = ibv_get_cq_event(c2, &ev_cq, &cq_ctx)) != 0)
+			usleep(1000);
+		CHECK("cq-event-of-flush", got == 0 && ev_cq == ecq, "no completion event");
+		while (ibv_poll_cq(ecq, 1, &wc) > 0)
+			;
+		ibv_destroy_qp(a);
+		pthread_create(&t, NULL, destroy_cq_thread, &d);
+		usleep(200 * 1000);
+		CHECK("destroy-cq-waits-for-ack", !d.done, "returned with an event not acknowledged");
+		ibv_ack_cq_events(ecq, 1);
+		pthread_join(t, NULL);
+		CHECK("destroy-cq-after-ack", d.done && d.rc == 0, "rc %d", d.rc);
+		CHECK("destroy-channel-after-cq", ibv_destroy_comp_channel(c2) == 0, "failed");
 	}
 
 	/* Completion channels. */

@@ -381,13 +381,15 @@ impl Shared {
         }
         // An XRC target receives with the SRQ its request names.
         let xrc_srq = xrc.route(qpn, &mut slot.qp, repr.xrceth);
-        let srq = match &xrc_srq {
-            Some(found) => found.as_ref().and_then(|(id, _)| srqs.get_mut(id)),
-            None => slot.srq.and_then(|id| srqs.get_mut(&id)),
+        let srq_id = match &xrc_srq {
+            Some(found) => found.as_ref().map(|&(id, _)| id),
+            None => slot.srq,
         };
+        let srq = srq_id.and_then(|id| srqs.get_mut(&id));
         let mut ctx = Ctx { now, mrs, mem, srq };
         let silent = slot.qp.silent_writes();
         slot.qp.handle_packet(&mut ctx, &repr, &RecvMeta { encap });
+        srq_limit(slot, srq_id, ctx.srq);
         if let Some(Some((_, cq))) = &xrc_srq {
             super::xrc::complete_to(&mut slot.qp, cq);
         }
@@ -444,6 +446,7 @@ impl Shared {
             let srq = slot.srq.and_then(|id| srqs.get_mut(&id));
             let mut ctx = Ctx { now, mrs, mem, srq };
             slot.qp.handle_packet(&mut ctx, repr, &RecvMeta { encap });
+            srq_limit(slot, slot.srq, ctx.srq);
             if !std::mem::replace(&mut slot.touched, true) {
                 touched.push(qpn);
             }
@@ -536,5 +539,16 @@ impl Shared {
             src_port: from.port(),
             dst_port: self.local.port(),
         })
+    }
+}
+
+/// Raises `SrqLimitReached` when the receive QP `slot` just handled took SRQ `id` below its
+/// armed limit (rxe's get_srq_wqe: the event goes out as the WQE is taken).
+fn srq_limit(slot: &super::QpSlot, id: Option<u32>, srq: Option<&mut srdma_proto::Srq>) {
+    if let (Some(id), Some(srq)) = (id, srq)
+        && srq.take_limit_event()
+    {
+        slot.send_cq
+            .raise(crate::AsyncEvent::SrqLimitReached { srq: id });
     }
 }
