@@ -42,7 +42,8 @@
 //! shares with the keeper (a sealed memfd sent over its connection on first use: a
 //! connection costs a table entry under a process-local lock, no message, no syscall); when
 //! a process's connection to the keeper closes, the keeper reads the table and sends a DREQ
-//! from QP1 for every connection still in it.
+//! from QP1 for every connection still in it (and again a few times over 1.5 s, as a CM
+//! resends a DREQ whose DREP does not come: see [`DREQ_RESENDS`]).
 
 use std::io;
 use std::mem::size_of;
@@ -55,6 +56,51 @@ use std::time::{Duration, Instant};
 const MAX_SLOT: u8 = 255;
 /// How long the keeper stays without users before it exits.
 const IDLE_EXIT: Duration = Duration::from_secs(3);
+
+/// When the keeper sends a dead process's DREQ again, after the first: DREQ and DREP are
+/// datagrams, and a kernel CM resends its DREQ until the DREP comes. The keeper does not
+/// watch for DREPs (they go to the dead process's slot); a peer answers every copy (a
+/// connection already gone gets a DREP too), so a few copies cost a few MADs.
+const DREQ_RESENDS: [Duration; 3] = [
+    Duration::from_millis(100),
+    Duration::from_millis(500),
+    Duration::from_millis(1500),
+];
+
+/// The DREQs a keeper still has to send again: pure bookkeeping on a caller's clock.
+#[derive(Default)]
+struct DreqResends {
+    /// (when first sent, the connection, its MAD's transaction ID, copies sent again).
+    pending: Vec<(Instant, CmConn, u64, usize)>,
+}
+
+impl DreqResends {
+    /// Records a DREQ first sent at `at` with transaction ID `tid`.
+    fn sent(&mut self, at: Instant, c: CmConn, tid: u64) {
+        self.pending.push((at, c, tid, 0));
+    }
+
+    /// The DREQs due again at `now` (each returned once per entry of [`DREQ_RESENDS`]).
+    fn due(&mut self, now: Instant) -> Vec<(CmConn, u64)> {
+        let mut out = Vec::new();
+        for (at, c, tid, n) in &mut self.pending {
+            if now >= *at + DREQ_RESENDS[*n] {
+                out.push((*c, *tid));
+                *n += 1;
+            }
+        }
+        self.pending.retain(|&(_, _, _, n)| n < DREQ_RESENDS.len());
+        out
+    }
+
+    /// When the next copy is due, if any.
+    fn next(&self) -> Option<Instant> {
+        self.pending
+            .iter()
+            .map(|(at, _, _, n)| *at + DREQ_RESENDS[*n])
+            .min()
+    }
+}
 
 /// Bytes before a forwarded datagram: address family (4 or 6), port (big-endian), address
 /// (16 bytes; IPv4 in the last 4).
@@ -688,10 +734,18 @@ fn keeper(addr: SocketAddr, name: &[u8], ready: RawFd) -> i32 {
     // tables[slot] = the CM connections of the process holding that slot.
     let mut tables: Vec<Option<ConnTable>> = (0..=MAX_SLOT).map(|_| None).collect();
     let mut idle_since = Some(Instant::now());
+    let mut resends = DreqResends::default();
     loop {
-        if idle_since.is_some_and(|t| t.elapsed() >= IDLE_EXIT) {
+        if idle_since.is_some_and(|t| t.elapsed() >= IDLE_EXIT) && resends.next().is_none() {
             return 0;
         }
+        let now = Instant::now();
+        for (c, tid) in resends.due(now) {
+            send_dreq(sockets[0].as_raw_fd(), addr.ip(), &c, tid);
+        }
+        let wait = resends.next().map_or(500, |t| {
+            t.saturating_duration_since(now).as_millis().min(500) as i32
+        });
         let mut fds = vec![
             libc::pollfd {
                 fd: listener.as_raw_fd(),
@@ -713,7 +767,7 @@ fn keeper(addr: SocketAddr, name: &[u8], ready: RawFd) -> i32 {
             });
         }
         // SAFETY: `fds` is a live array of its stated length.
-        let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 500) };
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, wait) };
         if r <= 0 {
             continue;
         }
@@ -745,7 +799,9 @@ fn keeper(addr: SocketAddr, name: &[u8], ready: RawFd) -> i32 {
                     listens.retain(|&(_, slot)| slot != i);
                     relisted |= listens.len() != before;
                     for c in tables[i].take().map(|t| t.live()).unwrap_or_default() {
-                        send_dreq(sockets[0].as_raw_fd(), addr.ip(), &c);
+                        let tid = crate::random_u64();
+                        send_dreq(sockets[0].as_raw_fd(), addr.ip(), &c, tid);
+                        resends.sent(Instant::now(), c, tid);
                     }
                     break;
                 } else if n < 0 {
@@ -910,7 +966,7 @@ fn reject_unknown_service(fd: RawFd, pkt: &[u8], from: SocketAddr) {
 /// Sends the DREQ of connection `c`, whose process ended without disconnecting it, from
 /// QP1 of `local`, as the kernel's CM does for the ids of a process that exits. The peer
 /// answers with a DREP to the dead process's slot, which the keeper drains.
-fn send_dreq(fd: RawFd, local: std::net::IpAddr, c: &CmConn) {
+fn send_dreq(fd: RawFd, local: std::net::IpAddr, c: &CmConn, tid: u64) {
     use srdma_wire::cm::{self as wire, CmMsg, MadHdr};
     let dreq = CmMsg::Dreq(wire::Dreq {
         local_comm_id: c.local_comm_id,
@@ -920,7 +976,7 @@ fn send_dreq(fd: RawFd, local: std::net::IpAddr, c: &CmConn) {
     });
     let mut mad = [0u8; wire::MAD_LEN];
     if dreq
-        .emit_mad(&MadHdr::cm(wire::attr::DREQ, crate::random_u64()), &mut mad)
+        .emit_mad(&MadHdr::cm(wire::attr::DREQ, tid), &mut mad)
         .is_ok()
     {
         send_mad(fd, local, c.peer, &mad);
@@ -1080,6 +1136,33 @@ fn send_slot(conn: &OwnedFd, slot: u8, fd: RawFd) -> io::Result<()> {
 mod tests {
     use super::*;
     use srdma_wire::cm::{self as wire, CmMsg, MadHdr};
+
+    #[test]
+    fn a_dead_processs_dreq_goes_again_on_schedule_then_stops() {
+        let c = CmConn {
+            local_comm_id: 1,
+            remote_comm_id: 2,
+            remote_qpn: 3,
+            peer: "10.1.2.3:4791".parse().unwrap(),
+        };
+        let t0 = Instant::now();
+        let mut r = DreqResends::default();
+        assert_eq!(r.next(), None);
+        r.sent(t0, c, 77);
+        assert_eq!(r.next(), Some(t0 + DREQ_RESENDS[0]));
+        assert!(r.due(t0).is_empty(), "the first copy was just sent");
+        assert_eq!(
+            r.due(t0 + DREQ_RESENDS[0]),
+            vec![(c, 77)],
+            "same transaction"
+        );
+        assert!(r.due(t0 + DREQ_RESENDS[0]).is_empty(), "once per step");
+        // A late wake sends one copy, not every step it slept through.
+        assert_eq!(r.due(t0 + Duration::from_secs(60)).len(), 1);
+        assert_eq!(r.due(t0 + Duration::from_secs(60)).len(), 1);
+        assert_eq!(r.next(), None, "done after {} copies", DREQ_RESENDS.len());
+        assert!(r.due(t0 + Duration::from_secs(120)).is_empty());
+    }
 
     #[test]
     fn the_keepers_view_of_a_table_holds_the_live_connections() {
