@@ -463,15 +463,23 @@ fn cur_state_must_match_when_given() {
 }
 
 #[test]
-fn sqd_to_sqd_is_refused_while_draining() {
+fn leaving_sqd_but_for_err_is_refused_while_draining() {
     let a = attr(Sqd, Sqd);
     assert_eq!(
         check_sq_drain(Sqd, &a, AttrMask::STATE, true),
         Err(ModifyError::SqDraining)
     );
-    assert_eq!(check_sq_drain(Sqd, &a, AttrMask::STATE, false), Ok(()));
     assert_eq!(
         check_sq_drain(Sqd, &attr(Sqd, Rts), AttrMask::STATE, true),
+        Err(ModifyError::SqDraining)
+    );
+    assert_eq!(
+        check_sq_drain(Sqd, &attr(Sqd, ERR), AttrMask::STATE, true),
+        Ok(())
+    );
+    assert_eq!(check_sq_drain(Sqd, &a, AttrMask::STATE, false), Ok(()));
+    assert_eq!(
+        check_sq_drain(Sqd, &attr(Sqd, Rts), AttrMask::STATE, false),
         Ok(())
     );
     assert_eq!(check_sq_drain(Sqd, &a, AttrMask::QKEY, true), Ok(()));

@@ -86,6 +86,8 @@ pub const IBV_EVENT_QP_FATAL: ibv_event_type = 1;
 pub const IBV_EVENT_DEVICE_FATAL: ibv_event_type = 8;
 /// The port became active.
 pub const IBV_EVENT_PORT_ACTIVE: ibv_event_type = 9;
+/// An SQD QP finished the messages it had started.
+pub const IBV_EVENT_SQ_DRAINED: ibv_event_type = 5;
 /// An SRQ's QP reached its last WQE.
 pub const IBV_EVENT_QP_LAST_WQE_REACHED: ibv_event_type = 16;
 /// `IBV_EVENT_SRQ_LIMIT_REACHED`.

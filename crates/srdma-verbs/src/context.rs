@@ -225,16 +225,18 @@ impl Sink {
                 e.event_type = IBV_EVENT_CQ_ERR;
                 self.push(e);
             }
-            AsyncEvent::QpFatal { qpn } | AsyncEvent::QpLastWqeReached { qpn } => {
+            AsyncEvent::QpFatal { qpn }
+            | AsyncEvent::QpLastWqeReached { qpn }
+            | AsyncEvent::SqDrained { qpn } => {
                 let qps = lock(&self.qps);
                 let Some(&p) = qps.get(&qpn.value()) else {
                     return;
                 };
                 e.element.qp = p as *mut ibv_qp;
-                e.event_type = if matches!(ev, AsyncEvent::QpFatal { .. }) {
-                    IBV_EVENT_QP_FATAL
-                } else {
-                    IBV_EVENT_QP_LAST_WQE_REACHED
+                e.event_type = match ev {
+                    AsyncEvent::QpFatal { .. } => IBV_EVENT_QP_FATAL,
+                    AsyncEvent::SqDrained { .. } => IBV_EVENT_SQ_DRAINED,
+                    _ => IBV_EVENT_QP_LAST_WQE_REACHED,
                 };
                 self.push(e);
             }

@@ -27,6 +27,12 @@ pub enum AsyncEvent {
         /// The QP.
         qpn: Qpn,
     },
+    /// A QP moved to SQD finished the messages it had started (`IBV_EVENT_SQ_DRAINED`): it
+    /// may now go back to RTS (before, only a move to ERR is accepted, as by rxe).
+    SqDrained {
+        /// The QP.
+        qpn: Qpn,
+    },
     /// An SRQ's posted receives fell below its armed limit (`IBV_EVENT_SRQ_LIMIT_REACHED`,
     /// see [`crate::Srq::set_limit`]); the limit is disarmed until set again.
     SrqLimitReached {

@@ -120,8 +120,9 @@ pub enum ModifyError {
         /// The mask name, e.g. `"ALT_PATH"`.
         attr: &'static str,
     },
-    /// SQD→SQD while the send queue is still draining (rxe `rxe_qp_chk_attr`).
-    #[error("cannot modify SQD->SQD while the send queue is draining")]
+    /// A move out of SQD other than to ERR while the send queue is still draining (rxe
+    /// `rxe_qp_chk_attr`).
+    #[error("cannot leave SQD but for ERR while the send queue is draining")]
     SqDraining,
 }
 
@@ -315,8 +316,8 @@ pub fn validate_modify(
     Ok(next)
 }
 
-/// The SQD→SQD rule of rxe's `rxe_qp_chk_attr`: while the send queue is still draining, a
-/// modify that names SQD as the new state of an SQD QP is refused.
+/// The SQD rule of rxe's `rxe_qp_chk_attr`: while the send queue is still draining, a
+/// modify of an SQD QP that names a new state other than ERR (SQD again, RTS) is refused.
 pub fn check_sq_drain(
     cur_state: QpState,
     attr: &QpAttr,
@@ -326,7 +327,7 @@ pub fn check_sq_drain(
     if sq_draining
         && cur_state == QpState::Sqd
         && mask.contains(AttrMask::STATE)
-        && attr.qp_state == QpState::Sqd
+        && attr.qp_state != QpState::Err
     {
         Err(ModifyError::SqDraining)
     } else {

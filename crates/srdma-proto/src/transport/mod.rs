@@ -465,6 +465,22 @@ impl Qp {
         &self.attr
     }
 
+    /// True once when an SQD QP's drain ends: every message it had started is complete
+    /// (`IBV_EVENT_SQ_DRAINED`; `ibv_query_qp`'s `sq_draining` is false from then on, and
+    /// the QP may leave SQD for RTS). rxe raises the event whether or not the modify asked
+    /// for it with `EN_SQD_ASYNC_NOTIFY`, and so does this.
+    pub fn take_sq_drained(&mut self) -> bool {
+        if self.attr.sq_draining
+            && self.state == QpState::Sqd
+            && self.sq.iter().all(|w| w.state == WqeState::Posted)
+        {
+            self.attr.sq_draining = false;
+            true
+        } else {
+            false
+        }
+    }
+
     /// Statistics.
     pub fn counters(&self) -> &Counters {
         &self.counters
@@ -534,6 +550,7 @@ impl Qp {
             Some(role) => xrc::validate_modify(role, self.state, attr, mask, limits)?,
             None => validate_modify(self.cfg.qp_type, self.state, attr, mask, limits)?,
         };
+        crate::qp::check_sq_drain(self.state, attr, mask, self.attr.sq_draining)?;
         let prev = self.state;
         let a = &mut self.attr;
         macro_rules! take {
@@ -576,6 +593,10 @@ impl Qp {
         self.state = next;
         self.attr.qp_state = next;
         self.attr.cur_qp_state = next;
+        // RTS→SQD starts the drain: the messages in progress finish, no new one starts, and
+        // [`Qp::take_sq_drained`] says when they are done (rxe's QP_STATE_DRAIN).
+        self.attr.sq_draining =
+            next == QpState::Sqd && (prev != QpState::Sqd || self.attr.sq_draining);
         match next {
             QpState::Reset if prev != QpState::Reset => self.reset(),
             QpState::Err if prev != QpState::Err => self.enter_error(false),

@@ -48,8 +48,9 @@ static int to_init(struct ibv_qp *qp)
 			     IBV_QP_ACCESS_FLAGS);
 }
 
-/* Connects qp to peer (both on this device) and moves it to RTS. */
-static int connect_to(struct ibv_qp *qp, struct ibv_qp *peer)
+/* Connects qp to peer (both on this device) and moves it to RTS, with the local ACK timeout
+ * `timeout` (4.096 us << timeout). */
+static int connect_with(struct ibv_qp *qp, struct ibv_qp *peer, int timeout)
 {
 	union ibv_gid gid;
 	struct ibv_qp_attr a = {
@@ -65,12 +66,17 @@ static int connect_to(struct ibv_qp *qp, struct ibv_qp *peer)
 		return -1;
 	a.qp_state = IBV_QPS_RTS;
 	a.sq_psn = 100;
-	a.timeout = 10;
+	a.timeout = timeout;
 	a.retry_cnt = 2;
 	a.rnr_retry = 2;
 	a.max_rd_atomic = 1;
 	return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
 			     IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+}
+
+static int connect_to(struct ibv_qp *qp, struct ibv_qp *peer)
+{
+	return connect_with(qp, peer, 10);
 }
 
 static int wait_wc(struct ibv_cq *cq, struct ibv_wc *wc)
@@ -452,6 +458,54 @@ int main(int argc, char **argv)
 		ibv_destroy_qp(s);
 		ibv_destroy_qp(src);
 		CHECK("srq-limit-destroy", ibv_destroy_srq(srq) == 0, "failed");
+	}
+
+	/* SQD, as rxe: RTS->SQD lets the messages in progress finish and starts no new one;
+	 * ibv_query_qp says sq_draining until they are done, a move out of SQD but to ERR is
+	 * refused meanwhile, and IBV_EVENT_SQ_DRAINED tells when it ends. The peer stays in INIT
+	 * (it drops the WRITE) until the drain has been seen; the WRITE's resend, one ACK timeout
+	 * (timeout 18, ~1 s) later, then completes it. */
+	{
+		struct ibv_qp *a = make_qp(cq, NULL, 1), *b = make_qp(cq, NULL, 1);
+		struct ibv_send_wr w = { .wr_id = 9, .sg_list = &sge, .num_sge = 1,
+					 .opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED };
+
+		while (ibv_poll_cq(cq, 1, &wc) > 0)
+			;
+		event_named(IBV_EVENT_SQ_DRAINED, NULL);
+		w.wr.rdma.remote_addr = (uintptr_t)buf;
+		w.wr.rdma.rkey = mr->rkey;
+		CHECK("sqd-setup", a && b && !to_init(a) && !to_init(b) && !connect_with(a, b, 18) &&
+		      !ibv_post_send(a, &w, &sbad), "setup, errno %d", errno);
+		qa.qp_state = IBV_QPS_SQD;
+		qa.en_sqd_async_notify = 1;
+		CHECK("sqd-enter", !ibv_modify_qp(a, &qa, IBV_QP_STATE | IBV_QP_EN_SQD_ASYNC_NOTIFY),
+		      "errno %d", errno);
+		CHECK("sqd-draining", !ibv_query_qp(a, &qa, IBV_QP_STATE, &qi) &&
+		      qa.qp_state == IBV_QPS_SQD && qa.sq_draining == 1,
+		      "state %d sq_draining %d", qa.qp_state, qa.sq_draining);
+		qa.qp_state = IBV_QPS_RTS;
+		CHECK("sqd-to-rts-while-draining", ibv_modify_qp(a, &qa, IBV_QP_STATE) == EINVAL,
+		      "accepted with a WRITE in flight");
+		CHECK("sqd-no-event-while-draining", !event_named(IBV_EVENT_SQ_DRAINED, a),
+		      "drained with a WRITE unacknowledged");
+		CHECK("sqd-peer-up", !connect_to(b, a), "errno %d", errno);
+		CHECK("sqd-drained-event", wait_event_named(IBV_EVENT_SQ_DRAINED, a),
+		      "no IBV_EVENT_SQ_DRAINED naming the QP");
+		CHECK("sqd-write-completed", wait_wc(cq, &wc) == 1 && wc.wr_id == 9 &&
+		      wc.status == IBV_WC_SUCCESS, "status %s", ibv_wc_status_str(wc.status));
+		CHECK("sqd-drained", !ibv_query_qp(a, &qa, IBV_QP_STATE, &qi) && qa.sq_draining == 0,
+		      "sq_draining %d", qa.sq_draining);
+		qa.qp_state = IBV_QPS_RTS;
+		CHECK("sqd-to-rts-after-drain", !ibv_modify_qp(a, &qa, IBV_QP_STATE), "errno %d", errno);
+		/* Nothing in flight: drained at once, back to RTS straight away. */
+		qa.qp_state = IBV_QPS_SQD;
+		CHECK("sqd-idle-round-trip", !ibv_modify_qp(a, &qa, IBV_QP_STATE) &&
+		      wait_event_named(IBV_EVENT_SQ_DRAINED, a) &&
+		      !ibv_modify_qp(a, &(struct ibv_qp_attr){ .qp_state = IBV_QPS_RTS }, IBV_QP_STATE),
+		      "errno %d", errno);
+		ibv_destroy_qp(a);
+		ibv_destroy_qp(b);
 	}
 
 	/* As rdma-core: ibv_destroy_cq waits until the completion events ibv_get_cq_event gave

@@ -112,6 +112,10 @@ pub(crate) fn deliver_completions(slot: &mut QpSlot) -> usize {
             };
         }
     }
+    if slot.qp.take_sq_drained() {
+        slot.send_cq
+            .raise(crate::AsyncEvent::SqDrained { qpn: slot.qp.qpn() });
+    }
     let state = slot.qp.state();
     if state == srdma_proto::QpState::Err && slot.state_seen != state {
         let qpn = slot.qp.qpn();
