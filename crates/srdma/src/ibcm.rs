@@ -231,6 +231,9 @@ struct GsiState {
     conns: HashSet<u32>,
     /// The REQs taken in, by sender and communication ID: a resent one is no new request.
     reqs: seen::SeenReqs<(Gid, u32)>,
+    /// The SIDR_REQs taken in, by sender and request ID, with the SIDR_REP that answered
+    /// each: a resent one is no new request, and gets that answer again.
+    sidrs: seen::SeenReqs<(Gid, u32), CmMsg>,
     counters: CmCounters,
 }
 
@@ -250,7 +253,9 @@ pub struct CmCounters {
     pub stray_dreqs: u64,
     /// REQs sent again by their peer: not a new request. One whose request the application
     /// has not answered yet gets an MRA (wait), as kernel rdma_cm answers it; one being
-    /// accepted gets its REP again.
+    /// accepted gets its REP again. SIDR_REQs sent again count here too: dropped while the
+    /// application decides (as kernel ib_cm drops them), answered with the same SIDR_REP
+    /// after.
     pub duplicate_reqs: u64,
     /// Messages nobody asked for, dropped (oldest first) when the backlog was full.
     pub backlog_dropped: u64,
@@ -293,6 +298,7 @@ impl Gsi {
                 listens: Vec::new(),
                 conns: HashSet::new(),
                 reqs: seen::SeenReqs::default(),
+                sidrs: seen::SeenReqs::default(),
                 counters: CmCounters::default(),
             }),
             waiters,
@@ -478,6 +484,24 @@ impl Gsi {
                 }
             }
         }
+        if let CmMsg::SidrReq(r) = &msg {
+            let key = (from, r.request_id);
+            match st.sidrs.arrive(key, hdr.tid, Instant::now()) {
+                seen::Arrival::New => {}
+                seen::Arrival::WhilePending => {
+                    st.counters.duplicate_reqs += 1;
+                    return;
+                }
+                seen::Arrival::Answered => {
+                    st.counters.duplicate_reqs += 1;
+                    if let Some(rep) = st.sidrs.answer(&key).cloned() {
+                        let hdr = MadHdr::cm(wire::attr::SIDR_REP, hdr.tid);
+                        let _ = self.send_in(st, from, &hdr, &rep);
+                    }
+                    return;
+                }
+            }
+        }
         if let CmMsg::Dreq(d) = &msg {
             if !st.conns.contains(&d.remote_comm_id) {
                 // The connection is gone (its DREP was lost, or it never was): a DREP ends
@@ -502,8 +526,10 @@ impl Gsi {
             st.counters.backlog_dropped += 1;
             // A REQ pushed out before a listener took it was never a request: its resend
             // is a new one, not a duplicate to answer with an MRA.
-            if let CmMsg::Req(r) = &old.msg {
-                st.reqs.forget((old.from, r.local_comm_id), old.hdr.tid);
+            match &old.msg {
+                CmMsg::Req(r) => st.reqs.forget((old.from, r.local_comm_id), old.hdr.tid),
+                CmMsg::SidrReq(r) => st.sidrs.forget((old.from, r.request_id), old.hdr.tid),
+                _ => {}
             }
         }
     }
@@ -1471,6 +1497,7 @@ impl IbListener {
                 hdr: got.hdr,
                 req,
                 from: got.from,
+                answered: Default::default(),
             }),
             _ => Err(CmError::Protocol("not a SIDR_REQ".into())),
         }
@@ -1487,13 +1514,23 @@ impl Drop for IbListener {
 }
 
 /// A SIDR_REQ (`rdma_connect` on a UD id) waiting for [`SidrRequest::accept`] or
-/// [`SidrRequest::reject`].
+/// [`SidrRequest::reject`]. Dropped unanswered, it is rejected ([`SIDR_REJECT`]), as kernel
+/// ib_cm rejects the SIDR_REQ of an id destroyed before it replied.
 #[derive(Debug)]
 pub struct SidrRequest {
     gsi: Gsi,
     hdr: MadHdr,
     req: wire::SidrReq,
     from: Gid,
+    answered: std::sync::atomic::AtomicBool,
+}
+
+impl Drop for SidrRequest {
+    fn drop(&mut self) {
+        if !self.answered.load(std::sync::atomic::Ordering::Relaxed) {
+            let _ = self.reply(SIDR_REJECT, 0, 0, &[]);
+        }
+    }
 }
 
 /// SIDR_REP status: the QP is valid.
@@ -1540,6 +1577,8 @@ impl SidrRequest {
             return Err(CmError::PrivateDataTooLong(data.len()));
         }
         private[..data.len()].copy_from_slice(data);
+        self.answered
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         let rep = CmMsg::SidrRep(wire::SidrRep {
             request_id: self.req.request_id,
             status,
@@ -1555,6 +1594,9 @@ impl SidrRequest {
             &MadHdr::cm(wire::attr::SIDR_REP, self.hdr.tid),
             &rep,
         )?;
+        lock(&self.gsi.inner.state)
+            .sidrs
+            .answered_with((self.from, self.req.request_id), rep);
         Ok(())
     }
 }

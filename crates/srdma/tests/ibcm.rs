@@ -512,3 +512,59 @@ fn a_request_dropped_unanswered_is_rejected() {
         r.map(|_| ())
     );
 }
+
+/// A SIDR_REQ sent again while the application decides is one request (QP1 drops the
+/// resends, as kernel ib_cm drops a SIDR_REQ it already holds), and the answer reaches the
+/// requester.
+#[test]
+fn a_resent_sidr_req_is_one_request() {
+    let (_a, ga) = dev("127.0.164.1");
+    let (_b, gb) = dev("127.0.164.2");
+    let listener = IbListener::bind_ps(&gb, srdma_wire::cm::port_space::UDP, 7900).unwrap();
+    let server = std::thread::spawn(move || {
+        let first = listener.accept_sidr(Duration::from_secs(10)).unwrap();
+        // The requester resends every 500 ms meanwhile.
+        let again = listener.accept_sidr(Duration::from_millis(1500));
+        first
+            .accept(srdma_wire::Qpn::new(0x1234), 0x1111_2222, b"hi")
+            .unwrap();
+        (again.is_ok(), gb.counters().duplicate_reqs)
+    });
+    let r = ibcm::sidr_resolve(
+        &ga,
+        "127.0.164.2:7900".parse().unwrap(),
+        5000,
+        &[],
+        Duration::from_secs(5),
+    );
+    let (again, dups) = server.join().unwrap();
+    let rep = r.unwrap();
+    assert_eq!((rep.qpn.value(), rep.qkey), (0x1234, 0x1111_2222));
+    assert_eq!(&rep.private_data[..2], b"hi");
+    assert!(!again, "a resent SIDR_REQ became a second request");
+    assert!(dups >= 1, "{dups} duplicate SIDR_REQs");
+}
+
+/// A SIDR request dropped unanswered is rejected, as kernel ib_cm rejects the SIDR_REQ of an
+/// id destroyed before it replied: the requester learns at once, not by its timeout.
+#[test]
+fn a_sidr_request_dropped_unanswered_is_rejected() {
+    let (_a, ga) = dev("127.0.165.1");
+    let (_b, gb) = dev("127.0.165.2");
+    let listener = IbListener::bind_ps(&gb, srdma_wire::cm::port_space::UDP, 7901).unwrap();
+    let server = std::thread::spawn(move || {
+        drop(listener.accept_sidr(Duration::from_secs(10)).unwrap());
+    });
+    let r = ibcm::sidr_resolve(
+        &ga,
+        "127.0.165.2:7901".parse().unwrap(),
+        5001,
+        &[],
+        Duration::from_secs(5),
+    );
+    server.join().unwrap();
+    assert!(
+        matches!(r, Err(CmError::Rejected { reason: 2, .. })),
+        "{r:?}"
+    );
+}

@@ -244,23 +244,6 @@ fn qp_destroyed(qpn: u32) {
     }
 }
 
-/// Recent SIDR requests a listener delivered, so that a SIDR_REQ sent again is not a new
-/// one.
-struct Seen(VecDeque<(Gid, u32)>);
-
-impl Seen {
-    fn first(&mut self, key: (Gid, u32)) -> bool {
-        if self.0.contains(&key) {
-            return false;
-        }
-        if self.0.len() >= 1024 {
-            self.0.pop_front();
-        }
-        self.0.push_back(key);
-        true
-    }
-}
-
 /// How long the port of a destroyed listening id keeps the requests that reach it for a new
 /// listener on the same port (and device) before they are rejected as for a closed port.
 ///
@@ -310,7 +293,6 @@ pub(super) fn start_lingering(holder: &Holder, d: usize, ps: u16, port: u16) {
 }
 
 pub(super) fn listen_loop(holder: Holder, d: usize, l: IbListener, ud: bool, ps: u16, port: u16) {
-    let mut seen = Seen(VecDeque::new());
     let tick = Duration::from_millis(50);
     // A request taken just as its listening id was destroyed: for the id that listens
     // again (perftest -R destroys its first listener right after its first connection,
@@ -343,11 +325,9 @@ pub(super) fn listen_loop(holder: Holder, d: usize, l: IbListener, ud: bool, ps:
         };
         let req = match held.take() {
             Some(r) => Some(r),
-            None if ud => l.accept_sidr(tick).ok().and_then(|r| {
-                seen.first((r.from(), r.request_id()))
-                    .then_some(Pending::Sidr(r))
-            }),
-            // A REQ sent again never comes here: QP1 answers it (see `srdma::ibcm`).
+            None if ud => l.accept_sidr(tick).ok().map(Pending::Sidr),
+            // A REQ or SIDR_REQ sent again never comes here: QP1 answers it (see
+            // `srdma::ibcm`).
             None => l.accept_request(tick).ok().map(Pending::Conn),
         };
         let Some(req) = req else { continue };

@@ -8,7 +8,9 @@
 //! application sees errors on ids it never asked for. As kernel ib_cm keys its REQs by the
 //! peer's communication ID, a REQ is known by its sender and communication ID (and its
 //! transaction ID: a new REQ that reuses an ID is a new request). A REQ is remembered for
-//! [`MEMORY`] after it was last seen. Pure: the caller gives the time.
+//! [`MEMORY`] after it was last seen. SIDR_REQs (`rdma_connect` on a UD id) are kept the
+//! same way, by sender and request ID, with the SIDR_REP that answered them (`A`): a resend
+//! whose answer was lost gets that answer again. Pure: the caller gives the time.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
@@ -35,22 +37,24 @@ pub(super) enum Arrival {
 }
 
 #[derive(Debug)]
-struct Entry {
+struct Entry<A> {
     tid: u64,
     last: Instant,
     answered: bool,
+    /// The answer kept to send again, if the caller keeps one.
+    answer: Option<A>,
 }
 
-/// REQs seen, by key (sender, communication ID).
+/// REQs seen, by key (sender, communication ID), with the answer to each (`A`), if kept.
 #[derive(Debug)]
-pub(super) struct SeenReqs<K> {
-    map: HashMap<K, Entry>,
+pub(super) struct SeenReqs<K, A = ()> {
+    map: HashMap<K, Entry<A>>,
     /// (when, key) as seen: entries expire from the front (an entry seen again since is
     /// found with a later `last` and stays).
     order: VecDeque<(Instant, K)>,
 }
 
-impl<K: Copy + Eq + Hash> Default for SeenReqs<K> {
+impl<K: Copy + Eq + Hash, A> Default for SeenReqs<K, A> {
     fn default() -> Self {
         SeenReqs {
             map: HashMap::new(),
@@ -59,7 +63,7 @@ impl<K: Copy + Eq + Hash> Default for SeenReqs<K> {
     }
 }
 
-impl<K: Copy + Eq + Hash> SeenReqs<K> {
+impl<K: Copy + Eq + Hash, A> SeenReqs<K, A> {
     /// A REQ with `key` and transaction ID `tid` arrives at `now`.
     pub(super) fn arrive(&mut self, key: K, tid: u64, now: Instant) -> Arrival {
         self.expire(now);
@@ -91,6 +95,7 @@ impl<K: Copy + Eq + Hash> SeenReqs<K> {
                         tid,
                         last: now,
                         answered: false,
+                        answer: None,
                     },
                 );
                 Arrival::New
@@ -103,6 +108,19 @@ impl<K: Copy + Eq + Hash> SeenReqs<K> {
         if let Some(e) = self.map.get_mut(&key) {
             e.answered = true;
         }
+    }
+
+    /// The request of `key` was answered with `answer`, kept to be sent again.
+    pub(super) fn answered_with(&mut self, key: K, answer: A) {
+        if let Some(e) = self.map.get_mut(&key) {
+            e.answered = true;
+            e.answer = Some(answer);
+        }
+    }
+
+    /// The answer kept for the request of `key`.
+    pub(super) fn answer(&self, key: &K) -> Option<&A> {
+        self.map.get(key).and_then(|e| e.answer.as_ref())
     }
 
     /// Forgets the REQ of `key` with transaction ID `tid` (one nobody took: a resend of it
@@ -148,7 +166,7 @@ mod tests {
     #[test]
     fn a_resent_req_is_pending_until_answered_then_answered() {
         let t = Instant::now();
-        let mut s = SeenReqs::default();
+        let mut s = SeenReqs::<_>::default();
         assert_eq!(s.arrive(7, 1, t), Arrival::New);
         assert_eq!(
             s.arrive(7, 1, t + Duration::from_millis(500)),
@@ -180,9 +198,23 @@ mod tests {
     }
 
     #[test]
+    fn an_answered_request_keeps_its_answer_for_the_resend() {
+        let t = Instant::now();
+        let mut s: SeenReqs<u32, &str> = SeenReqs::default();
+        assert_eq!(s.arrive(7, 1, t), Arrival::New);
+        assert_eq!(s.answer(&7), None);
+        s.answered_with(7, "rep");
+        assert_eq!(s.arrive(7, 1, t), Arrival::Answered);
+        assert_eq!(s.answer(&7), Some(&"rep"));
+        assert_eq!(s.answer(&8), None);
+        assert_eq!(s.arrive(7, 1, t + MEMORY + MEMORY), Arrival::New, "expired");
+        assert_eq!(s.answer(&7), None, "a new request has no answer yet");
+    }
+
+    #[test]
     fn a_flood_of_fresh_ids_is_bounded() {
         let t = Instant::now();
-        let mut s = SeenReqs::default();
+        let mut s = SeenReqs::<_>::default();
         for k in 0..(MOST as u32 + 1000) {
             assert_eq!(s.arrive(k, 1, t), Arrival::New);
         }
@@ -202,7 +234,7 @@ mod tests {
     #[test]
     fn forgotten_after_the_memory_unless_seen_again() {
         let t = Instant::now();
-        let mut s = SeenReqs::default();
+        let mut s = SeenReqs::<_>::default();
         s.arrive(1, 1, t);
         s.arrive(2, 1, t);
         s.arrive(2, 1, t + MEMORY / 2);
