@@ -60,6 +60,7 @@
 //! | 29 | 1 | initiator_depth: READ/atomic requests the sender issues in flight |
 //! | 30 | 1 | private data length, 0..=196 |
 //! | 31 | n | private data |
+//! | 31+n | 8 | optional ECE: vendor ID (a 24-bit OUI, in 4 bytes) and option bits. A REQ carries what its QP offers ([`crate::Qp::query_ece`]: srdma's selective repeat for RC unless `SRDMA_ECE=0`), a REP what the passive side agreed ([`crate::Qp::set_ece`]); absent, nothing is offered or agreed and both QPs keep the IBTA's go-back-N |
 //!
 //! REJ body: reason (2 bytes, the IB CM REJ reasons, see [`reason`]), private data length
 //! (1 byte, 0..=196), private data. RTU, DREQ and DREP bodies are empty.
@@ -69,7 +70,8 @@
 //! error ([`CmError::Protocol`]); a listener answers a bad REQ with a REJ naming the fault
 //! ([`reason::INVALID_CLASS_VERSION`], [`reason::INVALID_MTU`],
 //! [`reason::INVALID_TRANSPORT_TYPE`], else [`reason::UNSUPPORTED`]) and closes. Later
-//! versions may lengthen bodies; a version 1 peer refuses them.
+//! versions may lengthen bodies; a version 1 peer refuses them (an srdma from before the
+//! ECE trailer refuses a REQ that carries one: run `SRDMA_ECE=0` beside such a peer).
 //!
 //! # Timeouts
 //!
@@ -173,6 +175,8 @@ const BUSY_WAIT: Duration = Duration::from_millis(5);
 const MAGIC: [u8; 2] = *b"CM";
 const HEADER_LEN: usize = 6;
 const HELLO_LEN: usize = 31;
+/// The optional ECE trailer of a REQ or REP: vendor ID, options.
+const ECE_LEN: usize = 8;
 
 const T_REQ: u8 = 0x10;
 const T_REJ: u8 = 0x12;
@@ -423,6 +427,8 @@ struct Hello {
     responder_resources: u8,
     initiator_depth: u8,
     private_data: Vec<u8>,
+    /// ECE: what the REQ's QP offers, what the REP's QP agreed to (none: no trailer).
+    ece: crate::Ece,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -464,6 +470,10 @@ impl Hello {
         out.push(self.initiator_depth);
         out.push(self.private_data.len() as u8);
         out.extend(&self.private_data);
+        if self.ece.vendor_id != 0 {
+            out.extend(self.ece.vendor_id.to_be_bytes());
+            out.extend(self.ece.options.to_be_bytes());
+        }
     }
 
     fn decode(b: &[u8], what: &str) -> Result<Hello, WireError> {
@@ -512,13 +522,32 @@ impl Hello {
                 "{what} announces {n} bytes of private data, at most {MAX_PRIVATE_DATA} fit"
             )));
         }
-        if b.len() != HELLO_LEN + n {
-            return Err(malformed(format!(
-                "{what} body of {} bytes for {n} bytes of private data (expected {})",
-                b.len(),
-                HELLO_LEN + n
-            )));
-        }
+        let ece = match b.len() - HELLO_LEN {
+            k if k == n => crate::Ece::default(),
+            k if k == n + ECE_LEN => {
+                let at = HELLO_LEN + n;
+                let ece = crate::Ece {
+                    vendor_id: u32_at(at),
+                    options: u32_at(at + 4),
+                };
+                if ece.vendor_id == 0 || ece.vendor_id > 0xFF_FFFF {
+                    return Err(malformed(format!(
+                        "{what} ECE vendor ID {:#x} is not a 24-bit OUI",
+                        ece.vendor_id
+                    )));
+                }
+                ece
+            }
+            _ => {
+                return Err(malformed(format!(
+                    "{what} body of {} bytes for {n} bytes of private data (expected {}, or {} \
+                     with ECE)",
+                    b.len(),
+                    HELLO_LEN + n,
+                    HELLO_LEN + n + ECE_LEN
+                )));
+            }
+        };
         Ok(Hello {
             qpn: Qpn::new(qpn),
             psn: Psn::new(psn),
@@ -528,7 +557,8 @@ impl Hello {
             qp_type,
             responder_resources: b[28],
             initiator_depth: b[29],
-            private_data: b[HELLO_LEN..].to_vec(),
+            private_data: b[HELLO_LEN..HELLO_LEN + n].to_vec(),
+            ece,
         })
     }
 
@@ -597,7 +627,7 @@ fn type_name(t: u8) -> Option<&'static str> {
 /// The body lengths a message type allows.
 fn body_range(t: u8) -> (usize, usize) {
     match t {
-        T_REQ | T_REP => (HELLO_LEN, HELLO_LEN + MAX_PRIVATE_DATA),
+        T_REQ | T_REP => (HELLO_LEN, HELLO_LEN + MAX_PRIVATE_DATA + ECE_LEN),
         T_REJ => (3, 3 + MAX_PRIVATE_DATA),
         _ => (0, 0),
     }
@@ -1058,6 +1088,12 @@ impl ConnectRequest {
         let initiator = initiator.min(self.hello.responder_resources);
         let psn = crate::random_psn();
         let remote = self.hello.remote();
+        // What both QPs do on loss: srdma's selective repeat when the REQ offered it (and
+        // this QP does), else the IBTA's go-back-N.
+        let ece = match qp.set_ece(self.hello.ece) {
+            Ok(agreed) => agreed,
+            Err(e) => return Err(self.refuse(reason::NO_RESOURCES, e.into())),
+        };
         if let Err(e) = qp.connect(&remote, &opts.params(mtu, psn, initiator, responder)) {
             return Err(self.refuse(reason::NO_RESOURCES, e.into()));
         }
@@ -1072,6 +1108,7 @@ impl ConnectRequest {
             responder_resources: responder,
             initiator_depth: initiator,
             private_data: opts.private_data.clone(),
+            ece,
         });
         let fail = |e: CmError| {
             let _ = to_error(&qp);
@@ -1182,6 +1219,7 @@ pub fn connect(
         responder_resources: responder,
         initiator_depth: initiator,
         private_data: opts.private_data.clone(),
+        ece: qp.query_ece(),
     });
     send(&writer, &req)?;
     let rep = match reader.recv(Some(deadline)) {
@@ -1236,6 +1274,10 @@ pub fn connect(
     }
     let remote = rep.remote();
     let initiator = initiator.min(rep.responder_resources);
+    // The REP says what the passive side agreed to (nothing from a peer without ECE).
+    if let Err(e) = qp.set_ece(rep.ece) {
+        return refuse(reason::NO_RESOURCES, e.into());
+    }
     if let Err(e) = qp.connect(&remote, &opts.params(rep.mtu, psn, initiator, responder)) {
         return refuse(reason::NO_RESOURCES, e.into());
     }
@@ -1464,6 +1506,7 @@ mod tests {
             responder_resources: 3,
             initiator_depth: 4,
             private_data: (0..n).map(|i| i as u8).collect(),
+            ece: crate::Ece::default(),
         }
     }
 
@@ -1471,6 +1514,14 @@ mod tests {
         vec![
             Msg::Req(hello(0)),
             Msg::Req(hello(MAX_PRIVATE_DATA)),
+            Msg::Req(Hello {
+                ece: crate::Ece::srdma(),
+                ..hello(MAX_PRIVATE_DATA)
+            }),
+            Msg::Rep(Hello {
+                ece: crate::Ece::srdma(),
+                ..hello(3)
+            }),
             Msg::Rep(hello(17)),
             Msg::Rej {
                 reason: 28,
@@ -1521,13 +1572,43 @@ mod tests {
             (b"CM\x01\x11", reason::UNSUPPORTED),
             (b"CM\x01\x14\x00\x01", reason::UNSUPPORTED), // RTU with a body
             (b"CM\x01\x10\x00\x1e", reason::UNSUPPORTED), // REQ shorter than 31
-            (b"CM\x01\x10\x00\xe4", reason::UNSUPPORTED), // REQ longer than 227
+            (b"CM\x01\x10\x00\xec", reason::UNSUPPORTED), // REQ longer than 235
             (b"CM\x01\x12\xff\xff", reason::UNSUPPORTED),
         ];
         for (b, r) in bad {
             let e = decode(b).unwrap_err();
             assert_eq!(e.reason, *r, "{b:?}: {}", e.detail);
         }
+    }
+
+    #[test]
+    fn the_ece_trailer_is_read_and_checked() {
+        let with = Msg::Req(Hello {
+            ece: crate::Ece::srdma(),
+            ..hello(4)
+        })
+        .encode();
+        let plain = Msg::Req(hello(4)).encode();
+        assert_eq!(
+            with.len(),
+            plain.len() + ECE_LEN,
+            "ECE rides after the private data"
+        );
+        assert_eq!(
+            &with[HEADER_LEN + HELLO_LEN + 4..],
+            &[0, 2, 0x53, 0x52, 0, 0, 0, 1]
+        );
+        // A body whose length fits neither form, and a trailer naming no vendor.
+        let mut odd = with.clone();
+        odd.truncate(with.len() - 3);
+        odd[5] -= 3;
+        assert!(decode(&odd).is_err());
+        let mut none = with.clone();
+        none[HEADER_LEN + HELLO_LEN + 4..HEADER_LEN + HELLO_LEN + 8].fill(0);
+        assert!(decode(&none).is_err());
+        let mut wide = with;
+        wide[HEADER_LEN + HELLO_LEN + 4] = 1;
+        assert!(decode(&wide).is_err(), "vendor above 24 bits");
     }
 
     #[test]

@@ -937,3 +937,28 @@ fn handles_are_send_and_sync() {
     fn send<T: Send>() {}
     send::<CmEvent>();
 }
+
+/// Two srdma peers connected by the TCP CM agree on selective repeat (ECE in the REQ and
+/// REP, as the IB CM carries it), so the relay's QPs recover from loss without go-back-N;
+/// a UC connection offers nothing and agrees on nothing.
+#[test]
+fn srdma_peers_agree_on_selective_repeat() {
+    let (srv, cli) = hosts();
+    let listener = srv.listen();
+    let addr = listener.local_addr();
+    let server = thread::spawn(move || {
+        let req = listener.accept_request(LONG).unwrap();
+        let conn = req.accept_with(&srv.init(QpType::Rc), &opts(b"")).unwrap();
+        let rc = conn.qp().query_ece();
+        let req = listener.accept_request(LONG).unwrap();
+        let conn = req.accept_with(&srv.init(QpType::Uc), &opts(b"")).unwrap();
+        (rc, conn.qp().query_ece())
+    });
+    let rc = cli.connect(addr, &opts(b"")).unwrap();
+    let uc = cm::connect(&cli.dev, &cli.pd, addr, &cli.init(QpType::Uc), &opts(b"")).unwrap();
+    let (srv_rc, srv_uc) = server.join().unwrap();
+    assert!(rc.qp().query_ece().selective_repeat(), "client RC");
+    assert!(srv_rc.selective_repeat(), "server RC");
+    assert!(!uc.qp().query_ece().selective_repeat(), "client UC");
+    assert_eq!(srv_uc, srdma::Ece::default(), "server UC");
+}
