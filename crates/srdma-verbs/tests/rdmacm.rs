@@ -222,6 +222,25 @@ fn ucmatose_many_connections() {
     }
 }
 
+/// `RDMA_PS_IB` (ucmatose -P ib): the REQ names the IB port space's service ID, which the
+/// listener of that space answers (the client used to name the TCP space and got REJ 8).
+#[test]
+fn ucmatose_in_the_ib_port_space() {
+    let _serial = serial();
+    let (s, c) = pair(
+        "ucmatose",
+        133,
+        &["-P", "ib", "-c", "2", "-C", "5", "-p", "7475"],
+        &[
+            "-P", "ib", "-s", "{server}", "-c", "2", "-C", "5", "-p", "7475",
+        ],
+    );
+    for o in [&s, &c] {
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(out.contains("return status 0"), "{}", text(o));
+    }
+}
+
 #[test]
 fn udaddy_through_sidr() {
     let _serial = serial();

@@ -328,6 +328,11 @@ pub struct ConnectOptions {
     /// offers or the REP accepts (`rdma_set_local_ece`). A QP the CM connects offers its
     /// own ([`crate::Qp::query_ece`]).
     pub ece: crate::Ece,
+    /// IB CM, active side: the rdma_cm port space the REQ's service ID names
+    /// (`srdma_wire::cm::port_space`: TCP, the default, as `RDMA_PS_TCP`; IB for
+    /// `RDMA_PS_IB`). A listener of another port space does not see the REQ (a kernel
+    /// answers it with REJ 8, invalid service ID). The TCP CM has no port spaces.
+    pub port_space: u16,
 }
 
 impl Default for ConnectOptions {
@@ -347,6 +352,7 @@ impl Default for ConnectOptions {
             hop_limit: 64,
             unlisted_retry: Duration::ZERO,
             ece: crate::Ece::default(),
+            port_space: srdma_wire::cm::port_space::TCP,
         }
     }
 }

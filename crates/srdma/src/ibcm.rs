@@ -1107,7 +1107,7 @@ fn start(
     let req = CmMsg::Req(wire::Req {
         local_comm_id: comm_id,
         vendor_id: ece.vendor_id & 0xFF_FFFF,
-        service_id: wire::service_id(wire::port_space::TCP, server.port()),
+        service_id: wire::service_id(opts.port_space, server.port()),
         local_ca_guid: dev.query().node_guid,
         local_qkey: 0,
         local_qpn: qpn.value(),

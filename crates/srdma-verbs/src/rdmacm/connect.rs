@@ -18,6 +18,7 @@ fn options(
     };
     let mut o = options_ack(ack, param, max_private, peer)?;
     o.ece = ece;
+    o.port_space = me.wire_ps();
     Ok(o)
 }
 
