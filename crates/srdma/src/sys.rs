@@ -265,7 +265,8 @@ pub(crate) fn from_sockaddr(s: &libc::sockaddr_storage) -> Option<std::net::Sock
     }
 }
 
-/// The MTU of the interface that holds `addr` (None if no interface does).
+/// The MTU of the interface that holds `addr` — for any loopback address, the loopback
+/// interface's (rxe gives a device on `lo` its MTU) — or None if no interface does.
 pub(crate) fn interface_mtu(addr: std::net::IpAddr) -> Option<u32> {
     let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: getifaddrs fills `head` with a list we free below.
@@ -294,11 +295,18 @@ pub(crate) fn interface_mtu(addr: std::net::IpAddr) -> Option<u32> {
                 );
                 from_sockaddr(&st)
             };
-            if sa.is_some_and(|a| a.ip() == addr) {
+            let exact = sa.is_some_and(|a| a.ip() == addr);
+            // Every address of 127.0.0.0/8 (and ::1) is the loopback interface's, though
+            // it holds only 127.0.0.1: the kernel routes them all there.
+            let looped = addr.is_loopback()
+                && sa.is_some_and(|a| a.ip().is_loopback() && a.is_ipv4() == addr.is_ipv4());
+            if exact || (looped && name.is_none()) {
                 // SAFETY: `ifa_name` is a NUL-terminated string owned by the list.
                 let n = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) };
                 name = Some(n.to_string_lossy().into_owned());
-                break;
+                if exact {
+                    break;
+                }
             }
         }
         cur = ifa.ifa_next;
@@ -311,4 +319,21 @@ pub(crate) fn interface_mtu(addr: std::net::IpAddr) -> Option<u32> {
         .trim()
         .parse()
         .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_loopback_address_has_the_loopback_interfaces_mtu() {
+        let lo = interface_mtu("127.0.0.1".parse().unwrap());
+        assert!(lo.is_some(), "no interface holds 127.0.0.1");
+        assert_eq!(interface_mtu("127.0.77.9".parse().unwrap()), lo);
+        assert_eq!(
+            interface_mtu("192.0.2.77".parse().unwrap()),
+            None,
+            "TEST-NET-1"
+        );
+    }
 }
