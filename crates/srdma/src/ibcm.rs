@@ -1614,16 +1614,24 @@ pub struct SidrReply {
     pub private_data: Vec<u8>,
 }
 
-/// `rdma_connect` on a UD id: a SIDR_REQ for rdma_cm port `server` (UDP port space) from
-/// port `src_port`, sent again every [`RESEND`] until the SIDR_REP comes or `timeout`
-/// passes. A SIDR_REP with a non-zero status is [`CmError::Rejected`] with that status.
+/// `rdma_connect` on a UD id: a SIDR_REQ for rdma_cm port `server` (the UDP port space, or
+/// `opts.port_space` if that is another than TCP: IB) from port `src_port`, with
+/// `opts.private_data`, sent again every [`RESEND`] until the SIDR_REP comes or
+/// `opts.timeout` passes. A SIDR_REP with a non-zero status is [`CmError::Rejected`] with
+/// that status — but "unsupported" (nobody listens on the port yet) within
+/// `opts.unlisted_retry` of the first SIDR_REQ, which is asked again every 50 ms, as a REQ
+/// rejected for an unknown service is (see [`ConnectOptions::unlisted_retry`]).
 pub fn sidr_resolve(
     gsi: &Gsi,
     server: SocketAddr,
     src_port: u16,
-    private_data: &[u8],
-    timeout: Duration,
+    opts: &ConnectOptions,
 ) -> Result<SidrReply, CmError> {
+    let (private_data, timeout) = (&opts.private_data[..], opts.timeout);
+    let ps = match opts.port_space {
+        wire::port_space::TCP => wire::port_space::UDP,
+        other => other,
+    };
     let dev = gsi.device();
     let mut private = [0u8; 216];
     if private_data.len() > private.len() - wire::CMA_HDR_LEN {
@@ -1643,24 +1651,34 @@ pub fn sidr_resolve(
     let req = CmMsg::SidrReq(wire::SidrReq {
         request_id,
         pkey: 0xffff,
-        service_id: wire::service_id(wire::port_space::UDP, server.port()),
+        service_id: wire::service_id(ps, server.port()),
         private_data: private,
     });
     let peer = Gid::from_ip(server.ip());
     let tid = u64::from(random_u32()) << 32 | u64::from(request_id.swap_bytes());
     let hdr = MadHdr::cm(wire::attr::SIDR_REQ, tid);
     let started = Instant::now();
-    for _ in 0..MAX_SENDS {
+    let mut sends = 0;
+    while sends < MAX_SENDS {
         if started.elapsed() >= timeout {
             break;
         }
         gsi.send(peer, &hdr, &req)?;
+        sends += 1;
         let until = (Instant::now() + RESEND).min(started + timeout);
         let got = gsi.recv_keyed(until, &[Key::Comm(request_id)], |i| match &i.msg {
             CmMsg::SidrRep(m) => m.request_id == request_id,
             _ => false,
         });
         if let Some(CmMsg::SidrRep(rep)) = got.map(|i| i.msg) {
+            if rep.status == SIDR_UNSUPPORTED
+                && started.elapsed() + UNLISTED_EVERY < opts.unlisted_retry
+            {
+                // Nobody listens yet: ask again soon (not one of the request's resends).
+                std::thread::sleep(UNLISTED_EVERY);
+                sends -= 1;
+                continue;
+            }
             if rep.status != SIDR_SUCCESS {
                 return Err(CmError::Rejected {
                     reason: u16::from(rep.status),

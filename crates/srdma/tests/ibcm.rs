@@ -534,8 +534,10 @@ fn a_resent_sidr_req_is_one_request() {
         &ga,
         "127.0.164.2:7900".parse().unwrap(),
         5000,
-        &[],
-        Duration::from_secs(5),
+        &ConnectOptions {
+            timeout: Duration::from_secs(5),
+            ..ConnectOptions::default()
+        },
     );
     let (again, dups) = server.join().unwrap();
     let rep = r.unwrap();
@@ -559,12 +561,51 @@ fn a_sidr_request_dropped_unanswered_is_rejected() {
         &ga,
         "127.0.165.2:7901".parse().unwrap(),
         5001,
-        &[],
-        Duration::from_secs(5),
+        &ConnectOptions {
+            timeout: Duration::from_secs(5),
+            ..ConnectOptions::default()
+        },
     );
     server.join().unwrap();
     assert!(
         matches!(r, Err(CmError::Rejected { reason: 2, .. })),
         "{r:?}"
     );
+}
+
+/// A SIDR_REQ that finds nobody listening yet (SIDR_REP "unsupported") is asked again for
+/// `unlisted_retry`, as a REQ is: perftest -R's UD test connects as soon as its control
+/// connection is up, and its server may not listen on the UDP port yet (seen against rxe in
+/// the lab). Without it, the refusal is reported at once.
+#[test]
+fn a_sidr_req_before_the_listener_is_asked_again() {
+    let (_a, ga) = dev("127.0.166.1");
+    let (_b, gb) = dev("127.0.166.2");
+    let server = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        let listener = IbListener::bind_ps(&gb, srdma_wire::cm::port_space::UDP, 7902).unwrap();
+        let req = listener.accept_sidr(Duration::from_secs(10)).unwrap();
+        req.accept(srdma_wire::Qpn::new(0x4321), 7, &[]).unwrap();
+    });
+    let at_once = ibcm::sidr_resolve(
+        &ga,
+        "127.0.166.2:7902".parse().unwrap(),
+        5002,
+        &ConnectOptions::default(),
+    );
+    assert!(
+        matches!(at_once, Err(CmError::Rejected { reason: 1, .. })),
+        "{at_once:?}"
+    );
+    let r = ibcm::sidr_resolve(
+        &ga,
+        "127.0.166.2:7902".parse().unwrap(),
+        5003,
+        &ConnectOptions {
+            unlisted_retry: Duration::from_secs(2),
+            ..ConnectOptions::default()
+        },
+    );
+    server.join().unwrap();
+    assert_eq!(r.unwrap().qpn.value(), 0x4321);
 }

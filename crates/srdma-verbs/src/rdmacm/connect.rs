@@ -137,8 +137,7 @@ pub unsafe extern "C" fn rdma_connect(
             };
             lock(&me.sh.st).connecting = true;
             let r = run_job(move || {
-                let ev = match ibcm::sidr_resolve(&gsi, dst, src.port(), &o.private_data, o.timeout)
-                {
+                let ev = match ibcm::sidr_resolve(&gsi, dst, src.port(), &o) {
                     Ok(rep) => with_ud(
                         event(idp, RDMA_CM_EVENT_ESTABLISHED, 0),
                         Some(rep.gid),
