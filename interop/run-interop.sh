@@ -15,7 +15,8 @@
 #                   the same tools on rxe in the guest, both roles; dropin-rping-*
 #                   (dropin-rping-killed-client: the client SIGKILLed mid-run, rxe's
 #                   server must get its DISCONNECT EVENT),
-#                   dropin-udaddy-*, dropin-ucmatose-*, dropin-rdma-*, dropin-*-R-*:
+#                   dropin-udaddy-*, dropin-ucmatose-* (-ib-: RDMA_PS_IB), dropin-rdma-*,
+#                   dropin-*-R-* (dropin-send-bw-R-ud-server: perftest -R's UD test, SIDR):
 #                   rdmacm-utils and perftest -R through the drop-in librdmacm.so.1 against
 #                   rdma-core's librdmacm on rxe; dropin-mckey-*: UD multicast (mckey),
 #                   each side receiving; dropin-rstream-*, dropin-riostream-*: rsockets
@@ -319,6 +320,18 @@ selected dropin-send-lat-R-server && { scenario dropin-send-lat-R-server \
 selected dropin-send-lat-R-client && { scenario dropin-send-lat-R-client \
   "retry 80 0.5 ib_send_lat -R -d rxe0 -u 18 -s 8 -n 100 10.77.0.1" \
   "$EXEC ib_send_lat -R -s 8 -n 100" || fail=1; }
+# perftest -R's UD test: its UD id connects (SIDR) right after the control connection, maybe
+# before the rxe server listens on the UDP port (rxe answers "unsupported"; srdma asks again).
+selected dropin-send-bw-R-ud-server && { scenario dropin-send-bw-R-ud-server \
+  "ib_send_bw -R -c UD -d rxe0 -u 18 -s 1024 -n 200" \
+  "$RUNS/@/retry-host $EXEC ib_send_bw -R -c UD -s 1024 -n 200 10.77.0.2" || fail=1; }
+# RDMA_PS_IB: the REQ names the IB port space's service ID, as kernel rdma_cm forms it.
+selected dropin-ucmatose-ib-server-on-rxe && { scenario dropin-ucmatose-ib-server-on-rxe \
+  "ucmatose -P ib -c 2 -C 5" \
+  "$RUNS/@/retry-host $EXEC ucmatose -P ib -s 10.77.0.2 -c 2 -C 5" || fail=1; }
+selected dropin-ucmatose-ib-client-on-rxe && { scenario dropin-ucmatose-ib-client-on-rxe \
+  "retry 80 0.5 ucmatose -P ib -s 10.77.0.1 -c 2 -C 5" \
+  "$EXEC ucmatose -P ib -c 2 -C 5" || fail=1; }
 selected dropin-udaddy-client-on-rxe && { scenario dropin-udaddy-client-on-rxe \
   "retry 80 0.5 udaddy -s 10.77.0.1 -C 5" \
   "$EXEC udaddy -C 5" || fail=1; }
