@@ -1063,42 +1063,11 @@ fn drain(fd: RawFd) {
 }
 
 /// Receives one message of at most `buf.len()` bytes on `fd` (`flags` as recvmsg's), and the
-/// descriptor it carried, if any: recvmsg's result and the descriptor.
+/// first descriptor it carried, if any (any other is closed): recvmsg's result and the
+/// descriptor.
 fn recv_with_fd(fd: RawFd, buf: &mut [u8], flags: libc::c_int) -> (isize, Option<OwnedFd>) {
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
-    let mut cbuf = [0u64; 8];
-    // SAFETY: msghdr is plain data; all zeroes is valid.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cbuf.as_mut_ptr().cast();
-    msg.msg_controllen = size_of::<[u64; 8]>();
-    // SAFETY: `msg` points at live buffers of the sizes it states.
-    let n = unsafe { libc::recvmsg(fd, &mut msg, flags | libc::MSG_CMSG_CLOEXEC) };
-    // Every descriptor that came along is owned (the first kept, any other closed).
-    let mut passed = Vec::new();
-    if n > 0 {
-        // SAFETY: the kernel filled `msg_controllen` bytes of `cbuf` with well-formed cmsgs
-        // whose data lies inside `cbuf`; the descriptors they carry are ours.
-        unsafe {
-            let cm = libc::CMSG_FIRSTHDR(&msg);
-            if !cm.is_null()
-                && (*cm).cmsg_level == libc::SOL_SOCKET
-                && (*cm).cmsg_type == libc::SCM_RIGHTS
-            {
-                let data = libc::CMSG_DATA(cm);
-                let len = (*cm).cmsg_len - (data as usize - cm as usize);
-                for i in 0..len / size_of::<RawFd>() {
-                    let f = data.cast::<RawFd>().add(i).read_unaligned();
-                    passed.push(OwnedFd::from_raw_fd(f));
-                }
-            }
-        }
-    }
-    (n, passed.into_iter().next())
+    let r = crate::shm::port::recv_msg(fd, buf, flags);
+    (r.n, r.fds.into_iter().next())
 }
 
 fn send_slot(conn: &OwnedFd, slot: u8, fd: RawFd) -> io::Result<()> {

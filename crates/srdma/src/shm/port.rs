@@ -162,56 +162,9 @@ impl Port {
     /// waits.
     pub(crate) fn accept(&self) -> Option<Result<Hello, &'static str>> {
         let mut m = [0u8; MSG_LEN + 1];
-        let mut iov = libc::iovec {
-            iov_base: m.as_mut_ptr().cast(),
-            iov_len: m.len(),
-        };
-        let mut cbuf = [0u64; 16];
-        // SAFETY: msghdr is plain data; all zeroes is valid.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = cbuf.as_mut_ptr().cast();
-        msg.msg_controllen = size_of::<[u64; 16]>();
-        // SAFETY: `msg` points at live buffers of the sizes it states.
-        let n = unsafe {
-            libc::recvmsg(
-                self.fd.as_raw_fd(),
-                &mut msg,
-                libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC,
-            )
-        };
-        if n < 0 {
-            return None;
-        }
-        // Every descriptor that came along is owned (and so closed) whatever the verdict.
-        let mut fds: Vec<OwnedFd> = Vec::new();
-        let mut cred: Option<libc::ucred> = None;
-        // SAFETY: the kernel filled `msg_controllen` bytes of `cbuf` with well-formed cmsgs;
-        // the data of each lies inside `cbuf`.
-        unsafe {
-            let mut cm = libc::CMSG_FIRSTHDR(&msg);
-            while !cm.is_null() {
-                let data = libc::CMSG_DATA(cm);
-                let len = (*cm).cmsg_len - (data as usize - cm as usize);
-                match ((*cm).cmsg_level, (*cm).cmsg_type) {
-                    (libc::SOL_SOCKET, libc::SCM_RIGHTS) => {
-                        for i in 0..len / size_of::<RawFd>() {
-                            let fd = data.cast::<RawFd>().add(i).read_unaligned();
-                            fds.push(OwnedFd::from_raw_fd(fd));
-                        }
-                    }
-                    (libc::SOL_SOCKET, libc::SCM_CREDENTIALS)
-                        if len >= size_of::<libc::ucred>() =>
-                    {
-                        cred = Some(data.cast::<libc::ucred>().read_unaligned());
-                    }
-                    _ => {}
-                }
-                cm = libc::CMSG_NXTHDR(&msg, cm);
-            }
-        }
-        Some(hello_of(&m[..n as usize], cred, fds))
+        let r = recv_msg(self.fd.as_raw_fd(), &mut m, libc::MSG_DONTWAIT);
+        let n = usize::try_from(r.n).ok()?;
+        Some(hello_of(&m[..n], r.cred, r.fds))
     }
 }
 
@@ -255,6 +208,65 @@ fn hello_of(
         mem,
         link,
     })
+}
+
+/// A message received on a Unix socket, with what came along.
+pub(crate) struct Received {
+    /// recvmsg's result: the bytes received, 0 at the end, -1 with errno.
+    pub(crate) n: isize,
+    /// Every descriptor passed with it (owned: closed unless kept).
+    pub(crate) fds: Vec<OwnedFd>,
+    /// The sender's credentials, if they came (SO_PASSCRED).
+    pub(crate) cred: Option<libc::ucred>,
+}
+
+/// Receives one message of at most `buf.len()` bytes on Unix socket `fd` (`flags` as
+/// recvmsg's), with every descriptor and the credentials that came along.
+pub(crate) fn recv_msg(fd: RawFd, buf: &mut [u8], flags: libc::c_int) -> Received {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let mut cbuf = [0u64; 16];
+    // SAFETY: msghdr is plain data; all zeroes is valid.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = size_of::<[u64; 16]>();
+    // SAFETY: `msg` points at live buffers of the sizes it states.
+    let n = unsafe { libc::recvmsg(fd, &mut msg, flags | libc::MSG_CMSG_CLOEXEC) };
+    let mut r = Received {
+        n,
+        fds: Vec::new(),
+        cred: None,
+    };
+    if n < 0 {
+        return r;
+    }
+    // SAFETY: the kernel filled `msg_controllen` bytes of `cbuf` with well-formed cmsgs;
+    // the data of each lies inside `cbuf`, and the descriptors they carry are ours.
+    unsafe {
+        let mut cm = libc::CMSG_FIRSTHDR(&msg);
+        while !cm.is_null() {
+            let data = libc::CMSG_DATA(cm);
+            let len = (*cm).cmsg_len - (data as usize - cm as usize);
+            match ((*cm).cmsg_level, (*cm).cmsg_type) {
+                (libc::SOL_SOCKET, libc::SCM_RIGHTS) => {
+                    for i in 0..len / size_of::<RawFd>() {
+                        let fd = data.cast::<RawFd>().add(i).read_unaligned();
+                        r.fds.push(OwnedFd::from_raw_fd(fd));
+                    }
+                }
+                (libc::SOL_SOCKET, libc::SCM_CREDENTIALS) if len >= size_of::<libc::ucred>() => {
+                    r.cred = Some(data.cast::<libc::ucred>().read_unaligned());
+                }
+                _ => {}
+            }
+            cm = libc::CMSG_NXTHDR(&msg, cm);
+        }
+    }
+    r
 }
 
 /// Maps the first `len` bytes of a memfd another process sent: it must be sealed against
