@@ -27,6 +27,8 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=relay_lab.sh
+. "$ROOT/benchmarks/relay_lab.sh"
 SIZE=${SIZE:-256MiB}
 RATES=${RATES:-${RATE:-200mbit 500mbit}}
 CHUNK=${CHUNK:-1MiB}
@@ -88,18 +90,7 @@ trap 'exit 130' INT TERM
 
 addr() { echo "10.199.0.$(($1 + 1))"; }
 
-ip netns add "$WIRE"
-ip -n "$WIRE" link add br0 type bridge
-ip -n "$WIRE" link set br0 mtu "$MTU" up
-for ((i = 0; i < NHOSTS; i++)); do
-    ns="$PREFIX-$i"
-    ip netns add "$ns"
-    ip -n "$ns" link add eth0 mtu "$MTU" type veth peer name "p$i" mtu "$MTU" netns "$WIRE"
-    ip -n "$ns" addr add "$(addr "$i")/24" dev eth0
-    ip -n "$ns" link set eth0 up
-    ip -n "$ns" link set lo up
-    ip -n "$WIRE" link set "p$i" master br0 up
-done
+relay_lab_up
 
 # tbf on every host's eth0: each hop of a chain is one host sending to the next, so every
 # link of the chain is limited to RATE. The burst must hold at least one jumbo frame and
@@ -128,26 +119,11 @@ lab_drops() {
     echo "$tbf $rcv"
 }
 
-# Writes the config of a chain of $1 hops to $2: n0 (source) -> n1 ... -> n$1 (sink).
-chain_config() {
-    local hops=$1 file=$2 i
-    {
-        printf '[transfer]\nchunk_size = "%s"\nslots = %s\nforward = "%s"\n' "$CHUNK" "$SLOTS" "$FORWARD"
-        printf '\n[[node]]\nname = "n0"\naddr = "%s"\nrole = "source"\nsource = "gen:%s"\n' "$(addr 0)" "$SIZE"
-        for ((i = 1; i < hops; i++)); do
-            printf '\n[[node]]\nname = "n%d"\naddr = "%s"\nrole = "relay"\nparent = "n%d"\nstages = ["verify"]\n' \
-                "$i" "$(addr "$i")" $((i - 1))
-        done
-        printf '\n[[node]]\nname = "n%d"\naddr = "%s"\nrole = "sink"\nparent = "n%d"\nsink = "discard"\nstages = ["verify"]\n' \
-            "$hops" "$(addr "$hops")" $((hops - 1))
-    } >"$file"
-}
-
 # Runs a chain of $1 hops; results in $WORK/run-$2/. Sets STATUS to "ok" or "failed".
 run_chain() {
     local hops=$1 dir=$WORK/run-$2 i
     mkdir -p "$dir"
-    chain_config "$hops" "$dir/relay.toml"
+    relay_chain_config "$hops" "$dir/relay.toml"
     PIDS=()
     # Leaves first, so every listener is up before its parent connects.
     for ((i = hops; i >= 0; i--)); do

@@ -19,12 +19,15 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=relay_lab.sh
+. "$ROOT/benchmarks/relay_lab.sh"
 SIZE=${SIZE:-256MiB}
 LOSSES=${LOSSES:-"0 0.1 1"}
 HOPS=${HOPS:-"1 3"}
 PASSES=${PASSES:-2}
 OUT=${OUT:-$ROOT/benchmarks/results/relay_loss.md}
 RUN_LIMIT=${RUN_LIMIT:-300}
+MTU=1500 CHUNK=1MiB SLOTS=8 FORWARD=send
 
 skip() { echo "relay_loss.sh: SKIPPED: $*" >&2; exit 77; }
 die() { echo "relay_loss.sh: $*" >&2; exit 1; }
@@ -61,18 +64,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 addr() { echo "10.198.0.$(($1 + 1))"; }
-ip netns add "$WIRE"
-ip -n "$WIRE" link add br0 type bridge
-ip -n "$WIRE" link set br0 up
-for ((i = 0; i < NHOSTS; i++)); do
-    ns="$PREFIX-$i"
-    ip netns add "$ns"
-    ip -n "$ns" link add eth0 type veth peer name "p$i" netns "$WIRE"
-    ip -n "$ns" addr add "$(addr "$i")/24" dev eth0
-    ip -n "$ns" link set eth0 up
-    ip -n "$ns" link set lo up
-    ip -n "$WIRE" link set "p$i" master br0 up
-done
+relay_lab_up
 
 # Drops $1 % of what every host sends to UDP 4791 and to the TCP stream's port.
 set_loss() {
@@ -88,26 +80,13 @@ set_loss() {
     done
 }
 
-chain_config() { # hops file
-    local hops=$1 file=$2 i
-    {
-        printf '[transfer]\nchunk_size = "1MiB"\nslots = 8\n'
-        printf '\n[[node]]\nname = "n0"\naddr = "%s"\nrole = "source"\nsource = "gen:%s"\n' "$(addr 0)" "$SIZE"
-        for ((i = 1; i < hops; i++)); do
-            printf '\n[[node]]\nname = "n%d"\naddr = "%s"\nrole = "relay"\nparent = "n%d"\nstages = ["verify"]\n' \
-                "$i" "$(addr "$i")" $((i - 1))
-        done
-        printf '\n[[node]]\nname = "n%d"\naddr = "%s"\nrole = "sink"\nparent = "n%d"\nsink = "discard"\nstages = ["verify"]\n' \
-            "$hops" "$(addr "$hops")" $((hops - 1))
-    } >"$file"
-}
 
 # Runs a chain of $1 hops with SRDMA_ECE=$2 into $WORK/$3; prints the sink's MB/s and the
 # nodes' retransmissions, or "FAILED".
 run_chain() {
     local hops=$1 ece=$2 dir=$WORK/$3 i p ok=1
     mkdir -p "$dir"
-    chain_config "$hops" "$dir/relay.toml"
+    relay_chain_config "$hops" "$dir/relay.toml"
     PIDS=()
     for ((i = hops; i >= 0; i--)); do
         ip netns exec "$PREFIX-$i" env SRDMA_ECE="$ece" timeout -s KILL "$RUN_LIMIT" \
