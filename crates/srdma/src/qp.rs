@@ -409,6 +409,12 @@ impl Qp {
         })
     }
 
+    /// Whether the QP recovers losses by srdma's selective repeat (agreed through ECE with
+    /// an srdma peer, [`Qp::set_ece`]) rather than the IBTA's go-back-N.
+    pub fn selective_repeat(&self) -> bool {
+        self.with(|s| s.qp.reliability() == srdma_proto::Reliability::SelectiveRepeat)
+    }
+
     /// What this QP offers: selective repeat for an RC QP, unless turned off.
     fn offer(&self) -> Ece {
         if self.inner.qp_type == QpType::Rc && Ece::enabled_by_env() {

@@ -949,16 +949,19 @@ fn srdma_peers_agree_on_selective_repeat() {
     let server = thread::spawn(move || {
         let req = listener.accept_request(LONG).unwrap();
         let conn = req.accept_with(&srv.init(QpType::Rc), &opts(b"")).unwrap();
-        let rc = conn.qp().query_ece();
+        let rc = (conn.qp().query_ece(), conn.qp().selective_repeat());
         let req = listener.accept_request(LONG).unwrap();
         let conn = req.accept_with(&srv.init(QpType::Uc), &opts(b"")).unwrap();
-        (rc, conn.qp().query_ece())
+        (rc, conn.qp().query_ece(), conn.qp().selective_repeat())
     });
     let rc = cli.connect(addr, &opts(b"")).unwrap();
     let uc = cm::connect(&cli.dev, &cli.pd, addr, &cli.init(QpType::Uc), &opts(b"")).unwrap();
-    let (srv_rc, srv_uc) = server.join().unwrap();
-    assert!(rc.qp().query_ece().selective_repeat(), "client RC");
-    assert!(srv_rc.selective_repeat(), "server RC");
-    assert!(!uc.qp().query_ece().selective_repeat(), "client UC");
+    let ((srv_ece, srv_sr), srv_uc, srv_uc_sr) = server.join().unwrap();
+    // Agreed, and in force: the QPs recover by selective repeat (an offer alone is not).
+    assert!(rc.qp().selective_repeat(), "client RC");
+    assert!(srv_sr && srv_ece.selective_repeat(), "server RC");
+    assert!(rc.qp().query_ece().selective_repeat());
+    assert!(!uc.qp().selective_repeat(), "client UC");
+    assert!(!srv_uc_sr, "server UC");
     assert_eq!(srv_uc, srdma::Ece::default(), "server UC");
 }
