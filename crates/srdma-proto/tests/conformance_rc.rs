@@ -959,6 +959,79 @@ fn partial_read_retry_restarts_at_the_missing_offset() {
     );
 }
 
+/// A 1 MiB READ from B whose responses lose PSN 100 once, `selective` or go-back-N between
+/// the two; returns the pair after it settled and the time the READ took.
+fn read_losing_one_response(selective: bool) -> (Pair, Duration) {
+    let mut p = rc();
+    if selective {
+        p.a.qp
+            .set_reliability(srdma_proto::transport::Reliability::SelectiveRepeat);
+        p.b.qp
+            .set_reliability(srdma_proto::transport::Reliability::SelectiveRepeat);
+    }
+    let len = 1 << 20;
+    let data = pattern(len);
+    let remote = p.reg(B, DST, len, 0, all_remote());
+    p.bytes_mut(B, &remote).copy_from_slice(&data);
+    let local = p.reg(A, SRC, len, 0, all_remote());
+    p.post_send(
+        A,
+        wr(
+            1,
+            SendOp::Read {
+                remote_addr: DST,
+                rkey: rkey(&remote),
+            },
+            &[sge(&local, SRC, len as u32)],
+        ),
+    );
+    let start = p.now;
+    let mut dropped = false;
+    p.settle_with(10_000, |from, r| {
+        if from == B && r.bth.psn == ps(100) && !dropped {
+            dropped = true;
+            return Fate::Drop;
+        }
+        Fate::Deliver
+    });
+    assert!(dropped);
+    assert_eq!(st(&p.completions(A)), vec![(1, WcStatus::Success)]);
+    same(p.bytes(A, &local), &data, "data");
+    let took = p.now - start;
+    (p, took)
+}
+
+/// Rule (srdma): READ responses are not acknowledged, and a requester that asks for some
+/// again lost them (IBA 9.7.5.1.4: a READ request with a PSN already executed). Toward a
+/// go-back-N requester (rxe, a NIC) that is the responder's loss signal: its READ responses
+/// are paced from then on, at half the rate they left at (at least
+/// `congestion::dcqcn::MIN_RATE`), so that a requester slower than srdma (rxe in a slow
+/// guest) is not sent bursts it loses again and again. They still go in PSN order and the
+/// data is intact. A selective-repeat requester paces its READs itself: no cut there.
+#[test]
+fn a_read_asked_again_paces_the_responses_toward_a_go_back_n_requester() {
+    use srdma_proto::congestion::{dcqcn::MIN_RATE, responses::HOLD};
+    let (p, took) = read_losing_one_response(false);
+    let cc = p.b.qp.congestion();
+    assert_eq!(cc.read_cuts, 1, "one loss, one cut");
+    // The simulated clock stands still while packets move: the rate measured before the
+    // cut is nothing, and the limit is the floor, MIN_RATE. What followed the lost PSN
+    // (about 900 KiB) needs more than HOLD at that rate, so the READ took at least HOLD;
+    // the limit then grew back to the rate first measured and went.
+    assert!((900 << 10) as f64 / MIN_RATE as f64 > HOLD.as_secs_f64());
+    assert!(took >= HOLD, "{took:?}");
+    assert_eq!(cc.read_rate, None);
+    // The responses in PSN order after the re-request, never a gap.
+    let psns: Vec<_> = wire(&p, B).into_iter().map(|(_, psn)| psn).collect();
+    let restart = psns.iter().rposition(|&x| x == ps(100)).unwrap();
+    assert!(psns[restart..].windows(2).all(|w| w[1] == w[0].add(1)));
+
+    let (p, took) = read_losing_one_response(true);
+    let cc = p.b.qp.congestion();
+    assert_eq!((cc.read_cuts, cc.read_rate), (0, None));
+    assert!(took < Duration::from_millis(100), "{took:?}");
+}
+
 /// Rule (rxe interoperability): rxe's responder replays a partial READ from its resource in
 /// the "replay" state and so answers a re-request that starts mid-READ with
 /// READ_RESPONSE_MIDDLE … LAST (`rxe_resp.c read_reply`: `res->state != new` → MIDDLE/LAST),
@@ -3327,7 +3400,9 @@ fn a_lost_response_of_a_long_read_is_asked_again_to_its_segment_end() {
     let (a, b) = long_regions(&mut p);
     read_1m(&mut p, &a, &b);
     let mut dropped = false;
-    p.settle_with(50, |from, r| {
+    // Timers enough for the responses paced after the re-request (go-back-N: see
+    // `a_read_asked_again_paces_the_responses_toward_a_go_back_n_requester`).
+    p.settle_with(10_000, |from, r| {
         if from == B && r.bth.psn == ps(300) && !dropped {
             dropped = true;
             return Fate::Drop;

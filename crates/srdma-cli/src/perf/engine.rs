@@ -395,6 +395,8 @@ impl Rdma {
                     "timeouts": c.timeouts,
                     "spurious_timeouts": c.spurious_timeouts,
                     "cnps": c.cnps,
+                    "read_rate_mib_s": c.read_rate.map(|r| r as f64 / f64::from(1 << 20)),
+                    "read_cuts": c.read_cuts,
                     "selective_repeat": q.query_ece().selective_repeat(),
                 })
             })

@@ -8,6 +8,8 @@
 //! - [`rtt`]: the round-trip time and the path's base RTT.
 //! - [`dcqcn`]: the reaction point of DCQCN: a rate limit that CNPs cut.
 //! - [`pacing`]: the token bucket that applies a rate.
+//! - [`responses`]: the rate of READ responses toward a go-back-N requester, cut when it
+//!   asks for responses again.
 //!
 //! The [`Controller`] joins them. Its policy:
 //!
@@ -34,6 +36,7 @@
 
 pub mod dcqcn;
 pub mod pacing;
+pub mod responses;
 pub mod rtt;
 pub mod window;
 
@@ -95,6 +98,11 @@ pub struct CcStats {
     pub spurious_timeouts: u64,
     /// CNPs taken in.
     pub cnps: u64,
+    /// The READ responses' rate limit, bytes per second (`None`: not paced; see
+    /// [`responses`]).
+    pub read_rate: Option<u64>,
+    /// Repeated READs that cut it.
+    pub read_cuts: u64,
 }
 
 /// The flow's part of the delay target (Swift's `fs_range · (1/√w − 1/√max) / (1/√min −

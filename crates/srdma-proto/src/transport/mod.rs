@@ -309,6 +309,11 @@ pub struct Qp {
     pace_until: Option<Duration>,
     /// How often CE-marked packets are answered with a CNP.
     cnp_gate: crate::congestion::CnpGate,
+    /// The rate of READ responses toward a go-back-N requester (see
+    /// [`crate::congestion::responses`]).
+    read_pace: crate::congestion::responses::ResponsePacer,
+    /// That rate holds the READ response at the head of the responses back until then.
+    read_pace_until: Option<Duration>,
 
     // Completer.
     comp_psn: Psn,
@@ -408,6 +413,8 @@ impl Qp {
             cc: crate::congestion::Controller::default(),
             pace_until: None,
             cnp_gate: crate::congestion::CnpGate::default(),
+            read_pace: Default::default(),
+            read_pace_until: None,
             comp_psn: Psn::new(0),
             retry_left: 0,
             rnr_retry_left: 0,
@@ -524,7 +531,21 @@ impl Qp {
 
     /// Where the QP's congestion control stands (window, rate, RTT, what it reacted to).
     pub fn congestion(&self) -> crate::congestion::CcStats {
-        self.cc.stats()
+        crate::congestion::CcStats {
+            read_rate: self.read_pace.rate(),
+            read_cuts: self.read_pace.cuts(),
+            ..self.cc.stats()
+        }
+    }
+
+    /// Whether this QP's READ responses are paced when the requester asks for them again:
+    /// an RC QP that recovers by go-back-N (toward rxe and NICs) on a network path. A
+    /// selective-repeat requester's window covers the responses it asks for; a same-host
+    /// path is memory.
+    fn paces_reads(&self) -> bool {
+        self.cfg.qp_type == QpType::Rc
+            && self.reliability == Reliability::GoBackN
+            && !self.cc.is_unlimited()
     }
 
     /// Send WQEs posted and not yet completed.
@@ -658,6 +679,7 @@ impl Qp {
         } else {
             self.resp_out.clear();
         }
+        self.read_pace_until = None;
     }
 
     /// `ibv_post_send`. Fails without side effects when the QP state, the queue depth or the
@@ -845,6 +867,7 @@ impl Qp {
             self.retrans_deadline,
             self.rnr_deadline,
             self.pace_until,
+            self.read_pace_until,
             self.rto_deadline,
             self.tlp_deadline,
         ]
@@ -857,13 +880,19 @@ impl Qp {
     /// [`Qp::poll_timeout`]): an engine keeps this deadline to the microsecond, where the
     /// transport's other timers may round up.
     pub fn pace_deadline(&self) -> Option<Duration> {
-        self.pace_until
+        match (self.pace_until, self.read_pace_until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Runs the timers that are due at `now`.
     pub fn handle_timeout(&mut self, ctx: &mut Ctx<'_>) {
         if self.pace_until.is_some_and(|t| ctx.now >= t) {
             self.pace_until = None;
+        }
+        if self.read_pace_until.is_some_and(|t| ctx.now >= t) {
+            self.read_pace_until = None;
         }
         self.completer_timeout(ctx.now);
     }
@@ -1035,7 +1064,7 @@ impl Qp {
 
     /// True when the QP has something to send right now.
     pub fn wants_transmit(&self) -> bool {
-        !self.resp_out.is_empty() || self.has_requests_ready()
+        (!self.resp_out.is_empty() && self.read_pace_until.is_none()) || self.has_requests_ready()
     }
 
     fn connected_dest(&self) -> Dest {

@@ -597,7 +597,9 @@ impl Qp {
                 if !inside {
                     return;
                 }
-                let _ = ctx;
+                if self.paces_reads() {
+                    self.read_pace.repeated(ctx.now);
+                }
                 self.resp_out.push_back(RespOut::Read {
                     first: psn,
                     next: psn,
@@ -745,6 +747,16 @@ impl Qp {
                     rkey,
                     len,
                 } => {
+                    // Responses go in PSN order: a paced READ holds back what follows it.
+                    if self.read_pace_until.is_some() {
+                        return None;
+                    }
+                    if self.paces_reads()
+                        && let Some(t) = self.read_pace.delay(ctx.now)
+                    {
+                        self.read_pace_until = Some(t);
+                        return None;
+                    }
                     let pmtu = self.pmtu();
                     let n = last.diff(first) as u32 + 1;
                     let k = next.diff(first) as u32;
@@ -793,6 +805,9 @@ impl Qp {
                             self.enter_error(true);
                             continue;
                         }
+                    }
+                    if self.paces_reads() {
+                        self.read_pace.sent(ctx.now, plen_total as u32);
                     }
                     if k + 1 >= n {
                         self.resp_out.pop_front();
