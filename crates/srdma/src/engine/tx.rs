@@ -89,7 +89,7 @@ impl Shared {
     /// unless a capture wants it whole), then goes to the first driver that routes it:
     /// shared memory, else UDP.
     pub(super) fn queue_out(&self, st: &mut State, qpn: u32) {
-        let now = self.now();
+        let mut now = self.now();
         self.probe_path(st, qpn, now);
         let State {
             mrs,
@@ -130,6 +130,10 @@ impl Shared {
         loop {
             if udp.is_full() {
                 counters.tx_errors += udp.flush() as u64;
+                // A long burst spans many batches: what the QP builds next leaves after
+                // this `sendmmsg`, and its clock (send times, the rate of READ responses)
+                // says so.
+                now = self.now();
             }
             if let (Some(link), Some(shm)) = (ring, shm.as_mut())
                 && slot.qp.wants_transmit()
