@@ -158,6 +158,16 @@ scenario() { # name guest-command host-command
       log "note $name: completer_retry_err +1 is rxe's retransmit timer (armed at its first request, 67 ms) firing mid-message: srdma sent no NAK and had acknowledged every request asked"
       : > "$out/bad-counters"
     fi
+    # A scenario may allow rxe's retransmission timer to fire up to ALLOW_RETRIES times, and
+    # nothing else (see dropin-read-long-client).
+    if [ -n "${ALLOW_RETRIES:-}" ] && [ "$(wc -l < "$out/bad-counters")" = 1 ]; then
+      local k
+      k=$(sed -n 's/^completer_retry_err: .*(+\([0-9]*\))$/\1/p' "$out/bad-counters")
+      if [ -n "$k" ] && [ "$k" -le "$ALLOW_RETRIES" ]; then
+        log "note $name: completer_retry_err +$k (at most $ALLOW_RETRIES allowed)"
+        : > "$out/bad-counters"
+      fi
+    fi
     if [ -s "$out/bad-counters" ]; then
       log "FAIL $name: rxe counters show errors: $(tr '\n' ' ' < "$out/bad-counters")$(grep -E '^[1-9][0-9]* packets dropped by kernel' "$out/tcpdump.log" | sed 's/^/(capture: /; s/$/)/')"
       return 1
@@ -267,6 +277,16 @@ selected dropin-read-bw-client && { scenario dropin-read-bw-client \
 selected dropin-read-long-server && { scenario dropin-read-long-server \
   "ib_read_bw -d rxe0 -u 18 -x 1 -s 1048576 -n 40" \
   "$RUNS/@/retry-host $EXEC ib_read_bw -x 1 -s 1048576 -n 40 10.77.0.2" || fail=1; }
+# rxe reads 4 MiB messages from srdma. READ responses are not acknowledged: the guest's path
+# (its tap queue, a TCG CPU) drops the tail of a burst srdma sends faster than it takes them,
+# rxe ignores the responses after the gap and asks again when its timer fires (1.07 s at
+# -u 18). srdma paces its READ responses toward a go-back-N requester that asks again
+# (congestion::responses: half the rate they left at, each time): a few retries while it
+# learns the rate, not several per READ — before it, 10 READs cost 32 retries and ran at
+# 1.2 MB/s; after, 2-3 retries and 8-10 MB/s.
+selected dropin-read-long-client && { ALLOW_RETRIES=10 scenario dropin-read-long-client \
+  "retry 80 0.5 ib_read_bw -d rxe0 -u 18 -x 1 -s 4194304 -n 10 10.77.0.1" \
+  "$EXEC ib_read_bw -x 1 -s 4194304 -n 10" || fail=1; }
 selected dropin-send-lat-server && { scenario dropin-send-lat-server \
   "ib_send_lat -d rxe0 -u 18 -x 1 -s 8 -n 100" \
   "$RUNS/@/retry-host $EXEC ib_send_lat -x 1 -s 8 -n 100 10.77.0.2" || fail=1; }
