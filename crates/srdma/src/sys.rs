@@ -109,6 +109,14 @@ pub(crate) fn drain_polled(fd: &OwnedFd) {
     }
 }
 
+/// Has the C library call `f` when the process exits through `exit` (or returns from
+/// `main`), as `atexit`. False when it refused (no room).
+pub(crate) fn at_exit(f: extern "C" fn()) -> bool {
+    // SAFETY: `f` is a plain function that lives as long as the program (this library is
+    // never unloaded while the process runs: it is linked in, or preloaded by name).
+    unsafe { libc::atexit(f) == 0 }
+}
+
 /// Adds one to an eventfd.
 pub(crate) fn signal(fd: &OwnedFd) {
     let one: u64 = 1;

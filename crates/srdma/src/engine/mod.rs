@@ -230,6 +230,63 @@ pub(crate) struct Shared {
     shm_ins: AtomicUsize,
 }
 
+/// The devices of this process, for [`flush_at_exit`], and the process that registered it
+/// (a forked child's exit is not its).
+static LIVE: Mutex<(u32, Vec<std::sync::Weak<Shared>>)> = Mutex::new((0, Vec::new()));
+
+/// Keeps `shared` for [`flush_at_exit`], registered with `atexit` by the first device.
+fn keep_for_exit(shared: &Arc<Shared>) {
+    let mut live = LIVE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let pid = std::process::id();
+    if live.0 != pid && sys::at_exit(flush_at_exit) {
+        *live = (pid, Vec::new());
+    }
+    live.1.retain(|w| w.strong_count() > 0);
+    live.1.push(Arc::downgrade(shared));
+}
+
+/// At `exit`, every device sends what it holds back: the ACKs that wait for the
+/// application's next post (`Hold::Riding`), packets queued for the next `sendmmsg`. A NIC
+/// acknowledges at arrival, whatever its process does next; a process that exits right after
+/// its last receive (a socket program closing, a test ending) must not leave the peer's last
+/// message unacknowledged, or the peer retries into a QP that is gone and fails. A device
+/// whose lock stays taken (the process exits from inside a callback that holds it) is
+/// skipped.
+extern "C" fn flush_at_exit() {
+    let _ = std::panic::catch_unwind(|| {
+        let devices: Vec<Arc<Shared>> = {
+            let live = LIVE
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if live.0 != std::process::id() {
+                return;
+            }
+            live.1.iter().filter_map(std::sync::Weak::upgrade).collect()
+        };
+        for sh in devices {
+            let deadline = Instant::now() + Duration::from_millis(50);
+            loop {
+                match sh.state.try_lock() {
+                    Ok(mut st) => {
+                        sh.flush_deferred(&mut st);
+                        break;
+                    }
+                    Err(std::sync::TryLockError::Poisoned(p)) => {
+                        sh.flush_deferred(&mut p.into_inner());
+                        break;
+                    }
+                    Err(std::sync::TryLockError::WouldBlock) if Instant::now() < deadline => {
+                        std::thread::yield_now();
+                    }
+                    Err(std::sync::TryLockError::WouldBlock) => break,
+                }
+            }
+        }
+    });
+}
+
 /// Keeps the progress thread alive exactly as long as some handle needs the device.
 pub(crate) struct DeviceHandle {
     pub(crate) shared: Arc<Shared>,
@@ -408,6 +465,7 @@ pub(crate) fn start(cfg: DeviceConfig, sock: crate::udp::Socket) -> Result<Arc<D
         shm_fds,
         shm_ins: AtomicUsize::new(0),
     });
+    keep_for_exit(&shared);
     let s2 = Arc::clone(&shared);
     let thread = crate::threads::spawn(format!("srdma-{}", local), move || {
         let run = std::panic::AssertUnwindSafe(|| progress::progress(&s2));
