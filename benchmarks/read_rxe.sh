@@ -19,7 +19,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 LAB=$ROOT/interop/lab
 SIZE=${1:-4194304}
 ITERS=${2:-10}
-OUT=$ROOT/benchmarks/results/read_rxe
+OUT=${READ_RXE_OUT:-$LAB/cache/read_rxe}   # the guests' outputs (not kept in git)
 mkdir -p "$OUT"
 [ "$(id -u)" = 0 ] || { echo "read_rxe.sh: run as root (network namespace, taps)" >&2; exit 1; }
 "$LAB/setup.sh" > "$OUT/setup.log" 2>&1 || { tail -20 "$OUT/setup.log"; exit 1; }

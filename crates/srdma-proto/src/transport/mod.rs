@@ -1062,6 +1062,11 @@ impl Qp {
                 || self.tlp_probe.is_some())
     }
 
+    /// True when the next response this QP sends is a READ response.
+    pub fn sending_read_responses(&self) -> bool {
+        matches!(self.resp_out.front(), Some(RespOut::Read { .. }))
+    }
+
     /// True when the QP has something to send right now.
     pub fn wants_transmit(&self) -> bool {
         (!self.resp_out.is_empty() && self.read_pace_until.is_none()) || self.has_requests_ready()

@@ -130,10 +130,14 @@ impl Shared {
         loop {
             if udp.is_full() {
                 counters.tx_errors += udp.flush() as u64;
-                // A long burst spans many batches: what the QP builds next leaves after
-                // this `sendmmsg`, and its clock (send times, the rate of READ responses)
-                // says so.
-                now = self.now();
+                // A READ's responses measure the rate they leave at (a responder paces them
+                // once the reader asks again, `congestion::responses`): a long READ spans
+                // many batches, and what follows this `sendmmsg` leaves after it. (Requests
+                // keep the time of the turn: the congestion control's delay rules were
+                // measured with it.)
+                if slot.qp.sending_read_responses() {
+                    now = self.now();
+                }
             }
             if let (Some(link), Some(shm)) = (ring, shm.as_mut())
                 && slot.qp.wants_transmit()
