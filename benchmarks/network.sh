@@ -12,8 +12,12 @@
 #   2. incast: N sender namespaces and a receiver on a bridge whose port toward the receiver
 #      is a RATE bottleneck: tbf alone (drop-tail), or tbf with ECN marking. N `srdma perf
 #      write-bw -s 1MiB` pairs at once, then N TCP streams at once (tcp_incast.py). Sum,
-#      Jain's index, the least flow, and an 8 B `srdma perf send-lat` across the loaded
-#      bottleneck against the same unloaded. This machine's kernel has no RED (nor netem,
+#      Jain's index, the least flow, the bottleneck's queue (its tbf backlog, sampled every
+#      50 ms while the load runs, as time at the rate: mean and largest), and an 8 B `srdma
+#      perf send-lat` across the loaded bottleneck against the same unloaded. The srdma
+#      loaders sleep on a completion channel (`-e`), as the TCP loaders block in the kernel:
+#      16 processes busy-polling their CQs on 2 cores measure the scheduler, not the queue
+#      (the ping-pong then waits milliseconds for a core; see README). This machine's kernel has no RED (nor netem,
 #      codel, pie: tbf and htb are its only qdiscs), so the marking is a phantom queue (HULL,
 #      Alizadeh et al., NSDI 2012): an nftables rule on the bridge marks ECN-capable
 #      datagrams CE once the port's traffic runs above 97 % of the rate for more than a
@@ -146,6 +150,14 @@ loss() {
 }
 
 # ------------------------------------------------------------------------------- 2. incast
+# backlog SWITCH_NS FILE: appends the bottleneck's tbf backlog (bytes) every 50 ms until killed.
+backlog() {
+    while :; do
+        tc -n "$1" -s qdisc show dev psv 2>/dev/null | sed -n 's/^ *backlog \([0-9]*\)b.*/\1/p' | head -1 >>"$2"
+        sleep 0.05
+    done
+}
+
 # incast N RED(0|1): prints one table row.
 incast() {
     local n=$1 red=$2
@@ -195,14 +207,18 @@ incast() {
     sleep 2
     local pids=()
     for i in $(seq 1 "$n"); do
-        timeout $((4 * DUR + 60)) ip netns exec ${P}c$i "$S" perf write-bw --bind 10.78.0.$((i + 1)) \
+        timeout $((4 * DUR + 60)) ip netns exec ${P}c$i "$S" perf write-bw -e --bind 10.78.0.$((i + 1)) \
             -p $((18514 + i)) -s 1048576 -D "$DUR" --json 10.78.0.100 >"$RES/$tag-cli$i.json" \
             2>"$RES/$tag-cli$i.err" &
         pids+=($!)
     done
     sleep 1
+    rm -f "$RES/$tag-queue.txt" "$RES/$tag-tqueue.txt"
+    backlog $sw "$RES/$tag-queue.txt" &
+    local sampler=$!
     timeout 60 ip netns exec ${P}c0 "$S" perf send-lat --bind 10.78.0.1 -p 18500 -s 8 -D $ld --json \
         10.78.0.100 >"$RES/$tag-lat1.json" 2>"$RES/$tag-lat1.err"
+    kill $sampler 2>/dev/null
     local fails=0
     for p in "${pids[@]}"; do wait "$p" || fails=$((fails + 1)); done
     wait
@@ -215,10 +231,26 @@ incast() {
     for i in $(seq 1 "$n"); do
         ip netns exec ${P}c$i python3 "$T" client 10.78.0.100 $((19514 + i)) "$DUR" >/dev/null &
     done
+    sleep 2
+    backlog $sw "$RES/$tag-tqueue.txt" &
+    sampler=$!
+    sleep $((DUR > 3 ? DUR - 2 : 1))
+    kill $sampler 2>/dev/null
     wait
-    python3 - "$RES" "$tag" "$n" "$fails" "${lat0:-0}" "${lat1:-0}" "$red" <<'PY' >>"$RES/rows.txt"
-import json, sys
+    python3 - "$RES" "$tag" "$n" "$fails" "${lat0:-0}" "${lat1:-0}" "$red" "${RATE:-1gbit}" <<'PY' >>"$RES/rows.txt"
+import json, re, sys
 res, tag, n, fails, lat0, lat1, red = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], float(sys.argv[5]), float(sys.argv[6]), sys.argv[7] == "1"
+m = re.match(r"(\d+)([kmg]?)bit", sys.argv[8])
+rate = int(m[1]) * {"": 1, "k": 10**3, "m": 10**6, "g": 10**9}[m[2]] / 8
+def queue(f):
+    try:
+        b = [int(x) for x in open(f"{res}/{f}").read().split()]
+    except Exception:
+        b = []
+    if not b:
+        return "n/a"
+    us = lambda v: v / rate * 1e6
+    return f"{us(sum(b) / len(b)):.0f} / {us(max(b)):.0f} µs"
 s, cuts, rtos, cnps = [], 0, 0, 0
 for i in range(1, n + 1):
     try:
@@ -236,7 +268,7 @@ for i in range(1, n + 1):
         t.append(0.0)
 jain = lambda x: (sum(x) ** 2) / (len(x) * sum(v * v for v in x)) if sum(x) > 0 else 0
 lat = f"{lat0:.1f} → {lat1:.1f} µs ({lat1 / lat0:.2f}×)" if lat0 > 0 and lat1 > 0 else "n/a"
-print(f"| {n}→1, {'ECN marking' if red else 'drop-tail'} | {sum(s):.0f} MiB/s | {jain(s):.3f} | {min(s):.0f} | {fails} | {cuts} / {rtos} / {cnps} | {sum(t):.0f} MiB/s | {jain(t):.3f} | {lat} |")
+print(f"| {n}→1, {'ECN marking' if red else 'drop-tail'} | {sum(s):.0f} MiB/s | {jain(s):.3f} | {min(s):.0f} | {fails} | {cuts} / {rtos} / {cnps} | {queue(f'{tag}-queue.txt')} | {sum(t):.0f} MiB/s | {jain(t):.3f} | {queue(f'{tag}-tqueue.txt')} | {lat} |")
 PY
     for i in $(seq 0 "$n"); do ip netns del ${P}c$i; done
     ip netns del $sv; ip netns del $sw
@@ -301,10 +333,10 @@ if [ "${SKIP_INCAST:-0}" != 1 ]; then
         done
     done
     say ""
-    say "### Incast through a ${RATE:-1gbit} bottleneck (\`srdma perf write-bw -s 1MiB -D $DUR\` per sender; TCP: one stream per sender)"
+    say "### Incast through a ${RATE:-1gbit} bottleneck (\`srdma perf write-bw -e -s 1MiB -D $DUR\` per sender; TCP: one stream per sender; queue: the bottleneck's backlog as time at the rate)"
     say ""
-    say "| senders | srdma sum | Jain | least flow (MiB/s) | failed | cuts / timeouts / CNPs | TCP sum | TCP Jain | 8 B send-lat unloaded → loaded |"
-    say "|---|---|---|---|---|---|---|---|---|"
+    say "| senders | srdma sum | Jain | least flow (MiB/s) | failed | cuts / timeouts / CNPs | queue, mean / largest | TCP sum | TCP Jain | TCP queue | 8 B send-lat unloaded → loaded |"
+    say "|---|---|---|---|---|---|---|---|---|---|---|"
     while read -r row; do say "$row"; done <"$RES/rows.txt"
 fi
 if [ "${SKIP_QPS:-0}" != 1 ]; then
