@@ -10,14 +10,17 @@
 //! The receiver is this test binary run again as a child process (`exit_peer`), connected
 //! through `srdma::cm` over UDP (no shared memory, where nothing is held).
 
+mod common;
+
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::KillOnDrop;
 use srdma::cm::{self, ConnectOptions, Listener};
 use srdma::{
-    AccessFlags, Cq, Device, DeviceConfig, Mtu, QpInit, QpType, RecvWr, SendOp, SendWr, SgeList,
-    Wc, WcStatus,
+    AccessFlags, Cq, Device, Mr, Mtu, Qp, QpInit, QpType, RecvWr, SendOp, SendWr, SgeList, Wc,
+    WcStatus,
 };
 
 const PEER_ENV: &str = "SRDMA_EXIT_ACK_PEER";
@@ -26,36 +29,44 @@ const PEER_ENV: &str = "SRDMA_EXIT_ACK_PEER";
 const ROUNDS: u64 = 200;
 
 fn device(ip: &str) -> Device {
-    let mut c = DeviceConfig::new(ip.parse().unwrap());
-    c.port = 0;
-    c.mtu = Mtu::Mtu1024;
-    c.pcap = None;
-    c.shm = false;
-    Device::open(c).unwrap()
+    common::dev_with(ip, |c| {
+        c.port = 0;
+        c.mtu = Mtu::Mtu1024;
+        c.pcap = None;
+        c.shm = false;
+    })
 }
 
-fn wait_wc(cq: &Cq, limit: Duration) -> Option<Wc> {
-    let end = Instant::now() + limit;
+/// The next completion, polled without a pause (the application drives the receives).
+fn wait_wc(cq: &Cq) -> Wc {
+    let end = Instant::now() + Duration::from_secs(10);
     loop {
         if let Some(wc) = cq.poll_one() {
-            return Some(wc);
+            return wc;
         }
-        if Instant::now() >= end {
-            return None;
-        }
+        assert!(Instant::now() < end, "no completion in 10 s");
         std::hint::spin_loop();
     }
 }
 
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        if matches!(self.0.try_wait(), Ok(None)) {
-            let _ = self.0.kill();
-        }
-        let _ = self.0.wait();
+/// Keeps 8 receives of 32 bytes at offset 32 of `mr` posted on `qp`.
+fn post_receives(qp: &Qp, mr: &Mr) {
+    for i in 0..8 {
+        repost(qp, mr, 1000 + i);
     }
+}
+
+fn repost(qp: &Qp, mr: &Mr, wr_id: u64) {
+    qp.post_recv(RecvWr {
+        wr_id,
+        sges: SgeList::one(mr.sge(32, 32)),
+    })
+    .unwrap();
+}
+
+fn send(qp: &Qp, mr: &Mr, wr_id: u64) {
+    qp.post_send(SendWr::new(wr_id, SendOp::Send, SgeList::one(mr.sge(0, 8))))
+        .unwrap();
 }
 
 #[test]
@@ -76,29 +87,18 @@ fn the_last_message_is_acknowledged_when_the_receiver_exits() {
         .unwrap();
     let qp = pd.create_qp(&QpInit::new(QpType::Rc, &cq, &cq)).unwrap();
     let mr = pd.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
-    for i in 0..8 {
-        qp.post_recv(RecvWr {
-            wr_id: 1000 + i,
-            sges: SgeList::one(mr.sge(32, 32)),
-        })
-        .unwrap();
-    }
+    post_receives(&qp, &mr);
     let conn = req.accept(&qp, &[]).unwrap();
     let qp = conn.qp();
     for round in 0..=ROUNDS {
-        qp.post_send(SendWr::new(round, SendOp::Send, SgeList::one(mr.sge(0, 8))))
-            .unwrap();
+        send(qp, &mr, round);
         // The send's completion (its ACK), then, but after the last, the peer's answer.
         let want = if round < ROUNDS { 2 } else { 1 };
         for _ in 0..want {
-            let wc = wait_wc(&cq, Duration::from_secs(10)).expect("no completion in 10 s");
+            let wc = wait_wc(&cq);
             assert_eq!(wc.status, WcStatus::Success, "round {round}: {wc:?}");
             if wc.wr_id >= 1000 {
-                qp.post_recv(RecvWr {
-                    wr_id: wc.wr_id,
-                    sges: SgeList::one(mr.sge(32, 32)),
-                })
-                .unwrap();
+                repost(qp, &mr, wc.wr_id);
             }
         }
     }
@@ -107,7 +107,7 @@ fn the_last_message_is_acknowledged_when_the_receiver_exits() {
 }
 
 /// The receiver: answers every message with a SEND, but the last, after which it exits at
-/// once. Runs only as the child of the test above.
+/// once. Runs only as the child of the test above (without its variable it does nothing).
 #[test]
 fn exit_peer() {
     let Ok(server) = std::env::var(PEER_ENV) else {
@@ -121,16 +121,10 @@ fn exit_peer() {
     let conn = cm::connect(&dev, &pd, server, &init, &ConnectOptions::default()).unwrap();
     let qp = conn.qp();
     let mr = pd.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
-    for i in 0..8 {
-        qp.post_recv(RecvWr {
-            wr_id: 1000 + i,
-            sges: SgeList::one(mr.sge(32, 32)),
-        })
-        .unwrap();
-    }
+    post_receives(qp, &mr);
     let mut received = 0;
-    while received <= ROUNDS {
-        let wc = wait_wc(&cq, Duration::from_secs(10)).expect("no completion in 10 s");
+    loop {
+        let wc = wait_wc(&cq);
         assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
         if wc.wr_id < 1000 {
             continue; // an answer's completion
@@ -140,16 +134,7 @@ fn exit_peer() {
             // The last message: no answer, no goodbye.
             std::process::exit(0);
         }
-        qp.post_recv(RecvWr {
-            wr_id: wc.wr_id,
-            sges: SgeList::one(mr.sge(32, 32)),
-        })
-        .unwrap();
-        qp.post_send(SendWr::new(
-            received,
-            SendOp::Send,
-            SgeList::one(mr.sge(0, 8)),
-        ))
-        .unwrap();
+        repost(qp, &mr, wc.wr_id);
+        send(qp, &mr, received);
     }
 }

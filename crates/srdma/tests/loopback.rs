@@ -21,6 +21,8 @@
 //! IPv4 uses 127.0.10.1 and 127.0.10.2, UDP port 4791 each; IPv6 uses ::1 with two different
 //! ports ([`RemoteQp::port`]). Set `SRDMA_LOOPBACK_PCAP_DIR` to capture every packet.
 
+mod common;
+
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write as _};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
@@ -33,6 +35,8 @@ use srdma::{
     WcFlags, WcOpcode, WcStatus,
 };
 use srdma_wire::{Psn, Qpn};
+
+use common::KillOnDrop;
 
 /// Set in the child: `<control address> <v4|v6>`.
 const PEER_ENV: &str = "SRDMA_LOOPBACK_PEER";
@@ -1082,17 +1086,6 @@ fn session(me: Side, fam: Family, ctrl: &mut Ctrl) -> R<Summary> {
 // ---------------------------------------------------------------------------------------
 
 /// Kills and reaps the child unless it was waited for.
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        if matches!(self.0.try_wait(), Ok(None)) {
-            let _ = self.0.kill();
-        }
-        let _ = self.0.wait();
-    }
-}
-
 fn accept(listener: &TcpListener, child: &mut Child) -> R<TcpStream> {
     listener.set_nonblocking(true).map_err(|e| e.to_string())?;
     let deadline = Instant::now() + Duration::from_secs(30);

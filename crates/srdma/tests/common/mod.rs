@@ -54,3 +54,16 @@ pub fn wait(cq: &Cq, limit: Duration) -> Option<Wc> {
     }
     None
 }
+
+/// A child process killed (if still running) and reaped when dropped: a failed test leaves
+/// no peer process behind.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+        }
+        let _ = self.0.wait();
+    }
+}
