@@ -79,6 +79,8 @@ fn the_last_message_is_acknowledged_when_the_receiver_exits() {
         .args(["exit_peer", "--exact", "--nocapture", "--test-threads=1"])
         .env(PEER_ENV, listener.local_addr().to_string())
         .stdin(Stdio::null())
+        // Its harness's lines would mix with ours; a failure shows on stderr.
+        .stdout(Stdio::null())
         .spawn()
         .unwrap();
     let mut child = KillOnDrop(child);
