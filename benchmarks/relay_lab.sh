@@ -1,4 +1,4 @@
-# Shared by benchmarks/relay.sh and benchmarks/relay_loss.sh (sourced, not run): network
+# Shared by benchmarks/relay.sh, relay_loss.sh and schedules.sh (sourced, not run): network
 # namespaces for relay chains, and a chain's configuration. The caller defines `addr N`
 # (host N's address) and sets PREFIX, WIRE, NHOSTS, MTU, SIZE, CHUNK, SLOTS and FORWARD.
 

@@ -79,17 +79,10 @@ trap 'exit 130' INT TERM
 
 addr() { echo "10.198.0.$(($1 + 1))"; }
 
-ip netns add "$WIRE"
-ip -n "$WIRE" link add br0 type bridge
-ip -n "$WIRE" link set br0 mtu "$MTU" up
+. "$ROOT/benchmarks/relay_lab.sh"
+relay_lab_up
 for ((i = 0; i < NHOSTS; i++)); do
     ns="$PREFIX-$i"
-    ip netns add "$ns"
-    ip -n "$ns" link add eth0 mtu "$MTU" type veth peer name "p$i" mtu "$MTU" netns "$WIRE"
-    ip -n "$ns" addr add "$(addr "$i")/24" dev eth0
-    ip -n "$ns" link set eth0 up
-    ip -n "$ns" link set lo up
-    ip -n "$WIRE" link set "p$i" master br0 up
     # The user-space wire: let the host cut srdma's GSO buffers (see srdma-netlab).
     ip -n "$ns" link set eth0 gso_max_segs 1 2>/dev/null || true
     tc -n "$ns" qdisc replace dev eth0 root tbf rate "$RATE" burst "$BURST" latency 50ms
