@@ -26,7 +26,10 @@
 //! application's poll), right after it released the device lock (the CQ's hook), and wake
 //! only the threads waiting for them: a REQ's listener, a connect's or accept's thread, a
 //! connection's. The first REQ of a connect and the first REP of an accept leave from the
-//! caller's thread ([`start_connect`], [`IbRequest::start_accept`]).
+//! caller's thread ([`start_connect`], [`IbRequest::start_accept`]). An established
+//! connection can instead be watched ([`IbConnection::watch`]): the device's GSI thread
+//! then answers its DREQ, resends its own DREQ until the DREP comes and answers a resent
+//! REP with the RTU again, so that ten thousand connections need no thread each.
 
 mod backlog;
 mod seen;
@@ -53,8 +56,11 @@ pub const MAX_SENDS: u32 = 15;
 /// The longest an MRA makes a REQ wait for its REP (kernel rdma_cm's passive side asks for
 /// 4.096 µs × 2^24, 69 s).
 pub const MRA_WAIT_MAX: Duration = Duration::from_secs(70);
-/// Receive buffers of the GSI QP.
-const RECV_SLOTS: usize = 512;
+/// Receive buffers of the GSI QP (600 KB with [`RECV_LEN`]). A MAD that finds none is
+/// dropped, as on any UD QP, and waits for its sender's resend ([`RESEND`]): ten thousand
+/// DREQs sent in one burst (`cmtime -c 10000`) overran 512 (the kernel MAD layer's default)
+/// and half of the disconnect phases took one resend longer (0.6–0.8 s against 0.25–0.33).
+const RECV_SLOTS: usize = 2048;
 /// GRH + MAD.
 const RECV_LEN: usize = 40 + wire::MAD_LEN;
 /// Send buffers.
@@ -106,6 +112,9 @@ struct GsiInner {
     /// MADs in as they complete (on the thread that received them) and wakes the waiters
     /// they are for, so a MAD reaches the thread that wants it without another in between.
     waiters: Arc<Waiters>,
+    /// Wakes the GSI thread: a watched connection's MAD to handle (see
+    /// [`IbConnection::watch`]).
+    wake: Arc<std::os::fd::OwnedFd>,
 }
 
 /// Which MADs wake a waiter: the service ID of a REQ or SIDR_REQ, the communication ID a
@@ -196,12 +205,7 @@ impl Waiter {
 
     /// Sleeps until woken or `until`; then the wake-up is spent.
     fn wait(&self, until: Instant) {
-        use std::os::fd::AsRawFd;
-        let t = until.saturating_duration_since(Instant::now());
-        if crate::sys::poll_readable([self.fd.as_raw_fd()], Some(t)).is_err() {
-            std::thread::sleep(t.min(Duration::from_millis(1)));
-        }
-        crate::sys::drain(&self.fd);
+        sleep_on(&self.fd, until);
     }
 }
 
@@ -219,6 +223,16 @@ impl Drop for Waiter {
     }
 }
 
+/// Sleeps until `fd` (an eventfd) is signalled or `until`; then the wake-up is spent.
+fn sleep_on(fd: &std::os::fd::OwnedFd, until: Instant) {
+    use std::os::fd::AsRawFd;
+    let t = until.saturating_duration_since(Instant::now());
+    if crate::sys::poll_readable([fd.as_raw_fd()], Some(t)).is_err() {
+        std::thread::sleep(t.min(Duration::from_millis(1)));
+    }
+    crate::sys::drain(fd);
+}
+
 struct GsiState {
     /// Messages nobody has asked for yet, oldest first (bounded), by the keys of their
     /// waiters.
@@ -229,6 +243,15 @@ struct GsiState {
     /// Local communication IDs of the live connections: a DREQ for another one is answered
     /// with a DREP at once, as a kernel CM answers it.
     conns: HashSet<u32>,
+    /// The watched connections ([`IbConnection::watch`]), by local communication ID: their
+    /// DREQs and DREPs go to the GSI thread, not to a waiter.
+    watched: HashMap<u32, std::sync::Weak<IbConnection>>,
+    /// Their MADs for the GSI thread to handle (outside this lock).
+    handoff: Vec<(Arc<IbConnection>, Incoming)>,
+    /// Watched connections whose DREQ waits for its DREP: the GSI thread sends it again,
+    /// and keeps the connection until then (its owner may have let go of it, as
+    /// `rdma_destroy_id` returns at once: the exchange ends here, not in a `Drop`).
+    disconnecting: Vec<Arc<IbConnection>>,
     /// The REQs taken in, by sender and communication ID: a resent one is no new request.
     reqs: seen::SeenReqs<(Gid, u32)>,
     /// The SIDR_REQs taken in, by sender and request ID, with the SIDR_REP that answered
@@ -259,6 +282,9 @@ pub struct CmCounters {
     pub duplicate_reqs: u64,
     /// Messages nobody asked for, dropped (oldest first) when the backlog was full.
     pub backlog_dropped: u64,
+    /// REPs sent again by the peer of an established (watched) connection, whose RTU was
+    /// lost: answered with the RTU again, as a kernel CM answers them.
+    pub duplicate_reps: u64,
 }
 
 impl Gsi {
@@ -297,11 +323,18 @@ impl Gsi {
                 next_send: 0,
                 listens: Vec::new(),
                 conns: HashSet::new(),
+                watched: HashMap::new(),
+                handoff: Vec::new(),
+                disconnecting: Vec::new(),
                 reqs: seen::SeenReqs::default(),
                 sidrs: seen::SeenReqs::default(),
                 counters: CmCounters::default(),
             }),
             waiters,
+            wake: Arc::new(crate::sys::eventfd().map_err(|e| Error::Io {
+                context: "eventfd for the GSI thread".into(),
+                source: e,
+            })?),
         });
         // The MADs are taken in as they complete, by the thread that received them, once it
         // released the device lock: REQs for services nobody listens on are answered, and
@@ -314,19 +347,33 @@ impl Gsi {
                 g.pump(&mut st);
             }
         });
-        // A backstop for completions no receive pass delivered (a receive flushed by a QP
-        // in error): a thread looks now and then; it is gone with the last handle.
+        // The GSI thread: the watched connections' DREQs and DREPs, their DREQs sent again,
+        // and a backstop for completions no receive pass delivered (a receive flushed by a
+        // QP in error). It is gone with the last handle.
         let weak = Arc::downgrade(&inner);
-        let me = Waiter::new(&inner.waiters, &[])?;
+        let wake = inner.wake.clone();
         crate::threads::spawn("srdma-gsi", move || {
             while let Some(inner) = weak.upgrade() {
                 let g = Gsi { inner };
-                {
+                let (handoff, disconnecting) = {
                     let mut st = lock(&g.inner.state);
                     g.pump(&mut st);
+                    (
+                        std::mem::take(&mut st.handoff),
+                        std::mem::take(&mut st.disconnecting),
+                    )
+                };
+                for (c, i) in handoff {
+                    c.on_watched_mad(i);
                 }
+                let now = Instant::now();
+                let left: Vec<_> = disconnecting
+                    .into_iter()
+                    .filter(|c| c.dreq_due(now))
+                    .collect();
+                lock(&g.inner.state).disconnecting.extend(left);
                 drop(g);
-                me.wait(Instant::now() + PUMP_EVERY);
+                sleep_on(&wake, Instant::now() + PUMP_EVERY);
             }
         })
         .map_err(|e| Error::Io {
@@ -501,6 +548,28 @@ impl Gsi {
                     return;
                 }
             }
+        }
+        if let CmMsg::Dreq(wire::Dreq { remote_comm_id, .. })
+        | CmMsg::Drep(wire::Drep { remote_comm_id, .. }) = &msg
+            && let Some(c) = st.watched.get(remote_comm_id).and_then(|w| w.upgrade())
+        {
+            st.handoff.push((c, Incoming { hdr, msg, from }));
+            crate::sys::signal(&self.inner.wake);
+            return;
+        }
+        if let CmMsg::Rep(r) = &msg
+            && st.watched.contains_key(&r.remote_comm_id)
+        {
+            // The connection is established (watched only from then on): the passive side
+            // did not get our RTU and waits for it; another ends its wait.
+            st.counters.duplicate_reps += 1;
+            let rtu = CmMsg::Rtu(wire::Rtu {
+                local_comm_id: r.remote_comm_id,
+                remote_comm_id: r.local_comm_id,
+                private_data: [0; 224],
+            });
+            let _ = self.send_in(st, from, &MadHdr::cm(wire::attr::RTU, hdr.tid), &rtu);
+            return;
         }
         if let CmMsg::Dreq(d) = &msg {
             if !st.conns.contains(&d.remote_comm_id) {
@@ -724,7 +793,9 @@ pub struct IbConnection {
     state: Mutex<IbState>,
 }
 
-#[derive(Debug)]
+/// What a watched connection calls when it ends ([`IbConnection::watch`]).
+type OnEnd = Box<dyn FnOnce() + Send>;
+
 struct IbState {
     events: VecDeque<CmEvent>,
     disconnected: bool,
@@ -732,6 +803,27 @@ struct IbState {
     dreq_tid: Option<u64>,
     /// The peer's DREP came (taken by whichever thread was waiting on QP1).
     drep: bool,
+    /// Watched ([`IbConnection::watch`]): the GSI thread handles its DREQ and DREP.
+    watched: bool,
+    /// Called once when the connection ends (watched connections).
+    on_end: Option<OnEnd>,
+    /// The connection itself, once watched (for the GSI thread's list of DREQs to resend).
+    me: Option<std::sync::Weak<IbConnection>>,
+    /// Our DREQ's sends so far, and when the GSI thread sends it again (watched).
+    dreq_sends: u32,
+    dreq_due: Option<Instant>,
+}
+
+impl std::fmt::Debug for IbState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IbState")
+            .field("events", &self.events)
+            .field("disconnected", &self.disconnected)
+            .field("dreq_tid", &self.dreq_tid)
+            .field("drep", &self.drep)
+            .field("watched", &self.watched)
+            .finish_non_exhaustive()
+    }
 }
 
 impl IbConnection {
@@ -767,6 +859,11 @@ impl IbConnection {
                 disconnected: false,
                 dreq_tid: None,
                 drep: false,
+                watched: false,
+                on_end: None,
+                me: None,
+                dreq_sends: 0,
+                dreq_due: None,
             }),
         }
     }
@@ -815,15 +912,139 @@ impl IbConnection {
         self.peer_params
     }
 
+    /// The (local, remote) communication IDs: for tests that play the peer.
+    #[doc(hidden)]
+    pub fn comm_ids(&self) -> (u32, u32) {
+        (self.local_comm_id, self.remote_comm_id)
+    }
+
     /// Whether either side has disconnected.
     pub fn is_disconnected(&self) -> bool {
         lock(&self.state).disconnected
     }
 
     /// Disconnected, by either side: the port keeper no longer needs to send a DREQ for it.
-    fn ended(&self, st: &mut IbState) {
-        st.disconnected = true;
-        self.gsi.device().cm_closed(self.local_comm_id);
+    /// The watcher's call, for the caller to make once it let go of the state's lock.
+    #[must_use]
+    fn ended(&self, st: &mut IbState) -> Option<OnEnd> {
+        if !st.disconnected {
+            st.disconnected = true;
+            self.gsi.device().cm_closed(self.local_comm_id);
+        }
+        st.on_end.take()
+    }
+
+    /// From now on the device's GSI thread handles this connection's DREQ and DREP, and
+    /// `on_end` is called once, on that thread (or on the thread of a blocking
+    /// [`IbConnection::disconnect`]), when the connection ends, whichever side ended it: a
+    /// peer's DREQ is answered there (QP to ERR, DREP, again for a resent DREQ), and this
+    /// side's DREQ ([`IbConnection::start_disconnect`]) is sent again there until its DREP
+    /// comes, as [`IbConnection::disconnect`] would (the connection ends after
+    /// `MAX_SENDS.min(4)` sends without one). Ten thousand connections thus need no thread
+    /// each; [`IbConnection::poll_event`] returns nothing more for a watched connection.
+    pub fn watch(self: &Arc<Self>, on_end: impl FnOnce() + Send + 'static) {
+        let now = {
+            let mut st = lock(&self.state);
+            st.watched = true;
+            st.me = Some(Arc::downgrade(self));
+            st.events.clear();
+            if st.disconnected {
+                Some(Box::new(on_end) as OnEnd)
+            } else {
+                st.on_end = Some(Box::new(on_end));
+                None
+            }
+        };
+        if let Some(f) = now {
+            f();
+            return;
+        }
+        let early = {
+            let mut g = lock(&self.gsi.inner.state);
+            g.watched.insert(self.local_comm_id, Arc::downgrade(self));
+            // What came before the watch (a DREQ right after the RTU).
+            let mut early = Vec::new();
+            while let Some(i) = g
+                .backlog
+                .take(&[Key::Comm(self.local_comm_id)], |i| self.is_ours(i))
+            {
+                early.push(i);
+            }
+            early
+        };
+        for i in early {
+            self.on_watched_mad(i);
+        }
+        // A DREQ sent before the watch is sent again by the GSI thread from now on.
+        if lock(&self.state).dreq_due.is_some() {
+            lock(&self.gsi.inner.state).disconnecting.push(self.clone());
+        }
+    }
+
+    /// A DREQ or DREP for this watched connection (on the GSI thread).
+    fn on_watched_mad(&self, i: Incoming) {
+        let f = match i.msg {
+            CmMsg::Dreq(_) => {
+                let first = !lock(&self.state).disconnected;
+                if first {
+                    let _ = self.qp_to_error();
+                }
+                // A resent DREQ (our DREP was lost) gets another.
+                self.drep(i.hdr.tid);
+                self.ended(&mut lock(&self.state))
+            }
+            CmMsg::Drep(_) => {
+                let mut st = lock(&self.state);
+                st.drep = true;
+                if st.dreq_tid.is_none() {
+                    return;
+                }
+                st.dreq_due = None;
+                self.ended(&mut st)
+            }
+            _ => return,
+        };
+        if let Some(f) = f {
+            f();
+        }
+    }
+
+    /// A watched connection's DREQ waiting for its DREP at `now`: sent again if due, or
+    /// the connection ended after the last send. Whether it still waits.
+    fn dreq_due(&self, now: Instant) -> bool {
+        let (resend, end) = {
+            let mut st = lock(&self.state);
+            match (st.dreq_due, st.dreq_tid) {
+                (Some(due), Some(tid)) if !st.disconnected => {
+                    if now < due {
+                        (None, None)
+                    } else if st.dreq_sends < MAX_SENDS.min(4) {
+                        st.dreq_sends += 1;
+                        st.dreq_due = Some(now + RESEND);
+                        (Some(tid), None)
+                    } else {
+                        st.dreq_due = None;
+                        (None, Some(self.ended(&mut st)))
+                    }
+                }
+                _ => {
+                    st.dreq_due = None;
+                    return false;
+                }
+            }
+        };
+        if let Some(tid) = resend {
+            let _ = self.send_dreq(tid);
+        }
+        match end {
+            Some(f) => {
+                if let Some(f) = f {
+                    f();
+                }
+                false
+            }
+            None => true,
+        }
     }
 
     fn is_ours(&self, i: &Incoming) -> bool {
@@ -847,7 +1068,8 @@ impl IbConnection {
 
     /// The first half of `rdma_disconnect`, which returns at once: the QP to ERR and one
     /// DREQ to the peer (a second call does nothing). [`IbConnection::disconnect`] then
-    /// waits for the DREP.
+    /// waits for the DREP; for a watched connection the GSI thread does, sending the DREQ
+    /// again, and holds the connection until the exchange ends (the caller may drop it).
     pub fn start_disconnect(&self) -> Result<(), CmError> {
         let tid = {
             let mut st = lock(&self.state);
@@ -856,6 +1078,11 @@ impl IbConnection {
             }
             let tid = crate::random_u64();
             st.dreq_tid = Some(tid);
+            st.dreq_sends = 1;
+            st.dreq_due = Some(Instant::now() + RESEND);
+            if let Some(me) = st.me.as_ref().and_then(|w| w.upgrade()) {
+                lock(&self.gsi.inner.state).disconnecting.push(me);
+            }
             tid
         };
         let r = self.qp_to_error();
@@ -889,16 +1116,24 @@ impl IbConnection {
             Some(_) => Ok(()),
             None => self.start_disconnect(),
         };
-        let tid = lock(&self.state).dreq_tid.unwrap_or_default();
+        let (tid, watched) = {
+            let st = lock(&self.state);
+            (st.dreq_tid.unwrap_or_default(), st.watched)
+        };
         'sends: for i in 0..MAX_SENDS.min(4) {
-            if i > 0 {
+            // A watched connection's DREQ is sent again by the GSI thread.
+            if i > 0 && !watched {
                 self.send_dreq(tid)?;
             }
             let until = Instant::now() + RESEND;
-            // In slices: another thread of this connection (`poll_event`) may take the DREP.
+            // In slices: another thread of this connection (`poll_event`, the GSI thread)
+            // may take the DREP.
             while Instant::now() < until {
-                if lock(&self.state).drep {
-                    break 'sends;
+                {
+                    let st = lock(&self.state);
+                    if st.drep || st.disconnected {
+                        break 'sends;
+                    }
                 }
                 let slice = (Instant::now() + Duration::from_millis(20)).min(until);
                 let got = self
@@ -915,9 +1150,16 @@ impl IbConnection {
                 }
             }
         }
-        let mut st = lock(&self.state);
-        self.ended(&mut st);
-        st.events.push_back(CmEvent::Disconnected);
+        let f = {
+            let mut st = lock(&self.state);
+            if !st.watched {
+                st.events.push_back(CmEvent::Disconnected);
+            }
+            self.ended(&mut st)
+        };
+        if let Some(f) = f {
+            f();
+        }
         r
     }
 
@@ -931,7 +1173,7 @@ impl IbConnection {
                 if let Some(ev) = st.events.pop_front() {
                     return Some(ev);
                 }
-                if st.disconnected {
+                if st.disconnected || st.watched {
                     return None;
                 }
             }
@@ -946,7 +1188,7 @@ impl IbConnection {
                         let _ = self.qp_to_error();
                         self.drep(i.hdr.tid);
                         let mut st = lock(&self.state);
-                        self.ended(&mut st);
+                        let _ = self.ended(&mut st);
                         return Some(CmEvent::Disconnected);
                     }
                     // The answer to our DREQ: disconnected (`disconnect`, if it waits for
@@ -955,7 +1197,7 @@ impl IbConnection {
                         let mut st = lock(&self.state);
                         st.drep = true;
                         if st.dreq_tid.is_some() {
-                            self.ended(&mut st);
+                            let _ = self.ended(&mut st);
                             return Some(CmEvent::Disconnected);
                         }
                     }
@@ -1005,7 +1247,9 @@ impl CommIdReg {
 
 impl Drop for CommIdReg {
     fn drop(&mut self) {
-        lock(&self.gsi.inner.state).conns.remove(&self.id);
+        let mut st = lock(&self.gsi.inner.state);
+        st.conns.remove(&self.id);
+        st.watched.remove(&self.id);
     }
 }
 

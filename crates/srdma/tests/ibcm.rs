@@ -609,3 +609,146 @@ fn a_sidr_req_before_the_listener_is_asked_again() {
     server.join().unwrap();
     assert_eq!(r.unwrap().qpn.value(), 0x4321);
 }
+
+/// A connection from `a` to `b` (listening at `dst`): (active side, passive side), with the
+/// PDs and CQs they need kept alive.
+#[allow(clippy::type_complexity)]
+fn pair(
+    a: &(Device, Gsi),
+    b: &(Device, Gsi),
+    dst: &str,
+) -> (
+    ibcm::IbConnection,
+    ibcm::IbConnection,
+    Vec<srdma::Cq>,
+    Vec<srdma::Pd>,
+) {
+    let (pa, pb) = (a.0.alloc_pd(), b.0.alloc_pd());
+    let dst: std::net::SocketAddr = dst.parse().unwrap();
+    let listener = IbListener::bind(&b.1, dst.port()).unwrap();
+    let (bd, bpd) = (b.0.clone(), pb.clone());
+    let server = std::thread::spawn(move || {
+        let req = listener.accept_request(Duration::from_secs(10)).unwrap();
+        let cq = bd.create_cq(16, None).unwrap();
+        let conn = req
+            .accept(&bpd, &QpInit::new(QpType::Rc, &cq, &cq), &opts())
+            .unwrap();
+        (conn, cq)
+    });
+    let cq = a.0.create_cq(16, None).unwrap();
+    let conn = ibcm::connect(&a.1, &pa, dst, &QpInit::new(QpType::Rc, &cq, &cq), &opts()).unwrap();
+    let (sconn, scq) = server.join().unwrap();
+    (conn, sconn, vec![cq, scq], vec![pa, pb])
+}
+
+/// Watched connections (`IbConnection::watch`: the GSI thread handles their DREQ and DREP,
+/// no thread waits per connection): a disconnect ends both sides through their callbacks,
+/// a DREQ that came before the watch is handled by it, and a DREQ nobody answers is sent
+/// again and ends the connection after its last send (~2 s), its callback called once.
+#[test]
+fn watched_connections_end_through_the_gsi_thread() {
+    use std::sync::Arc;
+    use std::sync::mpsc::channel;
+    use std::time::Instant;
+    let a = dev("127.0.81.1");
+    let b = dev("127.0.81.2");
+    let (tx, rx) = channel::<&'static str>();
+    let watch = |c: &Arc<ibcm::IbConnection>, name: &'static str| {
+        let tx = tx.clone();
+        c.watch(move || {
+            let _ = tx.send(name);
+        });
+    };
+
+    // The active side disconnects; the passive side watches only after the DREQ came.
+    let (c, s, _cqs, _pds) = pair(&a, &b, "127.0.81.2:7181");
+    let (c, s) = (Arc::new(c), Arc::new(s));
+    watch(&c, "active");
+    let t = Instant::now();
+    c.start_disconnect().unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(!s.is_disconnected(), "nobody took the DREQ yet");
+    watch(&s, "passive");
+    let mut ended = vec![
+        rx.recv_timeout(Duration::from_secs(5)).unwrap(),
+        rx.recv_timeout(Duration::from_secs(5)).unwrap(),
+    ];
+    ended.sort();
+    assert_eq!(ended, ["active", "passive"]);
+    assert!(
+        t.elapsed() < Duration::from_millis(400),
+        "{:?}",
+        t.elapsed()
+    );
+    assert!(c.is_disconnected() && s.is_disconnected());
+    // Each callback once, and poll_event has nothing for a watched connection.
+    assert!(rx.recv_timeout(Duration::from_millis(200)).is_err());
+    assert!(c.poll_event(Some(Duration::ZERO)).is_none());
+
+    // The passive side never answers (its connection is leaked, unwatched, so its DREQ
+    // waits in the backlog): the active side's DREQ is sent again and the connection ends.
+    let (c, s, _cqs2, _pds2) = pair(&a, &b, "127.0.81.2:7182");
+    std::mem::forget(s);
+    let c = Arc::new(c);
+    watch(&c, "unanswered");
+    let t = Instant::now();
+    c.start_disconnect().unwrap();
+    assert_eq!(
+        rx.recv_timeout(Duration::from_secs(10)).unwrap(),
+        "unanswered"
+    );
+    let waited = t.elapsed();
+    assert!(
+        waited >= Duration::from_millis(1400) && waited < Duration::from_secs(4),
+        "{waited:?}"
+    );
+    assert!(c.is_disconnected());
+    assert!(rx.recv_timeout(Duration::from_millis(200)).is_err());
+}
+
+/// A REP sent again to an established (watched) connection — its RTU was lost, and the
+/// passive side would otherwise fail its accept — is answered with the RTU again, as ib_cm
+/// answers a duplicate REP; the connection stays up.
+#[test]
+fn a_resent_rep_gets_the_rtu_again() {
+    use srdma_wire::cm::{self as wire, CmMsg, MadHdr};
+    use std::sync::Arc;
+    let a = dev("127.0.82.1");
+    let b = dev("127.0.82.2");
+    let (c, s, _cqs, _pds) = pair(&a, &b, "127.0.82.2:7182");
+    let c = Arc::new(c);
+    c.watch(|| {});
+    let (mine, theirs) = c.comm_ids();
+    assert_eq!(s.comm_ids(), (theirs, mine));
+    let rep = CmMsg::Rep(wire::Rep {
+        local_comm_id: theirs,
+        vendor_id: 0,
+        remote_comm_id: mine,
+        local_qkey: 0,
+        local_qpn: s.qp().qpn().value(),
+        local_eecn: 0,
+        starting_psn: 0,
+        responder_resources: 1,
+        initiator_depth: 1,
+        target_ack_delay: 15,
+        failover_accepted: 0,
+        end_to_end_flow_control: false,
+        rnr_retry_count: 7,
+        srq: false,
+        local_ca_guid: 0,
+        private_data: [0; 196],
+    });
+    b.1.send(a.0.local_gid(), &MadHdr::cm(wire::attr::REP, 77), &rep)
+        .unwrap();
+    let rtu = b.1.recv(
+        std::time::Instant::now() + Duration::from_secs(2),
+        |i| matches!(&i.msg, CmMsg::Rtu(r) if r.local_comm_id == mine && r.remote_comm_id == theirs),
+    );
+    assert!(
+        rtu.is_some_and(|i| i.hdr.tid == 77),
+        "no RTU for the resent REP"
+    );
+    assert_eq!(a.1.counters().duplicate_reps, 1);
+    assert!(!c.is_disconnected());
+    assert_eq!(c.qp().state(), srdma::QpState::Rts);
+}
