@@ -462,7 +462,8 @@ pub unsafe extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
             crate::verbs::modify_qp(me.c.qp, &attr, AttrMask::STATE);
         }
         // The DREQ leaves now, as the kernel sends it in the call: the process may exit
-        // right after. The helper thread waits for the DREP.
+        // right after. The device's GSI thread waits for the DREP (and sends the DREQ
+        // again).
         let conn = lock(&me.sh.st).conn.clone();
         if let Some(conn) = conn {
             let _ = conn.start_disconnect();

@@ -125,12 +125,12 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
             let _ = r.reject(srdma::cm::reason::CONSUMER_DEFINED, &[]);
         }
         if let Some(conn) = conn {
-            if !conn.is_disconnected() {
-                // The kernel keeps resending a DREQ after the process is gone; a library
-                // cannot, so the DREQ's exchange finishes here (at once when the peer answers,
-                // about 2 s when it is gone). The process often exits right after.
-                let _ = conn.disconnect();
-            }
+            // A DREQ, as the kernel sends one, and the call returns: the device's GSI thread
+            // sends it again until its DREP comes (about 2 s when the peer is gone) and holds
+            // the connection meanwhile (`IbConnection::watch`). Should the process exit
+            // first, the port keeper (a shared port, the default) sends the DREQ for the
+            // connection it still lists.
+            let _ = conn.start_disconnect();
         }
         if !me.c.event.is_null() {
             free_event(me.c.event);

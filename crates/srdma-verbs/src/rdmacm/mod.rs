@@ -106,7 +106,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use libc::{sockaddr, sockaddr_in, sockaddr_in6, sockaddr_storage, socklen_t};
-use srdma::cm::{CmError, CmEvent, ConnectOptions};
+use srdma::cm::{CmError, ConnectOptions};
 use srdma::ibcm::{self, Gsi, IbConnection, IbListener, IbRequest, PeerParams, SidrRequest};
 use srdma::{AccessFlags, AttrMask, Gid, QpAttr, QpState};
 use srdma_wire::cm::port_space;
