@@ -644,7 +644,8 @@ fn pair(
 /// Watched connections (`IbConnection::watch`: the GSI thread handles their DREQ and DREP,
 /// no thread waits per connection): a disconnect ends both sides through their callbacks,
 /// a DREQ that came before the watch is handled by it, and a DREQ nobody answers is sent
-/// again and ends the connection after its last send (~2 s), its callback called once.
+/// again and ends the connection after its last send (~2 s), its callback called once,
+/// though its owner dropped it right after `start_disconnect`.
 #[test]
 fn watched_connections_end_through_the_gsi_thread() {
     use std::sync::Arc;
@@ -693,6 +694,19 @@ fn watched_connections_end_through_the_gsi_thread() {
     watch(&c, "unanswered");
     let t = Instant::now();
     c.start_disconnect().unwrap();
+    // Its owner lets go at once (as `rdma_destroy_id` does): the drop does not wait for the
+    // DREP, and the GSI thread keeps the connection and its resends until the end.
+    let weak = Arc::downgrade(&c);
+    drop(c);
+    assert!(
+        t.elapsed() < Duration::from_millis(100),
+        "{:?}",
+        t.elapsed()
+    );
+    assert!(
+        weak.upgrade().is_some(),
+        "nothing holds the disconnecting connection"
+    );
     assert_eq!(
         rx.recv_timeout(Duration::from_secs(10)).unwrap(),
         "unanswered"
@@ -702,8 +716,9 @@ fn watched_connections_end_through_the_gsi_thread() {
         waited >= Duration::from_millis(1400) && waited < Duration::from_secs(4),
         "{waited:?}"
     );
-    assert!(c.is_disconnected());
     assert!(rx.recv_timeout(Duration::from_millis(200)).is_err());
+    // The GSI thread let go of it after its last send.
+    assert!(weak.upgrade().is_none());
 }
 
 /// A REP sent again to an established (watched) connection — its RTU was lost, and the
