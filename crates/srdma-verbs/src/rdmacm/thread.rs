@@ -20,7 +20,8 @@ static IDLE: Mutex<Vec<std::sync::mpsc::Sender<Job>>> = Mutex::new(Vec::new());
 /// Idle workers kept at most (more exit when their job is done). A worker is busy only for
 /// a connect's or accept's exchange (the connection then needs no thread), so a burst of
 /// connections reuses a few dozen threads: `cmtime -c 10000` connected in 1.24–1.51 s with
-/// 64 against 1.95–2.23 s with 4, which started and ended a thread per connection.
+/// 64 (4 runs) against 1.95–2.23 s with 4 (5 runs just before), which started and ended a
+/// thread per connection.
 const MAX_IDLE: usize = 64;
 
 /// Runs `f` on an idle CM worker thread, or a new one: connects and accepts do not create a
