@@ -1085,7 +1085,7 @@ fn session(me: Side, fam: Family, ctrl: &mut Ctrl) -> R<Summary> {
 // Process management
 // ---------------------------------------------------------------------------------------
 
-/// Kills and reaps the child unless it was waited for.
+/// The peer process's control connection, within 30 s, or why it never came.
 fn accept(listener: &TcpListener, child: &mut Child) -> R<TcpStream> {
     listener.set_nonblocking(true).map_err(|e| e.to_string())?;
     let deadline = Instant::now() + Duration::from_secs(30);
