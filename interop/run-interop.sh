@@ -402,13 +402,14 @@ selected dropin-riostream-client-on-rxe && { scenario dropin-riostream-client-on
 # (SRDMA_RS_REPORT, last line: the attempt that ran) must show the connection on rsockets,
 # nothing handed to the kernel's TCP (which both preloads fall back to).
 RSPL=/usr/lib/x86_64-linux-gnu/rsocket/librspreload.so
-RSREP="grep -q 'to_kernel=0 ' \$RUNDIR/rs-report.last && ! grep -q 'connected=0 accepted=0 ' \$RUNDIR/rs-report.last"
+RSHOST="env SRDMA_RS_REPORT=\$RUNDIR/rs-report $EXEC --rsockets"
+RSREP="tail -n1 \$RUNDIR/rs-report > \$RUNDIR/rs-report.last && cat \$RUNDIR/rs-report.last && grep -q 'to_kernel=0 ' \$RUNDIR/rs-report.last && ! grep -q 'connected=0 accepted=0 ' \$RUNDIR/rs-report.last"
 selected dropin-rspreload-server-on-rxe && { scenario dropin-rspreload-server-on-rxe \
   "env LD_PRELOAD=$RSPL rstream -T s -T v -b 10.77.0.2 -p 7482 -S 100000 -C 50" \
-  "$RUNS/@/retry-host env SRDMA_RS_REPORT=\$RUNDIR/rs-report $EXEC --rsockets rstream -T s -T v -s 10.77.0.2 -p 7482 -S 100000 -C 50 && tail -n1 \$RUNDIR/rs-report > \$RUNDIR/rs-report.last && cat \$RUNDIR/rs-report.last && $RSREP" || fail=1; }
+  "$RUNS/@/retry-host $RSHOST rstream -T s -T v -s 10.77.0.2 -p 7482 -S 100000 -C 50 && $RSREP" || fail=1; }
 selected dropin-rspreload-client-on-rxe && { scenario dropin-rspreload-client-on-rxe \
   "retry 80 0.5 env LD_PRELOAD=$RSPL rstream -T s -T v -s 10.77.0.1 -p 7482 -S 100000 -C 50" \
-  "env SRDMA_RS_REPORT=\$RUNDIR/rs-report $EXEC --rsockets rstream -T s -T v -b 10.77.0.1 -p 7482 -S 100000 -C 50 && tail -n1 \$RUNDIR/rs-report > \$RUNDIR/rs-report.last && cat \$RUNDIR/rs-report.last && $RSREP" || fail=1; }
+  "$RSHOST rstream -T s -T v -b 10.77.0.1 -p 7482 -S 100000 -C 50 && $RSREP" || fail=1; }
 # Ids without a QP (tests/c/qpless.c: conn_param->qp_num, rdma_init_qp_attr for INIT/RTR/RTS,
 # CONNECT_RESPONSE and rdma_establish, as UCX connects), the same program on both sides.
 selected dropin-qpless-server-on-rxe && { scenario dropin-qpless-server-on-rxe \
