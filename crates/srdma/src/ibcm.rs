@@ -803,15 +803,21 @@ struct IbState {
     dreq_tid: Option<u64>,
     /// The peer's DREP came (taken by whichever thread was waiting on QP1).
     drep: bool,
-    /// Watched ([`IbConnection::watch`]): the GSI thread handles its DREQ and DREP.
-    watched: bool,
     /// Called once when the connection ends (watched connections).
     on_end: Option<OnEnd>,
-    /// The connection itself, once watched (for the GSI thread's list of DREQs to resend).
+    /// The connection itself, once watched ([`IbConnection::watch`]: the GSI thread
+    /// handles its DREQ and DREP, and keeps it in its list of DREQs to resend).
     me: Option<std::sync::Weak<IbConnection>>,
     /// Our DREQ's sends so far, and when the GSI thread sends it again (watched).
     dreq_sends: u32,
     dreq_due: Option<Instant>,
+}
+
+impl IbState {
+    /// Whether the connection is watched ([`IbConnection::watch`]).
+    fn watched(&self) -> bool {
+        self.me.is_some()
+    }
 }
 
 impl std::fmt::Debug for IbState {
@@ -821,7 +827,7 @@ impl std::fmt::Debug for IbState {
             .field("disconnected", &self.disconnected)
             .field("dreq_tid", &self.dreq_tid)
             .field("drep", &self.drep)
-            .field("watched", &self.watched)
+            .field("watched", &self.watched())
             .finish_non_exhaustive()
     }
 }
@@ -859,7 +865,6 @@ impl IbConnection {
                 disconnected: false,
                 dreq_tid: None,
                 drep: false,
-                watched: false,
                 on_end: None,
                 me: None,
                 dreq_sends: 0,
@@ -945,7 +950,6 @@ impl IbConnection {
     pub fn watch(self: &Arc<Self>, on_end: impl FnOnce() + Send + 'static) {
         let now = {
             let mut st = lock(&self.state);
-            st.watched = true;
             st.me = Some(Arc::downgrade(self));
             st.events.clear();
             if st.disconnected {
@@ -1118,7 +1122,7 @@ impl IbConnection {
         };
         let (tid, watched) = {
             let st = lock(&self.state);
-            (st.dreq_tid.unwrap_or_default(), st.watched)
+            (st.dreq_tid.unwrap_or_default(), st.watched())
         };
         'sends: for i in 0..MAX_SENDS.min(4) {
             // A watched connection's DREQ is sent again by the GSI thread.
@@ -1152,7 +1156,7 @@ impl IbConnection {
         }
         let f = {
             let mut st = lock(&self.state);
-            if !st.watched {
+            if !st.watched() {
                 st.events.push_back(CmEvent::Disconnected);
             }
             self.ended(&mut st)
@@ -1173,7 +1177,7 @@ impl IbConnection {
                 if let Some(ev) = st.events.pop_front() {
                     return Some(ev);
                 }
-                if st.disconnected || st.watched {
+                if st.disconnected || st.watched() {
                     return None;
                 }
             }
