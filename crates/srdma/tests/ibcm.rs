@@ -265,26 +265,7 @@ fn hostile_mads_are_ignored_and_bounded() {
     assert!(c.unknown_service > 0 && c.unknown_service <= 600, "{c:?}");
     assert_eq!(c.mads_received, c.malformed + c.unknown_service, "{c:?}");
     // The real connection still goes through.
-    let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
-    let listener = IbListener::bind(&gb, 7300).unwrap();
-    let server = std::thread::spawn(move || {
-        let req = listener.accept_request(Duration::from_secs(10)).unwrap();
-        let cq = b.create_cq(16, None).unwrap();
-        let conn = req
-            .accept(&pb, &QpInit::new(QpType::Rc, &cq, &cq), &opts())
-            .unwrap();
-        (conn, cq)
-    });
-    let cq = a.create_cq(16, None).unwrap();
-    let conn = ibcm::connect(
-        &ga,
-        &pa,
-        "127.0.83.2:7300".parse().unwrap(),
-        &QpInit::new(QpType::Rc, &cq, &cq),
-        &opts(),
-    )
-    .unwrap();
-    let (sconn, _scq) = server.join().unwrap();
+    let (conn, sconn, _cqs, _pds) = pair(&(a, ga.clone()), &(b, gb.clone()), "127.0.83.2:7300");
     assert_eq!(conn.remote().qpn, sconn.qp().qpn());
     assert_eq!(sconn.remote().qpn, conn.qp().qpn());
     // A stray CM message of another connection changes nothing.
