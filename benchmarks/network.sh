@@ -44,6 +44,10 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 RES=$ROOT/benchmarks/results/network
 README=$ROOT/benchmarks/README.md
 DUR=${DURATION:-4}
+RATE=${RATE:-1gbit}
+# The bottleneck's rate in bytes per second.
+RATE_BYTES=$(python3 -c "import re,sys; m=re.fullmatch(r'(\d+)([kmg]?)bit', sys.argv[1]); print(int(m[1]) * {'': 1, 'k': 10**3, 'm': 10**6, 'g': 10**9}[m[2]] // 8)" "$RATE" 2>/dev/null) ||
+    { echo "RATE: a number and kbit, mbit, gbit or bit (e.g. 1gbit), not $RATE" >&2; exit 2; }
 P=srdmanet$$
 mkdir -p "$RES"
 log() { echo "== $*" >&2; }
@@ -167,7 +171,7 @@ incast() {
     ip link add sv0 netns $sv type veth peer name psv netns $sw
     ip -n $sv addr add 10.78.0.100/24 dev sv0; ip -n $sv link set sv0 up
     ip -n $sw link set psv master br0 up
-    tc -n $sw qdisc add dev psv root handle 1: tbf rate "${RATE:-1gbit}" burst 64k latency 2ms
+    tc -n $sw qdisc add dev psv root handle 1: tbf rate "$RATE" burst 64k latency 2ms
     if [ "$red" = 1 ]; then
         # The phantom queue: drained at 97 % of the rate in full-MTU RoCEv2 frames (1082 B
         # with the Ethernet header: a 1024 B payload, BTH, ICRC), marks CE past a burst of 32
@@ -176,7 +180,7 @@ incast() {
         # veths segment GSO super-packets themselves (the switch must see frames, not
         # 64 kB super-packets).
         local pps
-        pps=$(python3 -c "import re,sys; m=re.match(r'(\d+)([kmg]?)bit', sys.argv[1]); print(int(m[1]) * {'': 1, 'k': 10**3, 'm': 10**6, 'g': 10**9}[m[2]] * 97 // 100 // 8 // 1082)" "${RATE:-1gbit}")
+        pps=$((RATE_BYTES * 97 / 100 / 1082))
         printf '%s\n' "table bridge aqm {" "  chain forward {" \
             "    type filter hook forward priority 0;" \
             "    oifname \"psv\" ip ecn != not-ect limit rate over $pps/second burst 32 packets ip ecn set ce" \
@@ -237,11 +241,10 @@ incast() {
     sleep $((DUR > 3 ? DUR - 2 : 1))
     kill $sampler 2>/dev/null
     wait
-    python3 - "$RES" "$tag" "$n" "$fails" "${lat0:-0}" "${lat1:-0}" "$red" "${RATE:-1gbit}" <<'PY' >>"$RES/rows.txt"
-import json, re, sys
+    python3 - "$RES" "$tag" "$n" "$fails" "${lat0:-0}" "${lat1:-0}" "$red" "$RATE_BYTES" <<'PY' >>"$RES/rows.txt"
+import json, sys
 res, tag, n, fails, lat0, lat1, red = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], float(sys.argv[5]), float(sys.argv[6]), sys.argv[7] == "1"
-m = re.match(r"(\d+)([kmg]?)bit", sys.argv[8])
-rate = int(m[1]) * {"": 1, "k": 10**3, "m": 10**6, "g": 10**9}[m[2]] / 8
+rate = int(sys.argv[8])
 def queue(f):
     try:
         b = [int(x) for x in open(f"{res}/{f}").read().split()]
@@ -333,7 +336,7 @@ if [ "${SKIP_INCAST:-0}" != 1 ]; then
         done
     done
     say ""
-    say "### Incast through a ${RATE:-1gbit} bottleneck (\`srdma perf write-bw -e -s 1MiB -D $DUR\` per sender; TCP: one stream per sender; queue: the bottleneck's backlog as time at the rate)"
+    say "### Incast through a $RATE bottleneck (\`srdma perf write-bw -e -s 1MiB -D $DUR\` per sender; TCP: one stream per sender; queue: the bottleneck's backlog as time at the rate)"
     say ""
     say "| senders | srdma sum | Jain | least flow (MiB/s) | failed | cuts / timeouts / CNPs | queue, mean / largest | TCP sum | TCP Jain | TCP queue | 8 B send-lat unloaded → loaded |"
     say "|---|---|---|---|---|---|---|---|---|---|---|"
