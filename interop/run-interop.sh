@@ -59,7 +59,7 @@ command -v gcc >/dev/null || apt-get install -y -qq gcc >/dev/null
 [ -f /usr/include/rdma/rdma_cma.h ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq librdmacm-dev >/dev/null
 
 log "building srdma and verbs_target"
-(cd "$ROOT" && cargo build --release -q -p srdma-cli -p srdma-verbs && cargo build --release -q -p srdma --example verbs_target_client)
+(cd "$ROOT" && cargo build --release -q -p srdma-cli -p srdma-verbs -p srdma-rspreload && cargo build --release -q -p srdma --example verbs_target_client)
 command -v ibv_rc_pingpong >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ibverbs-utils >/dev/null
 command -v ib_write_bw >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq perftest >/dev/null
 command -v rping >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rdmacm-utils >/dev/null
