@@ -551,8 +551,11 @@ fn socket_calls_behave_as_on_the_kernel() {
     let run = |rs: bool, port: &str| -> (String, String) {
         let report = report_file(if rs { "c-rs" } else { "c-kernel" });
         let exe = exe.to_str().unwrap();
+        let ready = dir.join(if rs { "ready-rs" } else { "ready-kernel" });
+        let _ = std::fs::remove_file(&ready);
+        let ready = ready.to_str().unwrap();
         let mk = |side: &str| {
-            let mut c = run_in(h, rs, &report, exe, &[side, port]);
+            let mut c = run_in(h, rs, &report, exe, &[side, port, ready]);
             c.env("SRDMA_DEVICES", "127.0.0.1");
             c
         };

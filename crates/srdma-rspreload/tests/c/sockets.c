@@ -4,10 +4,14 @@
  * not), readiness bits. Run once on the kernel and once under `srdma exec --rsockets`:
  * the two outputs must be the same, line for line (tests/programs.rs).
  *
- *   sockets server PORT     listens on 127.0.0.1:PORT
- *   sockets client PORT     connects to it (PORT + 1 has nobody listening)
+ *   sockets server PORT READY   listens on 127.0.0.1:PORT, creates file READY when it
+ *                               waits for the connection
+ *   sockets client PORT READY   connects to it once READY exists (PORT + 1 has nobody
+ *                               listening)
  *
- * The two sides keep in step through the connection itself, so nothing depends on timing.
+ * The first connection waits for READY (the server's first waits must find nothing);
+ * from then on the two sides keep in step through the connection itself, so nothing
+ * depends on timing.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -34,6 +38,8 @@
 #include <unistd.h>
 
 static const char *side;
+/* The file the server creates when it waits for the client's connection. */
+static const char *ready;
 
 static void say(const char *fmt, ...)
 {
@@ -172,6 +178,10 @@ static int server(int port)
 	read(pp[0], buf, 10);
 
 	/* The client connects now. */
+	int rf = open(ready, O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+	if (rf < 0)
+		die("creating the ready file");
+	close(rf);
 	n = epoll_wait(ep, evs, 8, 20000);
 	say("epoll_wait listener n=%d data=%llu in=%d", n, (unsigned long long)evs[0].data.u64,
 	    !!(evs[0].events & EPOLLIN));
@@ -345,6 +355,11 @@ static int client(int port)
 	say("TCP_NODELAY %s", res(setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one)));
 	say("getpeername unconnected %s", res(getpeername(s, (struct sockaddr *)&a, &len)));
 	a = addr_of(port);
+	for (int i = 0; access(ready, F_OK) != 0; i++) {
+		if (i == 3000)
+			die("the server never got ready");
+		usleep(10000);
+	}
 	say("connect %s", res(connect(s, (struct sockaddr *)&a, sizeof a)));
 	p.fd = s;
 	p.events = POLLOUT;
@@ -440,11 +455,12 @@ static int client(int port)
 
 int main(int argc, char **argv)
 {
-	if (argc != 3) {
-		fprintf(stderr, "usage: sockets server|client PORT\n");
+	if (argc != 4) {
+		fprintf(stderr, "usage: sockets server|client PORT READY-FILE\n");
 		return 2;
 	}
 	side = argv[1];
+	ready = argv[3];
 	int port = atoi(argv[2]);
 	return strcmp(side, "server") == 0 ? server(port) : client(port);
 }
