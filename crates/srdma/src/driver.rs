@@ -76,9 +76,23 @@ pub(crate) struct Outgoing<'a> {
     pub(crate) dst: SocketAddr,
     /// Its RoCEv2 encapsulation, which its ICRC covers.
     pub(crate) encap: &'a Encap,
-    /// It may go in one segmented message with its same-sized neighbours to the same
+    /// Whether it may go in one segmented message with its neighbours to the same
     /// destination (UDP GSO); drivers that do not segment ignore it.
-    pub(crate) gso: bool,
+    pub(crate) gso: GsoJoin,
+}
+
+/// How a datagram may share a UDP GSO message (one segmented send: one skb through the
+/// stack, cut into datagrams of one size but the last, which may be shorter).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GsoJoin {
+    /// It goes as a message of its own.
+    Alone,
+    /// It may start a run, continue one of its size, or be a run's shorter last datagram.
+    Any,
+    /// It may start a run or continue one of its own size, never be the shorter tail
+    /// behind larger datagrams (a bare ACK that must not wait behind a request, see
+    /// `QpSlot::ack_tail`, may still go in one message with other QPs' ACKs to that peer).
+    SameSize,
 }
 
 /// What one [`Driver::recv`] took.

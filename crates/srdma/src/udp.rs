@@ -13,7 +13,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use srdma_wire::{Packet, Position};
 
-use crate::driver::{Driver, Frame, Outgoing, Payload, Received, Via};
+use crate::driver::{Driver, Frame, GsoJoin, Outgoing, Payload, Received, Via};
 use crate::error::{Result, io_err};
 use crate::sys::{from_sockaddr, setsockopt, setsockopt_struct, to_sockaddr};
 
@@ -200,7 +200,7 @@ const MAX_IOV: usize = 1024;
 pub(crate) struct TxBatch {
     bufs: Vec<Vec<u8>>,
     lens: Vec<usize>,
-    gso_ok: Vec<bool>,
+    joins: Vec<GsoJoin>,
     /// Every queued datagram's destination; in C form (`addrs`, `addr_lens`) only for the
     /// first datagram of each message, written when the batch is sent.
     dsts: Vec<std::net::SocketAddr>,
@@ -240,7 +240,7 @@ impl TxBatch {
         TxBatch {
             bufs: vec![vec![0u8; size]; count],
             lens: vec![0; count],
-            gso_ok: vec![false; count],
+            joins: vec![GsoJoin::Alone; count],
             dsts: vec![std::net::SocketAddr::from(([0, 0, 0, 0], 0)); count],
             addrs: vec![zero_addr; count],
             addr_lens: vec![0; count],
@@ -265,15 +265,15 @@ impl TxBatch {
         self.n == self.bufs.len() || self.np + MAX_PARTS > self.parts.len()
     }
 
-    /// Queues the first `len` bytes of `frame` for `dst`; `gso` allows sending it in one
-    /// segmented message with its same-sized neighbours to the same destination. The frame
-    /// becomes the next slot; `frame` gets that slot's free buffer (see [`Frame`]).
+    /// Queues the first `len` bytes of `frame` for `dst`; `gso` says whether it may go in one
+    /// segmented message with its neighbours to the same destination. The frame becomes the
+    /// next slot; `frame` gets that slot's free buffer (see [`Frame`]).
     pub(crate) fn commit(
         &mut self,
         frame: &mut Frame,
         len: usize,
         dst: std::net::SocketAddr,
-        gso: bool,
+        gso: GsoJoin,
     ) {
         let base = frame.as_ptr();
         self.commit_parts(frame, len, dst, gso, [(base, len)]);
@@ -289,7 +289,7 @@ impl TxBatch {
         frame: &mut Frame,
         len: usize,
         dst: std::net::SocketAddr,
-        gso: bool,
+        gso: GsoJoin,
         parts: impl IntoIterator<Item = (*const u8, usize)>,
     ) {
         std::mem::swap(&mut self.bufs[self.n], frame);
@@ -302,7 +302,7 @@ impl TxBatch {
             self.np += 1;
         }
         self.lens[self.n] = len;
-        self.gso_ok[self.n] = gso;
+        self.joins[self.n] = gso;
         self.dsts[self.n] = dst;
         self.n += 1;
         self.first[self.n] = self.np;
@@ -322,12 +322,15 @@ impl TxBatch {
             let seg = self.lens[i];
             let mut k = 1;
             let mut total = seg;
-            if self.gso && self.gso_ok[i] {
+            if self.gso && self.joins[i] != GsoJoin::Alone {
                 while i + k < self.n
                     && k < GSO_MAX_SEGMENTS
-                    && self.gso_ok[i + k]
                     && self.lens[i + k - 1] == seg
-                    && self.lens[i + k] <= seg
+                    && match self.joins[i + k] {
+                        GsoJoin::Alone => false,
+                        GsoJoin::Any => self.lens[i + k] <= seg,
+                        GsoJoin::SameSize => self.lens[i + k] == seg,
+                    }
                     && total + self.lens[i + k] <= GSO_MAX_BYTES
                     && self.first[i + k + 1] - self.first[i] <= MAX_IOV
                     && self.dsts[i] == self.dsts[i + k]
@@ -1040,7 +1043,7 @@ mod tests {
         let mut frame = vec![0u8; 256];
         for (dst, fill) in [(&a, 1u8), (&a, 2), (&b, 3)] {
             frame[..100].fill(fill);
-            tx.commit(&mut frame, 100, dst.local_addr().unwrap(), true);
+            tx.commit(&mut frame, 100, dst.local_addr().unwrap(), GsoJoin::Any);
         }
         assert_eq!(tx.send(tx_sock.as_raw_fd()), 0, "nothing refused");
         let (got_a, got_b) = (drain(&a), drain(&b));
@@ -1055,6 +1058,36 @@ mod tests {
         // The two to A went as one segmented message (where the kernel takes UDP_SEGMENT);
         // B's never joined it.
         assert!(tx.gso_messages <= 1);
+    }
+
+    #[test]
+    fn a_same_size_datagram_joins_runs_of_its_size_only() {
+        let dst: std::net::SocketAddr = "127.0.0.1:4791".parse().unwrap();
+        let mut frame = vec![0u8; 256];
+        // The message sizes `prepare` forms from datagrams of (length, join).
+        let mut messages = |queued: &[(usize, GsoJoin)]| {
+            let mut tx = TxBatch::new(8, 256);
+            for &(len, join) in queued {
+                tx.commit(&mut frame, len, dst, join);
+            }
+            let m = tx.prepare();
+            tx.segs[..m].to_vec()
+        };
+        use GsoJoin::{Alone, Any, SameSize};
+        // A request and a bare ACK that must not be its tail: two messages.
+        assert_eq!(messages(&[(100, Any), (20, SameSize)]), [1, 1]);
+        // The same ACK allowed to be the tail: one.
+        assert_eq!(messages(&[(100, Any), (20, Any)]), [2]);
+        // Several QPs' ACKs to one peer: one message, and a shorter request may end it.
+        assert_eq!(
+            messages(&[(20, SameSize), (20, SameSize), (20, SameSize), (16, Any)]),
+            [4]
+        );
+        // A run of ACKs stops at a larger datagram and at one that goes alone.
+        assert_eq!(
+            messages(&[(20, SameSize), (20, SameSize), (100, Any), (100, Alone)]),
+            [2, 1, 1]
+        );
     }
 
     /// A receiving socket with GRO on (as the device's), its batch, and a sender.
@@ -1084,7 +1117,7 @@ mod tests {
         for i in 0..count {
             frame[..len].fill(i as u8);
             frame[0] = opcode;
-            tx.commit(&mut frame, len, to.local_addr().unwrap(), true);
+            tx.commit(&mut frame, len, to.local_addr().unwrap(), GsoJoin::Any);
         }
         assert_eq!(tx.send(from.as_raw_fd()), 0);
     }

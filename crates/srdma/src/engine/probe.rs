@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::tx::capture_tx;
 use super::{Shared, State};
-use crate::driver::{Driver, Outgoing, Whole};
+use crate::driver::{Driver, GsoJoin, Outgoing, Whole};
 use crate::types::{Gid, Gso};
 
 /// What a device knows of the path to a peer address for UDP GSO (`Gso::Auto`, IPv4 peers
@@ -206,7 +206,7 @@ impl Shared {
                 len: t.len,
                 dst,
                 encap: &encap,
-                gso: true,
+                gso: GsoJoin::Any,
             };
             if !udp.queue((), &pkt, frame, &Whole) {
                 break;

@@ -11,7 +11,7 @@ use srdma_wire::{Encap, IpRepr, Packet, pcap};
 
 use super::timers::note_timer;
 use super::{Shared, State, capture_epoch, deliver_completions};
-use crate::driver::{Driver, Frame, Outgoing};
+use crate::driver::{Driver, Frame, GsoJoin, Outgoing};
 use crate::types::{Gid, Gso};
 
 /// What the transmit path keeps (in the engine's `State`).
@@ -178,7 +178,7 @@ impl Shared {
                     len: t.len,
                     dst,
                     encap: &encap,
-                    gso: false,
+                    gso: GsoJoin::Alone,
                 };
                 // A full ring or a piece gone: the driver counts the first, the transport
                 // retransmits both.
@@ -191,7 +191,8 @@ impl Shared {
             };
             slot.path = crate::Path::Udp;
             // A bare ACK is the short tail of a GSO message only where `QpSlot::ack_tail`
-            // says so; otherwise it goes as its own datagram.
+            // says so; otherwise it shares a message only with datagrams of its size (other
+            // QPs' ACKs to that peer, flushed together after a receive: one skb for all).
             let bare_ack = frame[0] == srdma_wire::Opcode::RcAcknowledge as u8;
             let dst_gso = match gso_dst {
                 Some((d, g)) if d == dst => g,
@@ -201,7 +202,11 @@ impl Shared {
                     g
                 }
             };
-            let gso = dst_gso && (ack_tail || !bare_ack);
+            let gso = match (dst_gso, bare_ack && !ack_tail) {
+                (false, _) => GsoJoin::Alone,
+                (true, false) => GsoJoin::Any,
+                (true, true) => GsoJoin::SameSize,
+            };
             if let Some(w) = capture.as_mut() {
                 if !capture_tx(w, now_ns, &encap, &mut frame[..t.len]) {
                     counters.tx_errors += 1;
