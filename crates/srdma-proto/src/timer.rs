@@ -23,6 +23,22 @@ pub const fn local_ack_timeout(timeout: u8) -> Option<Duration> {
     Some(Duration::from_nanos(4096u64 << exp))
 }
 
+/// The shortest local ACK timer a QP runs: one jiffy of Debian's kernel (HZ 250), rxe's
+/// floor (`rxe_qp.c` turns the timeout into jiffies and takes at least one). Below it a
+/// timer shorter than the host's scheduling delays fires on ACKs that are only late: `timeout`
+/// 1 is 8.2 µs, and a READ or WRITE of any size exhausts `retry_cnt` on a busy machine where
+/// rxe completes it.
+pub const MIN_ACK_TIMER: Duration = Duration::from_millis(4);
+
+/// The local ACK timer the requester runs for the QP attribute `timeout`:
+/// [`local_ack_timeout`], at least [`MIN_ACK_TIMER`]; `None` (no timer) for 0.
+pub const fn ack_timer(timeout: u8) -> Option<Duration> {
+    match local_ack_timeout(timeout) {
+        Some(t) if t.as_nanos() < MIN_ACK_TIMER.as_nanos() => Some(MIN_ACK_TIMER),
+        t => t,
+    }
+}
+
 /// The delay an RNR NAK with timer code `code` (the low 5 bits of the AETH syndrome, or the
 /// QP's `min_rnr_timer`) asks the requester to wait before retrying. Bits above the low five
 /// are ignored.
@@ -48,6 +64,17 @@ mod tests {
             Some(Duration::from_nanos(4096 << 31))
         );
         assert_eq!(local_ack_timeout(255), local_ack_timeout(31));
+    }
+
+    #[test]
+    fn the_ack_timer_is_at_least_a_jiffy() {
+        assert_eq!(ack_timer(0), None);
+        for t in 1..=9 {
+            assert_eq!(ack_timer(t), Some(MIN_ACK_TIMER), "timeout {t}");
+        }
+        // 4.096 µs × 2^10 = 4.19 ms: the encoding from here on.
+        assert_eq!(ack_timer(10), local_ack_timeout(10));
+        assert_eq!(ack_timer(14), local_ack_timeout(14));
     }
 
     #[test]

@@ -131,7 +131,7 @@ fn a_flood_does_not_stop_retransmission() {
         port: silent.local_addr().unwrap().port(),
     };
     let mut p = ConnectParams::new(Mtu::Mtu1024, Psn::new(1));
-    p.timeout = 8; // 1 ms
+    p.timeout = 8; // 1 ms by the encoding; the timer runs at least 4 ms (MIN_ACK_TIMER)
     p.retry_cnt = 1;
     qa.connect(&peer, &p).unwrap();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -240,7 +240,7 @@ fn busy_polling_runs_the_retransmission_timer() {
     let pa = a.alloc_pd();
     let ca = a.create_cq(8, None).unwrap();
     let mut p = ConnectParams::new(Mtu::Mtu1024, Psn::new(1));
-    p.timeout = 8; // 1 ms
+    p.timeout = 8; // 1 ms by the encoding; the timer runs at least 4 ms (MIN_ACK_TIMER)
     p.retry_cnt = 2;
     let peer = RemoteQp {
         qpn: Qpn::new(0x11),

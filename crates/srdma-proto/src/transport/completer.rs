@@ -238,7 +238,7 @@ impl Qp {
 
     fn rearm(&mut self, now: Duration) {
         self.retrans_deadline = if self.comp_psn.before(self.max_sent_psn) {
-            crate::timer::local_ack_timeout(self.attr.timeout).map(|t| now + t)
+            crate::timer::ack_timer(self.attr.timeout).map(|t| now + t)
         } else {
             None
         };

@@ -453,8 +453,7 @@ impl Qp {
             }
         }
         if ty == QpType::Rc && self.retrans_deadline.is_none() {
-            self.retrans_deadline =
-                crate::timer::local_ack_timeout(self.attr.timeout).map(|t| ctx.now + t);
+            self.retrans_deadline = crate::timer::ack_timer(self.attr.timeout).map(|t| ctx.now + t);
         }
         if ty == QpType::Rc && self.rto_deadline.is_none() {
             self.arm_rto(ctx.now);
