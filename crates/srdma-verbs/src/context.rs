@@ -514,7 +514,7 @@ impl Context {
         vctx.context.device = device;
         vctx.context.cmd_fd = cmd_fd.as_raw_fd();
         vctx.context.async_fd = fd;
-        vctx.context.num_comp_vectors = 1;
+        vctx.context.num_comp_vectors = comp_vectors();
         vctx.context.abi_compat = usize::MAX as *mut c_void;
         fill(&mut vctx);
         let ctx = Box::new(Context {
@@ -737,6 +737,19 @@ pub unsafe extern "C" fn ibv_query_port(
 fn gid_table(ctx: &Context) -> Vec<srdma::Gid> {
     let cfg = &ctx.entry.cfg;
     cfg.gids_on(cfg.port)
+}
+
+/// What the kernel answers an address vector whose source GID is table entry `index`
+/// (`rdma_get_gid_attr`): EINVAL past the table, ENODATA for an empty entry; None when the
+/// entry holds a GID.
+pub(crate) fn sgid_index_errno(ctx: &Context, index: u8) -> Option<c_int> {
+    if u32::from(index) >= ctx.entry.cfg.limits.gid_tbl_len {
+        Some(libc::EINVAL)
+    } else if usize::from(index) >= gid_table(ctx).len() {
+        Some(libc::ENODATA)
+    } else {
+        None
+    }
 }
 
 /// `ibv_query_gid`: GID table entry `index` of port 1 (EINVAL past the table; empty slots
@@ -1049,4 +1062,12 @@ pub extern "C" fn ibv_dontfork_range(_base: *mut c_void, _size: usize) -> c_int 
 #[unsafe(no_mangle)]
 pub extern "C" fn ibv_dofork_range(_base: *mut c_void, _size: usize) -> c_int {
     0
+}
+
+/// The completion vectors a context offers: one per possible CPU, as rxe's
+/// (`num_possible_cpus()`). A CQ may name any of them; all complete alike here.
+fn comp_vectors() -> c_int {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
+    c_int::try_from(n).unwrap_or(1).max(1)
 }

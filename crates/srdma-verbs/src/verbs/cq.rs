@@ -154,7 +154,8 @@ pub(super) fn make_cq(
     comp_vector: c_int,
 ) -> Result<*mut Cq, c_int> {
     let max = ctx.entry.cfg.limits.max_cqe as c_int;
-    if !(1..=max).contains(&cqe) || comp_vector != 0 {
+    // Any of the context's completion vectors (the kernel's check: EINVAL from the last on).
+    if !(1..=max).contains(&cqe) || !(0..ctx.vctx.context.num_comp_vectors).contains(&comp_vector) {
         return Err(libc::EINVAL);
     }
     // SAFETY: `channel` is NULL or checked live by `back`.
