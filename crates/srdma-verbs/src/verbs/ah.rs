@@ -35,7 +35,8 @@ pub(super) fn ah_attr_to_c(a: &AhAttr, out: &mut ibv_ah_attr) {
     out.dlid = 0;
 }
 
-/// `ibv_create_ah`: EINVAL without a GRH (`is_global = 0`), as on any RoCE device.
+/// `ibv_create_ah`: EINVAL without a GRH (`is_global = 0`), as on any RoCE device, or with a
+/// source GID index past the table; ENODATA for an empty entry (the kernel's answers).
 ///
 /// # Safety
 /// `pd` NULL or live; `attr` NULL or readable.
@@ -55,6 +56,12 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
         let a = unsafe { &*attr };
         if a.is_global == 0 || a.port_num != 1 {
             set_errno(libc::EINVAL);
+            return std::ptr::null_mut();
+        }
+        // SAFETY: a live PD's context is open.
+        let ctx = unsafe { Context::from_c(p.c.context) };
+        if let Some(e) = ctx.and_then(|c| crate::context::sgid_index_errno(c, a.grh.sgid_index)) {
+            set_errno(e);
             return std::ptr::null_mut();
         }
         let c = ibv_ah {

@@ -240,6 +240,17 @@ pub unsafe extern "C" fn ibv_modify_qp(
             Ok(v) => v,
             Err(e) => return e,
         };
+        // A source GID the port does not hold fails here, as in the kernel, not later on
+        // the wire.
+        if m.contains(AttrMask::AV) && a.ah_attr.is_global {
+            // SAFETY: a live QP's context is open.
+            let ctx = unsafe { Context::from_c(q.c.qp_base.context) };
+            if let Some(e) =
+                ctx.and_then(|c| crate::context::sgid_index_errno(c, a.ah_attr.sgid_index))
+            {
+                return e;
+            }
+        }
         let r = q.qp.modify(&a, m);
         // SAFETY: the QP is live; `state` mirrors the srdma state for the application.
         unsafe { (*qp).state = q.qp.state() as u32 };

@@ -74,6 +74,46 @@ static int connect_with(struct ibv_qp *qp, struct ibv_qp *peer, int timeout)
 			     IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
 }
 
+/* An address vector whose source GID index names an empty entry fails at once, as in the
+ * kernel: ENODATA for an empty entry, EINVAL past the table (ibv_modify_qp, ibv_create_ah). */
+static void sgid_index_checks(struct ibv_cq *cq)
+{
+	struct ibv_port_attr port;
+	union ibv_gid gid;
+	struct ibv_qp *qp = make_qp(cq, NULL, 1);
+	if (!qp || to_init(qp) || ibv_query_port(ctx, 1, &port) || ibv_query_gid(ctx, 1, 1, &gid)) {
+		CHECK("sgid-setup", 0, "errno %d", errno);
+		return;
+	}
+	struct ibv_qp_attr a = {
+		.qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_1024, .dest_qp_num = qp->qp_num,
+		.rq_psn = 1, .max_dest_rd_atomic = 1, .min_rnr_timer = 12,
+		.ah_attr = { .is_global = 1, .port_num = 1,
+			     .grh = { .hop_limit = 64, .dgid = gid, .sgid_index = 5 } },
+	};
+	int mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+		   IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+	int r = ibv_modify_qp(qp, &a, mask);
+	CHECK("rtr-empty-sgid", r == ENODATA && qp->state == IBV_QPS_INIT, "returned %d", r);
+	if (port.gid_tbl_len < 256) {
+		a.ah_attr.grh.sgid_index = port.gid_tbl_len;
+		r = ibv_modify_qp(qp, &a, mask);
+		CHECK("rtr-sgid-past-table", r == EINVAL, "returned %d", r);
+	}
+	a.ah_attr.grh.sgid_index = 5;
+	errno = 0;
+	CHECK("ah-empty-sgid", ibv_create_ah(pd, &a.ah_attr) == NULL && errno == ENODATA,
+	      "errno %d", errno);
+	a.ah_attr.grh.sgid_index = 1;
+	struct ibv_ah *ah = ibv_create_ah(pd, &a.ah_attr);
+	CHECK("ah-sgid-1", ah != NULL, "errno %d", errno);
+	if (ah)
+		ibv_destroy_ah(ah);
+	r = ibv_modify_qp(qp, &a, mask);
+	CHECK("rtr-sgid-1", r == 0, "returned %d", r);
+	ibv_destroy_qp(qp);
+}
+
 static int connect_to(struct ibv_qp *qp, struct ibv_qp *peer)
 {
 	return connect_with(qp, peer, 10);
@@ -304,7 +344,21 @@ int main(int argc, char **argv)
 	errno = 0;
 	CHECK("create-cq-huge", ibv_create_cq(ctx, 1 << 30, NULL, NULL, 0) == NULL &&
 	      errno == EINVAL, "errno %d", errno);
+	/* A completion vector per possible CPU, as rxe; any of them, and none past them. */
+	CHECK("comp-vectors", ctx->num_comp_vectors == sysconf(_SC_NPROCESSORS_CONF), "%d vectors",
+	      ctx->num_comp_vectors);
+	cq = ibv_create_cq(ctx, 4, NULL, NULL, ctx->num_comp_vectors - 1);
+	CHECK("create-cq-last-vector", cq != NULL, "errno %d", errno);
+	if (cq)
+		ibv_destroy_cq(cq);
+	errno = 0;
+	CHECK("create-cq-bad-vector", ibv_create_cq(ctx, 4, NULL, NULL, ctx->num_comp_vectors) ==
+	      NULL && errno == EINVAL, "errno %d", errno);
+	errno = 0;
+	CHECK("create-cq-negative-vector", ibv_create_cq(ctx, 4, NULL, NULL, -1) == NULL &&
+	      errno == EINVAL, "errno %d", errno);
 	cq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
+	sgid_index_checks(cq);
 	errno = 0;
 	CHECK("create-qp-no-cq", make_qp(NULL, NULL, 1) == NULL && errno == EINVAL,
 	      "errno %d", errno);
