@@ -102,7 +102,7 @@ impl State {
     pub(crate) fn remove_qp(&mut self, qpn: Qpn) {
         if let Some(slot) = self.qps.remove(&qpn.value()) {
             self.timers.disarm(qpn.value(), &slot);
-            self.shares.update(slot.sharing, None);
+            self.shares.update(slot.sharing, None, None);
         }
         self.mrs.unbind_qp_windows(qpn);
         self.xrc.qp_gone(qpn.value());
