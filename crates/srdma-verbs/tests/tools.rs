@@ -48,13 +48,28 @@ fn text(o: &Output) -> String {
 /// An even `net` puts both on one address (sharing UDP 4791, as two processes share a
 /// kernel device), an odd one on two.
 fn pair(name: &str, net: u8, server: &[&str], client: &[&str]) -> (Output, Output) {
+    pair_env(name, net, &[], server, client)
+}
+
+/// [`pair`] with environment variables `env` set for both sides.
+fn pair_env(
+    name: &str,
+    net: u8,
+    env: &[(&str, &str)],
+    server: &[&str],
+    client: &[&str],
+) -> (Output, Output) {
     let sa = format!("127.0.{net}.1");
     let ca = if net % 2 == 0 {
         sa.clone()
     } else {
         format!("127.0.{net}.2")
     };
-    let srv = cmd(name, &sa, server).spawn().unwrap();
+    let with_env = |mut c: Command| {
+        c.envs(env.iter().copied());
+        c
+    };
+    let srv = with_env(cmd(name, &sa, server)).spawn().unwrap();
     // ibv_*_pingpong clients try their TCP connect once: start them once the server listens.
     let port = server
         .iter()
@@ -67,7 +82,7 @@ fn pair(name: &str, net: u8, server: &[&str], client: &[&str]) -> (Output, Outpu
     }
     let mut cargs: Vec<&str> = client.to_vec();
     cargs.push(&sa);
-    let cli = cmd(name, &ca, &cargs).spawn().unwrap();
+    let cli = with_env(cmd(name, &ca, &cargs)).spawn().unwrap();
     let c = wait(cli, Duration::from_secs(60), &format!("{name} client"));
     let s = wait(srv, Duration::from_secs(60), &format!("{name} server"));
     assert!(s.status.success(), "{name} server failed: {}", text(&s));
@@ -229,6 +244,39 @@ fn perftest_latency() {
     {
         let out = perftest(name, 50 + i as u8, 18560 + i as u16, extra);
         assert!(out.contains("t_avg"), "{name}: {out}");
+    }
+}
+
+/// Two processes each sending to the other on 64 QPs over UDP (`ib_write_bw -b -q 64`):
+/// the QPs toward one peer keep no more in flight than its socket buffer holds. Before,
+/// both sockets overran, go-back-N resent windows and `retry_cnt` ran out (`Failed status
+/// 12`, in every run). And a local ACK timeout of 8 µs (`-u 1`) runs at rxe's floor of 4 ms,
+/// so a 1 MiB READ completes (before: `RETRY_EXC_ERR` on the first READ, every run).
+#[test]
+fn perftest_many_qps_both_ways_over_udp_and_a_short_ack_timeout() {
+    for (i, (name, extra, shm)) in [
+        ("ib_write_bw", &["-b", "-q", "64", "-D", "2"][..], "0"),
+        (
+            "ib_read_bw",
+            &["-u", "1", "-s", "1048576", "-n", "50"][..],
+            "1",
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let port = (18580 + i).to_string();
+        let mut args = vec!["-x", "1", "-p", &port];
+        args.extend_from_slice(extra);
+        let (_, c) = pair_env(
+            name,
+            56 + 2 * i as u8 + 1,
+            &[("SRDMA_SHM", shm)],
+            &args,
+            &args,
+        );
+        let out = String::from_utf8_lossy(&c.stdout);
+        assert!(out.contains("BW average"), "{name} {extra:?}: {}", text(&c));
     }
 }
 
