@@ -263,7 +263,12 @@ fn print_device(dev: &Device, args: &Args, out: &mut impl Write) -> anyhow::Resu
             "\tpacket_pacing_caps:\n\t\tqp_rate_limit_min:\t0kbps\n\t\tqp_rate_limit_max:\t0kbps"
         )?;
         writeln!(out, "\ttag matching not supported")?;
-        field(out, 1, "num_comp_vectors", "1")?;
+        field(
+            out,
+            1,
+            "num_comp_vectors",
+            &dev.config().comp_vectors().to_string(),
+        )?;
     }
     for port in 1..=u32::from(attr.phys_port_cnt) {
         if args.ib_port.is_some_and(|p| p != port) {

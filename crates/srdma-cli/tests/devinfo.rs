@@ -205,7 +205,7 @@ fn loopback_device_verbose() {
 \t\tqp_rate_limit_min:\t0kbps
 \t\tqp_rate_limit_max:\t0kbps
 \ttag matching not supported
-\tnum_comp_vectors:\t\t1
+\tnum_comp_vectors:\t\t{vectors}
 \t\tport:\t1
 \t\t\tstate:\t\t\tPORT_ACTIVE (4)
 \t\t\tmax_mtu:\t\t4096 (5)
@@ -233,7 +233,8 @@ fn loopback_device_verbose() {
 
 ",
         version = env!("CARGO_PKG_VERSION"),
-        mtu = lo_active_mtu()
+        mtu = lo_active_mtu(),
+        vectors = configured_cpus()
     );
     assert_eq!(norm, want);
 }
@@ -512,4 +513,22 @@ fn ibv_devinfo_on_the_drop_in_matches_srdma_devinfo() {
             .join("\n")
     };
     assert_eq!(strip(&theirs), strip(&ours));
+}
+
+/// The CPUs this machine is configured with, as glibc counts them for `_SC_NPROCESSORS_CONF`
+/// (the `cpuN` entries of /sys/devices/system/cpu): one completion vector each, as rxe.
+fn configured_cpus() -> usize {
+    std::fs::read_dir("/sys/devices/system/cpu")
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|e| {
+                    let n = e.file_name();
+                    let n = n.to_string_lossy();
+                    n.strip_prefix("cpu")
+                        .is_some_and(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()))
+                })
+                .count()
+        })
+        .unwrap_or(1)
+        .max(1)
 }

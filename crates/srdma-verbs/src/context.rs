@@ -514,7 +514,7 @@ impl Context {
         vctx.context.device = device;
         vctx.context.cmd_fd = cmd_fd.as_raw_fd();
         vctx.context.async_fd = fd;
-        vctx.context.num_comp_vectors = comp_vectors();
+        vctx.context.num_comp_vectors = c_int::try_from(entry.cfg.comp_vectors()).unwrap_or(1);
         vctx.context.abi_compat = usize::MAX as *mut c_void;
         fill(&mut vctx);
         let ctx = Box::new(Context {
@@ -1062,12 +1062,4 @@ pub extern "C" fn ibv_dontfork_range(_base: *mut c_void, _size: usize) -> c_int 
 #[unsafe(no_mangle)]
 pub extern "C" fn ibv_dofork_range(_base: *mut c_void, _size: usize) -> c_int {
     0
-}
-
-/// The completion vectors a context offers: one per possible CPU, as rxe's
-/// (`num_possible_cpus()`). A CQ may name any of them; all complete alike here.
-fn comp_vectors() -> c_int {
-    // SAFETY: sysconf has no preconditions.
-    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
-    c_int::try_from(n).unwrap_or(1).max(1)
 }

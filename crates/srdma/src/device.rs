@@ -66,6 +66,13 @@ impl DeviceConfig {
         ])
     }
 
+    /// The completion vectors a device opened with this configuration offers
+    /// (`num_comp_vectors`): one per possible CPU, as rxe's. A CQ may name any of them; all
+    /// complete alike.
+    pub fn comp_vectors(&self) -> u32 {
+        crate::sys::possible_cpus()
+    }
+
     /// The GID table of a device opened with this configuration on UDP `port` (see
     /// [`Device::gid`]).
     pub fn gids_on(&self, port: u16) -> Vec<Gid> {

@@ -117,6 +117,14 @@ pub(crate) fn at_exit(f: extern "C" fn()) -> bool {
     unsafe { libc::atexit(f) == 0 }
 }
 
+/// The CPUs the kernel may bring online (its `num_possible_cpus()`: `_SC_NPROCESSORS_CONF`),
+/// at least 1.
+pub(crate) fn possible_cpus() -> u32 {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
+    u32::try_from(n).unwrap_or(1).max(1)
+}
+
 /// Adds one to an eventfd.
 pub(crate) fn signal(fd: &OwnedFd) {
     let one: u64 = 1;
