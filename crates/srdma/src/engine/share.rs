@@ -37,13 +37,13 @@ pub(super) struct Shares {
 
 impl Shares {
     /// A QP counted under `was` (None: not counted) now has work toward `now` (None: none);
-    /// returns the cap of its window. `udp_psn`: the QP's packet size (path MTU) when its
+    /// returns the cap of its window. `udp_mtu`: the QP's path MTU (its packets' size) when its
     /// path is UDP.
     pub(super) fn update(
         &mut self,
         was: Option<IpAddr>,
         now: Option<IpAddr>,
-        udp_psn: Option<u32>,
+        udp_mtu: Option<u32>,
     ) -> u32 {
         if was != now {
             if let Some(ip) = was {
@@ -58,7 +58,7 @@ impl Shares {
                 *self.active.entry(ip).or_insert(0) += 1;
             }
         }
-        let budget = match udp_psn {
+        let budget = match udp_mtu {
             Some(bytes) => SHARE_BUDGET_PSNS.min(UDP_SHARE_BYTES / bytes.max(1)),
             None => SHARE_BUDGET_PSNS,
         };

@@ -234,8 +234,8 @@ impl Shared {
                 srdma_proto::QpState::Rts | srdma_proto::QpState::Sqd
             );
         let peer = working.then(|| Gid(slot.qp.attr().ah_attr.dgid).ip());
-        let udp_psn = (slot.path == crate::Path::Udp).then(|| slot.qp.attr().path_mtu.bytes());
-        let cap = st.shares.update(slot.sharing, peer, udp_psn);
+        let udp_mtu = (slot.path == crate::Path::Udp).then(|| slot.qp.attr().path_mtu.bytes());
+        let cap = st.shares.update(slot.sharing, peer, udp_mtu);
         slot.sharing = peer;
         slot.qp.set_window_cap(cap);
         if blocked && !std::mem::replace(&mut slot.shm_blocked, true) {
