@@ -20,7 +20,8 @@ txp() { ip -n $NA -s link show va | awk '/TX:/{getline; print $2}'; }
 ua=$(snap); pa=$(txp)
 ip netns exec $NB "${P[@]}" redis-benchmark -h 10.198.13.1 -p 6399 -t get,set -n "$REQS" --csv 2>/dev/null | tail -2 | tr '\n' ' '
 ub=$(snap); pb=$(txp)
-echo "| server: UDP datagrams/request $(echo "scale=2; ($ub-$ua)/(2*$REQS)" | bc), veth packets/request $(echo "scale=2; ($pb-$pa)/(2*$REQS)" | bc)"
+awk -v u=$((ub - ua)) -v p=$((pb - pa)) -v n=$((2 * REQS)) \
+    'BEGIN { printf "| server: UDP datagrams/request %.2f, veth packets/request %.2f\n", u / n, p / n }'
 ip netns exec $NB redis-cli -h 10.198.13.1 -p 6399 shutdown nosave >/dev/null 2>&1
 sleep 0.5; pkill -f "redis-server.*6399"
 ip netns del $NA; ip netns del $NB
