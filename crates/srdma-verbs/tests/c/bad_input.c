@@ -74,14 +74,14 @@ static int connect_with(struct ibv_qp *qp, struct ibv_qp *peer, int timeout)
 			     IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
 }
 
-/* An address vector whose source GID index names an empty entry fails at once, as in the
- * kernel: ENODATA for an empty entry, EINVAL past the table (ibv_modify_qp, ibv_create_ah). */
+/* An address vector whose source GID index names an empty entry fails at once with
+ * ENODATA, as in the kernel (ibv_modify_qp, ibv_create_ah). (Past the table is EINVAL, but a
+ * u8 index cannot reach past rxe's 1024 entries.) */
 static void sgid_index_checks(struct ibv_cq *cq)
 {
-	struct ibv_port_attr port;
 	union ibv_gid gid;
 	struct ibv_qp *qp = make_qp(cq, NULL, 1);
-	if (!qp || to_init(qp) || ibv_query_port(ctx, 1, &port) || ibv_query_gid(ctx, 1, 1, &gid)) {
+	if (!qp || to_init(qp) || ibv_query_gid(ctx, 1, 1, &gid)) {
 		CHECK("sgid-setup", 0, "errno %d", errno);
 		return;
 	}
@@ -95,11 +95,6 @@ static void sgid_index_checks(struct ibv_cq *cq)
 		   IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
 	int r = ibv_modify_qp(qp, &a, mask);
 	CHECK("rtr-empty-sgid", r == ENODATA && qp->state == IBV_QPS_INIT, "returned %d", r);
-	if (port.gid_tbl_len < 256) {
-		a.ah_attr.grh.sgid_index = port.gid_tbl_len;
-		r = ibv_modify_qp(qp, &a, mask);
-		CHECK("rtr-sgid-past-table", r == EINVAL, "returned %d", r);
-	}
 	a.ah_attr.grh.sgid_index = 5;
 	errno = 0;
 	CHECK("ah-empty-sgid", ibv_create_ah(pd, &a.ah_attr) == NULL && errno == ENODATA,
