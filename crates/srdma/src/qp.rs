@@ -9,7 +9,7 @@ use srdma_wire::{Psn, Qpn};
 
 use crate::cq::Cq;
 use crate::device::{Device, Pd};
-use crate::engine::QpSlot;
+use crate::engine::{QpSlot, Ring};
 use crate::error::{Error, Result};
 use crate::types::Gid;
 
@@ -551,6 +551,25 @@ impl Qp {
     /// Posts several send WRs with one doorbell. Stops at the first refused WR (the ones
     /// before it are posted), like `ibv_post_send`'s `bad_wr`.
     pub fn post_send_batch(&self, wrs: impl IntoIterator<Item = SendWr>) -> Result<()> {
+        self.post_send_ringing(wrs, Ring::Now)
+    }
+
+    /// Posts a send WR without ringing the doorbell while the application polls this
+    /// device: its packets leave at the application's next CQ poll (or `post_send` to this
+    /// QP), together with everything else posted so — one `sendmmsg` for many QPs, and one
+    /// UDP GSO message for each run of equal-sized datagrams to one peer. An event loop
+    /// that answers many connections and then polls (a server) sends its replies in one
+    /// system call instead of one each.
+    ///
+    /// Should the application neither poll nor post again, the progress thread sends them
+    /// once it takes over the device, at most `APP_GRACE` (1 ms) after the last poll. An
+    /// application that has not polled for that long gets the doorbell at once, as with
+    /// [`Qp::post_send`]. Errors are `post_send`'s.
+    pub fn post_send_deferred(&self, wr: SendWr) -> Result<()> {
+        self.post_send_ringing(std::iter::once(wr), Ring::Deferred)
+    }
+
+    fn post_send_ringing(&self, wrs: impl IntoIterator<Item = SendWr>, ring: Ring) -> Result<()> {
         let dev = &self.inner.dev;
         dev.check_alive()?;
         let mut st = dev.lock();
@@ -561,15 +580,32 @@ impl Qp {
         });
         dev.h
             .shared
-            .post_send(&mut st, self.inner.qpn.value(), checked)
+            .post_send(&mut st, self.inner.qpn.value(), checked, ring)
     }
 
     /// `ibv_post_recv`.
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
+        self.post_recv_ringing(wr, Ring::Now)
+    }
+
+    /// `ibv_post_recv` that leaves what a receive held back for this QP's application (the
+    /// ACK of what came) for the application's next poll or post, while it polls this
+    /// device: [`Qp::post_recv`] sends it at once (unless the QP's application is known to
+    /// answer with a send right after), one `sendmmsg` per QP. An event loop that takes many
+    /// connections' messages, replenishes their receives and answers them next (the
+    /// rsockets preload) sends all ACKs together at its next poll, behind its answers. As
+    /// with [`Qp::post_send_deferred`], the progress thread sends them should the polls stop.
+    pub fn post_recv_deferred(&self, wr: RecvWr) -> Result<()> {
+        self.post_recv_ringing(wr, Ring::Deferred)
+    }
+
+    fn post_recv_ringing(&self, wr: RecvWr, ring: Ring) -> Result<()> {
         let dev = &self.inner.dev;
         dev.check_alive()?;
         let mut st = dev.lock();
-        dev.h.shared.post_recv(&mut st, self.inner.qpn.value(), wr)
+        dev.h
+            .shared
+            .post_recv(&mut st, self.inner.qpn.value(), wr, ring)
     }
 }
 

@@ -192,6 +192,24 @@ pub(crate) const MAX_PARTS: usize = 40;
 /// Most iovecs in one message (UIO_MAXIOV).
 const MAX_IOV: usize = 1024;
 
+/// How many datagrams that join only their own size ([`GsoJoin::SameSize`]: bare ACKs) wait
+/// to go behind the rest of a batch.
+const LATE_MAX: usize = 64;
+
+/// Datagrams of [`GsoJoin::SameSize`] (bare ACKs that are no request's tail), kept out of
+/// the batch until it is sent and then queued behind the rest: interleaved with other
+/// datagrams (a server's replies and its ACKs to many QPs after one poll) they break every
+/// GSO run; behind them they make runs of their own, in the same `sendmmsg`. Only the order
+/// between QPs changes (and an ACK may go behind its own QP's READ responses, which
+/// acknowledge as much: the requester takes the ACK as a duplicate).
+struct Late {
+    /// The datagrams, built whole (ICRC included): frames swapped in from the caller.
+    frames: Vec<Frame>,
+    lens: [usize; LATE_MAX],
+    dsts: [SocketAddr; LATE_MAX],
+    n: usize,
+}
+
 /// Datagrams to send with `sendmmsg`: fixed buffers allocated once, so the data path allocates
 /// nothing per packet. A datagram is its slot's bytes, or pieces: headers in the slot and
 /// payload straight from registered memory (zero-copy). Runs of same-sized datagrams to one
@@ -219,6 +237,8 @@ pub(crate) struct TxBatch {
     gso: bool,
     /// GSO messages sent (for the counters).
     pub(crate) gso_messages: u64,
+    /// Bare ACKs that go behind the rest (see [`Late`]).
+    late: Late,
 }
 
 // SAFETY: the raw pointers inside `parts`/`hdrs` point into this struct's own buffers or into
@@ -253,21 +273,33 @@ impl TxBatch {
             n: 0,
             gso: true,
             gso_messages: 0,
+            late: Late {
+                frames: Vec::new(),
+                lens: [0; LATE_MAX],
+                dsts: [std::net::SocketAddr::from(([0, 0, 0, 0], 0)); LATE_MAX],
+                n: 0,
+            },
         }
     }
 
+    /// Datagrams queued (the late ACKs too).
     pub(crate) fn len(&self) -> usize {
-        self.n
+        self.n + self.late.n
     }
 
     /// True when the next datagram might not fit: send the batch before building another.
     pub(crate) fn is_full(&self) -> bool {
+        self.slots_full() || self.late.n == LATE_MAX
+    }
+
+    fn slots_full(&self) -> bool {
         self.n == self.bufs.len() || self.np + MAX_PARTS > self.parts.len()
     }
 
     /// Queues the first `len` bytes of `frame` for `dst`; `gso` says whether it may go in one
-    /// segmented message with its neighbours to the same destination. The frame becomes the
-    /// next slot; `frame` gets that slot's free buffer (see [`Frame`]).
+    /// segmented message with its neighbours to the same destination ([`GsoJoin::SameSize`]:
+    /// behind the rest of the batch, see [`Late`]). The frame becomes the next slot; `frame`
+    /// gets that slot's free buffer (see [`Frame`]).
     pub(crate) fn commit(
         &mut self,
         frame: &mut Frame,
@@ -275,8 +307,38 @@ impl TxBatch {
         dst: std::net::SocketAddr,
         gso: GsoJoin,
     ) {
+        if gso == GsoJoin::SameSize && self.gso {
+            let late = &mut self.late;
+            if late.frames.len() == late.n {
+                late.frames.push(vec![0; frame.len()]);
+            }
+            std::mem::swap(&mut late.frames[late.n], frame);
+            late.lens[late.n] = len;
+            late.dsts[late.n] = dst;
+            late.n += 1;
+            return;
+        }
         let base = frame.as_ptr();
         self.commit_parts(frame, len, dst, gso, [(base, len)]);
+    }
+
+    /// Moves the late ACKs into the batch behind the rest, as many as fit.
+    fn admit_late(&mut self) {
+        let n = self.late.n;
+        let mut i = 0;
+        while i < n && !self.slots_full() {
+            let (len, dst) = (self.late.lens[i], self.late.dsts[i]);
+            let mut frame = std::mem::take(&mut self.late.frames[i]);
+            let base = frame.as_ptr();
+            self.commit_parts(&mut frame, len, dst, GsoJoin::SameSize, [(base, len)]);
+            self.late.frames[i] = frame;
+            i += 1;
+        }
+        // Those that did not fit (a batch full of other datagrams) move to the front.
+        self.late.frames[..n].rotate_left(i);
+        self.late.lens[..n].rotate_left(i);
+        self.late.dsts[..n].rotate_left(i);
+        self.late.n = n - i;
     }
 
     /// Queues the datagram of `len` bytes built in `frame` for `dst`, sent from `parts` in
@@ -308,7 +370,7 @@ impl TxBatch {
         self.first[self.n] = self.np;
     }
 
-    /// Drops every queued datagram unsent.
+    /// Drops the queued datagrams unsent (not the late ACKs, which wait for the next send).
     pub(crate) fn discard(&mut self) {
         self.n = 0;
         self.np = 0;
@@ -375,9 +437,21 @@ impl TxBatch {
         m
     }
 
-    /// Sends every queued datagram; returns how many the kernel refused. The batch is empty
-    /// afterwards.
+    /// Sends every queued datagram, the late ACKs last (one `sendmmsg` unless they do not
+    /// fit in the batch); returns how many the kernel refused. The batch is empty afterwards.
     pub(crate) fn send(&mut self, fd: RawFd) -> usize {
+        let mut refused = 0;
+        loop {
+            self.admit_late();
+            refused += self.send_slots(fd);
+            if self.late.n == 0 {
+                return refused;
+            }
+        }
+    }
+
+    /// Sends the datagrams in the slots; returns how many the kernel refused.
+    fn send_slots(&mut self, fd: RawFd) -> usize {
         let count = self.prepare();
         let mut done = 0;
         let mut refused = 0;
@@ -830,7 +904,7 @@ impl Udp {
         self.tx.len()
     }
 
-    /// Drops every queued datagram unsent.
+    /// Drops the datagrams of the batch unsent (not the ACKs waiting behind it).
     pub(crate) fn discard(&mut self) {
         self.tx.discard();
     }
@@ -1070,23 +1144,71 @@ mod tests {
             for &(len, join) in queued {
                 tx.commit(&mut frame, len, dst, join);
             }
+            tx.admit_late();
             let m = tx.prepare();
-            tx.segs[..m].to_vec()
+            // The datagrams' lengths in the order they go.
+            let lens = tx.lens[..tx.n].to_vec();
+            (tx.segs[..m].to_vec(), lens)
         };
         use GsoJoin::{Alone, Any, SameSize};
         // A request and a bare ACK that must not be its tail: two messages.
-        assert_eq!(messages(&[(100, Any), (20, SameSize)]), [1, 1]);
+        assert_eq!(messages(&[(100, Any), (20, SameSize)]).0, [1, 1]);
         // The same ACK allowed to be the tail: one.
-        assert_eq!(messages(&[(100, Any), (20, Any)]), [2]);
-        // Several QPs' ACKs to one peer: one message, and a shorter request may end it.
+        assert_eq!(messages(&[(100, Any), (20, Any)]).0, [2]);
+        // Several QPs' ACKs to one peer go behind the rest, in one message.
         assert_eq!(
             messages(&[(20, SameSize), (20, SameSize), (20, SameSize), (16, Any)]),
-            [4]
+            (vec![1, 3], vec![16, 20, 20, 20])
         );
-        // A run of ACKs stops at a larger datagram and at one that goes alone.
         assert_eq!(
             messages(&[(20, SameSize), (20, SameSize), (100, Any), (100, Alone)]),
-            [2, 1, 1]
+            (vec![1, 1, 2], vec![100, 100, 20, 20])
+        );
+        // A server's replies and ACKs to four QPs, queued QP by QP: two runs, not eight
+        // messages.
+        let pairs = [(52, Any), (20, SameSize)].repeat(4);
+        assert_eq!(
+            messages(&pairs),
+            (vec![4, 4], vec![52, 52, 52, 52, 20, 20, 20, 20])
+        );
+    }
+
+    #[test]
+    fn late_acks_that_do_not_fit_go_in_the_next_round_of_the_same_send() {
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        rx.set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        let tx_sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let dst = rx.local_addr().unwrap();
+        // Four slots: three requests and six ACKs (three wait for the second round).
+        let mut tx = TxBatch::new(4, 256);
+        let mut frame = vec![0u8; 256];
+        for i in 0..3u8 {
+            frame[..100].fill(i);
+            tx.commit(&mut frame, 100, dst, GsoJoin::Alone);
+            for j in 0..2u8 {
+                frame[..20].fill(10 + 2 * i + j);
+                tx.commit(&mut frame, 20, dst, GsoJoin::SameSize);
+            }
+        }
+        assert_eq!(tx.len(), 9);
+        assert_eq!(tx.send(tx_sock.as_raw_fd()), 0, "nothing refused");
+        assert_eq!(tx.len(), 0);
+        let got: Vec<(usize, u8)> = drain(&rx).iter().map(|d| (d.len(), d[0])).collect();
+        // The requests first, then the ACKs in their order (GSO renumbers only the ICRC).
+        assert_eq!(
+            got,
+            [
+                (100, 0),
+                (100, 1),
+                (100, 2),
+                (20, 10),
+                (20, 11),
+                (20, 12),
+                (20, 13),
+                (20, 14),
+                (20, 15)
+            ]
         );
     }
 

@@ -185,6 +185,10 @@ pub(super) struct Conn {
     pub(super) iomap_queue: VecDeque<usize>,
     /// Mappings without remote access (`PROT_NONE`): registered, never announced.
     pub(super) local_maps: Vec<IoMap>,
+    /// Posts go without the doorbell, at the application's next poll
+    /// (`Qp::post_send_deferred`) where the reactor defers (`Reactor::defers`): set while
+    /// the preload's `send` posts what it staged.
+    pub(super) defer_posts: bool,
 }
 
 impl Drop for Conn {
@@ -207,6 +211,7 @@ impl Conn {
         }
         let peer_net = peer[1] & CONN_FLAG_NET != 0;
         let mut c = Conn {
+            defer_posts: false,
             ib,
             qp: p.qp,
             rbuf: p.rbuf,
@@ -401,9 +406,13 @@ impl Conn {
     }
 
     fn post(&mut self, wr_id: u64, op: SendOp, sges: SgeList) -> Result<(), c_int> {
-        self.qp
-            .post_send(SendWr::new(wr_id, op, sges))
-            .map_err(|e| crate::errno_of(&e))
+        let wr = SendWr::new(wr_id, op, sges);
+        if self.defer_posts && self.reg.reactor.defers() {
+            self.qp.post_send_deferred(wr)
+        } else {
+            self.qp.post_send(wr)
+        }
+        .map_err(|e| crate::errno_of(&e))
     }
 
     /// A zero-length write with immediate `m` (a control message or a bare credit grant).
@@ -595,11 +604,19 @@ impl Conn {
         }
         if self.connected {
             let n = std::mem::take(&mut self.recv_used);
+            // The ACKs of what came wait for the program's next poll (or its answer), with
+            // every other connection's (see `Qp::post_recv_deferred`).
+            let defer = self.reg.reactor.defers();
             for _ in 0..n {
-                let r = self.qp.post_recv(RecvWr {
+                let wr = RecvWr {
                     wr_id: RECV_FLAG,
                     sges: SgeList::new(),
-                });
+                };
+                let r = if defer {
+                    self.qp.post_recv_deferred(wr)
+                } else {
+                    self.qp.post_recv(wr)
+                };
                 if r.is_err() {
                     self.fail();
                     break;

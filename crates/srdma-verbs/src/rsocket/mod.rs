@@ -942,7 +942,13 @@ fn send_staged(rs: &Rsock, src: &[&[u8]], flags: c_int) -> Result<usize, c_int> 
                 c.stage_bytes(src, done, n);
                 done += n as usize;
             }
-            if let Err(e) = c.flush(PRELOAD_MAX_TRANSFER) {
+            // Without the doorbell: the bytes leave at the program's next poll or wait, with
+            // every other socket's of that turn of its event loop (a server's replies to
+            // many clients in one `sendmmsg`).
+            c.defer_posts = true;
+            let r = c.flush(PRELOAD_MAX_TRANSFER);
+            c.defer_posts = false;
+            if let Err(e) = r {
                 c.fail();
                 return if done > 0 { Ok(done) } else { Err(e) };
             }

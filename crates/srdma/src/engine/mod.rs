@@ -24,6 +24,8 @@ mod tx;
 mod verbs;
 mod xrc;
 
+pub(crate) use verbs::Ring;
+
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::BufWriter;
@@ -80,6 +82,9 @@ pub(crate) struct QpSlot {
     touched: bool,
     /// The QP is on `TxState::shm_blocked` (a full ring held it back).
     shm_blocked: bool,
+    /// Sends posted with `Qp::post_send_deferred` wait on `State::deferred` for the
+    /// application's next poll (cleared when the QP's packets are built).
+    posts_held: bool,
     /// The peer address the QP is counted under in `State::shares` (it has work there).
     sharing: Option<std::net::IpAddr>,
 }
@@ -150,7 +155,8 @@ pub(crate) struct State {
     rx: rx::RxState,
     /// QPs whose packets (ACKs, responses) an application-driven receive held back: they go
     /// out with the application's next post to that QP (one send for the ACK and the reply
-    /// of a ping-pong) or at its next poll, whichever comes first.
+    /// of a ping-pong) or at its next poll, whichever comes first; and QPs with sends
+    /// posted without the doorbell (`Qp::post_send_deferred`), which go at the next poll.
     deferred: Vec<u32>,
     /// The QPs' deadlines, earliest first, and the earliest timer of all (`timers`).
     timers: timers::TimerSet,

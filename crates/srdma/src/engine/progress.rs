@@ -108,6 +108,13 @@ impl Shared {
         if self.fatal.load(Ordering::Acquire) || self.stop.load(Ordering::Acquire) {
             return sys::poll_readable([fd], timeout).map(|r| [r[0], false]);
         }
+        // Nothing this thread held back waits through its sleep (deferred posts, ACKs).
+        {
+            let mut st = self.lock();
+            if !st.deferred.is_empty() {
+                self.flush_deferred(&mut st);
+            }
+        }
         self.app_waiters.fetch_add(1, Ordering::SeqCst);
         let groups = self.groups_fd.load(Ordering::SeqCst);
         // Peers of this host ring a doorbell for what they put in the rings from now on;
@@ -157,10 +164,11 @@ impl Shared {
         Ok(ready)
     }
 
-    /// What an application's poll sends of what earlier application-driven receives held
-    /// back: everything, except the ACKs of a QP whose application posts a send right after
-    /// replenishing its receives (`AckRide::rides`), for `timing::ACK_RIDE_WINDOW`: they
-    /// leave with that send (a SEND ping-pong that polls its send queue in between).
+    /// What an application's poll sends of what earlier application-driven receives and
+    /// deferred posts held back: everything, except the ACKs of a QP whose application posts
+    /// a send right after replenishing its receives (`AckRide::rides`), for
+    /// `timing::ACK_RIDE_WINDOW`: they leave with that send (a SEND ping-pong that polls its
+    /// send queue in between).
     fn flush_deferred_polled(&self, st: &mut State, now: u64) {
         if st.deferred.is_empty() {
             return;
@@ -170,6 +178,10 @@ impl Shared {
             let Some(slot) = st.qps.get_mut(&qpn) else {
                 return false;
             };
+            if slot.posts_held {
+                self.queue_out(st, qpn);
+                return false;
+            }
             if slot.ride.keeps_holding(now) {
                 return true;
             }
@@ -185,18 +197,26 @@ impl Shared {
     /// application's next post or poll until `timing::ACK_RIDE_WINDOW` after they were held
     /// (sent earlier, an ACK would reach the peer alone: see [`Hold::Riding`]); those that
     /// waited that long leave now, and their QP's application, which neither posted nor
-    /// polled in time, is no longer waited for (`AckRide::hold_expired`).
+    /// polled in time, is no longer waited for (`AckRide::hold_expired`). Deferred posts
+    /// (with what their QP holds) wait while the application polls, and leave once it
+    /// stopped.
     fn flush_deferred_expired(&self, st: &mut State) {
         if st.deferred.is_empty() {
             return;
         }
         let now = self.now().as_nanos() as u64;
+        let polling = self.app_active_until.load(Ordering::Relaxed) > now;
         let mut deferred = std::mem::take(&mut st.deferred);
         deferred.retain(|&qpn| {
             let Some(slot) = st.qps.get_mut(&qpn) else {
                 return false;
             };
-            if !slot.ride.hold_expired(now) {
+            let waits = if slot.posts_held {
+                polling
+            } else {
+                !slot.ride.hold_expired(now)
+            };
+            if waits {
                 return true;
             }
             self.queue_out(st, qpn);

@@ -107,6 +107,7 @@ impl Shared {
         let (Some(slot), Some(udp)) = (qps.get_mut(&qpn), udp.as_deref_mut()) else {
             return;
         };
+        slot.posts_held = false;
         let now_ns = now.as_nanos() as u64;
         // A connected QP whose peer is a device of this host: the ring it goes through, to
         // ask for room before each packet is built (a full ring holds the QP back, see

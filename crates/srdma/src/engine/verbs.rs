@@ -28,6 +28,7 @@ impl QpSlot {
             timer_at: u64::MAX,
             touched: false,
             shm_blocked: false,
+            posts_held: false,
             sharing: None,
         }
     }
@@ -89,20 +90,23 @@ impl Shared {
         Ok(())
     }
 
-    /// `ibv_post_send` of `wrs` to QP `qpn`, then the doorbell. Stops at the first WR that
-    /// is refused (an `Err` from the caller's checks, or the transport's): the ones before
-    /// it are posted, as with `ibv_post_send`'s `bad_wr`.
+    /// `ibv_post_send` of `wrs` to QP `qpn`, then the doorbell (`ring`), or not yet
+    /// (`Ring::Deferred`, see `Qp::post_send_deferred`). Stops at the first WR that is
+    /// refused (an `Err` from the caller's checks, or the transport's): the ones before it
+    /// are posted, as with `ibv_post_send`'s `bad_wr`.
     pub(crate) fn post_send(
         &self,
         st: &mut State,
         qpn: u32,
         wrs: impl IntoIterator<Item = Result<SendWr>>,
+        ring: Ring,
     ) -> Result<()> {
         let mut res = Ok(());
+        let now = self.now().as_nanos() as u64;
         {
             let slot = st.slot_mut(qpn).ok_or_else(|| no_qp(qpn))?;
             if slot.ride.awaits_send() {
-                slot.ride.send_posted(self.now().as_nanos() as u64);
+                slot.ride.send_posted(now);
             }
             slot.note_post();
             for wr in wrs {
@@ -119,6 +123,15 @@ impl Shared {
                 }
             }
         }
+        // A post may bring answers soon (at once from a QP of this device): the next poll
+        // looks at the socket (see `timing::RX_REST`).
+        st.expect_answers();
+        // Deferred only while the application polls: its next poll rings. (One that has
+        // not polled for the grace period may not poll again soon.)
+        if ring == Ring::Deferred && self.app_active_until.load(Ordering::Relaxed) > now {
+            self.hold_posts(st, qpn, now);
+            return res;
+        }
         // What a receive held back leaves now, behind the request (see `poll_transmit`):
         // one more time the application answered what it received with a send.
         if st.undefer(qpn) {
@@ -126,21 +139,50 @@ impl Shared {
                 slot.ride.answered();
             }
         }
-        // A post may bring answers soon (at once from a QP of this device): the next poll
-        // looks at the socket (see `timing::RX_REST`).
-        st.expect_answers();
         self.doorbell(st, qpn);
         res
     }
 
-    /// `ibv_post_recv` of `wr` to QP `qpn`.
-    pub(crate) fn post_recv(&self, st: &mut State, qpn: u32, wr: RecvWr) -> Result<()> {
+    /// Puts QP `qpn`, whose sends were just posted without the doorbell, on
+    /// `State::deferred`: they leave with the application's next poll (with what the other
+    /// QPs there hold: one `sendmmsg`, one GSO message per run of equal datagrams to a peer),
+    /// its next post to the QP with the doorbell, or — should it do neither — from the
+    /// progress thread once the polling grace is over.
+    fn hold_posts(&self, st: &mut State, qpn: u32, now: u64) {
+        let held = st.is_deferred(qpn);
+        let Some(slot) = st.slot_mut(qpn) else {
+            return;
+        };
+        if held {
+            // What a receive held back waits for this send: the application answered.
+            if !slot.posts_held {
+                slot.ride.answered();
+            }
+        } else {
+            slot.ride.held(now);
+        }
+        slot.posts_held = true;
+        if !held {
+            st.deferred.push(qpn);
+        }
+        // The progress thread stands aside while the application polls (nothing to wake);
+        // asleep past the hold's window, it would not send the posts in time.
+        if super::timing::ride_wakes(now, self.sleep_until.load(Ordering::Acquire)) {
+            sys::signal(&self.wake);
+        }
+    }
+
+    /// `ibv_post_recv` of `wr` to QP `qpn` (`ring`: see `Qp::post_recv_deferred`).
+    pub(crate) fn post_recv(&self, st: &mut State, qpn: u32, wr: RecvWr, ring: Ring) -> Result<()> {
         // An ACK held back for the application's next post leaves now, unless this QP's
         // application is known to post a send right after (see `timing::AckRide::rides`):
         // one that replenishes its receives and then does something else may not post or
         // poll again for a long time (perftest -R posts a receive, then makes its next
-        // connection, while the peer waits for the ACK of its SEND before listening).
-        let rides = st.slot(qpn).is_some_and(|s| s.ride.rides());
+        // connection, while the peer waits for the ACK of its SEND before listening). Or
+        // unless the application asked it to wait for its next poll, and polls.
+        let waits = ring == Ring::Deferred
+            && self.app_active_until.load(Ordering::Relaxed) > self.now().as_nanos() as u64;
+        let rides = waits || st.slot(qpn).is_some_and(|s| s.ride.rides());
         if !rides && st.is_deferred(qpn) {
             self.flush_if_deferred(st, qpn);
             let now = self.now().as_nanos() as u64;
@@ -154,6 +196,15 @@ impl Shared {
         deliver_completions(s);
         Ok(())
     }
+}
+
+/// Whether a post rings the doorbell (see `Shared::post_send`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ring {
+    /// The packets go out now, from the caller's thread.
+    Now,
+    /// They wait for the application's next poll while it polls (`Qp::post_send_deferred`).
+    Deferred,
 }
 
 /// A QP number with no slot: only a destroyed QP's (a live `Qp` handle keeps its slot).
