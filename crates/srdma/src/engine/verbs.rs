@@ -126,9 +126,7 @@ impl Shared {
         // A post may bring answers soon (at once from a QP of this device): the next poll
         // looks at the socket (see `timing::RX_REST`).
         st.expect_answers();
-        // Deferred only while the application polls: its next poll rings. (One that has
-        // not polled for the grace period may not poll again soon.)
-        if ring == Ring::Deferred && self.app_active_until.load(Ordering::Relaxed) > now {
+        if self.defers(st, qpn, ring, now) {
             self.hold_posts(st, qpn, now);
             return res;
         }
@@ -141,6 +139,19 @@ impl Shared {
         }
         self.doorbell(st, qpn);
         res
+    }
+
+    /// Whether a post to QP `qpn` at `now` leaves its packets for the application's next
+    /// poll: asked to (`ring`), while the application polls (one that has not polled for the
+    /// grace period may not poll again soon), and where a doorbell costs a system call — not
+    /// through the shared-memory rings, where a post is a copy into memory (redis on one
+    /// host gained nothing there).
+    fn defers(&self, st: &State, qpn: u32, ring: Ring, now: u64) -> bool {
+        ring == Ring::Deferred
+            && self.app_active_until.load(Ordering::Relaxed) > now
+            && st
+                .slot(qpn)
+                .is_some_and(|s| s.path != crate::Path::SharedMemory)
     }
 
     /// Puts QP `qpn`, whose sends were just posted without the doorbell, on
@@ -180,8 +191,7 @@ impl Shared {
         // poll again for a long time (perftest -R posts a receive, then makes its next
         // connection, while the peer waits for the ACK of its SEND before listening). Or
         // unless the application asked it to wait for its next poll, and polls.
-        let waits = ring == Ring::Deferred
-            && self.app_active_until.load(Ordering::Relaxed) > self.now().as_nanos() as u64;
+        let waits = self.defers(st, qpn, ring, self.now().as_nanos() as u64);
         let rides = waits || st.slot(qpn).is_some_and(|s| s.ride.rides());
         if !rides && st.is_deferred(qpn) {
             self.flush_if_deferred(st, qpn);
