@@ -193,8 +193,9 @@ pub(crate) const MAX_PARTS: usize = 40;
 const MAX_IOV: usize = 1024;
 
 /// How many datagrams that join only their own size ([`GsoJoin::SameSize`]: bare ACKs) wait
-/// to go behind the rest of a batch.
-const LATE_MAX: usize = 64;
+/// to go behind the rest of a batch: as many as the engine's batch holds (a receive pass
+/// over many QPs acknowledges them all), so that they never make it flush sooner.
+const LATE_MAX: usize = 128;
 
 /// Datagrams of [`GsoJoin::SameSize`] (bare ACKs that are no request's tail), kept out of
 /// the batch until it is sent and then queued behind the rest: interleaved with other
