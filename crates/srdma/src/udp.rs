@@ -198,7 +198,8 @@ const MAX_IOV: usize = 1024;
 const LATE_MAX: usize = 128;
 
 /// Datagrams of [`GsoJoin::SameSize`] (bare ACKs that are no request's tail), kept out of
-/// the batch until it is sent and then queued behind the rest: interleaved with other
+/// the batch until it is sent and then queued behind the rest, while the engine sends what
+/// deferred posts and receives left for a poll (`TxBatch::acks_behind`): interleaved with other
 /// datagrams (a server's replies and its ACKs to many QPs after one poll) they break every
 /// GSO run; behind them they make runs of their own, in the same `sendmmsg`. Only the order
 /// between QPs changes (and an ACK may go behind its own QP's READ responses, which
@@ -240,6 +241,8 @@ pub(crate) struct TxBatch {
     pub(crate) gso_messages: u64,
     /// Bare ACKs that go behind the rest (see [`Late`]).
     late: Late,
+    /// Whether bare ACKs go behind the rest now (see [`TxBatch::acks_behind`]).
+    acks_behind: bool,
 }
 
 // SAFETY: the raw pointers inside `parts`/`hdrs` point into this struct's own buffers or into
@@ -280,7 +283,16 @@ impl TxBatch {
                 dsts: [std::net::SocketAddr::from(([0, 0, 0, 0], 0)); LATE_MAX],
                 n: 0,
             },
+            acks_behind: false,
         }
+    }
+
+    /// From now on bare ACKs ([`GsoJoin::SameSize`]) wait behind the rest of the batch (see
+    /// [`Late`]), or no longer (those waiting still go last at the next send). Only the
+    /// flush of what deferred posts and receives left for a poll asks for it: there many
+    /// QPs' replies and ACKs meet; elsewhere the order stays as queued.
+    pub(crate) fn acks_behind(&mut self, on: bool) {
+        self.acks_behind = on;
     }
 
     /// Datagrams queued (the late ACKs too).
@@ -308,7 +320,8 @@ impl TxBatch {
         dst: std::net::SocketAddr,
         gso: GsoJoin,
     ) {
-        if gso == GsoJoin::SameSize && self.gso {
+        // (A caller that did not flush a full batch gets its ACK in place, not a panic.)
+        if gso == GsoJoin::SameSize && self.acks_behind && self.gso && self.late.n < LATE_MAX {
             let late = &mut self.late;
             if late.frames.len() == late.n {
                 late.frames.push(vec![0; frame.len()]);
@@ -909,6 +922,11 @@ impl Udp {
     pub(crate) fn discard(&mut self) {
         self.tx.discard();
     }
+
+    /// Whether bare ACKs wait behind the rest of the batch (see [`TxBatch::acks_behind`]).
+    pub(crate) fn acks_behind(&mut self, on: bool) {
+        self.tx.acks_behind(on);
+    }
 }
 
 impl Driver for Udp {
@@ -1139,37 +1157,46 @@ mod tests {
     fn a_same_size_datagram_joins_runs_of_its_size_only() {
         let dst: std::net::SocketAddr = "127.0.0.1:4791".parse().unwrap();
         let mut frame = vec![0u8; 256];
-        // The message sizes `prepare` forms from datagrams of (length, join).
-        let mut messages = |queued: &[(usize, GsoJoin)]| {
+        // The message sizes `prepare` forms from datagrams of (length, join), and the
+        // datagrams' lengths in the order they go; `behind`: ACKs go behind the rest.
+        let mut messages = |behind: bool, queued: &[(usize, GsoJoin)]| {
             let mut tx = TxBatch::new(8, 256);
+            tx.acks_behind(behind);
             for &(len, join) in queued {
                 tx.commit(&mut frame, len, dst, join);
             }
             tx.admit_late();
             let m = tx.prepare();
-            // The datagrams' lengths in the order they go.
-            let lens = tx.lens[..tx.n].to_vec();
-            (tx.segs[..m].to_vec(), lens)
+            (tx.segs[..m].to_vec(), tx.lens[..tx.n].to_vec())
         };
         use GsoJoin::{Alone, Any, SameSize};
-        // A request and a bare ACK that must not be its tail: two messages.
-        assert_eq!(messages(&[(100, Any), (20, SameSize)]).0, [1, 1]);
-        // The same ACK allowed to be the tail: one.
-        assert_eq!(messages(&[(100, Any), (20, Any)]).0, [2]);
-        // Several QPs' ACKs to one peer go behind the rest, in one message.
+        for behind in [false, true] {
+            // A request and a bare ACK that must not be its tail: two messages.
+            assert_eq!(messages(behind, &[(100, Any), (20, SameSize)]).0, [1, 1]);
+            // The same ACK allowed to be the tail: one.
+            assert_eq!(messages(behind, &[(100, Any), (20, Any)]).0, [2]);
+        }
+        // In place: several QPs' ACKs to one peer in one message, a shorter request may
+        // end it; a run of ACKs stops at a larger datagram and at one that goes alone.
+        let acks_then_request = [(20, SameSize), (20, SameSize), (20, SameSize), (16, Any)];
+        assert_eq!(messages(false, &acks_then_request).0, [4]);
+        let acks_then_larger = [(20, SameSize), (20, SameSize), (100, Any), (100, Alone)];
+        assert_eq!(messages(false, &acks_then_larger).0, [2, 1, 1]);
+        // Behind: the ACKs go after the rest, in one message.
         assert_eq!(
-            messages(&[(20, SameSize), (20, SameSize), (20, SameSize), (16, Any)]),
+            messages(true, &acks_then_request),
             (vec![1, 3], vec![16, 20, 20, 20])
         );
         assert_eq!(
-            messages(&[(20, SameSize), (20, SameSize), (100, Any), (100, Alone)]),
+            messages(true, &acks_then_larger),
             (vec![1, 1, 2], vec![100, 100, 20, 20])
         );
-        // A server's replies and ACKs to four QPs, queued QP by QP: two runs, not eight
-        // messages.
+        // A server's replies and ACKs to four QPs, queued QP by QP: eight messages in place,
+        // two runs with the ACKs behind.
         let pairs = [(52, Any), (20, SameSize)].repeat(4);
+        assert_eq!(messages(false, &pairs).0, [1; 8]);
         assert_eq!(
-            messages(&pairs),
+            messages(true, &pairs),
             (vec![4, 4], vec![52, 52, 52, 52, 20, 20, 20, 20])
         );
     }
@@ -1183,6 +1210,7 @@ mod tests {
         let dst = rx.local_addr().unwrap();
         // Four slots: three requests and six ACKs (three wait for the second round).
         let mut tx = TxBatch::new(4, 256);
+        tx.acks_behind(true);
         let mut frame = vec![0u8; 256];
         for i in 0..3u8 {
             frame[..100].fill(i);

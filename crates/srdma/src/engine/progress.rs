@@ -174,6 +174,10 @@ impl Shared {
             return;
         }
         let mut deferred = std::mem::take(&mut st.deferred);
+        // Many QPs' answers and ACKs meet here: the ACKs go behind (see `udp::Late`).
+        if let Some(udp) = st.udp.as_deref_mut() {
+            udp.acks_behind(true);
+        }
         deferred.retain(|&qpn| {
             let Some(slot) = st.qps.get_mut(&qpn) else {
                 return false;
@@ -191,6 +195,9 @@ impl Shared {
         });
         st.deferred = deferred;
         self.send_queued(st);
+        if let Some(udp) = st.udp.as_deref_mut() {
+            udp.acks_behind(false);
+        }
     }
 
     /// The progress thread's part of what receives held back: packets wait for their
