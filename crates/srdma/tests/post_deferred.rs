@@ -49,13 +49,20 @@ fn pair(a: &str, b: &str) -> (Side, Side) {
     for i in 0..QPS {
         a.qps[i].connect(&at(&b, i), &params).unwrap();
         b.qps[i].connect(&at(&a, i), &params).unwrap();
+    }
+    post_receives(&b);
+    (a, b)
+}
+
+/// A receive on each of `s`'s QPs.
+fn post_receives(s: &Side) {
+    for (i, qp) in s.qps.iter().enumerate() {
         let wr = RecvWr {
             wr_id: i as u64,
-            sges: SgeList::one(b.mr.sge(64 * i, 64)),
+            sges: SgeList::one(s.mr.sge(64 * i, 64)),
         };
-        b.qps[i].post_recv(wr).unwrap();
+        qp.post_recv(wr).unwrap();
     }
-    (a, b)
 }
 
 /// A 64-byte SEND on A's QP `i`, deferred or not.
@@ -108,13 +115,7 @@ fn deferred_posts_leave_together_at_the_next_poll() {
             while done < QPS {
                 done += a.cq.poll(16).len();
             }
-            for (i, qp) in b.qps.iter().enumerate() {
-                let wr = RecvWr {
-                    wr_id: i as u64,
-                    sges: SgeList::one(b.mr.sge(64 * i, 64)),
-                };
-                qp.post_recv(wr).unwrap();
-            }
+            post_receives(&b);
             continue;
         }
         assert_eq!(

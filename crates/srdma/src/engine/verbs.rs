@@ -102,7 +102,12 @@ impl Shared {
         ring: Ring,
     ) -> Result<()> {
         let mut res = Ok(());
-        let now = self.now().as_nanos() as u64;
+        // The clock only where something needs it (most posts: nothing).
+        let now = if ring == Ring::Deferred || st.slot(qpn).is_some_and(|s| s.ride.awaits_send()) {
+            self.now().as_nanos() as u64
+        } else {
+            0
+        };
         {
             let slot = st.slot_mut(qpn).ok_or_else(|| no_qp(qpn))?;
             if slot.ride.awaits_send() {
@@ -191,7 +196,8 @@ impl Shared {
         // poll again for a long time (perftest -R posts a receive, then makes its next
         // connection, while the peer waits for the ACK of its SEND before listening). Or
         // unless the application asked it to wait for its next poll, and polls.
-        let waits = self.defers(st, qpn, ring, self.now().as_nanos() as u64);
+        let waits =
+            ring == Ring::Deferred && self.defers(st, qpn, ring, self.now().as_nanos() as u64);
         let rides = waits || st.slot(qpn).is_some_and(|s| s.ride.rides());
         if !rides && st.is_deferred(qpn) {
             self.flush_if_deferred(st, qpn);
