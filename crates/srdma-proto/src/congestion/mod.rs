@@ -176,6 +176,8 @@ pub struct Controller {
     meter: RateMeter,
     /// The engine's share cap on the window.
     cap: u32,
+    /// The engine's hold on new PSNs (see [`Controller::set_hold`]); `u32::MAX`: none.
+    hold: u32,
     /// After an early retransmission timeout: the window it collapsed, and the PSN before
     /// which packets have been sent again since (see [`Controller::on_early_timeout`]).
     frto: Option<(window::Window, Psn)>,
@@ -202,6 +204,7 @@ impl Default for Controller {
             },
             meter: RateMeter::default(),
             cap: u32::MAX,
+            hold: u32::MAX,
             frto: None,
             epochs: 0,
             last_loss: None,
@@ -220,7 +223,7 @@ impl Controller {
         } else {
             self.window.psns()
         };
-        w.min(self.cap)
+        w.min(self.cap).min(self.hold)
     }
 
     /// How many packets may go between two that ask for an ACK: `max` (rxe: 64), or half
@@ -236,6 +239,14 @@ impl Controller {
     /// fit it). `u32::MAX`: no cap.
     pub fn set_cap(&mut self, psns: u32) {
         self.cap = psns.max(MIN_WINDOW_PSNS);
+    }
+
+    /// Holds the window at `psns` (`None`: no hold), below [`MIN_WINDOW_PSNS`] and down to
+    /// 0: what the QP has in flight when the engine's budget for its destination, shared by
+    /// all its QPs there, is spent. It may then resend what is in flight (go-back-N's
+    /// window starts at the oldest unacknowledged PSN) and send nothing new.
+    pub fn set_hold(&mut self, psns: Option<u32>) {
+        self.hold = psns.unwrap_or(u32::MAX);
     }
 
     /// The peer agreed to selective repeat (an srdma peer): a smaller first window
@@ -261,7 +272,7 @@ impl Controller {
     /// The window held a packet back.
     pub fn held(&mut self) {
         // Held by the cap, not the congestion window: no evidence for the latter to grow.
-        if self.cap >= self.window.psns() {
+        if self.cap.min(self.hold) >= self.window.psns() {
             self.window.held();
         }
     }
@@ -591,6 +602,19 @@ mod tests {
         c.on_ack(Duration::ZERO, Psn::new(64), 64, 0, Psn::new(64));
         c.set_cap(u32::MAX);
         assert_eq!(c.window(), INITIAL_WINDOW_PSNS);
+    }
+
+    #[test]
+    fn a_hold_goes_below_the_floor_and_lets_go() {
+        let mut c = Controller::default();
+        c.set_cap(64);
+        c.set_hold(Some(0));
+        assert_eq!(c.window(), 0, "nothing new while the budget is spent");
+        assert_eq!(c.ack_every(64), 1);
+        c.set_hold(Some(3));
+        assert_eq!(c.window(), 3, "what it had in flight, below the floor");
+        c.set_hold(None);
+        assert_eq!(c.window(), 64, "the cap again");
     }
 
     #[test]

@@ -529,6 +529,22 @@ impl Qp {
         self.cc.set_cap(psns);
     }
 
+    /// Holds the QP at `psns` PSNs in flight (`None`: no hold), below any floor: an engine
+    /// whose budget for the destination (shared by all its QPs there) is spent lets the QP
+    /// resend what it has in flight ([`Qp::outstanding_psns`]) and send nothing new (see
+    /// `congestion::Controller::set_hold`).
+    pub fn hold_window(&mut self, psns: Option<u32>) {
+        self.cc.set_hold(psns);
+    }
+
+    /// PSNs sent and not yet acknowledged (an RC requester's; 0 for the others).
+    pub fn outstanding_psns(&self) -> u32 {
+        if self.cfg.qp_type != QpType::Rc {
+            return 0;
+        }
+        self.max_sent_psn.diff(self.comp_psn).max(0) as u32
+    }
+
     /// Where the QP's congestion control stands (window, rate, RTT, what it reacted to).
     pub fn congestion(&self) -> crate::congestion::CcStats {
         crate::congestion::CcStats {

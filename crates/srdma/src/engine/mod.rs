@@ -87,6 +87,10 @@ pub(crate) struct QpSlot {
     posts_held: bool,
     /// The peer address the QP is counted under in `State::shares` (it has work there).
     sharing: Option<std::net::IpAddr>,
+    /// Bytes it is counted as having in flight there over UDP.
+    flight: u32,
+    /// The QP is on `TxState::waiting` (the budget of its peer held it back).
+    waits: bool,
 }
 
 impl QpSlot {

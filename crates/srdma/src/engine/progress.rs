@@ -5,7 +5,7 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::timing::{Hold, Turns, app_grace_until, ride_wakes, watch_grace};
+use super::timing::{BUDGET_LOOK, Hold, Turns, app_grace_until, ride_wakes, watch_grace};
 use super::{Shared, State};
 use crate::sys;
 
@@ -420,6 +420,12 @@ pub(super) fn progress(shared: &Shared) {
         let now = shared.now().as_nanos() as u64;
         let blocked = st.tx.blocked();
         timeout = turns.after_pass(now, timeout, more, sock >= 0, blocked, &st.timing);
+        // QPs waiting for their peer's budget get it back from ACKs (a receive gives them
+        // their turn); should their peer's flight leave otherwise (QPs destroyed), a look
+        // now and then.
+        if st.tx.waiting() {
+            timeout = Some(timeout.map_or(BUDGET_LOOK, |t| t.min(BUDGET_LOOK)));
+        }
         // Published under the lock: a post that arms an earlier timer after this sees the
         // value and wakes the thread.
         let until = timeout.map_or(u64::MAX, |t| (shared.now() + t).as_nanos() as u64);

@@ -94,6 +94,8 @@ impl Shared {
         }
         // QPs a full ring held back: the peer may have read since.
         self.flush_blocked(st);
+        // QPs a spent budget held back: ACKs handled since may have freed some.
+        self.flush_waiting(st);
         let mut more = false;
         if udp && self.cm_forwarded.load(Ordering::Relaxed) {
             self.receive_forwarded(st);
@@ -149,6 +151,8 @@ impl Shared {
             st.rx.touched = touched;
             // Every QP's packets of this batch in one go.
             self.send_queued(st);
+            // The ACKs of this batch freed budget: the QPs waiting for it go first.
+            self.flush_waiting(st);
             more = n.full || k.full;
             if !more {
                 st.timing.rest.drained(now.as_nanos() as u64, mark, udp);

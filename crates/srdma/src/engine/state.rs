@@ -102,7 +102,8 @@ impl State {
     pub(crate) fn remove_qp(&mut self, qpn: Qpn) {
         if let Some(slot) = self.qps.remove(&qpn.value()) {
             self.timers.disarm(qpn.value(), &slot);
-            self.shares.update(slot.sharing, None, None);
+            self.shares
+                .update(slot.sharing, None, None, (slot.flight, 0));
         }
         self.mrs.unbind_qp_windows(qpn);
         self.xrc.qp_gone(qpn.value());

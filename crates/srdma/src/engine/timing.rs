@@ -242,6 +242,9 @@ pub(super) const SHM_SPIN: Duration = Duration::from_micros(50);
 /// While a full shared-memory ring holds QPs back, how soon the progress thread looks again
 /// whether the peer made room.
 pub(super) const SHM_ROOM_LOOK: Duration = Duration::from_micros(20);
+/// While QPs wait for their peer's budget over UDP (see `share`), how soon the progress
+/// thread gives them their turn at the latest (ACKs do it sooner).
+pub(super) const BUDGET_LOOK: Duration = Duration::from_millis(1);
 /// How long after an application's last poll the progress thread keeps out of the way:
 /// while an application polls, its polls drive the device (no thread hand-off on the hot
 /// path); when it stops, the thread takes over within this time.

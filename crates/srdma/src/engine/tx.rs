@@ -23,6 +23,12 @@ pub(super) struct TxState {
     /// QPs a full shared-memory ring held back, each once (`QpSlot::shm_blocked` says which
     /// are on it): [`Shared::flush_blocked`] tries them again.
     shm_blocked: Vec<u32>,
+    /// QPs with work that the spent budget of their peer held back (see `share`), oldest
+    /// first, each once (`QpSlot::waits`), with the peer: [`Shared::flush_waiting`] gives
+    /// them their turn.
+    waiting: std::collections::VecDeque<(u32, std::net::IpAddr)>,
+    /// [`Shared::flush_waiting`] is giving the waiting QPs their turn.
+    turn: bool,
 }
 
 impl TxState {
@@ -31,12 +37,19 @@ impl TxState {
         TxState {
             frame: vec![0; MAX_PACKET_LEN],
             shm_blocked: Vec::new(),
+            waiting: Default::default(),
+            turn: false,
         }
     }
 
     /// Whether a full ring holds some QP back (the progress thread then looks again soon).
     pub(super) fn blocked(&self) -> bool {
         !self.shm_blocked.is_empty()
+    }
+
+    /// Whether some QP waits for its peer's budget (see [`Shared::flush_waiting`]).
+    pub(super) fn waiting(&self) -> bool {
+        !self.waiting.is_empty()
     }
 }
 
@@ -99,9 +112,10 @@ impl Shared {
             counters,
             capture,
             udp,
-            tx: TxState { frame, .. },
+            tx: TxState { frame, turn, .. },
             probes,
             shm,
+            shares,
             ..
         } = st;
         let (Some(slot), Some(udp)) = (qps.get_mut(&qpn), udp.as_deref_mut()) else {
@@ -120,6 +134,13 @@ impl Shared {
             }
             _ => None,
         };
+        // Over UDP, the QPs to one peer keep within its budget together (see `share`):
+        // held, a QP may resend what it has in flight, and sends nothing new.
+        let budget_peer = (ring.is_none() && slot.qp.qp_type() == srdma_proto::QpType::Rc)
+            .then(|| Gid(slot.qp.attr().ah_attr.dgid).ip());
+        let held = budget_peer.is_some_and(|ip| shares.holds(ip, *turn));
+        slot.qp
+            .hold_window(held.then(|| slot.qp.outstanding_psns()));
         let mut blocked = false;
         let ack_tail = slot.ack_tail();
         // Payload goes to the drivers straight from registered memory, except when a
@@ -236,11 +257,25 @@ impl Shared {
             );
         let peer = working.then(|| Gid(slot.qp.attr().ah_attr.dgid).ip());
         let udp_mtu = (slot.path == crate::Path::Udp).then(|| slot.qp.attr().path_mtu.bytes());
-        let cap = st.shares.update(slot.sharing, peer, udp_mtu);
+        let flight = match (peer, udp_mtu) {
+            (Some(_), Some(mtu)) => slot.qp.outstanding_psns().saturating_mul(mtu),
+            _ => 0,
+        };
+        let cap = st
+            .shares
+            .update(slot.sharing, peer, udp_mtu, (slot.flight, flight));
         slot.sharing = peer;
+        slot.flight = flight;
         slot.qp.set_window_cap(cap);
         if blocked && !std::mem::replace(&mut slot.shm_blocked, true) {
             st.tx.shm_blocked.push(qpn);
+        }
+        // Held with work left: it waits for its turn.
+        if let Some(ip) = budget_peer.filter(|_| held && slot.qp.has_requests_ready())
+            && !std::mem::replace(&mut slot.waits, true)
+        {
+            st.tx.waiting.push_back((qpn, ip));
+            st.shares.wait(ip, true);
         }
         note_timer(st, qpn);
         self.probe_answered(st, qpn, now);
@@ -259,6 +294,32 @@ impl Shared {
             }
         }
         self.flush_each(st, &blocked);
+    }
+
+    /// Gives the QPs that their peer's spent budget held back their turn (see `share`),
+    /// oldest first, while the budget of the oldest one's peer lasts; those held again go
+    /// to the back.
+    pub(crate) fn flush_waiting(&self, st: &mut State) {
+        if !st.tx.waiting() {
+            return;
+        }
+        st.tx.turn = true;
+        for _ in 0..st.tx.waiting.len() {
+            let Some(&(qpn, ip)) = st.tx.waiting.front() else {
+                break;
+            };
+            if st.shares.spent(ip) {
+                break;
+            }
+            st.tx.waiting.pop_front();
+            st.shares.wait(ip, false);
+            if let Some(s) = st.qps.get_mut(&qpn) {
+                s.waits = false;
+                self.queue_out(st, qpn);
+            }
+        }
+        st.tx.turn = false;
+        self.send_queued(st);
     }
 
     /// Whether datagrams to `dst` may go as GSO messages.

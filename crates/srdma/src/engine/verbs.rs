@@ -30,6 +30,8 @@ impl QpSlot {
             shm_blocked: false,
             posts_held: false,
             sharing: None,
+            flight: 0,
+            waits: false,
         }
     }
 }
