@@ -14,9 +14,9 @@
 //! peer's socket buffer holds ([`UDP_SHARE_BYTES`]).
 //!
 //! A cap per QP has a floor, and 10,000 QPs at the floor overrun any socket buffer: over UDP
-//! the bytes in flight to a peer are counted too, and once they reach the budget every QP
-//! there is held at what it has in flight ([`Shares::holds`]: it may resend that, and sends
-//! nothing new) until ACKs free some; the QPs held with work wait in turn
+//! the bytes in flight to a peer are counted too, and once they pass [`UDP_FLIGHT_BYTES`]
+//! every QP there is held at what it has in flight ([`Shares::holds`]: it may resend that,
+//! and sends nothing new) until ACKs free some; the QPs held with work wait in turn
 //! (`TxState::waiting`), so that the budget goes round them, as a NIC's scheduler goes
 //! round its QPs, instead of to whichever QPs' ACKs come first.
 
