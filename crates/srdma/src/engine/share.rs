@@ -79,23 +79,26 @@ impl Shares {
         udp_mtu: Option<u32>,
         flight: (u32, u32),
     ) -> u32 {
-        if let Some(ip) = was {
-            if let Some(p) = self.peers.get_mut(&ip) {
+        // Most flushes change neither (the map is then only read, for the cap).
+        if was != now || flight.0 != flight.1 {
+            if let Some(ip) = was {
+                if let Some(p) = self.peers.get_mut(&ip) {
+                    if was != now {
+                        p.active -= 1;
+                    }
+                    p.flight = p.flight.saturating_sub(u64::from(flight.0));
+                    if p.idle() {
+                        self.peers.remove(&ip);
+                    }
+                }
+            }
+            if let Some(ip) = now {
+                let p = self.peers.entry(ip).or_default();
                 if was != now {
-                    p.active -= 1;
+                    p.active += 1;
                 }
-                p.flight -= u64::from(flight.0);
-                if p.idle() {
-                    self.peers.remove(&ip);
-                }
+                p.flight += u64::from(flight.1);
             }
-        }
-        if let Some(ip) = now {
-            let p = self.peers.entry(ip).or_default();
-            if was != now {
-                p.active += 1;
-            }
-            p.flight += u64::from(flight.1);
         }
         let budget = match udp_mtu {
             Some(bytes) => SHARE_BUDGET_PSNS.min(UDP_SHARE_BYTES / bytes.max(1)),
