@@ -9,9 +9,11 @@
 
 use std::time::{Duration, Instant};
 
+mod common;
+
 use srdma::{
-    AccessFlags, ConnectParams, Cq, Device, DeviceConfig, Mr, Mtu, Qp, QpInit, QpType, RemoteQp,
-    SendOp, SendWr, SgeList, WcStatus,
+    AccessFlags, ConnectParams, Cq, Device, Mr, Mtu, Qp, QpInit, QpType, SendOp, SendWr, SgeList,
+    WcStatus,
 };
 use srdma_wire::Psn;
 
@@ -30,11 +32,11 @@ struct Side {
 }
 
 fn side(ip: &str) -> Side {
-    let mut c = DeviceConfig::new(ip.parse().unwrap());
-    c.share_port = false;
-    // Over UDP: peers of one host would meet through shared memory, which never drops.
-    c.shm = false;
-    let dev = Device::open(c).unwrap();
+    let dev = common::dev_with(ip, |c| {
+        c.share_port = false;
+        // Over UDP: peers of one host would meet through shared memory, which never drops.
+        c.shm = false;
+    });
     let pd = dev.alloc_pd();
     let cq = dev.create_cq(DEPTH * QPS, None).unwrap();
     let qps = (0..QPS)
@@ -49,12 +51,7 @@ fn side(ip: &str) -> Side {
 #[test]
 fn a_thousand_qps_writing_at_once_lose_nothing_over_udp() {
     let (a, b) = (side("127.0.16.1"), side("127.0.16.2"));
-    let at = |s: &Side, i: usize| RemoteQp {
-        qpn: s.qps[i].qpn(),
-        psn: Psn::new(0),
-        gid: s.dev.local_gid(),
-        port: s.dev.local_addr().port(),
-    };
+    let at = |s: &Side, i: usize| common::remote(&s.dev, s.qps[i].qpn(), 0);
     let mut params = ConnectParams::new(Mtu::Mtu4096, Psn::new(0));
     // 1 s: a loaded machine that keeps the receiver from its socket for a while causes no
     // timeout; only a drop makes a retransmission.
