@@ -13,6 +13,12 @@ use crate::wr::{SendOp, Sge};
 impl Qp {
     /// The next request packet, if the send queue has one that may go now.
     pub(super) fn next_request(&mut self, ctx: &mut Ctx<'_>, buf: &mut [u8]) -> Option<Transmit> {
+        // Paced, or waiting out an RNR NAK: nothing until `handle_timeout` says the time has
+        // come, as `has_requests_ready` (and so `wants_transmit`) says. The pacer, asked again,
+        // may allow a packet sooner; the engine schedules by the deadline it was given.
+        if self.pace_until.is_some() || self.rnr_deadline.is_some() {
+            return None;
+        }
         if let Some(p) = self.tlp_probe.take() {
             if self.resend.is_empty() {
                 self.resend.push_back(p);
