@@ -42,4 +42,11 @@ pub struct DeviceConfig {
     /// answers with a CNP, and this device's QPs slow down by DCQCN's rules. CE marks on what
     /// arrives are read and answered with CNPs either way. Default: true unless `SRDMA_ECN=0`.
     pub ecn: bool,
+    /// The buffers to ask the kernel for on the device's UDP socket, bytes each way (default
+    /// 8 MiB). It takes at most `net.core.rmem_max` / `wmem_max` and doubles what it takes
+    /// (where the limit is 4 MiB, 8 MiB asked is 8 MiB granted; on a stock Debian, 208 KiB,
+    /// 416 KiB); a process with CAP_NET_ADMIN gets what it asked for past the limit. Over
+    /// UDP the QPs to one peer keep at most half the receive buffer granted in flight
+    /// together, taking it for the peer's.
+    pub udp_buffer: usize,
 }

@@ -42,6 +42,7 @@ impl DeviceConfig {
             share_port: crate::portshare::enabled(),
             shm: crate::shm::enabled_by_env(),
             ecn: std::env::var("SRDMA_ECN").map_or(true, |v| v != "0"),
+            udp_buffer: 8 << 20,
         }
     }
 }
@@ -235,7 +236,7 @@ impl Device {
                 cfg.mtu.bytes()
             )));
         }
-        let sock = crate::udp::open(SocketAddr::new(cfg.addr, cfg.port), cfg.share_port, cfg.ecn)?;
+        let sock = crate::udp::open(SocketAddr::new(cfg.addr, cfg.port), &cfg)?;
         Ok(Device {
             h: crate::engine::start(cfg, sock)?,
         })

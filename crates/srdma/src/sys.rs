@@ -16,6 +16,22 @@ pub(crate) fn setsockopt(
     setsockopt_struct(fd, level, name, &value)
 }
 
+/// `getsockopt` of an int.
+pub(crate) fn getsockopt(
+    fd: RawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+) -> io::Result<libc::c_int> {
+    let mut value: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: the kernel writes at most `len` bytes through the pointer, which points to a
+    // live int of that size, and `len` to a live socklen_t.
+    if unsafe { libc::getsockopt(fd, level, name, (&raw mut value).cast(), &mut len) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(value)
+}
+
 /// The bytes of the first datagram queued on UDP socket `fd` (`FIONREAD`): 0 when none is
 /// (or the first is empty).
 pub(crate) fn bytes_queued(fd: RawFd) -> io::Result<usize> {

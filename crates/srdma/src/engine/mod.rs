@@ -391,6 +391,7 @@ pub(crate) fn start(cfg: DeviceConfig, sock: crate::udp::Socket) -> Result<Arc<D
         slot,
         keeper,
         gro,
+        rcvbuf,
     } = sock;
     let capture = match &cfg.pcap {
         Some(given) => {
@@ -441,7 +442,7 @@ pub(crate) fn start(cfg: DeviceConfig, sock: crate::udp::Socket) -> Result<Arc<D
         rx: rx::RxState::new(),
         deferred: Vec::with_capacity(64),
         shm,
-        shares: share::Shares::default(),
+        shares: share::Shares::new(rcvbuf),
         timers: timers::TimerSet::new(),
         probes: probe::Probes::default(),
         stats: crate::stats::Publisher::new(&cfg.name, local),

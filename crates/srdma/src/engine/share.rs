@@ -1,7 +1,7 @@
 //! Fair shares of a destination: how many of this device's QPs are sending to each peer
 //! address, and the cap each one's window gets so that together they fit what one peer
 //! takes in flight — its socket buffer, or the shared-memory ring between the two
-//! processes (8 MiB either way).
+//! processes.
 //!
 //! A QP's congestion window is its own; thousands of QPs between the same two processes
 //! (perftest `-q 4096`, an MPI job's connections) would each keep up to a full window in
@@ -11,42 +11,51 @@
 //! the QPs with work to that peer: no effect up to 16 QPs (a window is at most
 //! [`srdma_proto::congestion::MAX_WINDOW_PSNS`], 1024), 64 PSNs each for 256, the floor
 //! ([`srdma_proto::congestion::MIN_WINDOW_PSNS`]) from 4096 on; over UDP at most what the
-//! peer's socket buffer holds ([`UDP_SHARE_BYTES`]).
+//! peer's socket buffer holds ([`Shares::new`]).
 //!
 //! A cap per QP has a floor, and 10,000 QPs at the floor overrun any socket buffer: over UDP
-//! the bytes in flight to a peer are counted too, and once they pass [`UDP_FLIGHT_BYTES`]
+//! the bytes in flight to a peer are counted too, and once they pass half its socket buffer
 //! every QP there is held at what it has in flight ([`Shares::holds`]: it may resend that,
 //! and sends nothing new) until ACKs free some; the QPs held with work wait in turn
-//! (`TxState::waiting`), so that the budget goes round them, as a NIC's scheduler goes
-//! round its QPs, instead of to whichever QPs' ACKs come first.
+//! ([`Waiting`]), so that the budget goes round them, as a NIC's scheduler goes round its
+//! QPs, instead of to whichever QPs' ACKs come first. A QP alone toward a peer is its
+//! congestion window's business.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::hash::BuildHasherDefault;
 use std::net::IpAddr;
+
+use super::probe::AddrHasher;
 
 /// PSNs in flight that one peer address gets from this device at most, all QPs together:
 /// 16 MiB of 1 KiB packets (the MTU perftest picks), 64 MiB of 4 KiB ones. A ring holds
-/// back what does not fit it; over UDP the budget is also [`UDP_SHARE_BYTES`].
+/// back what does not fit it; over UDP the budget is also the peer's socket buffer.
 pub(super) const SHARE_BUDGET_PSNS: u32 = 16384;
 
-/// Bytes in flight that one peer address gets from this device over UDP, all QPs together:
-/// what the peer's socket buffer holds (srdma asks for 8 MiB). A socket drops the excess
-/// where a ring holds it back, and go-back-N, whose windows stay at rxe's 128 PSNs or more,
-/// resends a window for each drop: 64 QPs each way between two processes at 4 KiB packets
-/// (`ib_write_bw -b -q 64`, 64 MiB of PSN budget) overran both sockets until `retry_cnt`
-/// ran out.
-pub(super) const UDP_SHARE_BYTES: u32 = 8 << 20;
-
-/// Bytes in flight to one peer address over UDP, all QPs together, past which they send
-/// nothing new ([`Shares::holds`]): half the socket buffer srdma asks for, as the kernel
-/// charges a datagram more than its bytes, and ACKs share the buffer (`ib_write_bw -q 2000`
-/// over UDP on loopback: at 8 MiB the receiving socket still dropped 598 skbs, at 4 MiB
-/// none; at 10,000 QPs, 1,067 and none).
-const UDP_FLIGHT_BYTES: u64 = UDP_SHARE_BYTES as u64 / 2;
+/// The socket buffer assumed of a peer when the kernel did not say what ours is: what srdma
+/// asks for and gets where `net.core.rmem_max` is 4 MiB (the kernel doubles the request it
+/// grants).
+const DEFAULT_UDP_BUFFER: u32 = 8 << 20;
 
 /// QPs with work, per destination address, and what they have in flight there over UDP.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Shares {
-    peers: HashMap<IpAddr, Peer>,
+    /// Keyed by the cheap hasher of the probes' paths: a lookup or two per flush.
+    peers: HashMap<IpAddr, Peer, BuildHasherDefault<AddrHasher>>,
+    /// Bytes in flight that one peer address gets from this device over UDP, all QPs
+    /// together: what its socket buffer holds, taken to be what ours does (a peer does not
+    /// say; the hosts of one job are alike). A socket drops the excess where a ring holds
+    /// it back, and go-back-N, whose windows stay at rxe's 128 PSNs or more, resends a
+    /// window for each drop: 64 QPs each way between two processes at 4 KiB packets
+    /// (`ib_write_bw -b -q 64`, 64 MiB of PSN budget) overran both 8 MiB sockets until
+    /// `retry_cnt` ran out.
+    udp_bytes: u32,
+    /// Bytes in flight to one peer address over UDP, all QPs together, past which they
+    /// send nothing new ([`Shares::holds`]): half the socket buffer, as the kernel charges
+    /// a datagram more than its bytes, and ACKs share the buffer (`ib_write_bw -q 2000`
+    /// over UDP on loopback, 8 MiB buffers: at 8 MiB in flight the receiving socket still
+    /// dropped 598 skbs, at 4 MiB none; at 10,000 QPs, 1,067 and none).
+    udp_flight: u64,
 }
 
 /// One destination's QPs.
@@ -68,6 +77,21 @@ impl Peer {
 }
 
 impl Shares {
+    /// The shares of a device whose socket's receive buffer is `rcvbuf` bytes (as the
+    /// kernel granted it; 0: unknown).
+    pub(super) fn new(rcvbuf: usize) -> Shares {
+        let udp_bytes = match u32::try_from(rcvbuf) {
+            Ok(0) => DEFAULT_UDP_BUFFER,
+            Ok(b) => b,
+            Err(_) => u32::MAX,
+        };
+        Shares {
+            peers: HashMap::default(),
+            udp_bytes,
+            udp_flight: u64::from(udp_bytes / 2),
+        }
+    }
+
     /// A QP counted under `was` (None: not counted) with `flight.0` bytes in flight over UDP
     /// now has work toward `now` (None: none) with `flight.1` bytes in flight; returns the
     /// cap of its window. `udp_mtu`: the QP's path MTU (its packets' size) when its path is
@@ -101,7 +125,7 @@ impl Shares {
             }
         }
         let budget = match udp_mtu {
-            Some(bytes) => SHARE_BUDGET_PSNS.min(UDP_SHARE_BYTES / bytes.max(1)),
+            Some(bytes) => SHARE_BUDGET_PSNS.min(self.udp_bytes / bytes.max(1)),
             None => SHARE_BUDGET_PSNS,
         };
         match now.and_then(|ip| self.peers.get(&ip)) {
@@ -110,15 +134,16 @@ impl Shares {
         }
     }
 
-    /// Whether a QP toward `ip` over UDP may send nothing new now: the QPs there have
-    /// more than [`UDP_FLIGHT_BYTES`] in flight together (a per-QP cap cannot keep thousands of QPs
-    /// within it: 10,000 windows of [`srdma_proto::congestion::MIN_WINDOW_PSNS`] are 160 MiB
-    /// of 4 KiB packets), or — unless it is its turn (`turn`) — others wait for the budget
-    /// before it, so that the QPs whose ACKs came do not take what frees up again and again.
-    /// A QP alone there is its congestion window's business.
+    /// Whether a QP toward `ip` over UDP may send nothing new now: the QPs there (it among
+    /// them) have more than half the socket buffer in flight together, or — unless it is
+    /// their round of turns (`turn`) — others wait for the budget before it, so that the QPs
+    /// whose ACKs came do not take what frees up again and again. A QP alone there is its
+    /// congestion window's business. (A cap per QP
+    /// cannot keep thousands of QPs within the budget: 10,000 windows of
+    /// [`srdma_proto::congestion::MIN_WINDOW_PSNS`] are 160 MiB of 4 KiB packets.)
     pub(super) fn holds(&self, ip: IpAddr, turn: bool) -> bool {
         self.peers.get(&ip).is_some_and(|p| {
-            (p.active > 1 && p.flight > UDP_FLIGHT_BYTES) || (p.waiting > 0 && !turn)
+            (p.active > 1 && p.flight > self.udp_flight) || (p.waiting > 0 && !turn)
         })
     }
 
@@ -141,6 +166,57 @@ impl Shares {
     }
 }
 
+/// The QPs that their peer's spent budget held back with work left, each once, with the
+/// peer, in the order they were held: [`take_turns`] gives them their turn.
+#[derive(Debug, Default)]
+pub(super) struct Waiting(VecDeque<(u32, IpAddr)>);
+
+impl Waiting {
+    /// QP `qpn` toward `ip` waits for its turn.
+    pub(super) fn push(&mut self, qpn: u32, ip: IpAddr) {
+        self.0.push_back((qpn, ip));
+    }
+
+    /// Whether some QP waits.
+    pub(super) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Takes the waiters for a round of turns; [`Waiting::put_back`] returns those it kept.
+    pub(super) fn take(&mut self) -> VecDeque<(u32, IpAddr)> {
+        std::mem::take(&mut self.0)
+    }
+
+    /// Puts back the waiters a round kept, in their order, ahead of any that began to wait
+    /// during the round.
+    pub(super) fn put_back(&mut self, mut kept: VecDeque<(u32, IpAddr)>) {
+        kept.append(&mut self.0);
+        self.0 = kept;
+    }
+}
+
+/// One round of turns over `round` (from [`Waiting::take`]), oldest first: each waiter whose
+/// peer's budget is not `spent` when its turn comes is served (`serve`: it sends what its
+/// window lets, and may wait again, behind the others); the rest keep their places, which
+/// this returns in order. A spent peer's waiters hold up no other peer's: a peer that does
+/// not acknowledge (gone, or slow) keeps its budget spent until its QPs time out.
+pub(super) fn take_turns<C>(
+    ctx: &mut C,
+    round: VecDeque<(u32, IpAddr)>,
+    spent: impl Fn(&C, IpAddr) -> bool,
+    mut serve: impl FnMut(&mut C, u32, IpAddr),
+) -> VecDeque<(u32, IpAddr)> {
+    let mut kept = VecDeque::new();
+    for (qpn, ip) in round {
+        if spent(ctx, ip) {
+            kept.push_back((qpn, ip));
+        } else {
+            serve(ctx, qpn, ip);
+        }
+    }
+    kept
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -149,7 +225,7 @@ mod tests {
     fn the_budget_is_divided_among_the_qps_with_work() {
         let a: IpAddr = "10.0.0.1".parse().unwrap();
         let b: IpAddr = "10.0.0.2".parse().unwrap();
-        let mut s = Shares::default();
+        let mut s = Shares::new(0);
         assert_eq!(
             s.update(None, Some(a), None, (0, 0)),
             u32::MAX,
@@ -184,7 +260,7 @@ mod tests {
     #[test]
     fn over_udp_the_budget_is_what_a_socket_buffer_holds() {
         let a: IpAddr = "10.0.0.1".parse().unwrap();
-        let mut s = Shares::default();
+        let mut s = Shares::new(0);
         for _ in 0..63 {
             s.update(None, Some(a), Some(4096), (0, 0));
         }
@@ -199,8 +275,8 @@ mod tests {
     fn a_spent_budget_holds_every_qp_there_and_waiters_go_first() {
         let a: IpAddr = "10.0.0.1".parse().unwrap();
         let b: IpAddr = "10.0.0.2".parse().unwrap();
-        let mut s = Shares::default();
-        let half = (UDP_FLIGHT_BYTES / 2) as u32;
+        let mut s = Shares::new(0);
+        let half = (s.udp_flight / 2) as u32;
         s.update(None, Some(a), Some(4096), (0, half));
         assert!(!s.holds(a, false));
         // A second QP brings the flight past the budget: both are held, b's QPs are not.
@@ -222,5 +298,65 @@ mod tests {
         s.update(Some(a), None, Some(4096), (half + 4096, 0));
         s.update(Some(a), None, Some(4096), (0, 0));
         assert!(s.peers.is_empty());
+    }
+
+    #[test]
+    fn a_spent_peer_holds_up_no_other_peers_waiters() {
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let b: IpAddr = "10.0.0.2".parse().unwrap();
+        // The context: which peers are spent, the queue, and who was served.
+        struct Ctx {
+            spent: Vec<IpAddr>,
+            waiting: Waiting,
+            served: Vec<u32>,
+        }
+        let mut ctx = Ctx {
+            spent: vec![a],
+            waiting: Waiting::default(),
+            served: Vec::new(),
+        };
+        for (qpn, ip) in [(1, a), (2, b), (3, a), (4, b), (5, b)] {
+            ctx.waiting.push(qpn, ip);
+        }
+        let round = ctx.waiting.take();
+        let kept = take_turns(
+            &mut ctx,
+            round,
+            |c, ip| c.spent.contains(&ip),
+            |c, qpn, ip| {
+                c.served.push(qpn);
+                // Serving QP 4 spends b's budget, and QP 4 waits again with work left.
+                if qpn == 4 {
+                    c.spent.push(ip);
+                    c.waiting.push(qpn, ip);
+                }
+            },
+        );
+        assert_eq!(ctx.served, [2, 4], "b's first two, past a's waiters");
+        ctx.waiting.put_back(kept);
+        assert_eq!(
+            ctx.waiting
+                .take()
+                .into_iter()
+                .map(|w| w.0)
+                .collect::<Vec<_>>(),
+            [1, 3, 5, 4],
+            "the kept in their order, then the one that waits again"
+        );
+    }
+
+    #[test]
+    fn the_budget_follows_the_socket_buffer() {
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        // A stock Debian's buffer (rmem_max 208 KiB, doubled by the kernel).
+        let mut s = Shares::new(425_984);
+        assert_eq!(s.update(None, Some(a), Some(1024), (0, 0)), u32::MAX);
+        // Two QPs: 416 PSNs together.
+        assert_eq!(s.update(None, Some(a), Some(1024), (0, 0)), 208);
+        assert_eq!(s.update(Some(a), Some(a), Some(1024), (0, 0)), 208);
+        s.update(Some(a), Some(a), Some(1024), (0, 200 << 10));
+        assert!(!s.spent(a), "200 KiB in flight: within half the buffer");
+        s.update(Some(a), Some(a), Some(1024), (0, 16 << 10));
+        assert!(s.spent(a), "216 KiB: past it");
     }
 }

@@ -23,10 +23,9 @@ pub(super) struct TxState {
     /// QPs a full shared-memory ring held back, each once (`QpSlot::shm_blocked` says which
     /// are on it): [`Shared::flush_blocked`] tries them again.
     shm_blocked: Vec<u32>,
-    /// QPs with work that the spent budget of their peer held back (see `share`), oldest
-    /// first, each once (`QpSlot::waits`), with the peer: [`Shared::flush_waiting`] gives
-    /// them their turn.
-    waiting: std::collections::VecDeque<(u32, std::net::IpAddr)>,
+    /// QPs with work that the spent budget of their peer held back (see `share`), each once
+    /// (`QpSlot::waits`): [`Shared::flush_waiting`] gives them their turn.
+    waiting: super::share::Waiting,
     /// [`Shared::flush_waiting`] is giving the waiting QPs their turn.
     turn: bool,
 }
@@ -138,6 +137,11 @@ impl Shared {
         // held, a QP may resend what it has in flight, and sends nothing new.
         let budget_peer = (ring.is_none() && slot.qp.qp_type() == srdma_proto::QpType::Rc)
             .then(|| Gid(slot.qp.attr().ah_attr.dgid).ip());
+        // Counted (and capped) before it sends, when it was not: the first burst after it
+        // was idle keeps within its share too.
+        if slot.sharing.is_none() {
+            count_share(shares, slot);
+        }
         let held = budget_peer.is_some_and(|ip| shares.holds(ip, *turn));
         slot.qp
             .hold_window(held.then(|| slot.qp.outstanding_psns()));
@@ -248,25 +252,7 @@ impl Shared {
             }
         }
         st.timing.rest.delivered(deliver_completions(slot));
-        // The QP's fair share of its peer, among this device's QPs with work there.
-        let working = slot.qp.qp_type() != srdma_proto::QpType::Ud
-            && slot.qp.send_queue_len() > 0
-            && matches!(
-                slot.qp.state(),
-                srdma_proto::QpState::Rts | srdma_proto::QpState::Sqd
-            );
-        let peer = working.then(|| Gid(slot.qp.attr().ah_attr.dgid).ip());
-        let udp_mtu = (slot.path == crate::Path::Udp).then(|| slot.qp.attr().path_mtu.bytes());
-        let flight = match (peer, udp_mtu) {
-            (Some(_), Some(mtu)) => slot.qp.outstanding_psns().saturating_mul(mtu),
-            _ => 0,
-        };
-        let cap = st
-            .shares
-            .update(slot.sharing, peer, udp_mtu, (slot.flight, flight));
-        slot.sharing = peer;
-        slot.flight = flight;
-        slot.qp.set_window_cap(cap);
+        count_share(&mut st.shares, slot);
         if blocked && !std::mem::replace(&mut slot.shm_blocked, true) {
             st.tx.shm_blocked.push(qpn);
         }
@@ -274,7 +260,7 @@ impl Shared {
         if let Some(ip) = budget_peer.filter(|_| held && slot.qp.has_requests_ready())
             && !std::mem::replace(&mut slot.waits, true)
         {
-            st.tx.waiting.push_back((qpn, ip));
+            st.tx.waiting.push(qpn, ip);
             st.shares.wait(ip, true);
         }
         note_timer(st, qpn);
@@ -297,27 +283,26 @@ impl Shared {
     }
 
     /// Gives the QPs that their peer's spent budget held back their turn (see `share`),
-    /// oldest first, while the budget of the oldest one's peer lasts; those held again go
-    /// to the back.
+    /// oldest first, each while its peer's budget lasts; those held again go to the back.
     pub(crate) fn flush_waiting(&self, st: &mut State) {
         if !st.tx.waiting() {
             return;
         }
         st.tx.turn = true;
-        for _ in 0..st.tx.waiting.len() {
-            let Some(&(qpn, ip)) = st.tx.waiting.front() else {
-                break;
-            };
-            if st.shares.spent(ip) {
-                break;
-            }
-            st.tx.waiting.pop_front();
-            st.shares.wait(ip, false);
-            if let Some(s) = st.qps.get_mut(&qpn) {
-                s.waits = false;
-                self.queue_out(st, qpn);
-            }
-        }
+        let round = st.tx.waiting.take();
+        let kept = super::share::take_turns(
+            st,
+            round,
+            |st, ip| st.shares.spent(ip),
+            |st, qpn, ip| {
+                st.shares.wait(ip, false);
+                if let Some(s) = st.qps.get_mut(&qpn) {
+                    s.waits = false;
+                    self.queue_out(st, qpn);
+                }
+            },
+        );
+        st.tx.waiting.put_back(kept);
         st.tx.turn = false;
         self.send_queued(st);
     }
@@ -354,4 +339,25 @@ pub(super) fn capture_tx(
     }
     let _ = w.write_roce(now_ns + capture_epoch(), encap, pkt);
     true
+}
+
+/// Counts the QP among its peer's QPs with work (see `share`), with what it has in flight
+/// over UDP, and caps its window at its fair share of the peer.
+fn count_share(shares: &mut super::share::Shares, slot: &mut super::QpSlot) {
+    let working = slot.qp.qp_type() != srdma_proto::QpType::Ud
+        && slot.qp.send_queue_len() > 0
+        && matches!(
+            slot.qp.state(),
+            srdma_proto::QpState::Rts | srdma_proto::QpState::Sqd
+        );
+    let peer = working.then(|| Gid(slot.qp.attr().ah_attr.dgid).ip());
+    let udp_mtu = (slot.path == crate::Path::Udp).then(|| slot.qp.attr().path_mtu.bytes());
+    let flight = match (peer, udp_mtu) {
+        (Some(_), Some(mtu)) => slot.qp.outstanding_psns().saturating_mul(mtu),
+        _ => 0,
+    };
+    let cap = shares.update(slot.sharing, peer, udp_mtu, (slot.flight, flight));
+    slot.sharing = peer;
+    slot.flight = flight;
+    slot.qp.set_window_cap(cap);
 }
