@@ -166,52 +166,64 @@ impl Shares {
     }
 }
 
-/// The QPs that their peer's spent budget held back with work left, each once, with the
-/// peer, in the order they were held: [`take_turns`] gives them their turn.
+/// The QPs that their peer's spent budget held back with work left, each once, a queue per
+/// peer in the order they were held: [`take_turns`] gives them their turn.
 #[derive(Debug, Default)]
-pub(super) struct Waiting(VecDeque<(u32, IpAddr)>);
+pub(super) struct Waiting {
+    peers: HashMap<IpAddr, VecDeque<u32>, BuildHasherDefault<AddrHasher>>,
+}
 
 impl Waiting {
     /// QP `qpn` toward `ip` waits for its turn.
     pub(super) fn push(&mut self, qpn: u32, ip: IpAddr) {
-        self.0.push_back((qpn, ip));
+        self.peers.entry(ip).or_default().push_back(qpn);
     }
 
     /// Whether some QP waits.
     pub(super) fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.peers.is_empty()
     }
 
     /// Takes the waiters for a round of turns; [`Waiting::put_back`] returns those it kept.
-    pub(super) fn take(&mut self) -> VecDeque<(u32, IpAddr)> {
-        std::mem::take(&mut self.0)
+    pub(super) fn take(&mut self) -> Waiting {
+        std::mem::take(self)
     }
 
-    /// Puts back the waiters a round kept, in their order, ahead of any that began to wait
-    /// during the round.
-    pub(super) fn put_back(&mut self, mut kept: VecDeque<(u32, IpAddr)>) {
-        kept.append(&mut self.0);
-        self.0 = kept;
+    /// Puts back the waiters a round kept, in their order, ahead of any of the same peer
+    /// that began to wait during the round.
+    pub(super) fn put_back(&mut self, kept: Waiting) {
+        for (ip, mut queue) in kept.peers {
+            if let Some(mut later) = self.peers.remove(&ip) {
+                queue.append(&mut later);
+            }
+            self.peers.insert(ip, queue);
+        }
     }
 }
 
-/// One round of turns over `round` (from [`Waiting::take`]), oldest first: each waiter whose
-/// peer's budget is not `spent` when its turn comes is served (`serve`: it sends what its
-/// window lets, and may wait again, behind the others); the rest keep their places, which
-/// this returns in order. A spent peer's waiters hold up no other peer's: a peer that does
-/// not acknowledge (gone, or slow) keeps its budget spent until its QPs time out.
+/// One round of turns over `round` (from [`Waiting::take`]): the waiters of each peer whose
+/// budget is not `spent` are served oldest first (`serve`: it sends what its window lets,
+/// and may wait again, behind the others) until it is; the rest keep their places, which
+/// this returns. A peer's waiters hold up no other peer's (a peer that does not acknowledge,
+/// gone or slow, keeps its budget spent until its QPs time out), and a round costs one look
+/// per peer beside the QPs it serves, however many wait.
 pub(super) fn take_turns<C>(
     ctx: &mut C,
-    round: VecDeque<(u32, IpAddr)>,
+    round: Waiting,
     spent: impl Fn(&C, IpAddr) -> bool,
     mut serve: impl FnMut(&mut C, u32, IpAddr),
-) -> VecDeque<(u32, IpAddr)> {
-    let mut kept = VecDeque::new();
-    for (qpn, ip) in round {
-        if spent(ctx, ip) {
-            kept.push_back((qpn, ip));
-        } else {
+) -> Waiting {
+    let mut kept = Waiting::default();
+    for (ip, mut queue) in round.peers {
+        while let Some(&qpn) = queue.front() {
+            if spent(ctx, ip) {
+                break;
+            }
+            queue.pop_front();
             serve(ctx, qpn, ip);
+        }
+        if !queue.is_empty() {
+            kept.peers.insert(ip, queue);
         }
     }
     kept
@@ -332,17 +344,11 @@ mod tests {
                 }
             },
         );
-        assert_eq!(ctx.served, [2, 4], "b's first two, past a's waiters");
+        assert_eq!(ctx.served, [2, 4], "b's first two, a's waiters kept");
         ctx.waiting.put_back(kept);
-        assert_eq!(
-            ctx.waiting
-                .take()
-                .into_iter()
-                .map(|w| w.0)
-                .collect::<Vec<_>>(),
-            [1, 3, 5, 4],
-            "the kept in their order, then the one that waits again"
-        );
+        let queue = |ip| Vec::from(ctx.waiting.peers[&ip].clone());
+        assert_eq!(queue(a), [1, 3]);
+        assert_eq!(queue(b), [5, 4], "the kept, then the one that waits again");
     }
 
     #[test]
