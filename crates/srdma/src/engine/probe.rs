@@ -69,8 +69,9 @@ impl Probes {
 }
 
 /// The hasher of [`Paths`] and of the peers' shares (`share`), cheaper than the standard
-/// library's SipHash, which costs two hash computations per flush on a busy path. Its keys are the addresses of the application's
-/// own RC QPs' peers, not anything a packet chooses: no defence against chosen keys needed.
+/// library's SipHash, which costs two hash computations per flush on a busy path. Its keys
+/// are the addresses of the application's own RC QPs' peers, not anything a packet chooses:
+/// no defence against chosen keys needed.
 #[derive(Debug, Default)]
 pub(super) struct AddrHasher(u64);
 

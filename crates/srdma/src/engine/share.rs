@@ -138,9 +138,9 @@ impl Shares {
     /// them) have more than half the socket buffer in flight together, or — unless it is
     /// their round of turns (`turn`) — others wait for the budget before it, so that the QPs
     /// whose ACKs came do not take what frees up again and again. A QP alone there is its
-    /// congestion window's business. (A cap per QP
-    /// cannot keep thousands of QPs within the budget: 10,000 windows of
-    /// [`srdma_proto::congestion::MIN_WINDOW_PSNS`] are 160 MiB of 4 KiB packets.)
+    /// congestion window's business. (A cap per QP cannot keep thousands of QPs within the
+    /// budget: 10,000 windows of [`srdma_proto::congestion::MIN_WINDOW_PSNS`] are 160 MiB of
+    /// 4 KiB packets.)
     pub(super) fn holds(&self, ip: IpAddr, turn: bool) -> bool {
         self.peers.get(&ip).is_some_and(|p| {
             (p.active > 1 && p.flight > self.udp_flight) || (p.waiting > 0 && !turn)
