@@ -426,10 +426,13 @@ selected dropin-qpless-client-on-rxe && { scenario dropin-qpless-client-on-rxe \
 # tgt 1.0.85's iSER login needs an initiator-name rule (-Q) besides -I ALL (see
 # tests/storage.rs). The target side waits for the initiator's flag /lab/done. In the guest
 # (512 MiB) tgtd's iSER buffer pool is 128 MiB (`--iser pool_sz_mb=128`, its minimum): its
-# default 1 GiB pool is neither SysV shared memory nor malloc()able there. libiscsi takes a
-# second without a completion for a lost connection ("revents is not POLLIN"), which tgtd
-# under qemu's TCG on a busy host now and then is slow enough to cause during the login:
-# iscsi_rw exits 3 when its login failed (nothing read or written yet) and is run again.
+# default 1 GiB pool is neither SysV shared memory nor malloc()able there. libiscsi 1.19 takes
+# a second without a completion for a lost connection ("revents is not POLLIN"), and the guest
+# under qemu's TCG on a busy host now and then sends nothing for a second or more (seen in CI
+# on 2026-11-30: rxe stopped in the middle of a 256 KiB RDMA WRITE that srdma had acknowledged
+# as asked, with nothing of srdma's outstanding, and answered srdma's CM DREQs neither for the
+# next 2.5 s): during the login, iscsi_rw exits 3 (nothing read or written yet) and is run
+# again; its commands wait up to ISCSI_RW_WAIT=20 s (it prints the longest wait).
 ISER_INI=iqn.2026-01.org.srdma:interop
 ISER_IQN=iqn.2026-01.org.srdma:interop-disk
 iser_target() { # how to set up tgtd (control port $1) with LUN 1 on $2, as a shell command
@@ -442,7 +445,7 @@ selected dropin-iser-target-on-rxe && { scenario dropin-iser-target-on-rxe \
    mkdir -p /var/run/tgtd && { tgtd -f -C 1 -d 1 --iser pool_sz_mb=128 > /lab/tgtd.log 2>&1 & } && $(iser_target 1 /tmp/disk) && \
    echo 'target ready' && waitfile /lab/done 80 && echo 'initiator done' && /lab/iscsi_rw verify /tmp/disk 8" \
   "$RUNS/@/retry-host $EXEC iscsi-inq -i $ISER_INI iser://10.77.0.2/$ISER_IQN/1 > /dev/null && \
-   for i in 1 2 3; do $EXEC $RUNS/@/iscsi_rw rw iser://10.77.0.2/$ISER_IQN/1 $ISER_INI 7; rc=\$?; [ \$rc = 3 ] || break; done; \
+   for i in 1 2 3; do ISCSI_RW_WAIT=20 $EXEC $RUNS/@/iscsi_rw rw iser://10.77.0.2/$ISER_IQN/1 $ISER_INI 7; rc=\$?; [ \$rc = 3 ] || break; done; \
    touch $RUNS/@/done; exit \$rc" || fail=1; }
 # The host's side of dropin-iser-initiator-on-rxe: tgtd on srdma at 10.77.0.1 with LUN 1 on a
 # file of pattern 7, until the guest's initiator is done; then the file must hold pattern 8.
@@ -463,7 +466,7 @@ EOF
 chmod +x "$RUNS/iser-host-target"
 selected dropin-iser-initiator-on-rxe && { scenario dropin-iser-initiator-on-rxe \
   "retry 80 0.5 iscsi-inq -i $ISER_INI iser://10.77.0.1/$ISER_IQN/1 > /dev/null && \
-   /lab/iscsi_rw rw iser://10.77.0.1/$ISER_IQN/1 $ISER_INI 7; rc=\$?; touch /lab/done; test \$rc = 0" \
+   ISCSI_RW_WAIT=20 /lab/iscsi_rw rw iser://10.77.0.1/$ISER_IQN/1 $ISER_INI 7; rc=\$?; touch /lab/done; test \$rc = 0" \
   "$RUNS/iser-host-target $RUNS/@" || fail=1; }
 
 # UDP GSO toward rxe (SRDMA_GSO=always): a 64 KiB message leaves as one GSO buffer, the

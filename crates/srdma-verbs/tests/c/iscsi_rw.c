@@ -12,10 +12,19 @@
  *   iscsi_rw loop URL INITIATOR SECS  log in; write and read back 64 KiB pieces for SECS
  *                                     seconds (or until an error: exit 2 with the error)
  * Prints "iscsi_rw: ok ..." and exits 0 on success; 3 if the login failed (nothing was read or
- * written), 1 on any other failure (2 in `loop`). */
+ * written), 1 on any other failure (2 in `loop`).
+ *
+ * Commands are waited for here, not with libiscsi's *_sync calls. Debian's libiscsi 1.19 polls
+ * its descriptor a second at a time, and its iSER transport fails the command ("revents is not
+ * POLLIN") when a second passes without a completion (changed upstream since): that second is
+ * also how it notices a dead target, as it reads no CM events once connected. Here a command
+ * fails after ISCSI_RW_WAIT seconds without an answer (default 1, as libiscsi); the lab sets
+ * more for targets in TCG guests, which pause for a second now and then. The longest wait is
+ * printed with the result. */
 #include <fcntl.h>
 #include <iscsi/iscsi.h>
 #include <iscsi/scsi-lowlevel.h>
+#include <poll.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -108,15 +117,74 @@ static struct iscsi_context *login(const char *url, const char *initiator, int *
 	return iscsi;
 }
 
+/* How long a command may wait for its answer, and the longest one did, in seconds. */
+static double wait_limit = 1, longest_wait;
+/* Why wait_answer gave up, when it was not libiscsi's error. */
+static char gave_up[64];
+
+static const char *error_of(struct iscsi_context *iscsi)
+{
+	return gave_up[0] ? gave_up : iscsi_get_error(iscsi);
+}
+
+struct answer {
+	int finished, status;
+};
+
+static void answered(struct iscsi_context *iscsi, int status, void *task, void *private_data)
+{
+	struct answer *a = private_data;
+
+	(void)iscsi;
+	(void)task;
+	a->finished = 1;
+	a->status = status;
+}
+
+/* Services `iscsi` until the command of `a` has its answer: its status, or -1 when libiscsi
+ * failed or `wait_limit` passed without one (see error_of). */
+static int wait_answer(struct iscsi_context *iscsi, struct answer *a)
+{
+	double start = now();
+
+	while (!a->finished) {
+		struct pollfd pfd = { .fd = iscsi_get_fd(iscsi), .events = iscsi_which_events(iscsi) };
+		int n;
+
+		if (now() - start >= wait_limit) {
+			snprintf(gave_up, sizeof(gave_up), "no answer for %.1f s", now() - start);
+			return -1;
+		}
+		if (!pfd.events) {
+			poll(NULL, 0, 10);
+			continue;
+		}
+		n = poll(&pfd, 1, 100);
+		if (n < 0)
+			FAIL("poll: %m");
+		/* libiscsi 1.19's iSER transport takes any call without POLLIN as an error. */
+		if (n == 0)
+			continue;
+		if (iscsi_service(iscsi, pfd.revents) < 0)
+			return -1;
+	}
+	if (now() - start > longest_wait)
+		longest_wait = now() - start;
+	return a->status;
+}
+
 static void xfer(struct iscsi_context *iscsi, int lun, int write, uint64_t lba, unsigned char *buf,
 		 uint32_t len, uint32_t bs, int code)
 {
-	struct scsi_task *t = write ? iscsi_write16_sync(iscsi, lun, lba, buf, len, bs, 0, 0, 0, 0, 0)
-				    : iscsi_read16_sync(iscsi, lun, lba, len, bs, 0, 0, 0, 0, 0);
+	struct answer a = { 0, 0 };
+	struct scsi_task *t = write ? iscsi_write16_task(iscsi, lun, lba, buf, len, bs, 0, 0, 0, 0, 0,
+							 answered, &a)
+				    : iscsi_read16_task(iscsi, lun, lba, len, bs, 0, 0, 0, 0, 0, answered, &a);
 
-	if (!t || t->status != SCSI_STATUS_GOOD) {
-		fprintf(stderr, "iscsi_rw: %s of %u bytes at LBA %llu: %s\n", write ? "WRITE16" : "READ16",
-			len, (unsigned long long)lba, t ? "SCSI error" : iscsi_get_error(iscsi));
+	if (!t || wait_answer(iscsi, &a) != SCSI_STATUS_GOOD) {
+		fprintf(stderr, "iscsi_rw: %s of %u bytes at LBA %llu: %s (status %#x)\n",
+			write ? "WRITE16" : "READ16", len, (unsigned long long)lba, error_of(iscsi),
+			a.finished ? a.status : 0);
 		exit(code);
 	}
 	if (!write) {
@@ -150,12 +218,16 @@ int main(int argc, char **argv)
 	}
 	if (argc != 5 || (strcmp(argv[1], "rw") && strcmp(argv[1], "loop")))
 		FAIL("usage: see the comment at the top of iscsi_rw.c");
+	if (getenv("ISCSI_RW_WAIT"))
+		wait_limit = atof(getenv("ISCSI_RW_WAIT"));
 	want = malloc(MAX_XFER);
 	got = malloc(MAX_XFER);
 	iscsi = login(argv[2], argv[3], &lun);
-	if (!(t = iscsi_readcapacity16_sync(iscsi, lun)) || t->status != SCSI_STATUS_GOOD ||
-	    !(rc = scsi_datain_unmarshall(t)))
-		FAIL("READCAPACITY16: %s", iscsi_get_error(iscsi));
+	struct answer a = { 0, 0 };
+
+	if (!(t = iscsi_readcapacity16_task(iscsi, lun, answered, &a)) ||
+	    wait_answer(iscsi, &a) != SCSI_STATUS_GOOD || !(rc = scsi_datain_unmarshall(t)))
+		FAIL("READCAPACITY16: %s", error_of(iscsi));
 	bs = rc->block_length;
 	blocks = rc->returned_lba + 1;
 	bytes = blocks * bs;
@@ -178,7 +250,8 @@ int main(int argc, char **argv)
 		}
 		iscsi_logout_sync(iscsi);
 		iscsi_destroy_context(iscsi);
-		printf("iscsi_rw: ok, %llu commands\n", (unsigned long long)done);
+		printf("iscsi_rw: ok, %llu commands, longest wait %.2f s\n", (unsigned long long)done,
+		       longest_wait);
 		return 0;
 	}
 	seed = strtoull(argv[4], NULL, 0);
@@ -215,7 +288,7 @@ int main(int argc, char **argv)
 	}
 	iscsi_logout_sync(iscsi);
 	iscsi_destroy_context(iscsi);
-	printf("iscsi_rw: ok, %llu bytes checked, %llu commands\n", (unsigned long long)bytes,
-	       (unsigned long long)done);
+	printf("iscsi_rw: ok, %llu bytes checked, %llu commands, longest wait %.2f s\n",
+	       (unsigned long long)bytes, (unsigned long long)done, longest_wait);
 	return 0;
 }
