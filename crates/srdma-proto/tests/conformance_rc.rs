@@ -3214,7 +3214,7 @@ fn srq_feeds_receives_and_an_empty_srq_is_rnr() {
 }
 
 /// Packet order (srdma's choice; IBTA leaves it to the implementation): a lone positive ACK
-/// lets one request packet of the responder's own send queue go first — the peer waits for
+/// lets one request message of the responder's own send queue go first — the peer waits for
 /// that request (in a ping-pong, the reply), and the ACK, being cumulative, loses nothing by
 /// following it. It does not wait for more than one, and a NAK never waits.
 #[test]
@@ -3265,6 +3265,39 @@ fn a_lone_ack_follows_one_request_of_the_responders_own_and_a_nak_goes_first() {
         vec![(ps(0), nak(NakCode::PsnSequenceError))],
         "{t}"
     );
+}
+
+/// A lone positive ACK follows the whole of a reply of several packets, not its first packet:
+/// a peer that takes the ACK in a poll and then spins on its memory for the reply (perftest's
+/// `ib_write_lat`) finds all of it placed.
+#[test]
+fn a_lone_ack_follows_the_last_packet_of_a_reply_of_several() {
+    let mut p = rc();
+    let r = regions(&mut p);
+    p.post_recv(B, 100, &[sge(&r.rcv, RCV, 256)]);
+    p.post_recv(A, 200, &[sge(&r.src, SRC + RES, 4096)]);
+    p.post_recv(A, 201, &[sge(&r.src, SRC + RES + 4096, 64)]);
+    p.post_send(A, send(1, &[sge(&r.src, SRC, 8)]));
+    let (pkt, encap) = p.transmit(A).unwrap();
+    p.deliver(B, &pkt, encap);
+    // B owes A an ACK, and replies with 2,500 bytes (three packets at MTU 1024), then 8.
+    p.post_send(B, send(10, &[sge(&r.rcv, RCV + 1024, 2500)]));
+    p.post_send(B, send(11, &[sge(&r.rcv, RCV + 8192, 8)]));
+    while p.transmit(B).is_some() {}
+    let t = p.trace();
+    let ops: Vec<Opcode> = wire(&p, B).into_iter().map(|(op, _)| op).collect();
+    assert_eq!(
+        ops,
+        vec![
+            Opcode::RcSendFirst,
+            Opcode::RcSendMiddle,
+            Opcode::RcSendLast,
+            Opcode::RcAcknowledge,
+            Opcode::RcSendOnly
+        ],
+        "{t}"
+    );
+    assert_eq!(acks(&p, B), vec![(ps(0), Syndrome::ACK)], "{t}");
 }
 
 /// A's GSO path probe (`Qp::gso_probe`, srdma's): a SEND_ONLY without payload at the PSN

@@ -366,9 +366,11 @@ pub struct Qp {
     inbound: Inbound,
     resources: VecDeque<Resource>,
     resp_out: VecDeque<RespOut>,
-    /// The lone positive ACK in `resp_out` let one request packet go first (see
-    /// [`Qp::poll_transmit`]); it goes next.
+    /// The lone positive ACK in `resp_out` let a request message go first (see
+    /// [`Qp::poll_transmit`]), whose last packet went: it goes next.
     ack_yielded: bool,
+    /// Request packets that went ahead of the lone positive ACK so far.
+    ack_waited: u32,
     /// ACKs received that acknowledged nothing new (ghosts and stale ones).
     unproductive_acks: u64,
     /// XRC initiator or target (`xrc` module); `None` for every other QP.
@@ -439,6 +441,7 @@ impl Qp {
             reorder: selective::Reorder::default(),
             uc_drop: false,
             ack_yielded: false,
+            ack_waited: 0,
             unproductive_acks: 0,
             xrc: None,
             inbound: Inbound::Idle,
@@ -998,9 +1001,13 @@ impl Qp {
 
     /// Writes the next packet into `buf` (at least [`MAX_PACKET_LEN`] bytes): responses
     /// before requests, as a responder must not starve behind its own sends, except that a
-    /// lone positive ACK lets one request packet go first. The peer is waiting for that
-    /// request (in a ping-pong it is the reply) more than for the ACK, which is cumulative
-    /// and leaves right behind it (the engine sends both in one `sendmmsg`).
+    /// lone positive ACK lets the request message in progress go first, to its last packet
+    /// (as far as the window lets it, [`MAX_PKT_PER_ACK`] packets at most). The peer is waiting for that request (in a
+    /// ping-pong it is the reply) more than for the ACK, which is cumulative and leaves
+    /// right behind it (the engine sends both in one `sendmmsg`): a peer that polls its CQ
+    /// for the ACK and then spins on its memory for the reply (perftest's `ib_write_lat`)
+    /// finds the whole reply placed by the poll that took the ACK, where an ACK after the
+    /// reply's first packet completed its WRITE before the rest had come.
     pub fn poll_transmit(&mut self, ctx: &mut Ctx<'_>, buf: &mut [u8]) -> Option<Transmit> {
         let lone_ack = self.resp_out.len() == 1
             && matches!(
@@ -1012,12 +1019,15 @@ impl Qp {
             );
         if lone_ack && !self.ack_yielded {
             if let Some(t) = self.next_request(ctx, buf) {
-                self.ack_yielded = true;
+                self.ack_waited += 1;
+                self.ack_yielded = self.ack_waited >= MAX_PKT_PER_ACK
+                    || srdma_wire::Opcode::try_from(buf[0]).map_or(true, |op| op.is_end());
                 self.counters.sent_pkts += 1;
                 return Some(t);
             }
         }
         self.ack_yielded = false;
+        self.ack_waited = 0;
         let t = self
             .next_response(ctx, buf)
             .or_else(|| self.next_request(ctx, buf))?;
