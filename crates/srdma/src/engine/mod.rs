@@ -479,6 +479,8 @@ pub(crate) fn start(cfg: DeviceConfig, sock: crate::udp::Socket) -> Result<Arc<D
     keep_for_exit(&shared);
     let s2 = Arc::clone(&shared);
     let thread = crate::threads::spawn(format!("srdma-{}", local), move || {
+        // Best effort: a kernel that refuses leaves the thread as it was.
+        let _ = crate::threads::wake_promptly();
         let run = std::panic::AssertUnwindSafe(|| progress::progress(&s2));
         if std::panic::catch_unwind(run).is_err() {
             s2.fail();

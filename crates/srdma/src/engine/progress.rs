@@ -221,7 +221,7 @@ impl Shared {
             let waits = if slot.posts_held {
                 polling
             } else {
-                !slot.ride.hold_expired(now)
+                !slot.ride.hold_expired(now, slot.qp.wants_transmit())
             };
             if waits {
                 return true;
@@ -324,7 +324,7 @@ pub(super) fn progress(shared: &Shared) {
             // take in. (Doorbells, and links that ended, wait for a thread that sleeps on
             // the rings: see `Shm::service`.)
             let [port, _] = shared.shm_fds;
-            let r = sys::poll_readable([shared.wake.as_raw_fd(), port], Some(sleep));
+            let r = sys::poll_readable_precise([shared.wake.as_raw_fd(), port], Some(sleep));
             if r.is_ok_and(|[_, p]| p) {
                 service_shm(shared);
             }

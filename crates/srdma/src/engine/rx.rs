@@ -138,6 +138,17 @@ impl Shared {
                     .get(&qpn)
                     .is_some_and(|s| !s.qp.has_requests_ready() && hold.holds(&s.ride));
                 if !held {
+                    if hold == Hold::Riding
+                        && let Some(slot) = st.qps.get_mut(&qpn)
+                        && slot.qp.wants_transmit()
+                        && !slot.qp.has_requests_ready()
+                    {
+                        // Its ACKs do not ride yet, so this one leaves now; should the
+                        // application answer with a send at once, that counts towards the
+                        // ride (see `AckRide::send_posted`): one that spins on its memory
+                        // gets its peer's next reply in a poll, not from this thread.
+                        slot.ride.flushed(now.as_nanos() as u64);
+                    }
                     self.queue_out(st, qpn);
                 } else if let Some(slot) = st.qps.get_mut(&qpn) {
                     st.timing.rest.delivered(deliver_completions(slot));

@@ -198,13 +198,18 @@ impl AckRide {
     }
 
     /// At the progress thread's look at `now`: whether what is held back waited its window
-    /// out and leaves now; if so the application, which neither posted nor polled in time,
-    /// is no longer waited for (the ride is unlearned).
-    pub(super) fn hold_expired(&mut self, now: u64) -> bool {
+    /// out and leaves now; if it held packets back (`held_packets`: an ACK or a response),
+    /// the application, which neither posted nor polled in time, is no longer waited for
+    /// (the ride is unlearned). A receive that brought the QP nothing to send (the ACK of
+    /// its own WRITE, taken by the poll that completed it, after which `ib_write_lat` turns
+    /// to its memory) held nothing back from the peer and unlearns nothing.
+    pub(super) fn hold_expired(&mut self, now: u64, held_packets: bool) -> bool {
         if now < self.hold_ends() {
             return false;
         }
-        self.rides = 0;
+        if held_packets {
+            self.rides = 0;
+        }
         true
     }
 }
@@ -699,10 +704,16 @@ mod tests {
         // An application's poll within the window leaves it for the send.
         assert!(r.keeps_holding(end - 1));
         assert!(!r.keeps_holding(end));
-        // The progress thread sends it once the window is over, and stops waiting.
-        assert!(!r.hold_expired(end - 1));
+        // A hold that kept nothing back (the QP had nothing to send) ends and unlearns
+        // nothing.
+        assert!(!r.hold_expired(end - 1, false));
+        assert!(r.hold_expired(end, false));
         assert!(r.rides());
-        assert!(r.hold_expired(end));
+        // The progress thread sends what was held once the window is over, and stops
+        // waiting.
+        assert!(!r.hold_expired(end - 1, true));
+        assert!(r.rides());
+        assert!(r.hold_expired(end, true));
         assert!(!r.rides());
         assert!(!Hold::Riding.holds(&r));
         assert!(!r.keeps_holding(end - 1), "not learned: no hold");
