@@ -3213,26 +3213,31 @@ fn srq_feeds_receives_and_an_empty_srq_is_rnr() {
     same(&p.bytes(B, &r.rcv)[..100], &pattern(100)[..], "data");
 }
 
+/// B receives a SEND from A (and owes A an ACK), then posts two SENDs of its own, of
+/// `reply` and 8 bytes: what B sends, in order, and the ACKs among it.
+fn b_replies_owing_an_ack(reply: u32) -> (Vec<Opcode>, Vec<(Psn, Syndrome)>, String) {
+    let mut p = rc();
+    let r = regions(&mut p);
+    p.post_recv(B, 100, &[sge(&r.rcv, RCV, 256)]);
+    p.post_recv(A, 200, &[sge(&r.src, SRC + RES, 4096)]);
+    p.post_recv(A, 201, &[sge(&r.src, SRC + RES + 4096, 64)]);
+    p.post_send(A, send(1, &[sge(&r.src, SRC, 8)]));
+    let (pkt, encap) = p.transmit(A).unwrap();
+    p.deliver(B, &pkt, encap);
+    p.post_send(B, send(10, &[sge(&r.rcv, RCV + 1024, reply)]));
+    p.post_send(B, send(11, &[sge(&r.rcv, RCV + 8192, 8)]));
+    while p.transmit(B).is_some() {}
+    let ops = wire(&p, B).into_iter().map(|(op, _)| op).collect();
+    (ops, acks(&p, B), p.trace())
+}
+
 /// Packet order (srdma's choice; IBTA leaves it to the implementation): a lone positive ACK
 /// lets one request message of the responder's own send queue go first — the peer waits for
 /// that request (in a ping-pong, the reply), and the ACK, being cumulative, loses nothing by
 /// following it. It does not wait for more than one, and a NAK never waits.
 #[test]
 fn a_lone_ack_follows_one_request_of_the_responders_own_and_a_nak_goes_first() {
-    let mut p = rc();
-    let r = regions(&mut p);
-    p.post_recv(B, 100, &[sge(&r.rcv, RCV, 256)]);
-    p.post_recv(A, 200, &[sge(&r.src, SRC + RES, 64)]);
-    p.post_recv(A, 201, &[sge(&r.src, SRC + RES + 64, 64)]);
-    p.post_send(A, send(1, &[sge(&r.src, SRC, 8)]));
-    let (pkt, encap) = p.transmit(A).unwrap();
-    p.deliver(B, &pkt, encap);
-    // B owes A an ACK and now has two SENDs of its own to go.
-    p.post_send(B, send(10, &[sge(&r.rcv, RCV + 1024, 8)]));
-    p.post_send(B, send(11, &[sge(&r.rcv, RCV + 2048, 8)]));
-    while p.transmit(B).is_some() {}
-    let t = p.trace();
-    let ops: Vec<Opcode> = wire(&p, B).into_iter().map(|(op, _)| op).collect();
+    let (ops, acked, t) = b_replies_owing_an_ack(8);
     assert_eq!(
         ops,
         vec![
@@ -3242,7 +3247,7 @@ fn a_lone_ack_follows_one_request_of_the_responders_own_and_a_nak_goes_first() {
         ],
         "{t}"
     );
-    assert_eq!(acks(&p, B), vec![(ps(0), Syndrome::ACK)], "{t}");
+    assert_eq!(acked, vec![(ps(0), Syndrome::ACK)], "{t}");
 
     // A PSN gap: B's NAK leaves before its next request.
     let mut p = rc();
@@ -3272,20 +3277,8 @@ fn a_lone_ack_follows_one_request_of_the_responders_own_and_a_nak_goes_first() {
 /// `ib_write_lat`) finds all of it placed.
 #[test]
 fn a_lone_ack_follows_the_last_packet_of_a_reply_of_several() {
-    let mut p = rc();
-    let r = regions(&mut p);
-    p.post_recv(B, 100, &[sge(&r.rcv, RCV, 256)]);
-    p.post_recv(A, 200, &[sge(&r.src, SRC + RES, 4096)]);
-    p.post_recv(A, 201, &[sge(&r.src, SRC + RES + 4096, 64)]);
-    p.post_send(A, send(1, &[sge(&r.src, SRC, 8)]));
-    let (pkt, encap) = p.transmit(A).unwrap();
-    p.deliver(B, &pkt, encap);
-    // B owes A an ACK, and replies with 2,500 bytes (three packets at MTU 1024), then 8.
-    p.post_send(B, send(10, &[sge(&r.rcv, RCV + 1024, 2500)]));
-    p.post_send(B, send(11, &[sge(&r.rcv, RCV + 8192, 8)]));
-    while p.transmit(B).is_some() {}
-    let t = p.trace();
-    let ops: Vec<Opcode> = wire(&p, B).into_iter().map(|(op, _)| op).collect();
+    // 2,500 bytes: three packets at MTU 1024.
+    let (ops, acked, t) = b_replies_owing_an_ack(2500);
     assert_eq!(
         ops,
         vec![
@@ -3297,7 +3290,7 @@ fn a_lone_ack_follows_the_last_packet_of_a_reply_of_several() {
         ],
         "{t}"
     );
-    assert_eq!(acks(&p, B), vec![(ps(0), Syndrome::ACK)], "{t}");
+    assert_eq!(acked, vec![(ps(0), Syndrome::ACK)], "{t}");
 }
 
 /// A's GSO path probe (`Qp::gso_probe`, srdma's): a SEND_ONLY without payload at the PSN
