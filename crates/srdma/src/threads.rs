@@ -110,8 +110,8 @@ fn sched_attr() -> io::Result<SchedAttr> {
 /// place that WRITE: loopback, `ib_write_lat -s 64`, ~5 % of the round trips took ~1 ms,
 /// 10 µs with the short slice. The thread's share of the CPU does not change (its weight
 /// is its nice value's), only how finely it is cut. Kernels before 6.12 ignore the slice
-/// (their scheduler preempts a task that slept at wake-up anyway); a thread of another
-/// policy (an application that made its process real-time) is left as it is.
+/// (CFS, before 6.6, favours a thread that slept at its wake-up by its own rules); a thread
+/// of another policy (an application that made its process real-time) is left as it is.
 pub fn wake_promptly() -> io::Result<()> {
     let mut attr = sched_attr()?;
     if attr.policy != libc::SCHED_OTHER as u32 {
@@ -153,10 +153,14 @@ mod tests {
     #[test]
     fn a_thread_that_wakes_promptly_keeps_its_policy_and_nice_value() {
         let (before, after) = spawn("srdma-test", || {
-            // SAFETY: changes the nice value of this thread only (`who` 0 is the caller's
+            // A nice value one above the process's (raising it needs no privilege), so that
+            // keeping it is not keeping a default.
+            let nice = sched_attr().unwrap().nice + 1;
+            // SAFETY: changes the nice value of this thread only (`who` 0 is the calling
             // thread on Linux).
-            unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 5) };
+            unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) };
             let before = sched_attr().unwrap();
+            assert_eq!(before.nice, nice.min(19));
             wake_promptly().unwrap();
             (before, sched_attr().unwrap())
         })
@@ -164,7 +168,7 @@ mod tests {
         .join()
         .unwrap();
         assert_eq!(after.policy, before.policy);
-        assert_eq!(after.nice, 5);
+        assert_eq!(after.nice, before.nice);
         // Kernels with EEVDF's custom slices report the slice; older ones report none.
         assert!(
             after.runtime == 0 || after.runtime == SHORT_SLICE_NS,

@@ -1002,12 +1002,13 @@ impl Qp {
     /// Writes the next packet into `buf` (at least [`MAX_PACKET_LEN`] bytes): responses
     /// before requests, as a responder must not starve behind its own sends, except that a
     /// lone positive ACK lets the request message in progress go first, to its last packet
-    /// (as far as the window lets it, [`MAX_PKT_PER_ACK`] packets at most). The peer is waiting for that request (in a
-    /// ping-pong it is the reply) more than for the ACK, which is cumulative and leaves
-    /// right behind it (the engine sends both in one `sendmmsg`): a peer that polls its CQ
-    /// for the ACK and then spins on its memory for the reply (perftest's `ib_write_lat`)
-    /// finds the whole reply placed by the poll that took the ACK, where an ACK after the
-    /// reply's first packet completed its WRITE before the rest had come.
+    /// (as far as the window lets it, [`MAX_PKT_PER_ACK`] packets at most). The peer is
+    /// waiting for that request (in a ping-pong it is the reply) more than for the ACK,
+    /// which is cumulative and leaves right behind it (the engine sends both in one
+    /// `sendmmsg`): a peer that polls its CQ for the ACK and then spins on its memory for
+    /// the reply (perftest's `ib_write_lat`) finds the whole reply placed by the poll that
+    /// took the ACK, where an ACK after the reply's first packet completed its WRITE before
+    /// the rest had come.
     pub fn poll_transmit(&mut self, ctx: &mut Ctx<'_>, buf: &mut [u8]) -> Option<Transmit> {
         let lone_ack = self.resp_out.len() == 1
             && matches!(
