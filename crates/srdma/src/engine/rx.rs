@@ -142,6 +142,7 @@ impl Shared {
                         && let Some(slot) = st.qps.get_mut(&qpn)
                         && slot.qp.wants_transmit()
                         && !slot.qp.has_requests_ready()
+                        && !slot.qp.sending_read_responses()
                     {
                         // Its ACKs do not ride yet, so this one leaves now; should the
                         // application answer with a send at once, that counts towards the

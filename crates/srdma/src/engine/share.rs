@@ -190,8 +190,13 @@ impl Waiting {
     }
 
     /// Puts back the waiters a round kept, in their order, ahead of any of the same peer
-    /// that began to wait during the round.
+    /// that began to wait during the round (usually none: the round's map comes back whole,
+    /// and no table is built per round).
     pub(super) fn put_back(&mut self, kept: Waiting) {
+        if self.peers.is_empty() {
+            self.peers = kept.peers;
+            return;
+        }
         for (ip, mut queue) in kept.peers {
             if let Some(mut later) = self.peers.remove(&ip) {
                 queue.append(&mut later);
@@ -209,12 +214,11 @@ impl Waiting {
 /// per peer beside the QPs it serves, however many wait.
 pub(super) fn take_turns<C>(
     ctx: &mut C,
-    round: Waiting,
+    mut round: Waiting,
     spent: impl Fn(&C, IpAddr) -> bool,
     mut serve: impl FnMut(&mut C, u32, IpAddr),
 ) -> Waiting {
-    let mut kept = Waiting::default();
-    for (ip, mut queue) in round.peers {
+    round.peers.retain(|&ip, queue| {
         while let Some(&qpn) = queue.front() {
             if spent(ctx, ip) {
                 break;
@@ -222,11 +226,9 @@ pub(super) fn take_turns<C>(
             queue.pop_front();
             serve(ctx, qpn, ip);
         }
-        if !queue.is_empty() {
-            kept.peers.insert(ip, queue);
-        }
-    }
-    kept
+        !queue.is_empty()
+    });
+    round
 }
 
 #[cfg(test)]
