@@ -226,6 +226,14 @@ impl Controller {
         w.min(self.cap).min(self.hold)
     }
 
+    /// Whether the pacer holds the next packet once a packet of `bytes` leaves at `now`:
+    /// such a packet asks for an ACK, so that what was sent is acknowledged during the
+    /// pacer's gap and not left for the tail loss probe and the RTO, which count from the
+    /// last ACK.
+    pub fn paced_after(&self, now: Duration, bytes: u32) -> bool {
+        self.dcqcn.rate().is_some() && self.pacer.empties_with(bytes, now)
+    }
+
     /// How many packets may go between two that ask for an ACK: `max` (rxe: 64), or half
     /// the window when that is less, so that a small window is acknowledged before it runs
     /// dry (a responder answers AckReq packets only).

@@ -10,6 +10,11 @@ use crate::qp::{QpState, QpType};
 use crate::wc::{SendFlags, WcStatus};
 use crate::wr::{SendOp, Sge};
 
+/// More than a request packet's headers, pad and ICRC take beside its payload (BTH, RETH,
+/// immediate or IETH, DETH: 40 bytes at most), for asking the pacer about a packet before it
+/// is built.
+const MAX_HEADERS: u32 = 64;
+
 impl Qp {
     /// The next request packet, if the send queue has one that may go now.
     pub(super) fn next_request(&mut self, ctx: &mut Ctx<'_>, buf: &mut [u8]) -> Option<Transmit> {
@@ -280,7 +285,8 @@ impl Qp {
                 bth.ack_req = ty == QpType::Rc
                     && (end
                         || self.noack_pkts + 1 >= self.cc.ack_every(MAX_PKT_PER_ACK)
-                        || (resend.is_some() && self.resend.is_empty()));
+                        || (resend.is_some() && self.resend.is_empty())
+                        || self.cc.paced_after(ctx.now, plen + MAX_HEADERS));
                 repr = PacketRepr::new(bth, &[]);
                 repr.imm_dt = imm;
                 repr.ieth = inv.filter(|_| end);
