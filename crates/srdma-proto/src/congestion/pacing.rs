@@ -85,7 +85,10 @@ impl Pacer {
         let earned = now.checked_sub(self.at).map_or(0, |dt| {
             u128::from(self.rate) * dt.as_nanos() / 1_000_000_000
         });
-        let tokens = (i128::from(self.tokens) + earned as i128).min(i128::from(self.capacity()));
+        let earned = i128::try_from(earned).unwrap_or(i128::MAX);
+        let tokens = i128::from(self.tokens)
+            .saturating_add(earned)
+            .min(i128::from(self.capacity()));
         tokens <= i128::from(bytes)
     }
 
