@@ -53,14 +53,22 @@ impl Pacer {
         burst.max(MIN_BURST_BYTES)
     }
 
+    /// The tokens the bucket holds at `now`: what it held, plus what time earned since, up
+    /// to a burst (time going backwards earns nothing).
+    fn tokens_at(&self, now: Duration) -> i64 {
+        let earned = now.checked_sub(self.at).map_or(0, |dt| {
+            u128::from(self.rate) * dt.as_nanos() / 1_000_000_000
+        });
+        let earned = i64::try_from(earned).unwrap_or(i64::MAX);
+        let cap = i64::try_from(self.capacity()).unwrap_or(i64::MAX);
+        self.tokens.saturating_add(earned).min(cap)
+    }
+
     fn refill(&mut self, now: Duration) {
-        let Some(dt) = now.checked_sub(self.at) else {
-            return;
-        };
-        let earned = u128::from(self.rate) * dt.as_nanos() / 1_000_000_000;
-        let cap = self.capacity() as i64;
-        self.tokens = (self.tokens as i128 + earned as i128).min(i128::from(cap)) as i64;
-        self.at = now;
+        if now >= self.at {
+            self.tokens = self.tokens_at(now);
+            self.at = now;
+        }
     }
 
     /// When a packet may go: `None` now (there are tokens left), else the time at which the
@@ -82,14 +90,7 @@ impl Pacer {
     /// Whether a packet of `bytes` leaving at `now` would leave the bucket empty, so that
     /// the next one waits (see [`Pacer::delay`]).
     pub fn empties_with(&self, bytes: u32, now: Duration) -> bool {
-        let earned = now.checked_sub(self.at).map_or(0, |dt| {
-            u128::from(self.rate) * dt.as_nanos() / 1_000_000_000
-        });
-        let earned = i128::try_from(earned).unwrap_or(i128::MAX);
-        let tokens = i128::from(self.tokens)
-            .saturating_add(earned)
-            .min(i128::from(self.capacity()));
-        tokens <= i128::from(bytes)
+        self.tokens_at(now) <= i64::from(bytes)
     }
 
     /// `bytes` left at `now`.
