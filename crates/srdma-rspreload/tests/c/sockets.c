@@ -133,6 +133,122 @@ static unsigned sum(const char *b, size_t n)
 
 #define BULK (1 << 20)
 
+/* The distinct data values of epoll events, ascending, as "a b c" (or "-"). */
+static const char *seen_str(const int *seen, int n)
+{
+	static char out[64];
+	int at = 0;
+	out[0] = 0;
+	for (int v = 0; v < n; v++)
+		if (seen[v])
+			at += snprintf(out + at, sizeof out - at, "%s%d", at ? " " : "", v);
+	return at ? out : "-";
+}
+
+/* Calls epoll_wait (at most `max` events each, waiting up to 2 s) until the data values in
+ * `want` (a mask over 0..MANY) have all been reported or 50 calls went by; marks in `seen`
+ * every value reported. */
+#define MANY 6
+static void epoll_until(int ep, int max, unsigned want, int *seen)
+{
+	struct epoll_event evs[8];
+	unsigned got = 0;
+	for (int i = 0; i < 50 && (got & want) != want; i++) {
+		int n = epoll_wait(ep, evs, max, 2000);
+		for (int j = 0; j < n; j++) {
+			seen[evs[j].data.u64] = 1;
+			got |= 1u << evs[j].data.u64;
+		}
+	}
+}
+
+/* Several connections in one epoll set (an epoll server's life): only the ready ones are
+ * reported; level-triggered ones again until drained, edge-triggered ones once per
+ * arrival, one-shot ones once until EPOLL_CTL_MOD; with room for one event per call, the
+ * ready ones take turns. The client sends on the connections the server names, in step
+ * with it through the last connection. */
+static void epoll_many_server(int l)
+{
+	int cs[MANY], ep = epoll_create1(0);
+	char b[4];
+	for (int i = 0; i < MANY; i++) {
+		cs[i] = accept(l, NULL, NULL);
+		if (cs[i] < 0)
+			die("accept many");
+		struct epoll_event ev = { .events = EPOLLIN, .data.u64 = i };
+		if (i == 0)
+			ev.events |= EPOLLET;
+		if (i == 1)
+			ev.events |= EPOLLONESHOT;
+		if (i == MANY - 1)
+			ev.events = 0;
+		if (epoll_ctl(ep, EPOLL_CTL_ADD, cs[i], &ev) != 0)
+			die("epoll add many");
+	}
+	struct epoll_event evs[8];
+	say("many: idle n=%d", epoll_wait(ep, evs, 8, 0));
+	write_all(cs[MANY - 1], "g", 1);
+	int seen[MANY] = { 0 };
+	epoll_until(ep, 8, 1 << 0 | 1 << 1 | 1 << 3, seen);
+	say("many: first %s", seen_str(seen, MANY));
+	memset(seen, 0, sizeof seen);
+	int n = epoll_wait(ep, evs, 8, 0);
+	for (int j = 0; j < n; j++)
+		seen[evs[j].data.u64] = 1;
+	say("many: again %s", seen_str(seen, MANY));
+	struct epoll_event re = { .events = EPOLLIN | EPOLLONESHOT, .data.u64 = 1 };
+	say("many: rearm %s", res(epoll_ctl(ep, EPOLL_CTL_MOD, cs[1], &re)));
+	memset(seen, 0, sizeof seen);
+	n = epoll_wait(ep, evs, 8, 0);
+	for (int j = 0; j < n; j++)
+		seen[evs[j].data.u64] = 1;
+	say("many: after rearm %s", seen_str(seen, MANY));
+	for (int i = 0; i < 4; i++)
+		if (i != 2)
+			read_all(cs[i], b, 1);
+	say("many: drained n=%d", epoll_wait(ep, evs, 8, 0));
+	write_all(cs[MANY - 1], "h", 1);
+	memset(seen, 0, sizeof seen);
+	epoll_until(ep, 1, 1 << 0 | 1 << 2 | 1 << 4, seen);
+	say("many: one at a time %s", seen_str(seen, MANY));
+	memset(seen, 0, sizeof seen);
+	for (int i = 0; i < 2; i++)
+		if (epoll_wait(ep, evs, 1, 0) == 1)
+			seen[evs[0].data.u64] = 1;
+	say("many: in turn %s", seen_str(seen, MANY));
+	say("many: del %s", res(epoll_ctl(ep, EPOLL_CTL_DEL, cs[2], NULL)));
+	n = epoll_wait(ep, evs, 8, 0);
+	memset(seen, 0, sizeof seen);
+	for (int j = 0; j < n; j++)
+		seen[evs[j].data.u64] = 1;
+	say("many: after del %s", seen_str(seen, MANY));
+	for (int i = 0; i < MANY; i++)
+		close(cs[i]);
+	close(ep);
+}
+
+static void epoll_many_client(struct sockaddr_in *a)
+{
+	int s[MANY];
+	char b[4];
+	for (int i = 0; i < MANY; i++) {
+		s[i] = socket(AF_INET, SOCK_STREAM, 0);
+		if (connect(s[i], (struct sockaddr *)a, sizeof *a) != 0)
+			die("connect many");
+	}
+	read_all(s[MANY - 1], b, 1);
+	write_all(s[0], "x", 1);
+	write_all(s[1], "x", 1);
+	write_all(s[3], "x", 1);
+	read_all(s[MANY - 1], b, 1);
+	write_all(s[2], "y", 1);
+	write_all(s[4], "y", 1);
+	write_all(s[0], "y", 1);
+	say("many: eof %zd", read(s[MANY - 1], b, 1));
+	for (int i = 0; i < MANY; i++)
+		close(s[i]);
+}
+
 static int server(int port)
 {
 	char buf[BULK];
@@ -322,6 +438,7 @@ static int server(int port)
 	}
 	say("write to closed peer fails %d", failed);
 	close(c);
+	epoll_many_server(l);
 	close(l);
 	close(ep);
 	say("done");
@@ -433,6 +550,8 @@ static int client(int port)
 		ok &= buf[i] == (char)((i + 1000) * 7);
 	say("file ok %d", ok);
 	close(s);
+
+	epoll_many_client(&a);
 
 	/* What rsockets do not carry stays the kernel's: UDP and a socket pair. */
 	int u = socket(AF_INET, SOCK_DGRAM, 0);

@@ -19,8 +19,9 @@ use libc::{epoll_event, sigset_t, timespec};
 use super::abi::MARK_EPOLL;
 use super::{Entry, PID, entry, fail, lock, mark, marked, real};
 use crate::guard;
+use crate::rsocket::reactor::Reactor;
 use crate::rsocket::wait::{self, Src};
-use crate::rsocket::{self, readiness};
+use crate::rsocket::{self, ReadyQueue, Watch, readiness};
 
 /// An rsocket in an epoll set.
 struct Member {
@@ -32,13 +33,165 @@ struct Member {
     seen: u64,
     /// `EPOLLONESHOT` fired: silent until `EPOLL_CTL_MOD`.
     off: bool,
+    /// The set's watch on the socket: queues the member when the socket changes.
+    watch: Arc<Watch>,
 }
 
+/// The rsockets of an epoll set (its kernel descriptors are in the kernel's set). A wait
+/// looks at the members on the ready queue — those whose socket changed since the last
+/// look, and those ready then (level-triggered: reported until they are not) — as the
+/// kernel's epoll keeps a ready list: a server with a thousand idle connections pays for
+/// the few that move.
 struct Set {
-    members: Vec<Member>,
-    /// Where the next look starts (so that a busy socket does not starve the others).
-    next: usize,
+    /// The members by slot; a member's key is its slot and the slot's generation (a key
+    /// left on the queue by a member gone names no other).
+    members: Vec<Option<Member>>,
+    generations: Vec<u32>,
+    free: Vec<usize>,
+    /// Each descriptor's member's key, plus one (0: none), by descriptor number.
+    by_fd: Vec<u64>,
+    queue: Arc<ReadyQueue>,
+    /// What a look takes off the queue (kept, with its capacity, between looks).
+    taken: Vec<u64>,
+    /// The members' reactors (a connection keeps its reactor), and the members that had
+    /// none when last asked (not connected yet).
+    reactors: Vec<Arc<Reactor>>,
+    unresolved: Vec<u64>,
     pid: u32,
+}
+
+/// A member's key: its slot and the slot's generation.
+fn key_of(slot: usize, generation: u32) -> u64 {
+    ((slot as u64) << 32) | u64::from(generation)
+}
+
+impl Set {
+    fn new(pid: u32) -> Set {
+        Set {
+            members: Vec::new(),
+            generations: Vec::new(),
+            free: Vec::new(),
+            by_fd: Vec::new(),
+            queue: Arc::new(Mutex::new(Vec::new())),
+            taken: Vec::new(),
+            reactors: Vec::new(),
+            unresolved: Vec::new(),
+            pid,
+        }
+    }
+
+    /// The member of key `k`, if it is still there.
+    fn get_mut(&mut self, k: u64) -> Option<&mut Member> {
+        let slot = (k >> 32) as usize;
+        if self.generations.get(slot).copied() != Some(k as u32) {
+            return None;
+        }
+        self.members.get_mut(slot)?.as_mut()
+    }
+
+    fn get(&self, k: u64) -> Option<&Member> {
+        let slot = (k >> 32) as usize;
+        if self.generations.get(slot).copied() != Some(k as u32) {
+            return None;
+        }
+        self.members.get(slot)?.as_ref()
+    }
+
+    /// The key of descriptor `fd`'s member, whatever its socket.
+    fn key_of_fd(&self, fd: c_int) -> Option<u64> {
+        let k = *self.by_fd.get(usize::try_from(fd).ok()?)?;
+        k.checked_sub(1)
+    }
+
+    /// The member of `fd` for socket `e`.
+    fn find(&self, fd: c_int, e: &Arc<Entry>) -> Option<u64> {
+        let k = self.key_of_fd(fd)?;
+        let m = self.get(k)?;
+        Arc::ptr_eq(&m.entry, e).then_some(k)
+    }
+
+    fn add(&mut self, fd: c_int, entry: Arc<Entry>, events: u32, data: u64) {
+        let slot = self.free.pop().unwrap_or_else(|| {
+            self.members.push(None);
+            self.generations.push(0);
+            self.members.len() - 1
+        });
+        let key = key_of(slot, self.generations[slot]);
+        let watch = Watch::new(key, &self.queue);
+        entry.rs.watch(watch.clone());
+        if let Ok(i) = usize::try_from(fd) {
+            if self.by_fd.len() <= i {
+                self.by_fd.resize(i + 1, 0);
+            }
+            self.by_fd[i] = key + 1;
+        }
+        self.unresolved.push(key);
+        self.members[slot] = Some(Member {
+            fd,
+            entry,
+            events,
+            data,
+            seen: 0,
+            off: false,
+            watch,
+        });
+    }
+
+    fn remove(&mut self, key: u64) -> Option<Member> {
+        let slot = (key >> 32) as usize;
+        self.get(key)?;
+        let m = self.members[slot].take()?;
+        self.generations[slot] = self.generations[slot].wrapping_add(1);
+        self.free.push(slot);
+        if self.key_of_fd(m.fd) == Some(key) {
+            self.by_fd[m.fd as usize] = 0;
+        }
+        m.watch.end();
+        m.entry.rs.unwatch(&m.watch);
+        Some(m)
+    }
+
+    /// Takes out the members of socket `e`.
+    fn take_entry(&mut self, e: &Arc<Entry>) -> Vec<Member> {
+        let keys: Vec<u64> = self
+            .members
+            .iter()
+            .enumerate()
+            .filter_map(|(slot, m)| {
+                let m = m.as_ref()?;
+                Arc::ptr_eq(&m.entry, e).then(|| key_of(slot, self.generations[slot]))
+            })
+            .collect();
+        keys.into_iter().filter_map(|k| self.remove(k)).collect()
+    }
+
+    /// The reactors of the members (each asked once it is connected).
+    fn reactors(&mut self) -> Vec<Arc<Reactor>> {
+        let mut unresolved = std::mem::take(&mut self.unresolved);
+        unresolved.retain(|&k| {
+            let Some(m) = self.get(k) else {
+                return false;
+            };
+            let Some(r) = rsocket::reactor_of(&m.entry.rs) else {
+                return true;
+            };
+            if !self.reactors.iter().any(|x| Arc::ptr_eq(x, &r)) {
+                self.reactors.push(r);
+            }
+            false
+        });
+        self.unresolved = unresolved;
+        self.reactors.clone()
+    }
+}
+
+impl Drop for Set {
+    fn drop(&mut self) {
+        for m in self.members.iter().flatten() {
+            m.watch.end();
+            m.entry.rs.unwatch(&m.watch);
+        }
+    }
 }
 
 type Sets = HashMap<c_int, Arc<Mutex<Set>>>;
@@ -84,7 +237,7 @@ pub(super) fn alias_set(epfd: c_int, nfd: c_int) {
 pub(super) fn forget(e: &Arc<Entry>) {
     let all: Vec<Arc<Mutex<Set>>> = lock(sets()).values().cloned().collect();
     for s in all {
-        lock(&s).members.retain(|m| !Arc::ptr_eq(&m.entry, e));
+        lock(&s).take_entry(e);
     }
 }
 
@@ -93,12 +246,7 @@ pub(super) fn to_kernel(e: &Arc<Entry>) {
     let all: Vec<(c_int, Arc<Mutex<Set>>)> =
         lock(sets()).iter().map(|(k, v)| (*k, v.clone())).collect();
     for (epfd, s) in all {
-        let mut st = lock(&s);
-        let (moved, kept): (Vec<Member>, Vec<Member>) = std::mem::take(&mut st.members)
-            .into_iter()
-            .partition(|m| Arc::ptr_eq(&m.entry, e));
-        st.members = kept;
-        drop(st);
+        let moved = lock(&s).take_entry(e);
         for m in moved {
             let mut ev = epoll_event {
                 events: m.events,
@@ -154,42 +302,34 @@ pub(super) unsafe extern "C" fn epoll_ctl(
         let s = {
             let mut m = lock(sets());
             m.entry(epfd)
-                .or_insert_with(|| {
-                    Arc::new(Mutex::new(Set {
-                        members: Vec::new(),
-                        next: 0,
-                        pid: PID.load(Ordering::Acquire),
-                    }))
-                })
+                .or_insert_with(|| Arc::new(Mutex::new(Set::new(PID.load(Ordering::Acquire)))))
                 .clone()
         };
         mark(epfd, marked(epfd) | MARK_EPOLL);
         let listening = rsocket::is_listening(&e.rs);
         let mut st = lock(&s);
-        let at = st
-            .members
-            .iter()
-            .position(|m| m.fd == fd && Arc::ptr_eq(&m.entry, &e));
+        let at = st.find(fd, &e);
         match (op, at) {
             (libc::EPOLL_CTL_ADD, Some(_)) => return fail(libc::EEXIST),
             (libc::EPOLL_CTL_MOD | libc::EPOLL_CTL_DEL, None) => return fail(libc::ENOENT),
-            (libc::EPOLL_CTL_ADD, None) => st.members.push(Member {
-                fd,
-                entry: e.clone(),
-                events,
-                data,
-                seen: 0,
-                off: false,
-            }),
-            (libc::EPOLL_CTL_MOD, Some(i)) => {
-                let m = &mut st.members[i];
-                m.events = events;
-                m.data = data;
-                m.seen = 0;
-                m.off = false;
+            (libc::EPOLL_CTL_ADD, None) => {
+                // A stale member of a descriptor number reused for another socket.
+                if let Some(k) = st.key_of_fd(fd) {
+                    st.remove(k);
+                }
+                st.add(fd, e.clone(), events, data);
             }
-            (libc::EPOLL_CTL_DEL, Some(i)) => {
-                st.members.remove(i);
+            (libc::EPOLL_CTL_MOD, Some(k)) => {
+                if let Some(m) = st.get_mut(k) {
+                    m.events = events;
+                    m.data = data;
+                    m.seen = 0;
+                    m.off = false;
+                    m.watch.wake();
+                }
+            }
+            (libc::EPOLL_CTL_DEL, Some(k)) => {
+                st.remove(k);
             }
             _ => return fail(libc::EINVAL),
         }
@@ -201,7 +341,10 @@ pub(super) unsafe extern "C" fn epoll_ctl(
             if r != 0 && op == libc::EPOLL_CTL_ADD {
                 let err = super::errno();
                 if err != libc::EEXIST {
-                    lock(&s).members.retain(|m| m.fd != fd);
+                    let mut st = lock(&s);
+                    if let Some(k) = st.find(fd, &e) {
+                        st.remove(k);
+                    }
                     return fail(err);
                 }
             }
@@ -263,23 +406,23 @@ pub(super) unsafe extern "C" fn epoll_pwait2(
             revents: 0,
         }];
         let mut n = 0usize;
-        let reactors = || {
-            let st = lock(&s);
-            rsocket::reactors_of(st.members.iter().map(|m| &m.entry.rs))
-        };
+        let reactors = || lock(&s).reactors();
         let r = wait::wait_loop(reactors, &me, deadline, mask, |k| {
             n = 0;
             let mut listeners: Vec<u64> = Vec::new();
             {
                 let mut st = lock(&s);
-                let len = st.members.len();
-                let start = if len == 0 { 0 } else { st.next % len };
-                for j in 0..len {
-                    if n == out.len() {
-                        break;
-                    }
-                    let i = (start + j) % len;
-                    let m = &mut st.members[i];
+                let mut keys = std::mem::take(&mut st.taken);
+                std::mem::swap(&mut keys, &mut *lock(&st.queue));
+                let mut i = 0;
+                while i < keys.len() && n < out.len() {
+                    let key = keys[i];
+                    i += 1;
+                    let Some(m) = st.get_mut(key) else {
+                        continue;
+                    };
+                    // Off the queue before the look: a change from now on queues it again.
+                    m.watch.taken();
                     if m.off {
                         continue;
                     }
@@ -287,7 +430,8 @@ pub(super) unsafe extern "C" fn epoll_pwait2(
                     if bits == 0 {
                         continue;
                     }
-                    if m.events & libc::EPOLLET as u32 != 0 {
+                    let edge = m.events & libc::EPOLLET as u32 != 0;
+                    if edge {
                         let c = m.entry.rs.event_count();
                         if c == m.seen {
                             continue;
@@ -296,6 +440,9 @@ pub(super) unsafe extern "C" fn epoll_pwait2(
                     }
                     if m.events & libc::EPOLLONESHOT as u32 != 0 {
                         m.off = true;
+                    } else if !edge {
+                        // Level-triggered: looked at again by the next wait, at the back.
+                        m.watch.wake();
                     }
                     if rsocket::is_listening(&m.entry.rs) {
                         listeners.push(m.data);
@@ -306,7 +453,14 @@ pub(super) unsafe extern "C" fn epoll_pwait2(
                     };
                     n += 1;
                 }
-                st.next = start + 1;
+                if i < keys.len() {
+                    // No room for them: still queued, first in line.
+                    let mut q = lock(&st.queue);
+                    let later = std::mem::replace(&mut *q, keys[i..].to_vec());
+                    q.extend(later);
+                }
+                keys.clear();
+                st.taken = keys;
             }
             if k && n < out.len() {
                 let room = out.len() - n;

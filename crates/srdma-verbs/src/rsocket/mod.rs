@@ -41,7 +41,7 @@ use std::collections::{HashMap, VecDeque};
 use std::ffi::c_int;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -189,6 +189,90 @@ pub(crate) struct Rsock {
     stop: Arc<AtomicBool>,
     /// Moves whenever something may have made the socket ready (edge-triggered epoll).
     events: AtomicU64,
+    /// The epoll sets watching the socket (see [`Watch`]), and how many there are (read
+    /// without the lock: most sockets are in none).
+    watches: Mutex<Vec<Arc<Watch>>>,
+    watched: AtomicUsize,
+}
+
+/// The keys of an epoll set's sockets that changed since its last look, or were ready then.
+pub(crate) type ReadyQueue = Mutex<Vec<u64>>;
+
+/// An epoll set's watch on one of its sockets: the socket puts the watch's key on the set's
+/// ready queue when it changes (once, until the set takes it off), so that a wait looks at
+/// the sockets that changed or were ready — the kernel's ready list — not at every socket of
+/// the set.
+pub(crate) struct Watch {
+    key: u64,
+    queued: AtomicBool,
+    /// The set is gone: the socket forgets the watch.
+    dead: AtomicBool,
+    queue: Arc<ReadyQueue>,
+}
+
+impl Watch {
+    /// A watch under `key` that queues on `queue`, queued already (the set's first look
+    /// looks at it).
+    pub(crate) fn new(key: u64, queue: &Arc<ReadyQueue>) -> Arc<Watch> {
+        lock(queue).push(key);
+        Arc::new(Watch {
+            key,
+            queued: AtomicBool::new(true),
+            dead: AtomicBool::new(false),
+            queue: queue.clone(),
+        })
+    }
+
+    /// Puts the key on the set's queue unless it is there. False once the set is gone.
+    pub(crate) fn wake(&self) -> bool {
+        if self.queued.load(Ordering::Acquire) {
+            return true;
+        }
+        if self.dead.load(Ordering::Acquire) {
+            return false;
+        }
+        if !self.queued.swap(true, Ordering::AcqRel) {
+            lock(&self.queue).push(self.key);
+        }
+        true
+    }
+
+    /// The set took the key off its queue, to look at the socket: a change from now on
+    /// queues it again.
+    pub(crate) fn taken(&self) {
+        self.queued.store(false, Ordering::Release);
+    }
+
+    /// The set is gone (or no longer holds the socket).
+    pub(crate) fn end(&self) {
+        self.dead.store(true, Ordering::Release);
+    }
+}
+
+/// The state of a socket, locked by [`Rsock::sock`]: letting it go wakes the epoll sets that
+/// watch the socket (whatever the holder did may have made it ready).
+struct SockGuard<'a> {
+    st: MutexGuard<'a, Sock>,
+    rs: &'a Rsock,
+}
+
+impl std::ops::Deref for SockGuard<'_> {
+    type Target = Sock;
+    fn deref(&self) -> &Sock {
+        &self.st
+    }
+}
+
+impl std::ops::DerefMut for SockGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Sock {
+        &mut self.st
+    }
+}
+
+impl Drop for SockGuard<'_> {
+    fn drop(&mut self) {
+        self.rs.notify();
+    }
 }
 
 #[derive(Default)]
@@ -229,7 +313,7 @@ enum State {
 impl Rsock {
     /// Completions of this socket's QP, in order (from the reactor).
     fn deliver(&self, wcs: &[Wc]) {
-        let mut st = lock(&self.st);
+        let mut st = self.sock();
         if let State::Connected(c) = &mut st.state {
             for wc in wcs {
                 c.on_wc(wc);
@@ -241,7 +325,7 @@ impl Rsock {
 
     /// After a run of completions: receives posted again, credits granted.
     fn after_delivery(&self) {
-        if let State::Connected(c) = &mut lock(&self.st).state {
+        if let State::Connected(c) = &mut self.sock().state {
             c.after_delivery();
         }
     }
@@ -261,7 +345,40 @@ impl Rsock {
 
     fn bump(&self) {
         self.events.fetch_add(1, Ordering::Release);
+        self.notify();
         news();
+    }
+
+    /// The socket's state, locked; whatever the caller does with it counts as a change.
+    fn sock(&self) -> SockGuard<'_> {
+        SockGuard {
+            st: lock(&self.st),
+            rs: self,
+        }
+    }
+
+    /// Wakes the epoll sets that watch the socket (see [`Watch`]), forgetting those gone.
+    fn notify(&self) {
+        if self.watched.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let mut w = lock(&self.watches);
+        w.retain(|w| w.wake());
+        self.watched.store(w.len(), Ordering::Release);
+    }
+
+    /// An epoll set watches the socket from now on.
+    pub(crate) fn watch(&self, w: Arc<Watch>) {
+        let mut ws = lock(&self.watches);
+        ws.push(w);
+        self.watched.store(ws.len(), Ordering::Release);
+    }
+
+    /// The epoll set of `w` no longer watches the socket.
+    pub(crate) fn unwatch(&self, w: &Arc<Watch>) {
+        let mut ws = lock(&self.watches);
+        ws.retain(|x| !Arc::ptr_eq(x, w));
+        self.watched.store(ws.len(), Ordering::Release);
     }
 }
 
@@ -298,6 +415,8 @@ fn new_sock(sizes: Sizes, nonblock: bool, numbered: bool) -> Result<Arc<Rsock>, 
         accepted: Mutex::new(VecDeque::new()),
         stop: Arc::new(AtomicBool::new(false)),
         events: AtomicU64::new(0),
+        watches: Mutex::new(Vec::new()),
+        watched: AtomicUsize::new(0),
     });
     if let Some(fd) = &rs.fd {
         table().insert(fd.as_raw_fd(), rs.clone());
@@ -365,7 +484,7 @@ fn wait_conn(
     loop {
         reactor.progress();
         {
-            let st = lock(&rs.st);
+            let st = rs.sock();
             match &st.state {
                 State::Connected(c) => {
                     if test(c) {
@@ -458,7 +577,7 @@ fn listen_loop(
             Err(_) => continue,
         };
         let (sizes, nonblock, numbered, v6) = {
-            let st = lock(&listener.st);
+            let st = listener.sock();
             let v6 = st.local.is_some_and(|a| a.is_ipv6());
             (st.sizes, st.nonblock, listener.fd.is_some(), v6)
         };
@@ -524,7 +643,7 @@ fn accept_one(
     let conn = Conn::new(parts, ib, sizes, &peer_data).ok_or(libc::EPROTO)?;
     let rs = new_sock(sizes, nonblock, numbered)?;
     {
-        let mut st = lock(&rs.st);
+        let mut st = rs.sock();
         if let Some((peer, local)) = addrs {
             st.peer = Some(peer);
             st.local = Some(local);
@@ -598,7 +717,7 @@ fn do_connect(
     let peer = ib.remote_private_data().to_vec();
     let conn = Conn::new(parts, ib, sizes, &peer).ok_or(libc::EPROTO)?;
     {
-        let mut st = lock(&rs.st);
+        let mut st = rs.sock();
         if !matches!(st.state, State::Idle | State::Connecting) {
             // Closed meanwhile: the connection goes as a closed one's does.
             drop(st);
@@ -639,7 +758,7 @@ pub(crate) fn connect(
         d => d,
     };
     let (local, sizes) = {
-        let mut st = lock(&rs.st);
+        let mut st = rs.sock();
         let st = &mut *st;
         match st.state {
             State::Connected(_) if std::mem::take(&mut st.untold) => return Ok(()),
@@ -656,7 +775,7 @@ pub(crate) fn connect(
     let (d, dst) = match connect_route(local, dst) {
         Ok(r) => r,
         Err(e) => {
-            lock(&rs.st).peer = None;
+            rs.sock().peer = None;
             return Err(e);
         }
     };
@@ -668,28 +787,28 @@ pub(crate) fn connect(
         ConnectMode::Blocking => {
             let r = do_connect(rs, d, dst, src_port, sizes, timeout);
             if let Err(e) = r {
-                let mut st = lock(&rs.st);
+                let mut st = rs.sock();
                 st.peer = None;
                 st.err = e;
             }
             r
         }
         ConnectMode::Async(on_fail) => {
-            lock(&rs.st).state = State::Connecting;
+            rs.sock().state = State::Connecting;
             let me = rs.clone();
             let spawned = spawn_quiet("srdma-rs-conn", move || {
                 if let Err(mut e) = do_connect(&me, d, dst, src_port, sizes, timeout) {
                     if let Some(f) = on_fail {
                         match f(e) {
                             Ok(()) => {
-                                lock(&me.st).state = State::Done;
+                                me.sock().state = State::Done;
                                 me.bump();
                                 return;
                             }
                             Err(e2) => e = e2,
                         }
                     }
-                    let mut st = lock(&me.st);
+                    let mut st = me.sock();
                     if matches!(st.state, State::Connecting) {
                         st.state = State::Idle;
                         st.err = e;
@@ -699,7 +818,7 @@ pub(crate) fn connect(
                 }
             });
             if spawned.is_err() {
-                let mut st = lock(&rs.st);
+                let mut st = rs.sock();
                 st.state = State::Idle;
                 st.peer = None;
                 return Err(libc::EAGAIN);
@@ -713,7 +832,7 @@ pub(crate) fn connect(
 /// connection requests.
 pub(crate) fn listen(rs: &Arc<Rsock>) -> Result<(), c_int> {
     let (local, v6only) = {
-        let st = lock(&rs.st);
+        let st = rs.sock();
         match st.state {
             State::Listening => return Ok(()),
             State::Idle => {}
@@ -759,7 +878,7 @@ pub(crate) fn listen(rs: &Arc<Rsock>) -> Result<(), c_int> {
         return Err(last);
     }
     {
-        let mut st = lock(&rs.st);
+        let mut st = rs.sock();
         st.state = State::Listening;
         st.local = Some(SocketAddr::new(local.ip(), port));
     }
@@ -786,7 +905,7 @@ fn accept(rs: &Rsock) -> Result<Arc<Rsock>, c_int> {
         if let Some(n) = try_accept(rs)? {
             return Ok(n);
         }
-        if lock(&rs.st).nonblock {
+        if rs.sock().nonblock {
             return Err(libc::EAGAIN);
         }
         wait::sleep_on(&mut s, &[], None)?;
@@ -821,7 +940,7 @@ fn max_transfer(rs: &Rsock) -> u32 {
 
 /// Whether a call with `flags` must not wait, and its deadline (the socket's timeout).
 fn call_mode(rs: &Rsock, flags: c_int, send: bool) -> (bool, Option<Instant>) {
-    let st = lock(&rs.st);
+    let st = rs.sock();
     let t = if send { st.sndtimeo } else { st.rcvtimeo };
     (
         st.nonblock || flags & libc::MSG_DONTWAIT != 0,
@@ -845,7 +964,7 @@ fn send_error(st: &Sock) -> c_int {
 fn send_iomaps(rs: &Rsock, nonblock: bool, deadline: Option<Instant>) -> Result<(), c_int> {
     loop {
         {
-            let mut st = lock(&rs.st);
+            let mut st = rs.sock();
             let State::Connected(c) = &mut st.state else {
                 return Ok(());
             };
@@ -883,7 +1002,7 @@ pub(crate) fn send(rs: &Rsock, src: &[&[u8]], flags: c_int) -> Result<usize, c_i
     let max = max_transfer(rs);
     loop {
         {
-            let mut st = lock(&rs.st);
+            let mut st = rs.sock();
             let err = send_error(&st);
             let State::Connected(c) = &mut st.state else {
                 return if done > 0 { Ok(done) } else { Err(err) };
@@ -925,7 +1044,7 @@ fn send_staged(rs: &Rsock, src: &[&[u8]], flags: c_int) -> Result<usize, c_int> 
     let want = |done: usize| (total - done).clamp(1, SNDLOWAT as usize) as u32;
     loop {
         {
-            let mut st = lock(&rs.st);
+            let mut st = rs.sock();
             let err = send_error(&st);
             let State::Connected(c) = &mut st.state else {
                 return if done > 0 { Ok(done) } else { Err(err) };
@@ -978,7 +1097,7 @@ fn iowrite(rs: &Rsock, data: &[u8], mut offset: u64, flags: c_int) -> Result<usi
     let mut olen = OLAP_START;
     while done < data.len() {
         {
-            let mut st = lock(&rs.st);
+            let mut st = rs.sock();
             let err = send_error(&st);
             let State::Connected(c) = &mut st.state else {
                 return if done > 0 { Ok(done) } else { Err(err) };
@@ -1021,7 +1140,7 @@ pub(crate) fn recv(rs: &Rsock, out: &mut [&mut [u8]], flags: c_int) -> Result<us
     let mut done = 0usize;
     loop {
         {
-            let mut st = lock(&rs.st);
+            let mut st = rs.sock();
             match &mut st.state {
                 State::Connected(c) => {
                     if c.have_rdata() && total > done {
@@ -1076,7 +1195,7 @@ fn skip_into<'a>(out: &'a mut [&mut [u8]], mut skip: usize) -> Vec<&'a mut [u8]>
 
 /// Bytes waiting to be read (FIONREAD).
 pub(crate) fn pending(rs: &Rsock) -> usize {
-    match &lock(&rs.st).state {
+    match &rs.sock().state {
         State::Connected(c) => c.rbytes(),
         _ => 0,
     }
@@ -1086,7 +1205,7 @@ pub(crate) fn pending(rs: &Rsock) -> usize {
 /// SHUT_RDWR the disconnect message; both wait up to [`LINGER`] for what was sent.
 pub(crate) fn shutdown(rs: &Rsock, how: c_int) -> Result<(), c_int> {
     let ctrl = {
-        let mut st = lock(&rs.st);
+        let mut st = rs.sock();
         let State::Connected(c) = &mut st.state else {
             return Err(libc::ENOTCONN);
         };
@@ -1137,7 +1256,7 @@ fn send_ctrl(rs: &Rsock, ctrl: u32, deadline: Instant) {
     let _ = wait_conn(rs, false, Some(deadline), |c| {
         c.ctrl_avail() || !c.connected
     });
-    if let State::Connected(c) = &mut lock(&rs.st).state {
+    if let State::Connected(c) = &mut rs.sock().state {
         c.send_ctrl(ctrl);
     }
     let _ = wait_conn(rs, false, Some(deadline), Conn::all_sends_done);
@@ -1152,14 +1271,14 @@ pub(crate) fn close(rs: &Arc<Rsock>, linger: Duration, background: bool) {
     }
     rs.stop.store(true, Ordering::Release);
     let (listening, live) = {
-        let st = lock(&rs.st);
+        let st = rs.sock();
         (
             matches!(st.state, State::Listening),
             matches!(&st.state, State::Connected(c) if c.connected),
         )
     };
     if listening {
-        lock(&rs.st).state = State::Done;
+        rs.sock().state = State::Done;
         let waiting: Vec<_> = lock(&rs.accepted).drain(..).collect();
         for w in waiting {
             close(&w, Duration::ZERO, background);
@@ -1168,7 +1287,7 @@ pub(crate) fn close(rs: &Arc<Rsock>, linger: Duration, background: bool) {
     if live && !linger.is_zero() {
         send_ctrl(rs, CTRL_DISCONNECT, Instant::now() + linger);
     }
-    let was = std::mem::replace(&mut lock(&rs.st).state, State::Done);
+    let was = std::mem::replace(&mut rs.sock().state, State::Done);
     if let State::Connected(c) = was {
         let finish = move || {
             if !c.ib.is_disconnected() {
@@ -1216,6 +1335,7 @@ pub(crate) fn flush_all(socks: &[Arc<Rsock>], limit: Duration) {
 /// The socket's readiness now, as poll(2) bits (without taking completions: the caller
 /// runs the reactors first).
 pub(crate) fn readiness(rs: &Rsock) -> i16 {
+    // A look changes nothing.
     let st = lock(&rs.st);
     match &st.state {
         State::Listening => {
@@ -1292,7 +1412,7 @@ pub(crate) fn is_active(rs: &Rsock) -> bool {
 /// `connect` on a connected socket: 0 the first time after a background connect
 /// succeeded (as the kernel's), EISCONN after that.
 pub(crate) fn connect_again(rs: &Rsock) -> Result<(), c_int> {
-    let mut st = lock(&rs.st);
+    let mut st = rs.sock();
     if std::mem::take(&mut st.untold) {
         Ok(())
     } else {
@@ -1322,6 +1442,11 @@ pub(crate) fn is_connected(rs: &Rsock) -> bool {
 }
 
 /// The reactors of `socks`' connections, once each.
+/// The reactor of a connected socket (it keeps it while connected).
+pub(crate) fn reactor_of(rs: &Rsock) -> Option<Arc<Reactor>> {
+    rs.reactor()
+}
+
 pub(crate) fn reactors_of<'a>(
     socks: impl IntoIterator<Item = &'a Arc<Rsock>>,
 ) -> Vec<Arc<Reactor>> {
@@ -1344,7 +1469,7 @@ pub(crate) fn bind(rs: &Rsock, a: SocketAddr) -> Result<(), c_int> {
     if !a.ip().is_unspecified() && crate::rdmacm::dev_for(a.ip()).is_none() {
         return Err(libc::EADDRNOTAVAIL);
     }
-    let mut st = lock(&rs.st);
+    let mut st = rs.sock();
     if !matches!(st.state, State::Idle) || st.local.is_some() {
         return Err(libc::EINVAL);
     }
@@ -1354,7 +1479,7 @@ pub(crate) fn bind(rs: &Rsock, a: SocketAddr) -> Result<(), c_int> {
 
 /// The socket's local (or the peer's) address.
 pub(crate) fn name(rs: &Rsock, peer: bool) -> Result<SocketAddr, c_int> {
-    let st = lock(&rs.st);
+    let st = rs.sock();
     if peer && !matches!(st.state, State::Connected(_)) {
         return Err(libc::ENOTCONN);
     }
@@ -1364,18 +1489,18 @@ pub(crate) fn name(rs: &Rsock, peer: bool) -> Result<SocketAddr, c_int> {
 
 /// Sets `O_NONBLOCK`.
 pub(crate) fn set_nonblock(rs: &Rsock, on: bool) {
-    lock(&rs.st).nonblock = on;
+    rs.sock().nonblock = on;
 }
 
 /// Takes `SO_ERROR`.
 pub(crate) fn take_error(rs: &Rsock) -> c_int {
-    std::mem::take(&mut lock(&rs.st).err)
+    std::mem::take(&mut rs.sock().err)
 }
 
 /// Sets an option the preload passes on after the kernel took it: ring sizes, timeouts,
 /// `IPV6_V6ONLY`, `TCP_NODELAY`, `SO_KEEPALIVE` (kept).
 pub(crate) fn note_option(rs: &Rsock, level: c_int, name: c_int, v: c_int, tv: Option<Duration>) {
-    let mut st = lock(&rs.st);
+    let mut st = rs.sock();
     let before = matches!(st.state, State::Idle);
     match (level, name) {
         (libc::SOL_SOCKET, libc::SO_SNDBUF) if before => {
@@ -1399,7 +1524,7 @@ pub(crate) fn note_option(rs: &Rsock, level: c_int, name: c_int, v: c_int, tv: O
 
 /// `riomap` on a connected socket (see [`c_iomap`]).
 fn iomap(rs: &Rsock, buf: *mut u8, len: usize, prot: c_int, offset: i64) -> Result<i64, c_int> {
-    let mut st = lock(&rs.st);
+    let mut st = rs.sock();
     let State::Connected(c) = &mut st.state else {
         return Err(libc::EINVAL);
     };
@@ -1474,7 +1599,7 @@ pub(crate) fn c_listen(fd: c_int) -> Result<(), c_int> {
 /// `raccept`: the new socket and its peer's address.
 pub(crate) fn c_accept(fd: c_int) -> Result<(c_int, Option<SocketAddr>), c_int> {
     let n = accept(&*get(fd)?)?;
-    let peer = lock(&n.st).peer;
+    let peer = n.sock().peer;
     Ok((n.fd.as_ref().map_or(-1, |f| f.as_raw_fd()), peer))
 }
 
@@ -1483,7 +1608,7 @@ pub(crate) fn c_accept(fd: c_int) -> Result<(c_int, Option<SocketAddr>), c_int> 
 pub(crate) fn c_connect(fd: c_int, addr: Option<SocketAddr>) -> Result<(), c_int> {
     let rs = get(fd)?;
     let dst = addr.ok_or(libc::EINVAL)?;
-    let mode = if lock(&rs.st).nonblock {
+    let mode = if rs.sock().nonblock {
         ConnectMode::Async(None)
     } else {
         ConnectMode::Blocking
@@ -1525,7 +1650,7 @@ pub(crate) unsafe fn c_iomap(
 /// The peer is not told; its later writes there fail the connection, as with rsocket.c.
 pub(crate) fn c_iounmap(fd: c_int, buf: *mut u8, len: usize) -> Result<(), c_int> {
     let rs = get(fd)?;
-    let mut st = lock(&rs.st);
+    let mut st = rs.sock();
     let State::Connected(c) = &mut st.state else {
         return Err(libc::EINVAL);
     };
@@ -1567,7 +1692,7 @@ pub(crate) fn c_name(fd: c_int, peer: bool) -> Result<SocketAddr, c_int> {
 /// `rsetsockopt` with an int value (`None`: the option is not one rsockets knows).
 pub(crate) fn c_setsockopt(fd: c_int, level: c_int, name: c_int, v: c_int) -> Result<(), c_int> {
     let rs = get(fd)?;
-    let mut st = lock(&rs.st);
+    let mut st = rs.sock();
     // A listener's sizes are its connections' (rsocket.c takes them until the rings exist).
     let before_connect = matches!(st.state, State::Idle | State::Listening);
     match (level, name) {
@@ -1606,7 +1731,7 @@ pub(crate) fn c_setsockopt(fd: c_int, level: c_int, name: c_int, v: c_int) -> Re
 /// `rgetsockopt` of an int option.
 pub(crate) fn c_getsockopt(fd: c_int, level: c_int, name: c_int) -> Result<c_int, c_int> {
     let rs = get(fd)?;
-    let mut st = lock(&rs.st);
+    let mut st = rs.sock();
     Ok(match (level, name) {
         (libc::SOL_SOCKET, libc::SO_ERROR) => std::mem::take(&mut st.err),
         (libc::SOL_SOCKET, libc::SO_KEEPALIVE) => st.keepalive,
@@ -1626,7 +1751,7 @@ pub(crate) fn c_getsockopt(fd: c_int, level: c_int, name: c_int) -> Result<c_int
 /// `rfcntl` F_GETFL / F_SETFL (only `O_NONBLOCK` means anything).
 pub(crate) fn c_fcntl(fd: c_int, cmd: c_int, arg: c_int) -> Result<c_int, c_int> {
     let rs = get(fd)?;
-    let mut st = lock(&rs.st);
+    let mut st = rs.sock();
     match cmd {
         libc::F_GETFL => Ok(libc::O_RDWR | if st.nonblock { libc::O_NONBLOCK } else { 0 }),
         libc::F_SETFL => {
