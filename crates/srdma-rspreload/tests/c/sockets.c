@@ -222,6 +222,16 @@ static void epoll_many_server(int l)
 	for (int j = 0; j < n; j++)
 		seen[evs[j].data.u64] = 1;
 	say("many: after del %s", seen_str(seen, MANY));
+	say("many: mod deleted %s", res(epoll_ctl(ep, EPOLL_CTL_MOD, cs[2], &re)));
+	say("many: del deleted %s", res(epoll_ctl(ep, EPOLL_CTL_DEL, cs[2], NULL)));
+	struct epoll_event back = { .events = EPOLLIN, .data.u64 = 2 };
+	say("many: add back %s", res(epoll_ctl(ep, EPOLL_CTL_ADD, cs[2], &back)));
+	say("many: add twice %s", res(epoll_ctl(ep, EPOLL_CTL_ADD, cs[2], &back)));
+	n = epoll_wait(ep, evs, 8, 0);
+	memset(seen, 0, sizeof seen);
+	for (int j = 0; j < n; j++)
+		seen[evs[j].data.u64] = 1;
+	say("many: after add back %s", seen_str(seen, MANY));
 	for (int i = 0; i < MANY; i++)
 		close(cs[i]);
 	close(ep);

@@ -35,6 +35,11 @@ struct Member {
     off: bool,
     /// The set's watch on the socket: queues the member when the socket changes.
     watch: Arc<Watch>,
+    /// Deleted from the set (`EPOLL_CTL_DEL`) and kept for an `EPOLL_CTL_ADD` of the same
+    /// socket again, which an event loop does for every request it waits on (redis's ae
+    /// deletes a connection's write interest, its last, and adds it back): reported
+    /// nowhere, gone with its socket.
+    parked: bool,
 }
 
 /// The rsockets of an epoll set (its kernel descriptors are in the kernel's set). A wait
@@ -103,7 +108,7 @@ impl Set {
         k.checked_sub(1)
     }
 
-    /// The member of `fd` for socket `e`.
+    /// The member of `fd` for socket `e` (parked or not).
     fn find(&self, fd: c_int, e: &Arc<Entry>) -> Option<u64> {
         let k = self.key_of_fd(fd)?;
         let m = self.get(k)?;
@@ -134,6 +139,7 @@ impl Set {
             seen: 0,
             off: false,
             watch,
+            parked: false,
         });
     }
 
@@ -247,6 +253,7 @@ pub(super) fn to_kernel(e: &Arc<Entry>) {
         lock(sets()).iter().map(|(k, v)| (*k, v.clone())).collect();
     for (epfd, s) in all {
         let moved = lock(&s).take_entry(e);
+        let moved = moved.into_iter().filter(|m| !m.parked);
         for m in moved {
             let mut ev = epoll_event {
                 events: m.events,
@@ -309,9 +316,13 @@ pub(super) unsafe extern "C" fn epoll_ctl(
         let listening = rsocket::is_listening(&e.rs);
         let mut st = lock(&s);
         let at = st.find(fd, &e);
+        let parked = at.and_then(|k| st.get(k)).is_some_and(|m| m.parked);
         match (op, at) {
-            (libc::EPOLL_CTL_ADD, Some(_)) => return fail(libc::EEXIST),
+            (libc::EPOLL_CTL_ADD, Some(_)) if !parked => return fail(libc::EEXIST),
             (libc::EPOLL_CTL_MOD | libc::EPOLL_CTL_DEL, None) => return fail(libc::ENOENT),
+            (libc::EPOLL_CTL_MOD | libc::EPOLL_CTL_DEL, Some(_)) if parked => {
+                return fail(libc::ENOENT);
+            }
             (libc::EPOLL_CTL_ADD, None) => {
                 // A stale member of a descriptor number reused for another socket.
                 if let Some(k) = st.key_of_fd(fd) {
@@ -319,17 +330,20 @@ pub(super) unsafe extern "C" fn epoll_ctl(
                 }
                 st.add(fd, e.clone(), events, data);
             }
-            (libc::EPOLL_CTL_MOD, Some(k)) => {
+            (libc::EPOLL_CTL_ADD | libc::EPOLL_CTL_MOD, Some(k)) => {
                 if let Some(m) = st.get_mut(k) {
                     m.events = events;
                     m.data = data;
                     m.seen = 0;
                     m.off = false;
+                    m.parked = false;
                     m.watch.wake();
                 }
             }
             (libc::EPOLL_CTL_DEL, Some(k)) => {
-                st.remove(k);
+                if let Some(m) = st.get_mut(k) {
+                    m.parked = true;
+                }
             }
             _ => return fail(libc::EINVAL),
         }
@@ -423,7 +437,7 @@ pub(super) unsafe extern "C" fn epoll_pwait2(
                     };
                     // Off the queue before the look: a change from now on queues it again.
                     m.watch.taken();
-                    if m.off {
+                    if m.off || m.parked {
                         continue;
                     }
                     let bits = epoll_bits(&m.entry.rs, m.events);

@@ -41,7 +41,7 @@ use std::collections::{HashMap, VecDeque};
 use std::ffi::c_int;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -189,10 +189,6 @@ pub(crate) struct Rsock {
     stop: Arc<AtomicBool>,
     /// Moves whenever something may have made the socket ready (edge-triggered epoll).
     events: AtomicU64,
-    /// The epoll sets watching the socket (see [`Watch`]), and how many there are (read
-    /// without the lock: most sockets are in none).
-    watches: Mutex<Vec<Arc<Watch>>>,
-    watched: AtomicUsize,
 }
 
 /// The keys of an epoll set's sockets that changed since its last look, or were ready then.
@@ -253,7 +249,6 @@ impl Watch {
 /// watch the socket (whatever the holder did may have made it ready).
 struct SockGuard<'a> {
     st: MutexGuard<'a, Sock>,
-    rs: &'a Rsock,
 }
 
 impl std::ops::Deref for SockGuard<'_> {
@@ -271,7 +266,14 @@ impl std::ops::DerefMut for SockGuard<'_> {
 
 impl Drop for SockGuard<'_> {
     fn drop(&mut self) {
-        self.rs.notify();
+        wake_all(&mut self.st.watches);
+    }
+}
+
+/// Wakes the epoll sets of `watches`, forgetting those gone.
+fn wake_all(watches: &mut Vec<Arc<Watch>>) {
+    if !watches.is_empty() {
+        watches.retain(|w| w.wake());
     }
 }
 
@@ -291,6 +293,9 @@ struct Sock {
     sndtimeo: Option<Duration>,
     /// `SO_ERROR`.
     err: c_int,
+    /// The epoll sets watching the socket (see [`Watch`]): woken whenever a lock of this
+    /// state taken through [`Rsock::sock`] is let go.
+    watches: Vec<Arc<Watch>>,
     /// A background connect succeeded and no `connect` call has been told yet: the next
     /// one returns 0 (as the kernel's), later ones EISCONN.
     untold: bool,
@@ -351,34 +356,23 @@ impl Rsock {
 
     /// The socket's state, locked; whatever the caller does with it counts as a change.
     fn sock(&self) -> SockGuard<'_> {
-        SockGuard {
-            st: lock(&self.st),
-            rs: self,
-        }
+        SockGuard { st: lock(&self.st) }
     }
 
-    /// Wakes the epoll sets that watch the socket (see [`Watch`]), forgetting those gone.
+    /// Wakes the epoll sets that watch the socket (see [`Watch`]). Not with the socket's
+    /// state locked.
     fn notify(&self) {
-        if self.watched.load(Ordering::Acquire) == 0 {
-            return;
-        }
-        let mut w = lock(&self.watches);
-        w.retain(|w| w.wake());
-        self.watched.store(w.len(), Ordering::Release);
+        wake_all(&mut lock(&self.st).watches);
     }
 
     /// An epoll set watches the socket from now on.
     pub(crate) fn watch(&self, w: Arc<Watch>) {
-        let mut ws = lock(&self.watches);
-        ws.push(w);
-        self.watched.store(ws.len(), Ordering::Release);
+        lock(&self.st).watches.push(w);
     }
 
     /// The epoll set of `w` no longer watches the socket.
     pub(crate) fn unwatch(&self, w: &Arc<Watch>) {
-        let mut ws = lock(&self.watches);
-        ws.retain(|x| !Arc::ptr_eq(x, w));
-        self.watched.store(ws.len(), Ordering::Release);
+        lock(&self.st).watches.retain(|x| !Arc::ptr_eq(x, w));
     }
 }
 
@@ -415,8 +409,6 @@ fn new_sock(sizes: Sizes, nonblock: bool, numbered: bool) -> Result<Arc<Rsock>, 
         accepted: Mutex::new(VecDeque::new()),
         stop: Arc::new(AtomicBool::new(false)),
         events: AtomicU64::new(0),
-        watches: Mutex::new(Vec::new()),
-        watched: AtomicUsize::new(0),
     });
     if let Some(fd) = &rs.fd {
         table().insert(fd.as_raw_fd(), rs.clone());
