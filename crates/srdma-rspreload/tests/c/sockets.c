@@ -146,14 +146,15 @@ static const char *seen_str(const int *seen, int n)
 }
 
 /* Calls epoll_wait (at most `max` events each, waiting up to 2 s) until the data values in
- * `want` (a mask over 0..MANY) have all been reported or 50 calls went by; marks in `seen`
- * every value reported. */
+ * `want` (a mask over 0..MANY) have all been reported or 10 s went by (ready members
+ * reported again and again while the last one is still on its way); marks in `seen` every
+ * value reported. */
 #define MANY 6
 static void epoll_until(int ep, int max, unsigned want, int *seen)
 {
 	struct epoll_event evs[8];
 	unsigned got = 0;
-	for (int i = 0; i < 50 && (got & want) != want; i++) {
+	for (double t0 = now(); (got & want) != want && now() - t0 < 10;) {
 		int n = epoll_wait(ep, evs, max, 2000);
 		for (int j = 0; j < n; j++) {
 			seen[evs[j].data.u64] = 1;

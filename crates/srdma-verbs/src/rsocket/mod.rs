@@ -319,13 +319,20 @@ impl Rsock {
     /// Completions of this socket's QP, in order (from the reactor).
     fn deliver(&self, wcs: &[Wc]) {
         let mut st = self.sock();
+        let before = (state_readiness(self, &st), received(&st));
         if let State::Connected(c) = &mut st.state {
             for wc in wcs {
                 c.on_wc(wc);
             }
         }
+        let after = (state_readiness(self, &st), received(&st));
         drop(st);
-        self.events.fetch_add(1, Ordering::Release);
+        // An edge for edge-triggered epoll where the kernel's TCP makes one: data came, or
+        // the socket became ready for something it was not (writable again, hung up) — not
+        // at every completion (a credit granted, a send completed while still writable).
+        if after.1 > before.1 || after.0 & !before.0 != 0 {
+            self.events.fetch_add(1, Ordering::Release);
+        }
     }
 
     /// After a run of completions: receives posted again, credits granted.
@@ -1328,7 +1335,11 @@ pub(crate) fn flush_all(socks: &[Arc<Rsock>], limit: Duration) {
 /// runs the reactors first).
 pub(crate) fn readiness(rs: &Rsock) -> i16 {
     // A look changes nothing.
-    let st = lock(&rs.st);
+    state_readiness(rs, &lock(&rs.st))
+}
+
+/// What state `st` of socket `rs` makes it ready for (see [`readiness`]).
+fn state_readiness(rs: &Rsock, st: &Sock) -> i16 {
     match &st.state {
         State::Listening => {
             if lock(&rs.accepted).is_empty() {
@@ -1392,6 +1403,14 @@ pub(crate) fn readiness(rs: &Rsock) -> i16 {
             }
             r
         }
+    }
+}
+
+/// Bytes received and not read yet, on a connected socket.
+fn received(st: &Sock) -> usize {
+    match &st.state {
+        State::Connected(c) => c.rbytes(),
+        _ => 0,
     }
 }
 
