@@ -574,19 +574,20 @@ fn socket_calls_behave_as_on_the_kernel() {
             text(&c)
         );
         if rs {
-            // The client's two refused connects are the kernel's; the other eight
-            // connections (two, then six in one epoll set) are rsockets.
+            // The client's two refused connects are the kernel's; the other fifteen
+            // connections (two, six in one epoll set, then one to each of seven
+            // listeners) are rsockets.
             let r = reports(&report, "sockets");
             let all = std::fs::read_to_string(&report).unwrap_or_default();
             assert_eq!(r.len(), 2, "{all}");
             assert!(
                 r.iter()
-                    .any(|x| x.get("accepted") == 8 && x.get("fallbacks") == 0),
+                    .any(|x| x.get("accepted") == 15 && x.get("fallbacks") == 0),
                 "{all}"
             );
             assert!(
                 r.iter()
-                    .any(|x| x.get("connected") == 8 && x.get("fallbacks") == 2),
+                    .any(|x| x.get("connected") == 15 && x.get("fallbacks") == 2),
                 "{all}"
             );
         }

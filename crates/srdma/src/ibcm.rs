@@ -1692,6 +1692,18 @@ impl IbListener {
 
     /// The next REQ for this port whose rdma_cm header names this device's address.
     pub fn accept_request(&self, timeout: Duration) -> Result<IbRequest, CmError> {
+        self.accept_request_while(timeout, || true)
+    }
+
+    /// [`IbListener::accept_request`] for a listener that may be closing: a REQ is taken
+    /// only while `open()` holds. One that comes after stays for another listener of the
+    /// port (a program that closes its listening socket and listens again, as iperf3's
+    /// server does after each test), or for [`IbListener::refuse_waiting`].
+    pub fn accept_request_while(
+        &self,
+        timeout: Duration,
+        open: impl Fn() -> bool,
+    ) -> Result<IbRequest, CmError> {
         let me = ip16(self.gsi.device().local_addr().ip());
         let sid = self.service_id;
         let got = self
@@ -1703,6 +1715,7 @@ impl IbListener {
                     CmMsg::Req(r) => {
                         r.service_id == sid
                             && CmaHdr::parse(&r.private_data).is_ok_and(|h| h.dst_addr == me)
+                            && open()
                     }
                     _ => false,
                 },
@@ -1718,6 +1731,23 @@ impl IbListener {
                 psn: crate::random_psn(),
             }),
             _ => Err(CmError::Protocol("not a REQ".into())),
+        }
+    }
+
+    /// A closed listener's last act: the REQs that came for its port and nobody took are
+    /// rejected (invalid service ID, as for a port nobody listens on), unless another
+    /// listener of this device listens on the port now and takes them.
+    pub fn refuse_waiting(&self) {
+        let twins = lock(&self.gsi.inner.state)
+            .listens
+            .iter()
+            .filter(|&&s| s == self.service_id)
+            .count();
+        if twins > 1 {
+            return;
+        }
+        while let Ok(r) = self.accept_request(Duration::ZERO) {
+            let _ = r.reject(crate::cm::reason::INVALID_SERVICE_ID, &[]);
         }
     }
 

@@ -260,6 +260,58 @@ static void epoll_many_client(struct sockaddr_in *a)
 		close(s[i]);
 }
 
+/* A server that closes its listening socket and listens again on the same port before
+ * each client (iperf3's server does so around each test): every client connects to the
+ * new listener and is served. The client connects as soon as the server says it listens
+ * again, through a connection kept for that. */
+#define RELISTEN 6
+static int relisten_server(int l, int port)
+{
+	struct sockaddr_in a = addr_of(port);
+	int one = 1, ok = 0;
+	char b[4];
+	int ctrl = accept(l, NULL, NULL);
+	if (ctrl < 0)
+		die("accept ctrl");
+	for (int i = 0; i < RELISTEN; i++) {
+		close(l);
+		l = socket(AF_INET, SOCK_STREAM, 0);
+		setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+		if (bind(l, (struct sockaddr *)&a, sizeof a) != 0 || listen(l, 16) != 0)
+			die("listen again");
+		write_all(ctrl, "g", 1);
+		int c = accept(l, NULL, NULL);
+		if (c < 0)
+			die("accept again");
+		read_all(c, b, 1);
+		write_all(c, "k", 1);
+		ok += b[0] == 'x';
+		close(c);
+	}
+	say("relisten: served %d", ok);
+	close(ctrl);
+	return l;
+}
+
+static void relisten_client(struct sockaddr_in *a)
+{
+	char b[4];
+	int ok = 0;
+	int ctrl = socket(AF_INET, SOCK_STREAM, 0);
+	if (connect(ctrl, (struct sockaddr *)a, sizeof *a) != 0)
+		die("connect ctrl");
+	for (int i = 0; i < RELISTEN; i++) {
+		read_all(ctrl, b, 1);
+		int s = socket(AF_INET, SOCK_STREAM, 0);
+		int r = connect(s, (struct sockaddr *)a, sizeof *a);
+		if (r == 0 && write(s, "x", 1) == 1 && read(s, b, 1) == 1 && b[0] == 'k')
+			ok++;
+		close(s);
+	}
+	say("relisten: served %d", ok);
+	close(ctrl);
+}
+
 static int server(int port)
 {
 	char buf[BULK];
@@ -450,6 +502,7 @@ static int server(int port)
 	say("write to closed peer fails %d", failed);
 	close(c);
 	epoll_many_server(l);
+	l = relisten_server(l, port);
 	close(l);
 	close(ep);
 	say("done");
@@ -563,6 +616,7 @@ static int client(int port)
 	close(s);
 
 	epoll_many_client(&a);
+	relisten_client(&a);
 
 	/* What rsockets do not carry stays the kernel's: UDP and a socket pair. */
 	int u = socket(AF_INET, SOCK_DGRAM, 0);

@@ -571,7 +571,11 @@ fn listen_loop(
     stop: Arc<AtomicBool>,
 ) {
     while !stop.load(Ordering::Acquire) {
-        let req = match l.accept_request(Duration::from_millis(200)) {
+        // A closed listener takes nothing more: a REQ for the port stays for the listener
+        // the program may open next (iperf3's server listens again after each test; the
+        // REQ taken here was accepted and reset, a connection the client saw fail).
+        let open = || !stop.load(Ordering::Acquire);
+        let req = match l.accept_request_while(Duration::from_millis(200), open) {
             Ok(r) => r,
             Err(_) => continue,
         };
@@ -589,6 +593,7 @@ fn listen_loop(
             listener.bump();
         }
     }
+    l.refuse_waiting();
 }
 
 /// An IPv4 address as a socket of the IPv6 family sees it (`::ffff:a.b.c.d`).
