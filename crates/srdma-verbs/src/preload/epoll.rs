@@ -53,8 +53,8 @@ struct Set {
     members: Vec<Option<Member>>,
     generations: Vec<u32>,
     free: Vec<usize>,
-    /// Each descriptor's member's key, plus one (0: none), by descriptor number.
-    by_fd: Vec<u64>,
+    /// Each descriptor's member.
+    by_fd: HashMap<c_int, u64>,
     queue: Arc<ReadyQueue>,
     /// What a look takes off the queue (kept, with its capacity, between looks).
     taken: Vec<u64>,
@@ -76,7 +76,7 @@ impl Set {
             members: Vec::new(),
             generations: Vec::new(),
             free: Vec::new(),
-            by_fd: Vec::new(),
+            by_fd: HashMap::new(),
             queue: Arc::new(Mutex::new(Vec::new())),
             taken: Vec::new(),
             reactors: Vec::new(),
@@ -85,27 +85,24 @@ impl Set {
         }
     }
 
-    /// The member of key `k`, if it is still there.
-    fn get_mut(&mut self, k: u64) -> Option<&mut Member> {
+    /// The slot of key `k`, if its member is still there.
+    fn slot(&self, k: u64) -> Option<usize> {
         let slot = (k >> 32) as usize;
-        if self.generations.get(slot).copied() != Some(k as u32) {
-            return None;
-        }
-        self.members.get_mut(slot)?.as_mut()
+        (self.generations.get(slot) == Some(&(k as u32))).then_some(slot)
+    }
+
+    fn get_mut(&mut self, k: u64) -> Option<&mut Member> {
+        let slot = self.slot(k)?;
+        self.members[slot].as_mut()
     }
 
     fn get(&self, k: u64) -> Option<&Member> {
-        let slot = (k >> 32) as usize;
-        if self.generations.get(slot).copied() != Some(k as u32) {
-            return None;
-        }
-        self.members.get(slot)?.as_ref()
+        self.members[self.slot(k)?].as_ref()
     }
 
     /// The key of descriptor `fd`'s member, whatever its socket.
     fn key_of_fd(&self, fd: c_int) -> Option<u64> {
-        let k = *self.by_fd.get(usize::try_from(fd).ok()?)?;
-        k.checked_sub(1)
+        self.by_fd.get(&fd).copied()
     }
 
     /// The member of `fd` for socket `e` (parked or not).
@@ -124,12 +121,7 @@ impl Set {
         let key = key_of(slot, self.generations[slot]);
         let watch = Watch::new(key, &self.queue);
         entry.rs.watch(watch.clone());
-        if let Ok(i) = usize::try_from(fd) {
-            if self.by_fd.len() <= i {
-                self.by_fd.resize(i + 1, 0);
-            }
-            self.by_fd[i] = key + 1;
-        }
+        self.by_fd.insert(fd, key);
         self.unresolved.push(key);
         self.members[slot] = Some(Member {
             fd,
@@ -144,13 +136,12 @@ impl Set {
     }
 
     fn remove(&mut self, key: u64) -> Option<Member> {
-        let slot = (key >> 32) as usize;
-        self.get(key)?;
+        let slot = self.slot(key)?;
         let m = self.members[slot].take()?;
         self.generations[slot] = self.generations[slot].wrapping_add(1);
         self.free.push(slot);
         if self.key_of_fd(m.fd) == Some(key) {
-            self.by_fd[m.fd as usize] = 0;
+            self.by_fd.remove(&m.fd);
         }
         m.watch.end();
         m.entry.rs.unwatch(&m.watch);
@@ -178,7 +169,7 @@ impl Set {
             let Some(m) = self.get(k) else {
                 return false;
             };
-            let Some(r) = rsocket::reactor_of(&m.entry.rs) else {
+            let Some(r) = m.entry.rs.reactor() else {
                 return true;
             };
             if !self.reactors.iter().any(|x| Arc::ptr_eq(x, &r)) {

@@ -342,8 +342,8 @@ impl Rsock {
         }
     }
 
-    /// The connection's reactor, if connected.
-    fn reactor(&self) -> Option<Arc<Reactor>> {
+    /// The connection's reactor, if connected (a connection keeps its reactor).
+    pub(crate) fn reactor(&self) -> Option<Arc<Reactor>> {
         match &lock(&self.st).state {
             State::Connected(c) => Some(c.reactor().clone()),
             _ => None,
@@ -1458,11 +1458,6 @@ pub(crate) fn is_connected(rs: &Rsock) -> bool {
 }
 
 /// The reactors of `socks`' connections, once each.
-/// The reactor of a connected socket (it keeps it while connected).
-pub(crate) fn reactor_of(rs: &Rsock) -> Option<Arc<Reactor>> {
-    rs.reactor()
-}
-
 pub(crate) fn reactors_of<'a>(
     socks: impl IntoIterator<Item = &'a Arc<Rsock>>,
 ) -> Vec<Arc<Reactor>> {
