@@ -85,8 +85,12 @@ fn pair_env(
     let cli = with_env(cmd(name, &ca, &cargs)).spawn().unwrap();
     let c = wait(cli, Duration::from_secs(60), &format!("{name} client"));
     let s = wait(srv, Duration::from_secs(60), &format!("{name} server"));
-    assert!(s.status.success(), "{name} server failed: {}", text(&s));
-    assert!(c.status.success(), "{name} client failed: {}", text(&c));
+    assert!(
+        s.status.success() && c.status.success(),
+        "{name} server: {}\n{name} client: {}",
+        text(&s),
+        text(&c)
+    );
     (s, c)
 }
 
