@@ -233,9 +233,14 @@ static void epoll_many_server(int l)
 	for (int j = 0; j < n; j++)
 		seen[evs[j].data.u64] = 1;
 	say("many: after add back %s", seen_str(seen, MANY));
+	/* The set under another name outlives its first; once both are closed, EBADF. */
+	int ep2 = dup(ep);
+	close(ep);
+	say("many: mod through dup %s", res(epoll_ctl(ep2, EPOLL_CTL_MOD, cs[2], &back)));
+	close(ep2);
+	say("many: add to closed %s", res(epoll_ctl(ep2, EPOLL_CTL_ADD, cs[0], &back)));
 	for (int i = 0; i < MANY; i++)
 		close(cs[i]);
-	close(ep);
 }
 
 static void epoll_many_client(struct sockaddr_in *a)

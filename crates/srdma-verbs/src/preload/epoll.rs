@@ -285,9 +285,12 @@ pub(super) unsafe extern "C" fn epoll_ctl(
         if op != libc::EPOLL_CTL_DEL && ev.is_null() {
             return fail(libc::EFAULT);
         }
-        // The set must be open (EBADF as the kernel says).
+        // The set must be open (EBADF as the kernel says). One this process already holds
+        // rsockets in is: its close and dup2 come through here and forget it (a server
+        // that adds and deletes a connection's interest for every request, as redis's ae
+        // does, made this question a system call per call).
         // SAFETY: F_GETFD on the set.
-        if unsafe { (real().fcntl)(epfd, libc::F_GETFD) } < 0 {
+        if marked(epfd) & MARK_EPOLL == 0 && unsafe { (real().fcntl)(epfd, libc::F_GETFD) } < 0 {
             return -1;
         }
         let (events, data) = if ev.is_null() {
