@@ -145,6 +145,10 @@ impl Shared {
         let Some(slot) = qps.get_mut(&qpn) else {
             return;
         };
+        // Its packets go through a ring: no UDP path to learn (and no lookups per post).
+        if slot.path == crate::Path::SharedMemory {
+            return;
+        }
         // Only once the peer can answer: it sent us something, or the application has a
         // message for it (not at the move to RTS, which may come before the peer's to RTR).
         let a = slot.qp.attr();

@@ -104,16 +104,11 @@ impl Shared {
         ring: Ring,
     ) -> Result<()> {
         let mut res = Ok(());
-        // The clock only where something needs it (most posts: nothing).
-        let now = if ring == Ring::Deferred || st.slot(qpn).is_some_and(|s| s.ride.awaits_send()) {
-            self.now().as_nanos() as u64
-        } else {
-            0
-        };
         {
             let slot = st.slot_mut(qpn).ok_or_else(|| no_qp(qpn))?;
+            // The clock only where something needs it (most posts: nothing).
             if slot.ride.awaits_send() {
-                slot.ride.send_posted(now);
+                slot.ride.send_posted(self.now().as_nanos() as u64);
             }
             slot.note_post();
             for wr in wrs {
@@ -133,7 +128,7 @@ impl Shared {
         // A post may bring answers soon (at once from a QP of this device): the next poll
         // looks at the socket (see `timing::RX_REST`).
         st.expect_answers();
-        if self.defers(st, qpn, ring, now) {
+        if let Some(now) = self.defers(st, qpn, ring) {
             self.hold_posts(st, qpn, now);
             return res;
         }
@@ -152,13 +147,18 @@ impl Shared {
     /// poll: asked to (`ring`), while the application polls (one that has not polled for the
     /// grace period may not poll again soon), and where a doorbell costs a system call — not
     /// through the shared-memory rings, where a post is a copy into memory (redis on one
-    /// host gained nothing there).
-    fn defers(&self, st: &State, qpn: u32, ring: Ring, now: u64) -> bool {
-        ring == Ring::Deferred
-            && self.app_active_until.load(Ordering::Relaxed) > now
-            && st
+    /// host gained nothing there). Returns the time it asked at (the clock is read only
+    /// where the answer may be yes), or `None`.
+    fn defers(&self, st: &State, qpn: u32, ring: Ring) -> Option<u64> {
+        if ring != Ring::Deferred
+            || st
                 .slot(qpn)
-                .is_some_and(|s| s.path != crate::Path::SharedMemory)
+                .is_none_or(|s| s.path == crate::Path::SharedMemory)
+        {
+            return None;
+        }
+        let now = self.now().as_nanos() as u64;
+        (self.app_active_until.load(Ordering::Relaxed) > now).then_some(now)
     }
 
     /// Puts QP `qpn`, whose sends were just posted without the doorbell, on
@@ -198,8 +198,7 @@ impl Shared {
         // poll again for a long time (perftest -R posts a receive, then makes its next
         // connection, while the peer waits for the ACK of its SEND before listening). Or
         // unless the application asked it to wait for its next poll, and polls.
-        let waits =
-            ring == Ring::Deferred && self.defers(st, qpn, ring, self.now().as_nanos() as u64);
+        let waits = self.defers(st, qpn, ring).is_some();
         let rides = waits || st.slot(qpn).is_some_and(|s| s.ride.rides());
         if !rides && st.is_deferred(qpn) {
             self.flush_if_deferred(st, qpn);
