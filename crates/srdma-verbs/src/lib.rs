@@ -95,6 +95,7 @@
 pub mod abi_core;
 pub mod cma_abi;
 mod context;
+mod intmap;
 #[cfg(test)]
 mod layout_check;
 mod preload;

@@ -8,7 +8,6 @@
 //! reports merged into one event. `epoll_wait` reports the rsockets that are ready and
 //! what the kernel's set has ready, and sleeps on both ([`crate::rsocket::wait`]).
 
-use std::collections::HashMap;
 use std::ffi::c_int;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -19,6 +18,7 @@ use libc::{epoll_event, sigset_t, timespec};
 use super::abi::MARK_EPOLL;
 use super::{Entry, PID, entry, fail, lock, mark, marked, real};
 use crate::guard;
+use crate::intmap::IntMap;
 use crate::rsocket::reactor::Reactor;
 use crate::rsocket::wait::{self, Src};
 use crate::rsocket::{self, ReadyQueue, Watch, readiness};
@@ -54,7 +54,7 @@ struct Set {
     generations: Vec<u32>,
     free: Vec<usize>,
     /// Each descriptor's member.
-    by_fd: HashMap<c_int, u64>,
+    by_fd: IntMap<c_int, u64>,
     queue: Arc<ReadyQueue>,
     /// What a look takes off the queue (kept, with its capacity, between looks).
     taken: Vec<u64>,
@@ -76,7 +76,7 @@ impl Set {
             members: Vec::new(),
             generations: Vec::new(),
             free: Vec::new(),
-            by_fd: HashMap::new(),
+            by_fd: IntMap::default(),
             queue: Arc::new(Mutex::new(Vec::new())),
             taken: Vec::new(),
             reactors: Vec::new(),
@@ -191,11 +191,11 @@ impl Drop for Set {
     }
 }
 
-type Sets = HashMap<c_int, Arc<Mutex<Set>>>;
+type Sets = IntMap<c_int, Arc<Mutex<Set>>>;
 
 fn sets() -> &'static Mutex<Sets> {
     static S: OnceLock<Mutex<Sets>> = OnceLock::new();
-    S.get_or_init(|| Mutex::new(HashMap::new()))
+    S.get_or_init(|| Mutex::new(IntMap::default()))
 }
 
 /// The set `epfd` names, if it holds rsockets and is this process's.

@@ -37,7 +37,7 @@
 //! `riowrite` is then plain RDMA WRITEs from the send ring. Not here: datagram rsockets
 //! (`SOCK_DGRAM`: EOPNOTSUPP), keepalive messages (the option is kept).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::ffi::c_int;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -51,6 +51,7 @@ pub(crate) mod reactor;
 mod ring;
 pub(crate) mod wait;
 
+use crate::intmap::IntMap;
 use conn::{Conn, IoMap};
 use reactor::{Reactor, Sleep, news};
 use srdma::AccessFlags;
@@ -383,10 +384,10 @@ impl Rsock {
     }
 }
 
-static TABLE: OnceLock<Mutex<HashMap<c_int, Arc<Rsock>>>> = OnceLock::new();
+static TABLE: OnceLock<Mutex<IntMap<c_int, Arc<Rsock>>>> = OnceLock::new();
 
-fn table() -> MutexGuard<'static, HashMap<c_int, Arc<Rsock>>> {
-    lock(TABLE.get_or_init(|| Mutex::new(HashMap::new())))
+fn table() -> MutexGuard<'static, IntMap<c_int, Arc<Rsock>>> {
+    lock(TABLE.get_or_init(|| Mutex::new(IntMap::default())))
 }
 
 /// The rsocket numbered `fd`, if there is one.
