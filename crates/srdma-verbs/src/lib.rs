@@ -95,7 +95,6 @@
 pub mod abi_core;
 pub mod cma_abi;
 mod context;
-mod intmap;
 #[cfg(test)]
 mod layout_check;
 mod preload;

@@ -52,6 +52,7 @@ mod driver;
 mod engine;
 mod error;
 mod event;
+pub mod fasthash;
 pub mod ibcm;
 pub mod lease;
 mod memory;

@@ -18,10 +18,10 @@ use libc::{epoll_event, sigset_t, timespec};
 use super::abi::MARK_EPOLL;
 use super::{Entry, PID, entry, fail, lock, mark, marked, real};
 use crate::guard;
-use crate::intmap::IntMap;
 use crate::rsocket::reactor::Reactor;
 use crate::rsocket::wait::{self, Src};
 use crate::rsocket::{self, ReadyQueue, Watch, readiness};
+use srdma::fasthash::FastMap;
 
 /// An rsocket in an epoll set.
 struct Member {
@@ -54,7 +54,7 @@ struct Set {
     generations: Vec<u32>,
     free: Vec<usize>,
     /// Each descriptor's member.
-    by_fd: IntMap<c_int, u64>,
+    by_fd: FastMap<c_int, u64>,
     queue: Arc<ReadyQueue>,
     /// What a look takes off the queue (kept, with its capacity, between looks).
     taken: Vec<u64>,
@@ -76,7 +76,7 @@ impl Set {
             members: Vec::new(),
             generations: Vec::new(),
             free: Vec::new(),
-            by_fd: IntMap::default(),
+            by_fd: FastMap::default(),
             queue: Arc::new(Mutex::new(Vec::new())),
             taken: Vec::new(),
             reactors: Vec::new(),
@@ -191,11 +191,11 @@ impl Drop for Set {
     }
 }
 
-type Sets = IntMap<c_int, Arc<Mutex<Set>>>;
+type Sets = FastMap<c_int, Arc<Mutex<Set>>>;
 
 fn sets() -> &'static Mutex<Sets> {
     static S: OnceLock<Mutex<Sets>> = OnceLock::new();
-    S.get_or_init(|| Mutex::new(IntMap::default()))
+    S.get_or_init(|| Mutex::new(FastMap::default()))
 }
 
 /// The set `epfd` names, if it holds rsockets and is this process's.

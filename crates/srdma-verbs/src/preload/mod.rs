@@ -55,9 +55,9 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use crate::intmap::IntMap;
 use crate::rsocket::{self, Rsock, lock};
 use abi::{Hooks, MARK_RSOCKET, MARKS, Real, VERSION};
+use srdma::fasthash::FastMap;
 
 /// A TCP socket of the program's that is (also) an rsocket.
 pub(crate) struct Entry {
@@ -90,7 +90,7 @@ static MARK: [AtomicU8; MARKS] = [const { AtomicU8::new(0) }; MARKS];
 /// processes (so a child never finds it held by a thread it does not have).
 struct Table {
     lock: UnsafeCell<libc::pthread_mutex_t>,
-    map: UnsafeCell<Option<IntMap<c_int, Arc<Entry>>>>,
+    map: UnsafeCell<Option<FastMap<c_int, Arc<Entry>>>>,
 }
 
 // SAFETY: `map` is only touched with `lock` held (`with_table`); the mutex is a pthread
@@ -103,12 +103,12 @@ static TABLE: Table = Table {
 };
 
 /// Runs `f` on the table with its lock held (`f` must not call out of this module).
-fn with_table<R>(f: impl FnOnce(&mut IntMap<c_int, Arc<Entry>>) -> R) -> R {
+fn with_table<R>(f: impl FnOnce(&mut FastMap<c_int, Arc<Entry>>) -> R) -> R {
     // SAFETY: a static pthread mutex, locked and unlocked by this thread around `f`.
     unsafe { libc::pthread_mutex_lock(TABLE.lock.get()) };
     // SAFETY: the lock is held: this is the only reference to the map.
     let map = unsafe { &mut *TABLE.map.get() };
-    let r = f(map.get_or_insert_with(IntMap::default));
+    let r = f(map.get_or_insert_with(FastMap::default));
     // SAFETY: as above.
     unsafe { libc::pthread_mutex_unlock(TABLE.lock.get()) };
     r

@@ -51,11 +51,11 @@ pub(crate) mod reactor;
 mod ring;
 pub(crate) mod wait;
 
-use crate::intmap::IntMap;
 use conn::{Conn, IoMap};
 use reactor::{Reactor, Sleep, news};
 use srdma::AccessFlags;
 use srdma::cm::ConnectOptions;
+use srdma::fasthash::FastMap;
 use srdma::ibcm::{self, IbListener, IbRequest};
 use srdma_proto::Wc;
 
@@ -384,10 +384,10 @@ impl Rsock {
     }
 }
 
-static TABLE: OnceLock<Mutex<IntMap<c_int, Arc<Rsock>>>> = OnceLock::new();
+static TABLE: OnceLock<Mutex<FastMap<c_int, Arc<Rsock>>>> = OnceLock::new();
 
-fn table() -> MutexGuard<'static, IntMap<c_int, Arc<Rsock>>> {
-    lock(TABLE.get_or_init(|| Mutex::new(IntMap::default())))
+fn table() -> MutexGuard<'static, FastMap<c_int, Arc<Rsock>>> {
+    lock(TABLE.get_or_init(|| Mutex::new(FastMap::default())))
 }
 
 /// The rsocket numbered `fd`, if there is one.

@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
-use crate::intmap::IntMap;
+use srdma::fasthash::FastMap;
 
 use srdma::{CompChannel, Cq, Pd};
 use srdma_proto::Wc;
@@ -61,7 +61,7 @@ pub(crate) struct Reactor {
 #[derive(Default)]
 struct Dispatch {
     wcs: Vec<Wc>,
-    slots: IntMap<u32, Slot>,
+    slots: FastMap<u32, Slot>,
     touched: Vec<Arc<Rsock>>,
 }
 
@@ -73,12 +73,12 @@ enum Slot {
     Live(Weak<Rsock>),
 }
 
-static REACTORS: OnceLock<Mutex<IntMap<usize, Arc<Reactor>>>> = OnceLock::new();
+static REACTORS: OnceLock<Mutex<FastMap<usize, Arc<Reactor>>>> = OnceLock::new();
 
 impl Reactor {
     /// The reactor of CM device `d` (`rdmacm::cm_devs()[d]`), made on first use.
     pub(crate) fn for_device(d: usize) -> Result<Arc<Reactor>, c_int> {
-        let map = REACTORS.get_or_init(|| Mutex::new(IntMap::default()));
+        let map = REACTORS.get_or_init(|| Mutex::new(FastMap::default()));
         let mut m = lock(map);
         if let Some(r) = m.get(&d) {
             return Ok(r.clone());

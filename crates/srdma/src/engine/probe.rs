@@ -1,8 +1,6 @@
 //! The GSO path probe (`Gso::Auto`): whether a GSO message cut into datagrams on the way to
 //! a peer reaches its transport whole.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
@@ -36,7 +34,7 @@ pub(super) enum PathGso {
 }
 
 /// What a device knows of the paths to its peers' addresses.
-pub(super) type Paths = HashMap<IpAddr, PathGso, BuildHasherDefault<AddrHasher>>;
+pub(super) type Paths = crate::fasthash::FastMap<IpAddr, PathGso>;
 
 /// What the GSO path probe ([`Shared::probe_path`]) learned of each peer address (in the
 /// engine's `State`).
@@ -65,25 +63,6 @@ impl Probes {
             PathGso::Probing { deadline, .. } => Some(deadline),
             _ => None,
         })
-    }
-}
-
-/// The hasher of [`Paths`] and of the peers' shares (`share`), cheaper than the standard
-/// library's SipHash, which costs two hash computations per flush on a busy path. Its keys
-/// are the addresses of the application's own RC QPs' peers, not anything a packet chooses:
-/// no defence against chosen keys needed.
-#[derive(Debug, Default)]
-pub(super) struct AddrHasher(u64);
-
-impl Hasher for AddrHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(5) ^ u64::from(b)).wrapping_mul(0x517C_C1B7_2722_0A95);
-        }
     }
 }
 

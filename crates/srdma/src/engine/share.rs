@@ -21,11 +21,10 @@
 //! QPs, instead of to whichever QPs' ACKs come first. A QP alone toward a peer is its
 //! congestion window's business.
 
-use std::collections::{HashMap, VecDeque};
-use std::hash::BuildHasherDefault;
+use std::collections::VecDeque;
 use std::net::IpAddr;
 
-use super::probe::AddrHasher;
+use crate::fasthash::FastMap;
 
 /// PSNs in flight that one peer address gets from this device at most, all QPs together:
 /// 16 MiB of 1 KiB packets (the MTU perftest picks), 64 MiB of 4 KiB ones. A ring holds
@@ -41,7 +40,7 @@ const DEFAULT_UDP_BUFFER: u32 = 8 << 20;
 #[derive(Debug)]
 pub(super) struct Shares {
     /// Keyed by the cheap hasher of the probes' paths: a lookup or two per flush.
-    peers: HashMap<IpAddr, Peer, BuildHasherDefault<AddrHasher>>,
+    peers: FastMap<IpAddr, Peer>,
     /// Bytes in flight that one peer address gets from this device over UDP, all QPs
     /// together: what its socket buffer holds, taken to be what ours does (a peer does not
     /// say; the hosts of one job are alike). A socket drops the excess where a ring holds
@@ -86,7 +85,7 @@ impl Shares {
             Err(_) => u32::MAX,
         };
         Shares {
-            peers: HashMap::default(),
+            peers: FastMap::default(),
             udp_bytes,
             udp_flight: u64::from(udp_bytes / 2),
         }
@@ -170,7 +169,7 @@ impl Shares {
 /// peer in the order they were held: [`take_turns`] gives them their turn.
 #[derive(Debug, Default)]
 pub(super) struct Waiting {
-    peers: HashMap<IpAddr, VecDeque<u32>, BuildHasherDefault<AddrHasher>>,
+    peers: FastMap<IpAddr, VecDeque<u32>>,
 }
 
 impl Waiting {

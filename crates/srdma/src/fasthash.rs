@@ -1,23 +1,24 @@
-//! Maps keyed by integers this process hands out itself — descriptors, QPNs, device
-//! indices — with a multiplicative hash (FxHash's step: rotate, xor, multiply). The standard
-//! map's SipHash resists keys chosen to collide, which these are not, and costs tens of
-//! nanoseconds a lookup; the preload looks descriptors up on every socket call (a redis
-//! request made about ten such lookups).
+//! A hash map for keys that no packet or peer chooses — descriptors, QPNs, device indices,
+//! the addresses of the application's own QPs' peers — with a multiplicative hash (FxHash's
+//! step: rotate, xor, multiply). The standard map's SipHash resists keys chosen to collide,
+//! which these are not, and costs tens of nanoseconds a lookup: the engine looks its peers'
+//! paths and shares up on every flush, the rsockets preload descriptors on every socket call
+//! (a redis request made about ten such lookups).
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
-/// A hash map keyed by integers of this process (see the module).
-pub(crate) type IntMap<K, V> = HashMap<K, V, BuildHasherDefault<IntHasher>>;
+/// A hash map keyed by values of this process, not of its peers (see the module).
+pub type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHasher>>;
 
 /// An odd constant with well-spread bits (FxHash's, from rustc).
 const K: u64 = 0x517c_c1b7_2722_0a95;
 
-/// The hasher of [`IntMap`].
+/// The hasher of [`FastMap`].
 #[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct IntHasher(u64);
+pub struct FastHasher(u64);
 
-impl Hasher for IntHasher {
+impl Hasher for FastHasher {
     fn finish(&self) -> u64 {
         self.0
     }
@@ -43,6 +44,11 @@ impl Hasher for IntHasher {
     fn write_usize(&mut self, n: usize) {
         self.write_u64(n as u64);
     }
+
+    fn write_u128(&mut self, n: u128) {
+        self.write_u64(n as u64);
+        self.write_u64((n >> 64) as u64);
+    }
 }
 
 #[cfg(test)]
@@ -51,7 +57,7 @@ mod tests {
 
     #[test]
     fn integer_keys_map_as_with_the_standard_hasher() {
-        let mut m: IntMap<i32, i32> = IntMap::default();
+        let mut m: FastMap<i32, i32> = FastMap::default();
         for fd in -3..5000 {
             m.insert(fd, fd * 2);
         }
@@ -69,11 +75,24 @@ mod tests {
         // The map's control bytes come from the hash's top seven bits: consecutive
         // descriptors must not share them all.
         let top = |n: u32| {
-            let mut h = IntHasher::default();
+            let mut h = FastHasher::default();
             h.write_u32(n);
             h.finish() >> 57
         };
         let distinct: std::collections::BTreeSet<u64> = (0..256).map(top).collect();
         assert!(distinct.len() > 64, "{}", distinct.len());
+    }
+
+    #[test]
+    fn addresses_are_keys_too() {
+        use std::net::IpAddr;
+        let mut m: FastMap<IpAddr, u32> = FastMap::default();
+        let v4: IpAddr = "10.0.0.1".parse().unwrap();
+        let v6: IpAddr = "fe80::1".parse().unwrap();
+        let mapped: IpAddr = "::ffff:10.0.0.1".parse().unwrap();
+        m.insert(v4, 4);
+        m.insert(v6, 6);
+        m.insert(mapped, 46);
+        assert_eq!((m[&v4], m[&v6], m[&mapped]), (4, 6, 46));
     }
 }
