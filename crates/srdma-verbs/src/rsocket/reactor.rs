@@ -27,7 +27,6 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use srdma::fasthash::FastMap;
-
 use srdma::{CompChannel, Cq, Pd};
 use srdma_proto::Wc;
 

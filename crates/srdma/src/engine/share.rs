@@ -39,7 +39,8 @@ const DEFAULT_UDP_BUFFER: u32 = 8 << 20;
 /// QPs with work, per destination address, and what they have in flight there over UDP.
 #[derive(Debug)]
 pub(super) struct Shares {
-    /// Keyed by the cheap hasher of the probes' paths: a lookup or two per flush.
+    /// A lookup or two per flush: [`FastMap`], whose keys here are the addresses of the
+    /// application's own QPs' peers.
     peers: FastMap<IpAddr, Peer>,
     /// Bytes in flight that one peer address gets from this device over UDP, all QPs
     /// together: what its socket buffer holds, taken to be what ours does (a peer does not
