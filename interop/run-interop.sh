@@ -35,6 +35,8 @@
 # for SIZE in 64, 4096, 65536 (multi-packet at the path MTU 1024). Every scenario must exit 0
 # on both sides, and the guest's rxe hw counters must show no sequence error and no retry
 # (duplicate_request only as many as the copies of srdma's GSO path probe in the capture).
+# A scenario that fails because rxe in the guest stopped sending mid-message for good (its
+# transmit path stalled under TCG; see guest_stalled) runs again once in a fresh guest.
 #
 # Usage: interop/run-interop.sh [SCENARIO...]   (root; installs what it needs with apt-get)
 # Exit status: 0 all passed, 1 a scenario failed, 77 the lab cannot run here (no qemu/root).
@@ -125,6 +127,36 @@ sys.exit(1)
 PYEOF
 }
 
+# Whether rxe in the guest (10.77.0.2) stopped sending for good in the middle of a message:
+# its last packet in a decoded capture is the FIRST or a MIDDLE packet of a message, and the
+# capture goes on for at least 2 s after it with nothing more from the guest (srdma's
+# re-requests and ACKs unanswered, rxe's own retransmit timer silent). Seen twice in one CI
+# run under TCG (2026-11-30: a READ response stream stopped after 88 of 128 packets, and rxe
+# warned at rxe_pool.c:255 that the QP's references were still held when it was destroyed):
+# the guest's transmit path stalled, not an answer srdma lacked. Prints what it saw.
+guest_stalled() { # decoded.txt
+  python3 - "$1" <<'PYEOF'
+import re, sys
+last_guest = None
+last_any = None
+for line in open(sys.argv[1]):
+    m = re.match(r"\s*\d+ ([\d.]+) ([\d.]+):\d+ > \S+ (\S+) ", line)
+    if not m:
+        continue
+    t = float(m.group(1))
+    last_any = t
+    if m.group(2) == "10.77.0.2":
+        last_guest = (t, m.group(3))
+if last_guest is None or last_any is None:
+    sys.exit(1)
+t, op = last_guest
+if op.endswith(("_FIRST", "_MIDDLE")) and last_any - t >= 2.0:
+    print(f"its last packet a {op} at {t:.3f} s, silent for the {last_any - t:.1f} s left of the capture")
+    sys.exit(0)
+sys.exit(1)
+PYEOF
+}
+
 scenario() { # name guest-command host-command
   local name=$1 guest=$2 host=$3 out="$RUNS/$1"
   rm -rf "$out"; mkdir -p "$out"
@@ -181,6 +213,15 @@ scenario() { # name guest-command host-command
     "$SRDMA" decode "$out/capture.pcap" > "$out/decoded.txt" 2>/dev/null || true
     log "FAIL $name: see $out (guest: out-A.txt, host: host.txt, capture.pcap) — guest: $(tail -3 "$out/out-A.txt" 2>/dev/null | tr '\n' '|') host: $(tail -3 "$out/host.txt" 2>/dev/null | tr '\n' '|') capture: $(grep -c 'UD_SEND_ONLY qp=0x000001 ' "$out/decoded.txt" 2>/dev/null) MADs on QP1; $(tail -1 "$out/decoded.txt" 2>/dev/null | sed 's/^.*: //')"
     tail -5 "$out/out-A.txt" "$out/host.txt" 2>/dev/null | sed 's/^/    /'
+    # The guest's rxe stalled mid-message (see guest_stalled): once, the scenario runs again
+    # in a fresh guest; the first run's folder is kept beside it.
+    local stall
+    if [ -z "${STALL_RERUN:-}" ] && stall=$(guest_stalled "$out/decoded.txt"); then
+      log "note $name: rxe in the guest stopped sending mid-message ($stall): its transmit path stalled; running it again once (first run kept in $out-stalled)"
+      rm -rf "$out-stalled"; mv "$out" "$out-stalled"
+      STALL_RERUN=1 scenario "$name" "$guest" "$3"
+      return $?
+    fi
     return 1
   fi
 }
