@@ -211,8 +211,6 @@ scenario() { # name guest-command host-command
     # The last lines of both sides on the FAIL line itself: a CI log that keeps only the
     # verdicts still says what went wrong.
     "$SRDMA" decode "$out/capture.pcap" > "$out/decoded.txt" 2>/dev/null || true
-    log "FAIL $name: see $out (guest: out-A.txt, host: host.txt, capture.pcap) — guest: $(tail -3 "$out/out-A.txt" 2>/dev/null | tr '\n' '|') host: $(tail -3 "$out/host.txt" 2>/dev/null | tr '\n' '|') capture: $(grep -c 'UD_SEND_ONLY qp=0x000001 ' "$out/decoded.txt" 2>/dev/null) MADs on QP1; $(tail -1 "$out/decoded.txt" 2>/dev/null | sed 's/^.*: //')"
-    tail -5 "$out/out-A.txt" "$out/host.txt" 2>/dev/null | sed 's/^/    /'
     # The guest's rxe stalled mid-message (see guest_stalled): once, the scenario runs again
     # in a fresh guest; the first run's folder is kept beside it.
     local stall
@@ -222,6 +220,8 @@ scenario() { # name guest-command host-command
       STALL_RERUN=1 scenario "$name" "$guest" "$3"
       return $?
     fi
+    log "FAIL $name: see $out (guest: out-A.txt, host: host.txt, capture.pcap) — guest: $(tail -3 "$out/out-A.txt" 2>/dev/null | tr '\n' '|') host: $(tail -3 "$out/host.txt" 2>/dev/null | tr '\n' '|') capture: $(grep -c 'UD_SEND_ONLY qp=0x000001 ' "$out/decoded.txt" 2>/dev/null) MADs on QP1; $(tail -1 "$out/decoded.txt" 2>/dev/null | sed 's/^.*: //')"
+    tail -5 "$out/out-A.txt" "$out/host.txt" 2>/dev/null | sed 's/^/    /'
     return 1
   fi
 }
