@@ -3493,3 +3493,71 @@ fn segments_of_a_long_read_respect_max_rd_atomic() {
     assert_eq!(st(&p.completions(A)), vec![(9, WcStatus::Success)]);
     same(p.bytes(A, &a), &pattern(2 << 20), "data");
 }
+
+/// An engine that cannot place a READ's payload after the transport took its responses (it
+/// pulls them from the responder's memory, which went away: `Qp::fail_placement`): the READ
+/// that completed with those bytes completes in error instead, later work is flushed, and
+/// the QP is in ERR. Before completions are polled, so no success is ever seen.
+#[test]
+fn a_read_whose_bytes_could_not_be_placed_completes_in_error() {
+    let mut p = rc();
+    let r = regions(&mut p);
+    let read = |id| {
+        wr(
+            id,
+            SendOp::Read {
+                remote_addr: DST,
+                rkey: rkey(&r.dst),
+            },
+            &[sge(&r.src, SRC + RES, 4000)],
+        )
+    };
+    p.post_send(A, read(1));
+    p.settle();
+    assert_eq!(st(&p.completions(A)), [(1, WcStatus::Success)]);
+    // The second READ's responses are taken, its completion waits to be polled.
+    p.post_send(A, read(2));
+    p.post_send(A, send(3, &[sge(&r.src, SRC, 8)]));
+    p.pump_with(|from, r| {
+        if from == A && r.bth.opcode.kind() != Kind::ReadRequest {
+            Fate::Drop
+        } else {
+            Fate::Deliver
+        }
+    });
+    p.side(A).qp.fail_placement(WcStatus::RemAccessErr);
+    assert_eq!(
+        st(&p.completions(A)),
+        [(2, WcStatus::RemAccessErr), (3, WcStatus::WrFlushErr)]
+    );
+    assert_eq!(p.side(A).qp.state(), QpState::Err);
+
+    // A READ still in progress (its first responses taken): it is the one that fails.
+    let mut p = rc();
+    let r = regions(&mut p);
+    p.post_send(
+        A,
+        wr(
+            7,
+            SendOp::Read {
+                remote_addr: DST,
+                rkey: rkey(&r.dst),
+            },
+            &[sge(&r.src, SRC + RES, 8000)],
+        ),
+    );
+    let mut responses = 0;
+    p.pump_with(|from, r| {
+        if from == B && r.bth.opcode.kind() == Kind::ReadResponse {
+            responses += 1;
+            if responses > 1 {
+                return Fate::Drop;
+            }
+        }
+        Fate::Deliver
+    });
+    assert!(p.completions(A).is_empty());
+    p.side(A).qp.fail_placement(WcStatus::RetryExcErr);
+    assert_eq!(st(&p.completions(A)), [(7, WcStatus::RetryExcErr)]);
+    assert_eq!(p.side(A).qp.state(), QpState::Err);
+}

@@ -653,6 +653,34 @@ impl Qp {
         }
     }
 
+    /// The engine could not place payload bytes of READ responses this QP accepted since
+    /// its completions were last polled (they stayed in the responder's memory, which could
+    /// not be read: its process went, or the region with it), as a NIC whose DMA read
+    /// faults. Every READ that completed since then completes with `status` instead of
+    /// success (or, when none did, the READ in progress at the head of the send queue), and
+    /// the QP enters ERR, flushing the rest: no READ's bytes are reported placed that were
+    /// not.
+    pub fn fail_placement(&mut self, status: WcStatus) {
+        let mut failed = false;
+        for wc in self.send_cq.iter_mut() {
+            if wc.opcode == WcOpcode::RdmaRead && wc.status.is_success() {
+                wc.status = status;
+                self.counters.send_err += 1;
+                failed = true;
+            }
+        }
+        let head_reads = self
+            .sq
+            .front()
+            .is_some_and(|w| matches!(w.wr.op, SendOp::Read { .. }));
+        if !failed && head_reads {
+            if let Some(w) = self.sq.pop_front() {
+                self.push_send_wc(send_wc(self.cfg.qpn, &w, status), true);
+            }
+        }
+        self.set_error();
+    }
+
     /// Back to the freshly created state: every queue emptied without completions (verbs
     /// semantics of RESET). Counters survive.
     fn reset(&mut self) {
