@@ -251,6 +251,33 @@ fn perftest_latency() {
     }
 }
 
+/// READs through shared memory with their payload pulled from the responder's process
+/// (`SRDMA_SHM_PULL=1`: by default only where processes outnumber the cores): Debian's
+/// ib_read_bw at 64 KiB and 1 MiB, and ib_read_lat, as two processes of one address.
+#[test]
+fn perftest_reads_pulled_from_the_responders_memory() {
+    for (i, (name, extra)) in [
+        ("ib_read_bw", &["-s", "65536", "-n", "500"][..]),
+        ("ib_read_bw", &["-s", "1048576", "-n", "100"][..]),
+        ("ib_read_lat", &["-s", "65536", "-n", "200"][..]),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let port = (18590 + i).to_string();
+        let mut args = vec!["-x", "1", "-p", &port];
+        args.extend_from_slice(extra);
+        let (_, c) = pair_env(name, 68, &[("SRDMA_SHM_PULL", "1")], &args, &args);
+        let out = String::from_utf8_lossy(&c.stdout);
+        let want = if name == "ib_read_lat" {
+            "t_avg"
+        } else {
+            "BW average"
+        };
+        assert!(out.contains(want), "{name} {extra:?}: {}", text(&c));
+    }
+}
+
 /// Two processes each sending to the other on 64 QPs over UDP (`ib_write_bw -b -q 64`):
 /// the QPs toward one peer keep no more in flight than its socket buffer holds. Before,
 /// both sockets overran, go-back-N resent windows and `retry_cnt` ran out (`Failed status

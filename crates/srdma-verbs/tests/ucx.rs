@@ -313,7 +313,9 @@ fn assert_mpi_passed(o: &Output, ranks: usize) {
 
 /// Open MPI 4.1 over UCX over srdma (`--mca pml ucx --mca osc ucx`, verbs transports only):
 /// tests/c/mpi_check.c checks point-to-point at eager and rendezvous sizes, collectives and
-/// one-sided RMA. Skipped without Open MPI (openmpi-bin, libopenmpi-dev).
+/// one-sided RMA. READ responses leave their payload for the reader to pull
+/// (`SRDMA_SHM_PULL=1`; 2 ranks on 2 cores would copy): the rendezvous and `MPI_Get` data
+/// is checked through that path. Skipped without Open MPI (openmpi-bin, libopenmpi-dev).
 #[test]
 fn open_mpi_over_ucx() {
     if !have_ucx() || !have_mpi() {
@@ -323,11 +325,13 @@ fn open_mpi_over_ucx() {
     let prog = build_mpi_check(&dir.0);
     let mut args = vec!["--oversubscribe", "-np", "2"];
     args.extend(MPI_OVER_UCX);
-    args.extend(["-x", "LD_LIBRARY_PATH", "-x", "SRDMA_DEVICES", &prog]);
+    args.extend(["-x", "LD_LIBRARY_PATH", "-x", "SRDMA_DEVICES"]);
+    args.extend(["-x", "SRDMA_SHM_PULL", &prog]);
     let o = {
         let mut c = exec("127.0.75.1", "rc_verbs,ud_verbs,self", "mpirun", &args);
         c.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+            .env("SRDMA_SHM_PULL", "1");
         common::wait(
             c.spawn().unwrap(),
             Duration::from_secs(60),

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use srdma_proto::{DeviceLimits, Mtu};
 
-use crate::types::Gso;
+use crate::types::{Gso, ShmPull};
 
 /// How to open a device.
 #[derive(Debug, Clone)]
@@ -37,6 +37,9 @@ pub struct DeviceConfig {
     /// shared memory instead of UDP (see [`crate::DeviceCounters::tx_shm_packets`]). Default: true
     /// unless `SRDMA_SHM=0`.
     pub shm: bool,
+    /// When READ responses through shared memory leave their payload for the requester to
+    /// pull (default: `$SRDMA_SHM_PULL`, else [`ShmPull::Crowded`]).
+    pub shm_pull: ShmPull,
     /// Send every RoCEv2 datagram ECN-capable (ECT(0), as RoCE NICs do), so that a switch
     /// that marks congestion marks it instead of dropping it; a peer that sees the mark
     /// answers with a CNP, and this device's QPs slow down by DCQCN's rules. CE marks on what

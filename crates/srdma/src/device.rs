@@ -41,6 +41,7 @@ impl DeviceConfig {
             gso: Gso::from_env(),
             share_port: crate::portshare::enabled(),
             shm: crate::shm::enabled_by_env(),
+            shm_pull: crate::ShmPull::from_env(),
             ecn: std::env::var("SRDMA_ECN").map_or(true, |v| v != "0"),
             udp_buffer: 8 << 20,
         }

@@ -36,6 +36,21 @@ pub(crate) enum Via<'h> {
     /// its headers are parsed from the copy (`PacketRepr::parse_head`) and its payload
     /// copied from where it lies (see `shm::Shm::drain`).
     SharedMemory(&'h [u8]),
+    /// A ring of the shared-memory driver, whose packet's payload stayed in its sender's
+    /// memory (see `crate::pull`): the private copy of its headers and where the payload
+    /// is; the packet's bytes handed with it are empty.
+    Pulled(&'h [u8], Pulled<'h>),
+}
+
+/// Where the payload of a packet that came without it is: in process `pid`, at `spans`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Pulled<'h> {
+    /// The packet's length, payload included.
+    pub(crate) len: usize,
+    /// The sender's process.
+    pub(crate) pid: i32,
+    /// (address, length) in the sender's process, in payload order.
+    pub(crate) spans: &'h [crate::pull::Span],
 }
 
 /// The payload of an outgoing packet that stayed in registered memory while the packet was
@@ -79,6 +94,11 @@ pub(crate) struct Outgoing<'a> {
     /// Whether it may go in one segmented message with its neighbours to the same
     /// destination (UDP GSO); drivers that do not segment ignore it.
     pub(crate) gso: GsoJoin,
+    /// Its payload pieces stay where they are until the receiver is done with them (a READ
+    /// response: the responder's application leaves its memory alone while its READ is
+    /// outstanding): a driver whose peer may read this process's memory may send where
+    /// they are instead of the bytes (see `crate::pull`).
+    pub(crate) pullable: bool,
 }
 
 /// How a datagram may share a UDP GSO message (one segmented send: one skb through the

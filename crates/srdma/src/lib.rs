@@ -59,6 +59,7 @@ mod memory;
 mod mw;
 pub mod netdev;
 mod portshare;
+mod pull;
 mod qp;
 mod random;
 mod shm;
@@ -99,4 +100,4 @@ pub use srdma_proto::{
     Wc, WcFlags, WcOpcode, WcStatus,
 };
 pub use typed::{RcQp, UcQp, UdQp};
-pub use types::{DeviceCounters, Gid, Gso, Path};
+pub use types::{DeviceCounters, Gid, Gso, Path, ShmPull};

@@ -131,6 +131,9 @@ pub(crate) struct Store {
     pub(crate) deferring: bool,
     /// The payload pieces of the packet being built, in packet order.
     pub(crate) pieces: Vec<Piece>,
+    /// Payloads pulled from a peer process (see [`crate::pull`]): writes of a pulled
+    /// packet's stand-in payload are noted there, not copied.
+    pub(crate) pulls: crate::pull::Batch,
 }
 
 /// Payload bytes of a packet under construction that stay in their region: the engine sends
@@ -235,6 +238,21 @@ impl Memory for Store {
     fn write(&mut self, mr: MrHandle, offset: u64, src: &[u8]) -> Result<(), MemoryError> {
         let r = self.get(mr)?;
         let range = srdma_proto::memory::region_range(offset, src.len() as u64, r.len() as u64)?;
+        if self.pulls.is_stand_in(src) {
+            let (dst, region_len) = (r.addr() as usize + range.start, r.len() as u64);
+            // SAFETY: the range lies in the region (checked); the engine flushes the batch
+            // before it releases the device lock, and regions leave the store only with
+            // that lock held, so the bytes stay mapped and no one else writes them.
+            return if unsafe { self.pulls.note(dst, src) } {
+                Ok(())
+            } else {
+                Err(MemoryError::OutOfRange {
+                    offset,
+                    len: src.len() as u64,
+                    region_len,
+                })
+            };
+        }
         // SAFETY: `&mut self` means the device lock is held and no slice of the store's
         // regions is live; the range was checked against the region's length.
         unsafe { r.place(range.start, src) };

@@ -125,6 +125,45 @@ pub(crate) fn drain_polled(fd: &OwnedFd) {
     }
 }
 
+/// Reads process `pid`'s memory at the spans `remote` (address, length) into this
+/// process's spans `local`, in order (`process_vm_readv`); at most 1024 spans a side.
+/// Returns the bytes read: fewer than asked when a remote span is not mapped (the read
+/// stops there).
+///
+/// # Safety
+/// Every local span is writable memory of this process that nothing else reads or writes
+/// until the call returns.
+pub(crate) unsafe fn pull(
+    pid: i32,
+    local: &[(u64, u64)],
+    remote: &[(u64, u64)],
+) -> io::Result<usize> {
+    const MAX: usize = 1024;
+    if local.len() > MAX || remote.len() > MAX {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    let iov = |&(a, n): &(u64, u64)| libc::iovec {
+        iov_base: a as usize as *mut libc::c_void,
+        iov_len: n as usize,
+    };
+    let l: Vec<libc::iovec> = local.iter().map(iov).collect();
+    let r: Vec<libc::iovec> = remote.iter().map(iov).collect();
+    // SAFETY: the iovec arrays are live for the call and as long as stated. The kernel
+    // writes only into the local spans, writable memory the caller vouched for; the remote spans are checked by the kernel against the other process's
+    // mappings (EFAULT), never dereferenced here.
+    let n = unsafe {
+        libc::process_vm_readv(
+            pid,
+            l.as_ptr(),
+            l.len() as libc::c_ulong,
+            r.as_ptr(),
+            r.len() as libc::c_ulong,
+            0,
+        )
+    };
+    usize::try_from(n).map_err(|_| io::Error::last_os_error())
+}
+
 /// Has the C library call `f` when the process exits through `exit` (or returns from
 /// `main`), as `atexit`. False when it refused (no room).
 pub(crate) fn at_exit(f: extern "C" fn()) -> bool {
@@ -139,6 +178,13 @@ pub(crate) fn possible_cpus() -> u32 {
     // SAFETY: sysconf has no preconditions.
     let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
     u32::try_from(n).unwrap_or(1).max(1)
+}
+
+/// CPUs online on this host (at least 1).
+pub(crate) fn online_cpus() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    usize::try_from(n).unwrap_or(1).max(1)
 }
 
 /// Adds one to an eventfd.

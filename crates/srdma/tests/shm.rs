@@ -43,6 +43,7 @@ fn side(ip: &str, shm: bool) -> Side {
     let mut c = DeviceConfig::new(ip.parse().unwrap());
     c.share_port = false;
     c.shm = shm;
+    c.shm_pull = srdma::ShmPull::Always;
     let dev = Device::open(c).unwrap();
     let pd = dev.alloc_pd();
     let cq = dev.create_cq(256, None).unwrap();
@@ -150,6 +151,10 @@ fn same_host_traffic_takes_shared_memory_and_shm_off_takes_udp() {
     assert_eq!((ca.rx_datagrams, cb.rx_datagrams), (0, 0), "{ca:?} {cb:?}");
     assert_eq!((ca.shm_links_out, ca.shm_links_in), (1, 1), "{ca:?}");
     assert_eq!((ca.tx_shm_full, ca.shm_refused), (0, 0), "{ca:?}");
+    // The READ's responses left their payload in b's memory; a pulled it from there.
+    assert!(cb.tx_shm_pulls > 0, "{cb:?}");
+    assert_eq!(ca.rx_shm_pulled, cb.tx_shm_pulls, "{ca:?} {cb:?}");
+    assert_eq!(ca.rx_shm_pull_failed, 0, "{ca:?}");
 
     let (a, b) = (side("127.0.31.3", false), side("127.0.31.4", false));
     traffic(&a, &b);
@@ -175,8 +180,13 @@ fn rings_mapped() -> usize {
         .count()
 }
 
+/// What the peer's region holds at `offset` (READs check it).
+fn peer_byte(offset: usize) -> u8 {
+    ((offset >> 12) + offset * 7) as u8
+}
+
 /// The peer process: a device at `$SRDMA_SHM_PEER`, one RC QP and a region others may
-/// write. It prints `qpn psn rkey addr`, reads `qpn psn` of its peer, connects, prints
+/// write and read (holding [`peer_byte`]s). It prints `qpn psn rkey addr`, reads `qpn psn` of its peer, connects, prints
 /// `ready` and lives until its stdin closes (its progress thread takes the WRITEs).
 #[test]
 fn peer_process() {
@@ -184,6 +194,8 @@ fn peer_process() {
         return;
     };
     let s = side(&ip, true);
+    let bytes: Vec<u8> = (0..MR_LEN).map(peer_byte).collect();
+    s.mr.write(0, &bytes).unwrap();
     let r = s.mr.remote().unwrap();
     println!("{} 300 {} {}", s.qp.qpn().value(), r.rkey, r.addr);
     let mut line = String::new();
@@ -205,10 +217,12 @@ fn peer_process() {
     let _ = std::io::stdin().lock().read_line(&mut rest);
 }
 
-/// Streams 1 MiB WRITEs into a peer process through shared memory, sends it `signal` once
-/// 16 completed, and checks the survivor: RETRY_EXC_ERR within its retry budget, the QP in
-/// error, no ring left mapped once the peer is gone and the device closed.
-fn peer_fails(signal: libc::c_int) {
+/// Streams 1 MiB WRITEs into a peer process through shared memory (or READs from it,
+/// their payload pulled from the peer's memory, data checked), sends it `signal` once 16
+/// completed, and checks the survivor: RETRY_EXC_ERR within its retry budget (a READ whose
+/// payload can no longer be pulled from a dead peer ends so too), the QP in error, no ring
+/// left mapped once the peer is gone and the device closed.
+fn peer_fails(signal: libc::c_int, read: bool) {
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args(["peer_process", "--exact", "--nocapture", "--test-threads=1"])
@@ -245,16 +259,23 @@ fn peer_fails(signal: libc::c_int) {
         line.clear();
         from.read_line(&mut line).unwrap();
         assert_eq!(line.trim(), "ready");
-        let op = |k: u64| SendOp::Write {
-            remote_addr: peer[3] + (k % 4) * (1 << 20),
-            rkey: RKey(peer[2] as u32),
+        let op = |k: u64| {
+            let (remote_addr, rkey) = (peer[3] + (k % 4) * (1 << 20), RKey(peer[2] as u32));
+            if read {
+                SendOp::Read { remote_addr, rkey }
+            } else {
+                SendOp::Write { remote_addr, rkey }
+            }
         };
+        // READs land in their own MiB of the region (at most 4 are outstanding).
+        let at = |k: u64| if read { (k as usize % 4) << 20 } else { 0 };
         let mut posted = 0u64;
         let mut done = 0u64;
         let mut signalled: Option<Instant> = None;
         let failed_at = loop {
             while posted - done < 4 {
-                let wr = SendWr::new(posted, op(posted), SgeList::one(a.mr.sge(0, 1 << 20)));
+                let sge = a.mr.sge(at(posted), 1 << 20);
+                let wr = SendWr::new(posted, op(posted), SgeList::one(sge));
                 if a.qp.post_send(wr).is_err() {
                     break;
                 }
@@ -265,6 +286,18 @@ fn peer_fails(signal: libc::c_int) {
                     assert!(signalled.is_some(), "failed before the signal: {wc:?}");
                     assert_eq!(wc.status, WcStatus::RetryExcErr, "{wc:?}");
                     break Instant::now();
+                }
+                if read && signalled.is_none() {
+                    let mut got = vec![0u8; 1 << 20];
+                    a.mr.read(at(wc.wr_id), &mut got).unwrap();
+                    let from = (wc.wr_id as usize % 4) << 20;
+                    assert!(
+                        got.iter()
+                            .enumerate()
+                            .all(|(i, &b)| b == peer_byte(from + i)),
+                        "READ {} brought other bytes",
+                        wc.wr_id
+                    );
                 }
                 done += 1;
             }
@@ -286,7 +319,12 @@ fn peer_fails(signal: libc::c_int) {
         );
         assert_eq!(a.qp.state(), srdma::QpState::Err);
         let c = a.dev.counters();
-        assert!(c.tx_shm_packets > 16000, "{c:?}");
+        if read {
+            // 16 READs of 1 MiB in 1 KiB responses, all pulled.
+            assert!(c.rx_shm_pulled >= 16 << 10, "{c:?}");
+        } else {
+            assert!(c.tx_shm_packets > 16000, "{c:?}");
+        }
         // A frozen peer keeps its link (the retransmissions fill its ring); a dead one's
         // ends, and the retransmissions try UDP, which nobody answers either.
         if signal == libc::SIGSTOP {
@@ -301,12 +339,22 @@ fn peer_fails(signal: libc::c_int) {
 
 #[test]
 fn a_peer_killed_mid_transfer_fails_the_survivor_within_its_retry_budget() {
-    peer_fails(libc::SIGKILL);
+    peer_fails(libc::SIGKILL, false);
 }
 
 #[test]
 fn a_peer_frozen_mid_transfer_fails_the_survivor_within_its_retry_budget() {
-    peer_fails(libc::SIGSTOP);
+    peer_fails(libc::SIGSTOP, false);
+}
+
+#[test]
+fn a_peer_killed_mid_read_fails_the_reader_within_its_retry_budget() {
+    peer_fails(libc::SIGKILL, true);
+}
+
+#[test]
+fn a_peer_frozen_mid_read_fails_the_reader_within_its_retry_budget() {
+    peer_fails(libc::SIGSTOP, true);
 }
 
 fn ip(args: &str) {

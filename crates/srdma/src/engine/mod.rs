@@ -418,7 +418,7 @@ pub(crate) fn start(cfg: DeviceConfig, sock: crate::udp::Socket) -> Result<Arc<D
     // Best effort: without its rendezvous socket the device still works, over UDP alone.
     let shm = cfg
         .shm
-        .then(|| crate::shm::Shm::open(local, keeper.is_some().then_some(slot)).ok())
+        .then(|| crate::shm::Shm::open(local, keeper.is_some().then_some(slot), cfg.shm_pull).ok())
         .flatten()
         .map(Box::new);
     let shm_fds = shm.as_ref().map_or([-1, -1], |s| s.fds());

@@ -191,6 +191,7 @@ impl Shared {
                 dst,
                 encap: &encap,
                 gso: GsoJoin::Any,
+                pullable: false,
             };
             if !udp.queue((), &pkt, frame, &Whole) {
                 break;

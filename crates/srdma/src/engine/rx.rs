@@ -60,6 +60,19 @@ impl RxState {
     }
 }
 
+/// The bytes of a packet whose payload stayed in its sender's memory, pulled now (see
+/// `crate::pull`): its headers from `head`, the payload from the sender, zeros after (pad,
+/// ICRC). `None` when it does not parse or cannot be read.
+fn whole_packet(head: &[u8], p: crate::driver::Pulled<'_>) -> Option<Vec<u8>> {
+    let (_, payload) = PacketRepr::parse_head(head, p.len).ok()?;
+    let mut pkt = head.get(..payload.start)?.to_vec();
+    crate::pull::read_now(p.pid, p.spans, &mut pkt).ok()?;
+    (pkt.len() == payload.end).then(|| {
+        pkt.resize(p.len, 0);
+        pkt
+    })
+}
+
 /// A multicast group UD QPs of this device are attached to ([`crate::Qp::attach_mcast`]),
 /// as rxe keeps one per multicast GID: a socket that is a member of the group on the
 /// device's interface and receives its datagrams, and the attached QPs, each of which gets a
@@ -207,14 +220,44 @@ impl Shared {
         let k = shm.recv(|from, data, via| {
             self.handle_datagram_to(st, now, from, to, data, via);
         });
+        // The payloads this batch pulls, before any of its completions or ACKs is
+        // published (`crate::pull`).
+        st.mem.pulls.flush();
+        if st.mem.pulls.has_failed() {
+            self.fail_pulls(st);
+        }
         if k.taken > 0 {
             shm.count_into(&mut st.counters);
+            let pulls = &st.mem.pulls;
+            st.counters.rx_shm_pulled = pulls.packets;
+            st.counters.rx_shm_pull_failed = pulls.failures + shm.counts.rx_bad_pulls;
             st.timing.spin.shm_took(now.as_nanos() as u64);
         }
         // A ring found corrupt is gone.
         self.shm_ins.store(shm.ins(), Ordering::Relaxed);
         st.shm = Some(shm);
         k
+    }
+
+    /// QPs whose pulled READ payloads could not be read (the responder's process went, or
+    /// its region): their READs fail as a NIC's whose DMA read faults (`Qp::fail_placement`).
+    #[cold]
+    fn fail_pulls(&self, st: &mut State) {
+        for (qpn, errno) in st.mem.pulls.take_failed() {
+            let Some(slot) = st.qps.get_mut(&qpn) else {
+                continue;
+            };
+            // A responder that is gone: as its retries running out; one whose memory is.
+            let status = if errno == libc::ESRCH {
+                srdma_proto::WcStatus::RetryExcErr
+            } else {
+                srdma_proto::WcStatus::RemAccessErr
+            };
+            slot.qp.fail_placement(status);
+            if !std::mem::replace(&mut slot.touched, true) {
+                st.rx.touched.push(qpn);
+            }
+        }
     }
 
     /// Handles the QP1 datagrams the port keeper forwarded (see `portshare`), as if the socket
@@ -287,6 +330,16 @@ impl Shared {
         data: &[u8],
         via: Via<'_>,
     ) {
+        if let (Via::Pulled(head, p), Some(_)) = (via, st.capture.as_ref()) {
+            // A capture wants the packet's bytes: its payload is pulled now, and the packet
+            // handled as one that came whole.
+            let Some(pkt) = whole_packet(head, p) else {
+                st.counters.rx_malformed += 1;
+                return;
+            };
+            let head = &pkt[..pkt.len().min(srdma_wire::MAX_HEADER_LEN)];
+            return self.handle_datagram_to(st, now, from, to, &pkt, Via::SharedMemory(head));
+        }
         let Some(mut encap) = self.encap_between(from, to) else {
             st.counters.rx_malformed += 1;
             return;
@@ -305,7 +358,7 @@ impl Shared {
         // rxe and NICs others. A ring carries no ICRC worth checking: it protects nothing
         // inside one host's memory.
         let ident = match (via, encap.ip) {
-            (Via::SharedMemory(_), _) => Some(0),
+            (Via::SharedMemory(_) | Via::Pulled(..), _) => Some(0),
             (Via::Udp { place, .. }, IpRepr::V4(_)) => {
                 st.counters.rx_datagrams += 1;
                 srdma_wire::icrc::verify_ipv4_ident_guess(&encap, data, place, &mut st.rx.icrc).ok()
@@ -339,6 +392,24 @@ impl Shared {
                 PacketRepr::parse_head(head, data.len()).map(|(mut repr, payload)| {
                     repr.payload = &data[payload];
                     repr
+                })
+            }
+            // Its payload stays in the sender's memory: the transport gets a stand-in of its
+            // length, which it only writes to memory (a READ response's bytes go nowhere
+            // else), and the store notes where those writes go (`crate::pull`).
+            Via::Pulled(head, p) => {
+                PacketRepr::parse_head(head, p.len).and_then(|(mut repr, payload)| {
+                    let spans: u64 = p.spans.iter().map(|s| s.1).sum();
+                    if repr.bth.opcode.kind() != Kind::ReadResponse || spans != payload.len() as u64
+                    {
+                        return Err(srdma_wire::Error::LengthMismatch {
+                            opcode: repr.bth.opcode,
+                            len: payload.len(),
+                            reason: "a pulled payload is a READ response's, as long as its spans",
+                        });
+                    }
+                    repr.payload = crate::pull::stand_in(payload.len());
+                    Ok(repr)
                 })
             }
             Via::Udp { .. } => PacketRepr::parse_bytes(data),
@@ -402,10 +473,14 @@ impl Shared {
             None => slot.srq,
         };
         let srq = srq_id.and_then(|id| srqs.get_mut(&id));
+        if let Via::Pulled(_, p) = via {
+            mem.pulls.begin(p.pid, qpn, p.spans);
+        }
         let mut ctx = Ctx { now, mrs, mem, srq };
         let silent = slot.qp.silent_writes();
         slot.qp.handle_packet(&mut ctx, &repr, &RecvMeta { encap });
         srq_limit(slot, srq_id, ctx.srq);
+        mem.pulls.end();
         if let Some(Some((_, cq))) = &xrc_srq {
             super::xrc::complete_to(&mut slot.qp, cq);
         }
@@ -566,5 +641,85 @@ fn srq_limit(slot: &super::QpSlot, id: Option<u32>, srq: Option<&mut srdma_proto
     {
         slot.send_cq
             .raise(crate::AsyncEvent::SrqLimitReached { srq: id });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use crate::{
+        AccessFlags, ConnectParams, Device, DeviceConfig, Mtu, QpInit, QpType, RKey, RemoteQp,
+        SendOp, SendWr, SgeList, ShmPull, WcStatus,
+    };
+    use srdma_wire::Psn;
+
+    /// Two devices of this process through shared memory, READ responses pulled. Once every
+    /// pull fails (as when the responder's process is gone), the READ completes with
+    /// RETRY_EXC_ERR — never with success over bytes that were not placed — and its QP is in
+    /// ERR; the reads before it brought the responder's bytes.
+    #[test]
+    fn a_read_whose_payload_cannot_be_pulled_fails_its_qp() {
+        let open = |ip: [u8; 4]| {
+            let mut c = DeviceConfig::new(ip.into());
+            c.share_port = false;
+            c.shm_pull = ShmPull::Always;
+            Device::open(c).unwrap()
+        };
+        let (a, b) = (open([127, 0, 33, 1]), open([127, 0, 33, 2]));
+        let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ;
+        let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
+        let (ca, cb) = (
+            a.create_cq(16, None).unwrap(),
+            b.create_cq(16, None).unwrap(),
+        );
+        let qa = pa.create_qp(&QpInit::new(QpType::Rc, &ca, &ca)).unwrap();
+        let qb = pb.create_qp(&QpInit::new(QpType::Rc, &cb, &cb)).unwrap();
+        let (ma, mb) = (
+            pa.reg_mr(1 << 20, access).unwrap(),
+            pb.reg_mr(1 << 20, access).unwrap(),
+        );
+        let remote = |d: &Device, q: &crate::Qp| RemoteQp {
+            qpn: q.qpn(),
+            psn: Psn::new(1),
+            gid: d.local_gid(),
+            port: d.local_addr().port(),
+        };
+        let params = ConnectParams::new(Mtu::Mtu4096, Psn::new(1));
+        qa.connect(&remote(&b, &qb), &params).unwrap();
+        qb.connect(&remote(&a, &qa), &params).unwrap();
+        let bytes: Vec<u8> = (0..1 << 20).map(|i| (i * 13 + 5) as u8).collect();
+        mb.write(0, &bytes).unwrap();
+        let r = mb.remote().unwrap();
+        let read = |id| {
+            let op = SendOp::Read {
+                remote_addr: r.addr,
+                rkey: RKey(r.rkey),
+            };
+            qa.post_send(SendWr::new(id, op, SgeList::one(ma.sge(0, 1 << 20))))
+                .unwrap();
+            let start = Instant::now();
+            loop {
+                if let Some(wc) = ca.poll_one() {
+                    break wc;
+                }
+                assert!(start.elapsed() < Duration::from_secs(10), "no completion");
+            }
+        };
+        // The first READ makes the link both ways (b learns that a pulls), the second
+        // goes by pulls.
+        for id in 0..2 {
+            assert_eq!(read(id).status, WcStatus::Success);
+        }
+        let mut got = vec![0; 1 << 20];
+        ma.read(0, &mut got).unwrap();
+        assert!(got == bytes);
+        let c = a.counters();
+        assert!(c.rx_shm_pulled >= 256, "{c:?}");
+        a.h.shared.lock().mem.pulls.fail_all = true;
+        let wc = read(2);
+        assert_eq!((wc.wr_id, wc.status), (2, WcStatus::RetryExcErr));
+        assert_eq!(qa.state(), crate::QpState::Err);
+        assert!(a.counters().rx_shm_pull_failed > 0);
     }
 }

@@ -200,11 +200,16 @@ impl Shared {
                 if let Some(w) = capture.as_mut() {
                     capture_tx(w, now_ns, &encap, &mut frame[..t.len]);
                 }
+                // A READ response's payload stays in the responder's memory while its READ
+                // is outstanding: a peer that may read it there pulls it (`crate::pull`).
+                let read_response = srdma_wire::Opcode::try_from(frame[0])
+                    .is_ok_and(|o| o.kind() == srdma_wire::Kind::ReadResponse);
                 let pkt = Outgoing {
                     len: t.len,
                     dst,
                     encap: &encap,
                     gso: GsoJoin::Alone,
+                    pullable: read_response,
                 };
                 // A full ring or a piece gone: the driver counts the first, the transport
                 // retransmits both.
@@ -244,6 +249,7 @@ impl Shared {
                 dst,
                 encap: &encap,
                 gso,
+                pullable: false,
             };
             if udp.queue(link, &pkt, frame, &*mem) {
                 counters.tx_datagrams += 1;

@@ -30,9 +30,11 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
-use ring::{Consumer, Producer, Push};
+use ring::{Consumer, Producer, Push, Record};
 
-use crate::driver::{Driver, Frame, Outgoing, Payload, Received, Via};
+use crate::driver::{Driver, Frame, Outgoing, Payload, Pulled, Received, Via};
+use crate::pull::{MAX_SPANS, Span};
+use crate::types::ShmPull;
 
 /// Bytes of one ring (header and records): 8 MiB of records hold a QP's largest window
 /// (1024 PSNs of 4 KiB) with room to spare, so a QP whose packets take a ring starts with
@@ -76,6 +78,9 @@ struct Out {
     dirty: bool,
     /// The last push found the ring full (the peer's liveness was asked then).
     full: bool,
+    /// The peer may read this process's memory: READ response payloads stay where they
+    /// are (the peer said so, see `port::offer_pulls`).
+    pull: bool,
 }
 
 /// A link a peer produces into.
@@ -86,6 +91,10 @@ struct In {
     /// `None` once the peer went: what it published before is still taken (as datagrams
     /// already in a socket's buffer are), then the link ends.
     sock: Option<OwnedFd>,
+    /// The peer's process.
+    pid: i32,
+    /// The peer's process, if this one may pull payloads from its memory.
+    pull_from: Option<i32>,
 }
 
 /// What the driver counted (the engine adds them to the device's counters).
@@ -103,6 +112,10 @@ pub(crate) struct Counts {
     pub(crate) links_in: u64,
     /// Links ended because the peer broke the ring's rules, or offers refused.
     pub(crate) refused: u64,
+    /// Packets sent with their payload left in this process's memory.
+    pub(crate) tx_pulls: u64,
+    /// Records of pulled packets that did not check (dropped).
+    pub(crate) rx_bad_pulls: u64,
 }
 
 /// A device's side of the shared-memory driver.
@@ -119,6 +132,15 @@ pub(crate) struct Shm {
     ins: Vec<In>,
     /// The private copy of each packet's headers (see [`Shm::drain`]).
     head: [u8; srdma_wire::MAX_HEADER_LEN],
+    /// The private copy of a pulled packet's spans.
+    spans: [Span; MAX_SPANS],
+    /// When packets leave their payload for the peer to pull.
+    pulls: ShmPull,
+    /// The host's CPUs (not this process's affinity: an MPI rank bound to one core still
+    /// has its own), and the other processes that produce into this device's rings (see
+    /// [`ShmPull::Crowded`]).
+    cpus: usize,
+    peers: usize,
     /// Threads between [`Shm::arm`] and [`Shm::disarm`].
     armed: u32,
     pub(crate) counts: Counts,
@@ -127,7 +149,9 @@ pub(crate) struct Shm {
 impl Shm {
     /// Opens the driver of the device at `me`, slot `slot` of a shared port (`None`:
     /// unshared).
-    pub(crate) fn open(me: SocketAddr, slot: Option<u8>) -> std::io::Result<Shm> {
+    /// `pulls`: when READ responses leave their payload for the peer to pull.
+    pub(crate) fn open(me: SocketAddr, slot: Option<u8>, pulls: ShmPull) -> std::io::Result<Shm> {
+        crate::pull::watch_fork();
         Ok(Shm {
             port: port::Port::bind(me, slot)?,
             me,
@@ -137,6 +161,10 @@ impl Shm {
             outs: Vec::new(),
             ins: Vec::new(),
             head: [0; srdma_wire::MAX_HEADER_LEN],
+            spans: [(0, 0); MAX_SPANS],
+            pulls,
+            cpus: crate::sys::online_cpus(),
+            peers: 0,
             armed: 0,
             counts: Counts::default(),
         })
@@ -182,6 +210,7 @@ impl Shm {
                 sock,
                 dirty: false,
                 full: false,
+                pull: false,
             };
             self.counts.links_out += 1;
             let i = match self.outs.iter().position(Option::is_none) {
@@ -205,10 +234,21 @@ impl Shm {
         len: usize,
         fill: impl FnOnce(&mut [u8]) -> bool,
     ) -> bool {
+        self.push_as(i, Record::Packet, len, fill)
+    }
+
+    /// [`Shm::push`] of a record of kind `record`.
+    fn push_as(
+        &mut self,
+        i: usize,
+        record: Record,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]) -> bool,
+    ) -> bool {
         let Some(out) = self.outs.get_mut(i).and_then(Option::as_mut) else {
             return false;
         };
-        match out.ring.push(len, fill) {
+        match out.ring.push_as(record, len, fill) {
             Ok(Push::Withdrawn) => false,
             Ok(Push::Done) => {
                 out.dirty = true;
@@ -294,22 +334,40 @@ impl Shm {
     /// private copy of its first [`srdma_wire::MAX_HEADER_LEN`] bytes (all its headers; the
     /// whole packet if shorter) and the whole packet where it lies in the ring: parse the
     /// headers from the copy (`PacketRepr::parse_head`), copy the payload from the ring.
-    /// Returns how many it took, and whether some ring gave `max` (more may wait there).
+    /// A packet whose payload stayed in its sender's memory comes with where it is
+    /// ([`Pulled`]) and only its other bytes. Returns how many it took, and whether some
+    /// ring gave `max` (more may wait there).
     pub(crate) fn drain(
         &mut self,
         max: usize,
-        mut f: impl FnMut(SocketAddr, &[u8], &[u8]),
+        mut f: impl FnMut(SocketAddr, &[u8], &[u8], Option<Pulled<'_>>),
     ) -> (usize, bool) {
         let mut n = 0;
         let mut cut = false;
         let mut ended = false;
-        for link in &mut self.ins {
+        let Shm {
+            ins,
+            head,
+            spans,
+            counts,
+            ..
+        } = self;
+        for link in ins.iter_mut() {
             if link.ring.is_empty() {
                 ended |= link.sock.is_none();
                 continue;
             }
-            let from = link.from;
-            match link.ring.pop(&mut self.head, max, |h, d| f(from, h, d)) {
+            let (from, pid) = (link.from, link.pull_from);
+            let r = link.ring.pop(head, max, |kind, h, d| match (kind, pid) {
+                (Record::Packet, _) => f(from, h, d, None),
+                (Record::Pull, Some(pid)) => match unpack_pull(h, d, pid, spans) {
+                    Some((h, p)) => f(from, h, &[], Some(p)),
+                    None => counts.rx_bad_pulls += 1,
+                },
+                // Pulls this side never offered.
+                (Record::Pull, None) => counts.rx_bad_pulls += 1,
+            });
+            match r {
                 Ok(k) => {
                     n += k;
                     cut |= k == max;
@@ -319,17 +377,17 @@ impl Shm {
                     if let Some(sock) = &link.sock {
                         port::refuse(sock);
                     }
-                    self.counts.refused += 1;
+                    counts.refused += 1;
                     ended = true;
                 }
             }
         }
         if ended {
             // Corrupt rings, and rings of peers that went once they are empty.
-            self.ins
-                .retain(|l| !l.ring.is_corrupt() && (l.sock.is_some() || !l.ring.is_empty()));
+            ins.retain(|l| !l.ring.is_corrupt() && (l.sock.is_some() || !l.ring.is_empty()));
+            self.peers = processes(&self.ins);
         }
-        self.counts.rx_packets += n as u64;
+        counts.rx_packets += n as u64;
         (n, cut)
     }
 
@@ -358,7 +416,8 @@ impl Shm {
     /// `port`: the rendezvous socket polled readable (an offer may wait); without it only
     /// the links are looked at (a system call fewer on every doorbell).
     pub(crate) fn service(&mut self, now: u64, port: bool) {
-        while let Some(offer) = port.then(|| self.port.accept()).flatten() {
+        let pulls = self.pulls != ShmPull::Never;
+        while let Some(offer) = port.then(|| self.port.accept(pulls)).flatten() {
             let Ok(hello) = offer else {
                 self.counts.refused += 1;
                 continue;
@@ -367,11 +426,17 @@ impl Shm {
                 Some(ring) if crate::sys::epoll_add(&self.ep, hello.link.as_raw_fd()).is_ok() => {
                     ring.set_sleepers(self.armed);
                     self.counts.links_in += 1;
+                    if hello.pull_from.is_some() {
+                        port::offer_pulls(&hello.link);
+                    }
                     self.ins.push(In {
                         from: hello.from,
                         ring,
                         sock: Some(hello.link),
+                        pid: hello.pid,
+                        pull_from: hello.pull_from,
                     });
+                    self.peers = processes(&self.ins);
                 }
                 _ => {
                     self.counts.refused += 1;
@@ -398,6 +463,7 @@ impl Shm {
                     link.sock = None;
                     if link.ring.is_empty() || link.ring.is_corrupt() {
                         self.ins.swap_remove(k);
+                        self.peers = processes(&self.ins);
                     }
                 }
                 continue;
@@ -407,9 +473,15 @@ impl Shm {
                 .iter()
                 .position(|o| o.as_ref().is_some_and(|o| o.sock.as_raw_fd() == fd));
             if let Some(i) = out {
-                let news = port::read_link(&self.outs[i].as_ref().expect("found").sock);
+                let mut news = port::read_link(&self.outs[i].as_ref().expect("found").sock);
+                if news == port::LinkNews::Pulls {
+                    // Said once, when the peer took the link; what it says next may follow.
+                    let out = self.outs[i].as_mut().expect("found");
+                    out.pull = true;
+                    news = port::read_link(&out.sock);
+                }
                 match news {
-                    port::LinkNews::Bells => {}
+                    port::LinkNews::Bells | port::LinkNews::Pulls => {}
                     port::LinkNews::Refused => {
                         self.counts.refused += 1;
                         self.end_out(i, Some(now.saturating_add(RETRY_NS)));
@@ -468,6 +540,28 @@ impl Driver for Shm {
     ) -> bool {
         let base = frame.as_ptr() as usize;
         let bytes = &frame[..pkt.len];
+        let crowded = match self.pulls {
+            ShmPull::Never => false,
+            ShmPull::Always => true,
+            ShmPull::Crowded => self.peers + 1 > self.cpus,
+        };
+        let pulls = pkt.pullable
+            && crowded
+            && crate::pull::may_lend()
+            && self
+                .outs
+                .get(link)
+                .is_some_and(|o| o.as_ref().is_some_and(|o| o.pull));
+        if let Some(layout) = pulls
+            .then(|| PullLayout::of(bytes, base, payload))
+            .flatten()
+        {
+            let sent = self.push_as(link, Record::Pull, layout.record_len(pkt.len), |out| {
+                layout.write(out, bytes, payload)
+            });
+            self.counts.tx_pulls += u64::from(sent);
+            return sent;
+        }
         self.push(link, pkt.len, |out| assemble(out, bytes, base, payload))
     }
 
@@ -479,8 +573,9 @@ impl Driver for Shm {
 
     /// Up to [`RECV_BATCH`] packets from each in-link (see [`Shm::drain`]).
     fn recv(&mut self, mut f: impl FnMut(SocketAddr, &[u8], Via<'_>)) -> Received {
-        let (taken, full) = self.drain(RECV_BATCH, |from, head, data| {
-            f(from, data, Via::SharedMemory(head))
+        let (taken, full) = self.drain(RECV_BATCH, |from, head, data, pulled| match pulled {
+            Some(p) => f(from, data, Via::Pulled(head, p)),
+            None => f(from, data, Via::SharedMemory(head)),
         });
         Received {
             taken,
@@ -498,7 +593,126 @@ impl Driver for Shm {
         c.shm_links_out = k.links_out;
         c.shm_links_in = k.links_in;
         c.shm_refused = k.refused;
+        c.tx_shm_pulls = k.tx_pulls;
     }
+}
+
+/// How many other processes produce into `ins` (a process with several devices has a
+/// link from each; one may have a link from a device of its own).
+fn processes(ins: &[In]) -> usize {
+    let mut pids: Vec<i32> = ins.iter().map(|l| l.pid).collect();
+    pids.sort_unstable();
+    pids.dedup();
+    let me = i32::try_from(std::process::id()).unwrap_or(0);
+    pids.len() - usize::from(pids.binary_search(&me).is_ok())
+}
+
+/// How a packet whose payload stays in this process's memory is laid out in its record:
+/// the packet's bytes before the payload (headers) and after it (pad, ICRC), then the
+/// payload's spans (address and length, `u64` LE each), then the packet's length and the
+/// number of spans (`u32` LE each).
+struct PullLayout {
+    /// Where the payload starts in the packet, and its length.
+    at: usize,
+    len: usize,
+    /// Spans.
+    n: usize,
+}
+
+/// Bytes after the spans: the packet's length, the number of spans.
+const PULL_FOOTER: usize = 8;
+
+impl PullLayout {
+    /// The layout of the packet `frame` (whose address is `base`), if its payload may stay
+    /// where it is: pieces that follow each other in the packet, long enough to be worth a
+    /// pull, still there.
+    fn of(frame: &[u8], base: usize, payload: &impl Payload) -> Option<PullLayout> {
+        let n = payload.count();
+        if n == 0 || n > MAX_SPANS {
+            return None;
+        }
+        let start = payload.place(0).0.wrapping_sub(base);
+        let mut end = start;
+        for i in 0..n {
+            let (dst, len) = payload.place(i);
+            if dst.wrapping_sub(base) != end || payload.bytes(i).is_none() {
+                return None;
+            }
+            end += len;
+        }
+        let len = end - start;
+        let fits = end <= frame.len()
+            && (crate::pull::MIN_PAYLOAD..=crate::pull::MAX_PAYLOAD).contains(&len);
+        fits.then_some(PullLayout { at: start, len, n })
+    }
+
+    fn record_len(&self, pkt_len: usize) -> usize {
+        pkt_len - self.len + 16 * self.n + PULL_FOOTER
+    }
+
+    /// Writes the record into `out` (`record_len` bytes). False when a piece is gone.
+    fn write(&self, out: &mut [u8], frame: &[u8], payload: &impl Payload) -> bool {
+        let (at, rest) = (self.at, frame.len() - self.at - self.len);
+        out[..at].copy_from_slice(&frame[..at]);
+        out[at..at + rest].copy_from_slice(&frame[at + self.len..]);
+        let mut w = at + rest;
+        for i in 0..self.n {
+            let Some(b) = payload.bytes(i) else {
+                return false;
+            };
+            out[w..w + 8].copy_from_slice(&(b.as_ptr() as u64).to_le_bytes());
+            out[w + 8..w + 16].copy_from_slice(&(b.len() as u64).to_le_bytes());
+            w += 16;
+        }
+        out[w..w + 4].copy_from_slice(&(frame.len() as u32).to_le_bytes());
+        out[w + 4..w + 8].copy_from_slice(&(self.n as u32).to_le_bytes());
+        true
+    }
+}
+
+/// Reads the record of a pulled packet (see [`PullLayout`]) from `pid`: `head`, the private
+/// copy of its first bytes, and `rec`, the record where it lies. Returns the packet's
+/// headers (from `head`) and where its payload is, the spans copied into `spans`; `None`
+/// when the record does not check (its payload must be as long as its spans say).
+fn unpack_pull<'h>(
+    head: &'h [u8],
+    rec: &[u8],
+    pid: i32,
+    spans: &'h mut [Span; MAX_SPANS],
+) -> Option<(&'h [u8], Pulled<'h>)> {
+    let l = rec.len();
+    let mut footer = [0u8; PULL_FOOTER];
+    footer.copy_from_slice(rec.get(l.checked_sub(PULL_FOOTER)?..)?);
+    let pkt_len = u32::from_le_bytes(footer[..4].try_into().ok()?) as usize;
+    let n = u32::from_le_bytes(footer[4..].try_into().ok()?) as usize;
+    if n == 0 || n > MAX_SPANS {
+        return None;
+    }
+    let frame_len = l.checked_sub(PULL_FOOTER + 16 * n)?;
+    let mut total = 0u64;
+    for (i, s) in spans.iter_mut().take(n).enumerate() {
+        let at = frame_len + 16 * i;
+        let mut b = [0u8; 16];
+        b.copy_from_slice(&rec[at..at + 16]);
+        *s = (
+            u64::from_le_bytes(b[..8].try_into().ok()?),
+            u64::from_le_bytes(b[8..].try_into().ok()?),
+        );
+        total = total.checked_add(s.1)?;
+    }
+    let payload = pkt_len.checked_sub(frame_len)?;
+    if total != payload as u64 || payload > crate::pull::MAX_PAYLOAD {
+        return None;
+    }
+    let head = &head[..head.len().min(frame_len)];
+    Some((
+        head,
+        Pulled {
+            len: pkt_len,
+            pid,
+            spans: &spans[..n],
+        },
+    ))
 }
 
 /// Writes the packet built in `frame` (whose address is `base`) into `out` (as long as the
@@ -544,8 +758,8 @@ mod tests {
     fn packets_cross_a_link_with_doorbells_and_the_link_ends_with_its_producer() {
         // Port numbers no device of another test uses.
         let (a_at, b_at) = (addr("127.0.0.1:47911"), addr("127.0.0.1:47912"));
-        let mut a = Shm::open(a_at, None).unwrap();
-        let mut b = Shm::open(b_at, Some(3)).unwrap();
+        let mut a = Shm::open(a_at, None, ShmPull::Always).unwrap();
+        let mut b = Shm::open(b_at, Some(3), ShmPull::Always).unwrap();
         // No device at that address and slot: UDP (and remembered).
         assert_eq!(a.route(addr("127.0.0.1:47913"), 0x30011, 0), None);
         assert_eq!(a.route(b_at, 0x20011, 0), None, "slot 2 is not b");
@@ -566,11 +780,11 @@ mod tests {
         let mut got = Vec::new();
         // A batch that stops at its limit says more may wait; the last one does not.
         assert_eq!(
-            b.drain(60, |from, _, d| got.push((from, d.to_vec()))),
+            b.drain(60, |from, _, d, _| got.push((from, d.to_vec()))),
             (60, true)
         );
         assert_eq!(
-            b.drain(60, |from, _, d| got.push((from, d.to_vec()))),
+            b.drain(60, |from, _, d, _| got.push((from, d.to_vec()))),
             (40, false)
         );
         assert_eq!(got.len(), 100);
@@ -588,7 +802,7 @@ mod tests {
         assert!(readable(b.fds()[1]));
         b.disarm();
         b.service(0, true);
-        assert_eq!(b.drain(10, |_, _, _| {}), (1, false));
+        assert_eq!(b.drain(10, |_, _, _, _| {}), (1, false));
         // a goes: b's link ends.
         drop(a);
         assert!(readable(b.fds()[1]));
@@ -599,8 +813,8 @@ mod tests {
     #[test]
     fn what_a_producer_published_before_it_went_is_still_taken() {
         let (a_at, b_at) = (addr("127.0.0.1:47916"), addr("127.0.0.1:47917"));
-        let mut a = Shm::open(a_at, None).unwrap();
-        let mut b = Shm::open(b_at, None).unwrap();
+        let mut a = Shm::open(a_at, None, ShmPull::Always).unwrap();
+        let mut b = Shm::open(b_at, None, ShmPull::Always).unwrap();
         let i = a.route(b_at, 0x11, 0).unwrap();
         for _ in 0..3 {
             assert!(a.push(i, 40, |_| true));
@@ -609,15 +823,91 @@ mod tests {
         drop(a);
         b.service(0, true);
         assert!(b.has_ins(), "the ring still holds packets");
-        assert_eq!(b.drain(10, |from, _, _| assert_eq!(from, a_at)), (3, false));
+        assert_eq!(
+            b.drain(10, |from, _, _, _| assert_eq!(from, a_at)),
+            (3, false)
+        );
         assert!(!b.has_ins(), "then the link ends");
+    }
+
+    /// Payload pieces at fixed places of a frame (tests).
+    struct Pieces<'a> {
+        base: usize,
+        at: Vec<(usize, &'a [u8])>,
+    }
+
+    impl Payload for Pieces<'_> {
+        fn count(&self) -> usize {
+            self.at.len()
+        }
+
+        fn place(&self, i: usize) -> (usize, usize) {
+            (self.base + self.at[i].0, self.at[i].1.len())
+        }
+
+        fn bytes(&self, i: usize) -> Option<&[u8]> {
+            Some(self.at[i].1)
+        }
+    }
+
+    #[test]
+    fn a_pulled_packet_record_carries_its_headers_and_spans_and_garbage_is_refused() {
+        let frame: Vec<u8> = (0..4096 + 20 + 4).map(|i| i as u8).collect();
+        let src = vec![9u8; 4096];
+        let pieces = Pieces {
+            base: frame.as_ptr() as usize,
+            at: vec![(16, &src[..1000]), (1016, &src[1000..])],
+        };
+        let layout = PullLayout::of(&frame, pieces.base, &pieces).expect("pullable");
+        let len = layout.record_len(frame.len());
+        assert_eq!(len, frame.len() - 4096 + 2 * 16 + PULL_FOOTER);
+        let mut rec = vec![0u8; len];
+        assert!(layout.write(&mut rec, &frame, &pieces));
+        let head = rec[..rec.len().min(srdma_wire::MAX_HEADER_LEN)].to_vec();
+        let mut spans = [(0, 0); MAX_SPANS];
+        let (h, p) = unpack_pull(&head, &rec, 42, &mut spans).expect("checks");
+        assert_eq!(&h[..16], &frame[..16], "the headers");
+        assert_eq!((p.len, p.pid), (frame.len(), 42));
+        let at = src.as_ptr() as u64;
+        assert_eq!(p.spans, [(at, 1000), (at + 1000, 3096)]);
+        // Pieces with a gap between them, or too short to be worth a pull, keep the copy.
+        let gap = Pieces {
+            base: pieces.base,
+            at: vec![(16, &src[..1000]), (1020, &src[1000..2000])],
+        };
+        assert!(PullLayout::of(&frame, gap.base, &gap).is_none());
+        let short = Pieces {
+            base: pieces.base,
+            at: vec![(16, &src[..100])],
+        };
+        assert!(PullLayout::of(&frame, short.base, &short).is_none());
+        // A peer's garbage: refused or taken, never a panic; a length that does not add up
+        // with the spans is refused.
+        let mut bad = rec.clone();
+        let l = bad.len();
+        bad[l - 8..l - 4].copy_from_slice(&(frame.len() as u32 + 4).to_le_bytes());
+        assert!(unpack_pull(&head, &bad, 42, &mut spans).is_none());
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for n in 0..20_000usize {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let mut g = rec.clone();
+            g.truncate(n % (rec.len() + 1));
+            let k = g.len();
+            if k > 0 {
+                g[(x as usize) % k] = (x >> 32) as u8;
+                g[(x as usize >> 8) % k] = (x >> 40) as u8;
+            }
+            let _ = unpack_pull(&head, &g, 42, &mut spans);
+        }
     }
 
     #[test]
     fn a_refused_link_sends_its_destination_over_udp() {
         let (a_at, b_at) = (addr("127.0.0.1:47914"), addr("127.0.0.1:47915"));
-        let mut a = Shm::open(a_at, None).unwrap();
-        let mut b = Shm::open(b_at, None).unwrap();
+        let mut a = Shm::open(a_at, None, ShmPull::Always).unwrap();
+        let mut b = Shm::open(b_at, None, ShmPull::Always).unwrap();
         let i = a.route(b_at, 0x11, 0).unwrap();
         b.service(0, true);
         // b finds garbage in the ring: it refuses the link.
@@ -629,7 +919,7 @@ mod tests {
                 .cast::<u64>()
                 .write_volatile(u64::MAX)
         };
-        assert_eq!(b.drain(10, |_, _, _| {}), (0, false));
+        assert_eq!(b.drain(10, |_, _, _, _| {}), (0, false));
         assert!(!b.has_ins());
         assert!(readable(a.fds()[1]));
         a.service(5, true);

@@ -22,6 +22,11 @@ const MSG_MAGIC: u64 = u64::from_le_bytes(*b"srdmaShm");
 const MSG_LEN: usize = 48;
 /// The only message: a ring offered (memfd and link socket attached).
 const KIND_HELLO: u8 = 1;
+/// What a `HELLO`'s sender keeps at the address it names (bytes 40..48): a receiver that
+/// reads it there with `process_vm_readv` may pull payloads from the sender's memory
+/// (`crate::pull`). A sender that names address 0 (or an older one, which sends zeros)
+/// offers no pulls.
+static PULL_PROBE: u64 = u64::from_le_bytes(*b"srdmaPl1");
 
 /// The abstract name of the device at `addr` with port slot `slot` (`None`: unshared port).
 pub(crate) fn name_of(addr: SocketAddr, slot: Option<u8>) -> Vec<u8> {
@@ -58,6 +63,10 @@ pub(crate) struct Hello {
     pub(crate) mem: Mem,
     /// This side's end of the link's socket pair.
     pub(crate) link: OwnedFd,
+    /// The peer's process (as the kernel names it to this one).
+    pub(crate) pid: i32,
+    /// The peer's process, if this one may read its memory (see [`PULL_PROBE`]).
+    pub(crate) pull_from: Option<i32>,
 }
 
 impl Port {
@@ -115,6 +124,7 @@ impl Port {
         m[10..12].copy_from_slice(&me.port().to_be_bytes());
         m[16..32].copy_from_slice(&ip);
         m[32..40].copy_from_slice(&(len as u64).to_le_bytes());
+        m[40..48].copy_from_slice(&(&raw const PULL_PROBE as u64).to_le_bytes());
         let mut iov = libc::iovec {
             iov_base: m.as_mut_ptr().cast(),
             iov_len: MSG_LEN,
@@ -160,11 +170,17 @@ impl Port {
     /// Takes the next ring a peer offered, if any: `Some(Err(..))` for an offer refused
     /// (another user, a malformed message, a ring that does not check); `None` when nothing
     /// waits.
-    pub(crate) fn accept(&self) -> Option<Result<Hello, &'static str>> {
+    /// `pulls`: try whether this process may read the peer's memory (else it is not asked).
+    pub(crate) fn accept(&self, pulls: bool) -> Option<Result<Hello, &'static str>> {
         let mut m = [0u8; MSG_LEN + 1];
         let r = recv_msg(self.fd.as_raw_fd(), &mut m, libc::MSG_DONTWAIT);
         let n = usize::try_from(r.n).ok()?;
-        Some(hello_of(&m[..n], r.cred, r.fds))
+        let mut hello = hello_of(&m[..n], r.cred, r.fds);
+        if let (Ok(h), true, Some(c)) = (hello.as_mut(), pulls, r.cred) {
+            let at = u64::from_le_bytes(m[40..48].try_into().expect("8 bytes"));
+            h.pull_from = may_pull(c.pid, at).then_some(c.pid);
+        }
+        Some(hello)
     }
 }
 
@@ -177,10 +193,10 @@ fn hello_of(
 ) -> Result<Hello, &'static str> {
     // SAFETY: geteuid has no arguments and cannot fail.
     let me = unsafe { libc::geteuid() };
-    match cred {
-        Some(c) if c.uid == me => {}
+    let pid = match cred {
+        Some(c) if c.uid == me => c.pid,
         _ => return Err("offer from another user"),
-    }
+    };
     if m.len() != MSG_LEN || m[..8] != MSG_MAGIC.to_le_bytes() || m[8] != KIND_HELLO {
         return Err("malformed offer");
     }
@@ -207,7 +223,28 @@ fn hello_of(
         from: SocketAddr::new(ip, port),
         mem,
         link,
+        pid,
+        pull_from: None,
     })
+}
+
+/// Whether this process may read process `pid`'s memory: the [`PULL_PROBE`] it names at
+/// `at` reads back (same user, and neither Yama, seccomp nor a non-dumpable peer refuses).
+fn may_pull(pid: i32, at: u64) -> bool {
+    if pid <= 0 || at == 0 {
+        return false;
+    }
+    let mut word = [0u8; 8];
+    let local = [(word.as_mut_ptr() as u64, 8)];
+    // SAFETY: the local span is `word`, ours for the call.
+    let n = unsafe { crate::sys::pull(pid, &local, &[(at, 8)]) };
+    matches!(n, Ok(8)) && u64::from_ne_bytes(word) == PULL_PROBE
+}
+
+/// Tells the producer of a link that this side pulls payloads from its memory (see
+/// [`Hello::pull_from`]).
+pub(crate) fn offer_pulls(link: &OwnedFd) {
+    let _ = send_byte(link, b'p');
 }
 
 /// A message received on a Unix socket, with what came along.
@@ -379,6 +416,9 @@ pub(crate) enum LinkNews {
     Refused,
     /// The other end is gone (closed, or its process exited).
     Gone,
+    /// The other end may read this process's memory: payloads may stay where they are
+    /// (see [`offer_pulls`]).
+    Pulls,
 }
 
 /// Says no to a link: the other end learns it before the socket closes.
@@ -410,6 +450,8 @@ pub(crate) fn read_link(link: &OwnedFd) -> LinkNews {
     }
     if buf[..n as usize].contains(&b'r') {
         LinkNews::Refused
+    } else if buf[..n as usize].contains(&b'p') {
+        LinkNews::Pulls
     } else {
         LinkNews::Bells
     }

@@ -12,7 +12,9 @@
 //! | 140           | `naps`: how many times a consumer thread said it may sleep        |
 //! | [`HEADER_LEN`] | the records                                                      |
 //!
-//! A record is `len: u32, kind: u32` then `len` bytes, padded to 8. A record never wraps
+//! A record is `len: u32, kind: u32` then `len` bytes, padded to 8; its kind says what
+//! the bytes are ([`Record`]: a packet, or a packet whose payload stays in the producer's
+//! memory, see `crate::pull`), or marks a wrap. A record never wraps
 //! round the end of the area: where the next one does not fit, the producer writes a wrap
 //! marker and starts again at 0.
 //!
@@ -40,11 +42,22 @@ const NAPS_AT: usize = 140;
 const REC_HDR: usize = 8;
 const KIND_PACKET: u32 = 1;
 const KIND_WRAP: u32 = 2;
+const KIND_PULL: u32 = 3;
 /// The longest record: a RoCEv2 packet of the largest MTU with every header, with room.
 pub(crate) const MAX_RECORD: usize = 8192;
 /// The smallest and largest record areas a consumer accepts.
 pub(crate) const MIN_CAPACITY: u64 = 64 << 10;
 pub(crate) const MAX_CAPACITY: u64 = 256 << 20;
+
+/// What a record holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Record {
+    /// A packet, whole.
+    Packet,
+    /// A packet whose payload stays in the producer's memory: its other bytes and where
+    /// the payload is (laid out by `shm`).
+    Pull,
+}
 
 /// The peer broke the ring's rules: it is not used again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -207,8 +220,19 @@ impl Producer {
 
     /// Offers a record of `len` bytes, which `fill` writes (it returns false to withdraw it:
     /// nothing is published). `Corrupt` when the consumer broke the rules.
+    #[cfg(test)]
     pub(crate) fn push(
         &mut self,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]) -> bool,
+    ) -> Result<Push, Corrupt> {
+        self.push_as(Record::Packet, len, fill)
+    }
+
+    /// [`Producer::push`] of a record of kind `record`.
+    pub(crate) fn push_as(
+        &mut self,
+        record: Record,
         len: usize,
         fill: impl FnOnce(&mut [u8]) -> bool,
     ) -> Result<Push, Corrupt> {
@@ -238,7 +262,11 @@ impl Producer {
         if !fill(data) {
             return Ok(Push::Withdrawn);
         }
-        self.write_hdr(at, len as u32, KIND_PACKET);
+        let kind = match record {
+            Record::Packet => KIND_PACKET,
+            Record::Pull => KIND_PULL,
+        };
+        self.write_hdr(at, len as u32, kind);
         self.head += total;
         self.mem
             .atomic64(HEAD_AT)
@@ -346,8 +374,9 @@ impl Consumer {
         self.mem.atomic32(SLEEPING_AT).store(n, Ordering::Relaxed);
     }
 
-    /// Takes up to `max` records, handing each to `f` as its first `head.len()` bytes (or all
-    /// of it, if shorter) copied into `head`, and the whole record where it lies in the ring.
+    /// Takes up to `max` records, handing each to `f` as its kind, its first `head.len()`
+    /// bytes (or all of it, if shorter) copied into `head`, and the whole record where it
+    /// lies in the ring.
     /// Returns how many it took, or `Corrupt` (what was taken before the fault was handed on).
     ///
     /// The records stay the consumer's until `pop` returns (the tail moves then), so a
@@ -357,7 +386,7 @@ impl Consumer {
         &mut self,
         head: &mut [u8],
         max: usize,
-        mut f: impl FnMut(&[u8], &[u8]),
+        mut f: impl FnMut(Record, &[u8], &[u8]),
     ) -> Result<usize, Corrupt> {
         if self.corrupt {
             return Err(Corrupt);
@@ -393,7 +422,7 @@ impl Consumer {
             let to_end = self.cap - pos as u64;
             match kind {
                 KIND_WRAP if to_end <= left => tail += to_end,
-                KIND_PACKET if len <= MAX_RECORD => {
+                KIND_PACKET | KIND_PULL if len <= MAX_RECORD => {
                     let need = (REC_HDR + round8(len)) as u64;
                     if need > to_end || need > left {
                         break Err(Corrupt);
@@ -413,7 +442,12 @@ impl Consumer {
                     };
                     tail += need;
                     taken += 1;
-                    f(&head[..n], whole);
+                    let record = if kind == KIND_PULL {
+                        Record::Pull
+                    } else {
+                        Record::Packet
+                    };
+                    f(record, &head[..n], whole);
                 }
                 _ => break Err(Corrupt),
             }
@@ -438,7 +472,7 @@ pub(crate) fn read_untrusted(bytes: &[u8]) -> usize {
     };
     let mut head = [0u8; 64];
     let mut total = 0;
-    while let Ok(n) = c.pop(&mut head, 64, |h, d| {
+    while let Ok(n) = c.pop(&mut head, 64, |_, h, d| {
         assert!(h.len() <= d.len() && d.starts_with(h));
         total += d.len();
     }) {
@@ -465,7 +499,7 @@ mod tests {
     fn drain(c: &mut Consumer) -> Result<Vec<Vec<u8>>, Corrupt> {
         let mut head = [0u8; 16];
         let mut out = Vec::new();
-        c.pop(&mut head, usize::MAX, |h, d| {
+        c.pop(&mut head, usize::MAX, |_, h, d| {
             assert_eq!(h, &d[..d.len().min(16)]);
             out.push(d.to_vec())
         })?;
@@ -508,6 +542,25 @@ mod tests {
     }
 
     #[test]
+    fn each_record_comes_out_with_its_kind() {
+        let (mut p, mut c, _) = pair(64 << 10);
+        let kinds = [Record::Pull, Record::Packet, Record::Pull, Record::Pull];
+        for (i, &k) in kinds.iter().enumerate() {
+            assert_eq!(p.push_as(k, 40 + i, |_| true).unwrap(), Push::Done);
+        }
+        let mut head = [0u8; 16];
+        let mut got = Vec::new();
+        c.pop(&mut head, 10, |k, _, d| got.push((k, d.len())))
+            .unwrap();
+        let want: Vec<_> = kinds
+            .iter()
+            .enumerate()
+            .map(|(i, &k)| (k, 40 + i))
+            .collect();
+        assert_eq!(got, want);
+    }
+
+    #[test]
     fn a_full_ring_refuses_and_takes_again_once_drained() {
         let (mut p, mut c, _) = pair(64 << 10);
         let mut done = 0;
@@ -535,7 +588,7 @@ mod tests {
         assert!(!c.arm(), "a packet waits");
         let mut head = [0u8; 8];
         let mut c = c;
-        c.pop(&mut head, 10, |_, _| {}).unwrap();
+        c.pop(&mut head, 10, |_, _, _| {}).unwrap();
         assert!(c.arm());
         assert!(p.wants_bell());
         c.disarm();
@@ -597,7 +650,7 @@ mod tests {
             }
             let mut head = [0u8; 64];
             for _ in 0..3 {
-                if let Ok(n) = c.pop(&mut head, 1000, |h, d| {
+                if let Ok(n) = c.pop(&mut head, 1000, |_, h, d| {
                     assert!(d.len() <= MAX_RECORD && h.len() <= 64);
                 }) {
                     assert!(n <= 1000);
