@@ -3500,23 +3500,24 @@ fn segments_of_a_long_read_respect_max_rd_atomic() {
 /// the QP is in ERR. Before completions are polled, so no success is ever seen.
 #[test]
 fn a_read_whose_bytes_could_not_be_placed_completes_in_error() {
-    let mut p = rc();
-    let r = regions(&mut p);
-    let read = |id| {
+    // A READ of `len` bytes of B's region into A's.
+    let read = |r: &Regions, id, len| {
         wr(
             id,
             SendOp::Read {
                 remote_addr: DST,
                 rkey: rkey(&r.dst),
             },
-            &[sge(&r.src, SRC + RES, 4000)],
+            &[sge(&r.src, SRC + RES, len)],
         )
     };
-    p.post_send(A, read(1));
+    let mut p = rc();
+    let r = regions(&mut p);
+    p.post_send(A, read(&r, 1, 4000));
     p.settle();
     assert_eq!(st(&p.completions(A)), [(1, WcStatus::Success)]);
     // The second READ's responses are taken, its completion waits to be polled.
-    p.post_send(A, read(2));
+    p.post_send(A, read(&r, 2, 4000));
     p.post_send(A, send(3, &[sge(&r.src, SRC, 8)]));
     p.pump_with(|from, r| {
         if from == A && r.bth.opcode.kind() != Kind::ReadRequest {
@@ -3535,17 +3536,7 @@ fn a_read_whose_bytes_could_not_be_placed_completes_in_error() {
     // A READ still in progress (its first responses taken): it is the one that fails.
     let mut p = rc();
     let r = regions(&mut p);
-    p.post_send(
-        A,
-        wr(
-            7,
-            SendOp::Read {
-                remote_addr: DST,
-                rkey: rkey(&r.dst),
-            },
-            &[sge(&r.src, SRC + RES, 8000)],
-        ),
-    );
+    p.post_send(A, read(&r, 7, 8000));
     let mut responses = 0;
     p.pump_with(|from, r| {
         if from == B && r.bth.opcode.kind() == Kind::ReadResponse {
