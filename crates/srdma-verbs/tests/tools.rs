@@ -253,11 +253,19 @@ fn perftest_latency() {
 
 /// READs through shared memory with their payload pulled from the responder's process
 /// (`SRDMA_SHM_PULL=1`: by default only where processes outnumber the cores): Debian's
-/// ib_read_bw at 64 KiB and 1 MiB, and ib_read_lat, as two processes of one address.
+/// ib_read_bw at 64 KiB and 1 MiB, and ib_read_lat, as two processes of one address. The
+/// devices' statistics files (`SRDMA_RUN_DIR`, written once a second while they run) must
+/// show pulled READ responses and no failed pull — where the shared memory is on (the test
+/// script runs this file over UDP too).
 #[test]
 fn perftest_reads_pulled_from_the_responders_memory() {
+    let shm = std::env::var_os("SRDMA_SHM").is_none_or(|v| v != "0");
+    let run_dir = lib_dir().join(format!("pull-stats-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&run_dir);
+    std::fs::create_dir_all(&run_dir).unwrap();
+    let dir = run_dir.to_str().unwrap();
     for (i, (name, extra)) in [
-        ("ib_read_bw", &["-s", "65536", "-n", "500"][..]),
+        ("ib_read_bw", &["-s", "65536", "-D", "3"][..]),
         ("ib_read_bw", &["-s", "1048576", "-n", "100"][..]),
         ("ib_read_lat", &["-s", "65536", "-n", "200"][..]),
     ]
@@ -267,7 +275,24 @@ fn perftest_reads_pulled_from_the_responders_memory() {
         let port = (18590 + i).to_string();
         let mut args = vec!["-x", "1", "-p", &port];
         args.extend_from_slice(extra);
-        let (_, c) = pair_env(name, 68, &[("SRDMA_SHM_PULL", "1")], &args, &args);
+        // What the statistics files say while the pair runs: the most pulled, and failed.
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let watch = {
+            let (done, run_dir) = (done.clone(), run_dir.clone());
+            std::thread::spawn(move || {
+                let mut most = (0, 0);
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    let (pulled, failed) = pull_counters(&run_dir);
+                    most = (most.0.max(pulled), most.1.max(failed));
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                most
+            })
+        };
+        let env = [("SRDMA_SHM_PULL", "1"), ("SRDMA_RUN_DIR", dir)];
+        let (_, c) = pair_env(name, 68, &env, &args, &args);
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        let (pulled, failed) = watch.join().unwrap();
         let out = String::from_utf8_lossy(&c.stdout);
         let want = if name == "ib_read_lat" {
             "t_avg"
@@ -275,7 +300,34 @@ fn perftest_reads_pulled_from_the_responders_memory() {
             "BW average"
         };
         assert!(out.contains(want), "{name} {extra:?}: {}", text(&c));
+        assert_eq!(failed, 0, "{name} {extra:?}: pulls failed");
+        if shm && i == 0 {
+            // The run of 3 s: its files were written with traffic under way.
+            assert!(pulled > 0, "{name} {extra:?}: no READ response pulled");
+        }
     }
+    let _ = std::fs::remove_dir_all(&run_dir);
+}
+
+/// The sums over the statistics files in `dir` of `rx_shm_pulled` and `rx_shm_pull_failed`.
+fn pull_counters(dir: &Path) -> (u64, u64) {
+    let mut sums = (0, 0);
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+        for line in text.lines() {
+            let mut f = line.split(' ');
+            let (Some("counter"), Some(key), Some(v)) = (f.next(), f.next(), f.next()) else {
+                continue;
+            };
+            let v: u64 = v.parse().unwrap_or(0);
+            match key {
+                "rx_shm_pulled" => sums.0 += v,
+                "rx_shm_pull_failed" => sums.1 += v,
+                _ => {}
+            }
+        }
+    }
+    sums
 }
 
 /// Two processes each sending to the other on 64 QPs over UDP (`ib_write_bw -b -q 64`):
