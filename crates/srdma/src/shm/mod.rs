@@ -93,8 +93,8 @@ struct In {
     sock: Option<OwnedFd>,
     /// The peer's process.
     pid: i32,
-    /// The peer's process, if this one may pull payloads from its memory.
-    pull_from: Option<i32>,
+    /// This process may pull payloads from the peer's memory.
+    may_pull: bool,
 }
 
 /// What the driver counted (the engine adds them to the device's counters).
@@ -357,7 +357,7 @@ impl Shm {
                 ended |= link.sock.is_none();
                 continue;
             }
-            let (from, pid) = (link.from, link.pull_from);
+            let (from, pid) = (link.from, link.may_pull.then_some(link.pid));
             let r = link.ring.pop(head, max, |kind, h, d| match (kind, pid) {
                 (Record::Packet, _) => f(from, h, d, None),
                 (Record::Pull, Some(pid)) => match unpack_pull(h, d, pid, spans) {
@@ -426,7 +426,7 @@ impl Shm {
                 Some(ring) if crate::sys::epoll_add(&self.ep, hello.link.as_raw_fd()).is_ok() => {
                     ring.set_sleepers(self.armed);
                     self.counts.links_in += 1;
-                    if hello.pull_from.is_some() {
+                    if hello.may_pull {
                         port::offer_pulls(&hello.link);
                     }
                     self.ins.push(In {
@@ -434,7 +434,7 @@ impl Shm {
                         ring,
                         sock: Some(hello.link),
                         pid: hello.pid,
-                        pull_from: hello.pull_from,
+                        may_pull: hello.may_pull,
                     });
                     self.peers = processes(&self.ins);
                 }

@@ -65,8 +65,8 @@ pub(crate) struct Hello {
     pub(crate) link: OwnedFd,
     /// The peer's process (as the kernel names it to this one).
     pub(crate) pid: i32,
-    /// The peer's process, if this one may read its memory (see [`PULL_PROBE`]).
-    pub(crate) pull_from: Option<i32>,
+    /// This process may read the peer's memory (see [`PULL_PROBE`]).
+    pub(crate) may_pull: bool,
 }
 
 impl Port {
@@ -178,7 +178,7 @@ impl Port {
         let mut hello = hello_of(&m[..n], r.cred, r.fds);
         if let (Ok(h), true, Some(c)) = (hello.as_mut(), pulls, r.cred) {
             let at = u64::from_le_bytes(m[40..48].try_into().expect("8 bytes"));
-            h.pull_from = may_pull(c.pid, at).then_some(c.pid);
+            h.may_pull = may_pull(c.pid, at);
         }
         Some(hello)
     }
@@ -224,7 +224,7 @@ fn hello_of(
         mem,
         link,
         pid,
-        pull_from: None,
+        may_pull: false,
     })
 }
 
@@ -242,7 +242,7 @@ fn may_pull(pid: i32, at: u64) -> bool {
 }
 
 /// Tells the producer of a link that this side pulls payloads from its memory (see
-/// [`Hello::pull_from`]).
+/// [`Hello::may_pull`]).
 pub(crate) fn offer_pulls(link: &OwnedFd) {
     let _ = send_byte(link, b'p');
 }
