@@ -140,6 +140,10 @@ impl crate::cq::Progress for Shared {
         Shared::drive_from_app(self, polling);
     }
 
+    fn app_polls(&self) {
+        Shared::app_polls(self);
+    }
+
     fn app_sleeps(&self) {
         Shared::app_sleeps(self);
     }

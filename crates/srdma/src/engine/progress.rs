@@ -5,7 +5,9 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::timing::{BUDGET_LOOK, Hold, Turns, app_grace_until, ride_wakes, watch_grace};
+use super::timing::{
+    BUDGET_LOOK, Hold, Turns, app_grace_until, drives_now, ride_wakes, watch_grace,
+};
 use super::{Shared, State};
 use crate::sys;
 
@@ -72,6 +74,17 @@ impl Shared {
         self.run_hooks();
         if let Some(p) = pending {
             p.commit_later();
+        }
+    }
+
+    /// An application's poll found all it asked for, without driving the device: it drives
+    /// the device once its last drive is [`FULL_POLL_DRIVE`] old, which keeps the progress
+    /// thread standing aside while the polls go on (and what the device has to do waits
+    /// that long at most).
+    pub(crate) fn app_polls(&self) {
+        let now = self.now().as_nanos() as u64;
+        if drives_now(now, self.app_active_until.load(Ordering::Relaxed)) {
+            self.drive_from_app(true);
         }
     }
 

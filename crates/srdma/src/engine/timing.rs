@@ -254,6 +254,10 @@ pub(super) const BUDGET_LOOK: Duration = Duration::from_millis(1);
 /// while an application polls, its polls drive the device (no thread hand-off on the hot
 /// path); when it stops, the thread takes over within this time.
 pub(super) const APP_GRACE: Duration = Duration::from_millis(1);
+/// How often at least an application whose CQ polls find all they ask for (completions keep
+/// coming) drives the device itself: well within [`APP_GRACE`], so that the progress thread
+/// keeps standing aside for it.
+pub(super) const FULL_POLL_DRIVE: Duration = Duration::from_micros(250);
 /// While WRITEs without immediate arrive (see `Shared::silent_writes_until`), a gap this
 /// long since an application's last poll means it stopped polling before its grace ran
 /// out — it spins on its memory for the peer's next WRITE, as perftest's `ib_write_lat`
@@ -461,6 +465,13 @@ pub(super) fn app_grace_until(now: u64) -> u64 {
     now + ns(APP_GRACE)
 }
 
+/// Whether an application's poll at `now` that found all it asked for drives the device
+/// all the same: the last poll that drove it set `active` ([`app_grace_until`]) and came
+/// [`FULL_POLL_DRIVE`] or more before.
+pub(super) fn drives_now(now: u64, active: u64) -> bool {
+    app_grace_until(now) >= active + ns(FULL_POLL_DRIVE)
+}
+
 /// What remains at `now` of the grace after an application thread woke from its wait on
 /// the socket at `woke` (0: never): while some does, the progress thread leaves the socket
 /// to it (the application is expected back).
@@ -580,6 +591,19 @@ mod tests {
 
     const T0: u64 = 1_000_000_000;
     const US: Duration = Duration::from_micros(1);
+
+    #[test]
+    fn a_poll_that_finds_enough_drives_once_the_last_drive_is_old() {
+        // The last drive at T0 set `active` to T0 + the grace.
+        let active = app_grace_until(T0);
+        assert!(!drives_now(T0, active));
+        assert!(!drives_now(at(T0, FULL_POLL_DRIVE - US), active));
+        assert!(drives_now(at(T0, FULL_POLL_DRIVE), active));
+        // Well before the progress thread would take over.
+        assert!(FULL_POLL_DRIVE * 2 <= APP_GRACE);
+        // Never driven: the first poll drives.
+        assert!(drives_now(T0, 0));
+    }
 
     #[test]
     fn a_drained_socket_rests_one_poll_within_rx_rest() {
