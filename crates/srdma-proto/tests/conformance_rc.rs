@@ -178,6 +178,70 @@ fn ghost_ack_for_unsent_psn_is_ignored() {
     assert_eq!(acks(&p, B), vec![(ps(0), Syndrome::ACK)]);
 }
 
+/// srdma's `Qp::ack_once_more`, what a responder does before its QP is destroyed: the ACK
+/// of its last SEND was lost, the copy completes the requester's WQE with no timer. Only
+/// after a SEND or WRITE it executed: not before any request, not after a READ (its
+/// response acknowledged it), not once in ERR; a copy of an ACK that arrived acknowledges
+/// nothing and changes nothing.
+#[test]
+fn the_last_ack_once_more_completes_a_send_whose_ack_was_lost() {
+    let mut p = rc();
+    let r = regions(&mut p);
+    assert!(!p.b.qp.ack_once_more(), "nothing received yet");
+    p.post_recv(B, 100, &[sge(&r.rcv, RCV, 64)]);
+    p.post_send(A, send(1, &[sge(&r.src, SRC, 64)]));
+    p.pump_with(|from, _| if from == B { Fate::Drop } else { Fate::Deliver });
+    assert!(p.completions(A).is_empty());
+    assert_eq!(st(&p.completions(B)), vec![(100, WcStatus::Success)]);
+
+    assert!(p.b.qp.ack_once_more());
+    p.pump();
+    assert_eq!(p.now, Duration::ZERO, "completed without a timer");
+    assert_eq!(st(&p.completions(A)), vec![(1, WcStatus::Success)]);
+    assert_eq!(acks(&p, B), vec![(ps(0), Syndrome::ACK); 2]);
+
+    // Once more: acknowledges nothing new, A stays as it was.
+    let before = p.a.qp.unproductive_acks();
+    assert!(p.b.qp.ack_once_more());
+    p.pump();
+    assert_eq!(p.a.qp.unproductive_acks(), before + 1);
+    assert_eq!(p.a.qp.state(), QpState::Rts);
+    assert!(p.completions(A).is_empty());
+
+    // After a READ: nothing to repeat.
+    p.post_send(
+        A,
+        wr(
+            2,
+            SendOp::Read {
+                remote_addr: DST,
+                rkey: rkey(&r.dst),
+            },
+            &[sge(&r.src, SRC + RES, 16)],
+        ),
+    );
+    p.pump();
+    assert_eq!(st(&p.completions(A)), vec![(2, WcStatus::Success)]);
+    assert!(!p.b.qp.ack_once_more(), "a READ's response was the ACK");
+
+    // A WRITE again, then B in ERR.
+    p.post_send(
+        A,
+        wr(
+            3,
+            SendOp::Write {
+                remote_addr: DST,
+                rkey: rkey(&r.dst),
+            },
+            &[sge(&r.src, SRC, 16)],
+        ),
+    );
+    p.pump();
+    assert_eq!(st(&p.completions(A)), vec![(3, WcStatus::Success)]);
+    p.set_state(B, QpState::Err);
+    assert!(!p.b.qp.ack_once_more(), "in ERR");
+}
+
 /// Rule: ACKs are cumulative (IBA 9.7.5.1.1; rxe `check_psn` → `COMPST_COMP_WQE`): one ACK
 /// whose PSN covers several SENDs completes all of them, in posting order. rxe acknowledges
 /// each AckReq'd SEND; here the first two ACKs are lost and the third alone completes all.

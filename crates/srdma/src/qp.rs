@@ -203,12 +203,10 @@ struct QpInner {
 impl Drop for QpInner {
     fn drop(&mut self) {
         let mut st = self.dev.lock();
-        // ACKs an application-driven receive held back still go out: the peer's last
-        // message must not be left unacknowledged because this side destroyed its QP.
-        self.dev
-            .h
-            .shared
-            .flush_if_deferred(&mut st, self.qpn.value());
+        // ACKs an application-driven receive held back still go out, and the last once
+        // more: the peer's last message must not be left unacknowledged because this side
+        // destroyed its QP.
+        self.dev.h.shared.last_words(&mut st, self.qpn.value());
         self.dev.detach_all_groups(&mut st, self.qpn.value());
         st.remove_qp(self.qpn);
     }

@@ -9,19 +9,23 @@
 //!
 //! The receiver is this test binary run again as a child process (`exit_peer`), connected
 //! through `srdma::cm` over UDP (no shared memory, where nothing is held).
+//!
+//! A QP destroyed right after its last receive sends that message's ACK once more
+//! (`a_destroyed_qp_acknowledges_its_last_message_once_more`).
 
 mod common;
 
-use std::net::SocketAddr;
+use std::net::{SocketAddr, UdpSocket};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::KillOnDrop;
 use srdma::cm::{self, ConnectOptions, Listener};
 use srdma::{
-    AccessFlags, Cq, Device, Mr, Mtu, Qp, QpInit, QpType, RecvWr, SendOp, SendWr, SgeList, Wc,
-    WcStatus,
+    AccessFlags, ConnectParams, Cq, Device, Gid, Mr, Mtu, Qp, QpInit, QpType, RecvWr, RemoteQp,
+    SendOp, SendWr, SgeList, Wc, WcStatus,
 };
+use srdma_wire::{BthRepr, Encap, IpRepr, Opcode, PacketRepr, Psn, Qpn, Syndrome};
 
 const PEER_ENV: &str = "SRDMA_EXIT_ACK_PEER";
 /// Ping-pong rounds before the last message: enough for the receiver to learn that its
@@ -139,4 +143,86 @@ fn exit_peer() {
         repost(qp, &mr, wc.wr_id);
         send(qp, &mr, received);
     }
+}
+
+/// Destroyed right after its last receive, a QP sends that message's ACK once more, in a
+/// datagram of its own (`srdma_proto::Qp::ack_once_more`): on a lossy path one lost ACK then
+/// does not leave the requester retrying into a QP that is gone (rxe retries for ever with
+/// `retry_cnt` 7). The requester is a plain UDP socket that sends SEND_ONLYs and reads what
+/// comes back; a QP destroyed before any request sends nothing more.
+#[test]
+fn a_destroyed_qp_acknowledges_its_last_message_once_more() {
+    let dev = device("127.0.88.3");
+    let peer = UdpSocket::bind("127.0.88.4:0").unwrap();
+    peer.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let (me, to) = (peer.local_addr().unwrap(), dev.local_addr());
+    let encap = Encap {
+        ip: IpRepr::between(me.ip(), to.ip()).unwrap(),
+        src_port: me.port(),
+        dst_port: to.port(),
+    };
+    let pd = dev.alloc_pd();
+    let cq = dev.create_cq(16, None).unwrap();
+    let mr = pd.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    let connected = || {
+        let qp = pd.create_qp(&QpInit::new(QpType::Rc, &cq, &cq)).unwrap();
+        post_receives(&qp, &mr);
+        let remote = RemoteQp {
+            qpn: Qpn::new(0x99),
+            psn: Psn::new(0x700),
+            gid: Gid::from_ip(me.ip()),
+            port: me.port(),
+        };
+        qp.connect(&remote, &ConnectParams::new(Mtu::Mtu1024, Psn::new(0x100)))
+            .unwrap();
+        qp
+    };
+    let send_only = |qp: &Qp, psn: u32| {
+        let bth = BthRepr {
+            opcode: Opcode::RcSendOnly,
+            solicited: false,
+            mig_req: false,
+            pad_cnt: 0,
+            pkey: 0xFFFF,
+            fecn: false,
+            becn: false,
+            dest_qpn: qp.qpn(),
+            ack_req: true,
+            psn: Psn::new(psn),
+        };
+        let r = PacketRepr::new(bth, &[7u8; 8]);
+        let mut b = vec![0u8; r.buffer_len()];
+        let n = r.emit_with_icrc(&mut b, &encap).unwrap();
+        peer.send_to(&b[..n], to).unwrap();
+    };
+    // (PSN, syndrome) of each ACK that arrives until the socket stays quiet for 300 ms.
+    let acks = || {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 2048];
+        while let Ok(n) = peer.recv(&mut buf) {
+            let r = PacketRepr::parse_bytes(&buf[..n]).expect("a valid packet");
+            assert_eq!(r.bth.opcode, Opcode::RcAcknowledge, "{r}");
+            got.push((r.bth.psn.value(), r.aeth.unwrap().syndrome));
+            peer.set_read_timeout(Some(Duration::from_millis(300)))
+                .unwrap();
+        }
+        peer.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        got
+    };
+
+    let qp = connected();
+    for psn in 0x700..0x703 {
+        send_only(&qp, psn);
+        assert_eq!(wait_wc(&cq).status, WcStatus::Success);
+    }
+    assert_eq!(acks().last(), Some(&(0x702, Syndrome::ACK)));
+    drop(qp);
+    assert_eq!(acks(), [(0x702, Syndrome::ACK)], "the last ACK once more");
+
+    // Nothing received: nothing to acknowledge once more.
+    let qp = connected();
+    drop(qp);
+    peer.set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    assert_eq!(acks(), []);
 }

@@ -1095,6 +1095,36 @@ impl Qp {
         })
     }
 
+    /// Before the QP goes away: queues its last positive ACK once more, when the last
+    /// request it executed was a SEND or WRITE (an RC QP, not XRC, connected: RTR to SQE,
+    /// nothing kept out of order). Returns whether it queued one.
+    ///
+    /// A requester learns that its last message arrived only from that ACK. Lost on a lossy
+    /// path after this side's QP is destroyed (its process exits right after its last
+    /// receive), the peer retries into a QP that is gone: until `retry_cnt` runs out, and
+    /// for ever on rxe, which takes 7 as "retry for ever". A duplicate ACK is harmless (the
+    /// requester finds it acknowledges nothing new, IBA 9.7.5.1.2, as the ACKs of
+    /// duplicate requests); two make a lost last ACK the loss of both.
+    pub fn ack_once_more(&mut self) -> bool {
+        let connected = matches!(
+            self.state,
+            QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+        );
+        if self.cfg.qp_type != QpType::Rc
+            || self.xrc.is_some()
+            || !connected
+            || !self.reorder.is_empty()
+            || self.ack_psn != self.epsn
+            || self.ack_psn == self.attr.rq_psn
+        {
+            return false;
+        }
+        self.resp_out.push_back(RespOut::DupAck {
+            psn: self.ack_psn.sub(1),
+        });
+        true
+    }
+
     /// ACKs received that acknowledged nothing new: for a PSN not sent yet (ghosts) or
     /// already acknowledged (duplicates, and the answers to [`Qp::gso_probe`]).
     pub fn unproductive_acks(&self) -> u64 {

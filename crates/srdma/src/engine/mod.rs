@@ -258,7 +258,8 @@ fn keep_for_exit(shared: &Arc<Shared>) {
 }
 
 /// At `exit`, every device sends what it holds back: the ACKs that wait for the
-/// application's next post (`Hold::Riding`), packets queued for the next `sendmmsg`. A NIC
+/// application's next post (`Hold::Riding`), packets queued for the next `sendmmsg`, then
+/// the last ACK of each QP once more (`Shared::last_words_all`). A NIC
 /// acknowledges at arrival, whatever its process does next; a process that exits right after
 /// its last receive (a socket program closing, a test ending) must not leave the peer's last
 /// message unacknowledged, or the peer retries into a QP that is gone and fails. A device
@@ -280,11 +281,11 @@ extern "C" fn flush_at_exit() {
             loop {
                 match sh.state.try_lock() {
                     Ok(mut st) => {
-                        sh.flush_deferred(&mut st);
+                        sh.last_words_all(&mut st);
                         break;
                     }
                     Err(std::sync::TryLockError::Poisoned(p)) => {
-                        sh.flush_deferred(&mut p.into_inner());
+                        sh.last_words_all(&mut p.into_inner());
                         break;
                     }
                     Err(std::sync::TryLockError::WouldBlock) if Instant::now() < deadline => {

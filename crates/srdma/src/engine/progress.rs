@@ -262,6 +262,18 @@ impl Shared {
         st.deferred = deferred;
         st.deferred.clear();
     }
+
+    /// [`Shared::last_words`] of every QP, as the process exits with them alive.
+    pub(crate) fn last_words_all(&self, st: &mut State) {
+        self.flush_deferred(st);
+        self.send_queued(st);
+        let again: Vec<u32> = st
+            .qps
+            .iter_mut()
+            .filter_map(|(&qpn, s)| s.qp.ack_once_more().then_some(qpn))
+            .collect();
+        self.flush_each(st, &again);
+    }
 }
 
 /// The device's published statistics to refresh (at most once a second): the caller writes

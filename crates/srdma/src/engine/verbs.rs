@@ -56,6 +56,18 @@ impl Shared {
         }
     }
 
+    /// Before QP `qpn` goes (destroyed, or its process exits): what a receive held back
+    /// leaves, then the QP's last ACK once more in a datagram of its own, not coalesced with
+    /// the first into one GSO message (see `srdma_proto::Qp::ack_once_more`: a peer whose
+    /// last message's ACK was lost would retry into a QP that is gone).
+    pub(crate) fn last_words(&self, st: &mut State, qpn: u32) {
+        self.flush_if_deferred(st, qpn);
+        self.send_queued(st);
+        if st.slot_mut(qpn).is_some_and(|s| s.qp.ack_once_more()) {
+            self.flush(st, qpn);
+        }
+    }
+
     /// `ibv_modify_qp` of QP `qpn`, checked against the IBTA table by the transport.
     pub(crate) fn modify_qp(
         &self,
