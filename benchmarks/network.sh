@@ -14,10 +14,12 @@
 #      write-bw -s 1MiB` pairs at once, then N TCP streams at once (tcp_incast.py). Sum,
 #      Jain's index, the least flow, the bottleneck's queue (its tbf backlog, sampled every
 #      50 ms while the load runs, as time at the rate: mean and largest), and an 8 B `srdma
-#      perf send-lat` across the loaded bottleneck against the same unloaded. The srdma
-#      loaders sleep on a completion channel (`-e`), as the TCP loaders block in the kernel:
-#      16 processes busy-polling their CQs on 2 cores measure the scheduler, not the queue
-#      (the ping-pong then waits milliseconds for a core; see README). This machine's kernel has no RED (nor netem,
+#      perf send-lat -e` across the loaded bottleneck against the same unloaded, at the
+#      default priority and at SCHED_FIFO (`chrt -f 1`: the figure of the network's queue
+#      without the 2 cores' run queue). The srdma loaders and the ping-pong sleep on a
+#      completion channel (`-e`), as TCP's block in the kernel: 16 processes busy-polling
+#      their CQs on 2 cores measure the scheduler, not the queue (the ping-pong then waits
+#      milliseconds for a core; see README). This machine's kernel has no RED (nor netem,
 #      codel, pie: tbf and htb are its only qdiscs), so the marking is a phantom queue (HULL,
 #      Alizadeh et al., NSDI 2012): an nftables rule on the bridge marks ECN-capable
 #      datagrams CE once the port's traffic runs above 97 % of the rate for more than a
@@ -194,25 +196,35 @@ incast() {
         [ "$red" = 1 ] && ip netns exec ${P}c$i ethtool -K c0 tx-udp-segmentation off >/dev/null
     done
     local tag=incast-$n-$([ "$red" = 1 ] && echo red || echo tbf)
-    # Unloaded ping-pong from c0 (the extra sender) first.
-    local lat0 lat1
-    ip netns exec $sv "$S" perf send-lat --bind 10.78.0.100 -p 18499 -s 8 -D 2 >/dev/null 2>&1 &
-    sleep 1
-    timeout 60 ip netns exec ${P}c0 "$S" perf send-lat --bind 10.78.0.1 -p 18499 -s 8 -D 2 --json 10.78.0.100 \
-        >"$RES/$tag-lat0.json" 2>/dev/null
-    wait
-    lat0=$(jn '.results[0].t_typical_us' "$RES/$tag-lat0.json")
+    # The 8 B ping-pong from c0 (the extra sender) to the receiver's host, unloaded first,
+    # then across the loaded bottleneck: each end sleeps on its completion channel (-e), as
+    # the loaders do; once at the default priority, once at SCHED_FIFO (chrt -f 1, both ends),
+    # which takes the 2 cores' run queue out of the figure and leaves the network's.
+    local lat0 lat1 lat0f lat1f
+    probe() { # PORT OUT.json [PREFIX...]: one 1 s ping-pong, its server started here
+        local port=$1 out=$2 spid
+        shift 2
+        ip netns exec $sv "$@" "$S" perf send-lat -e --bind 10.78.0.100 -p "$port" -s 8 -D 1 >/dev/null 2>&1 &
+        spid=$!
+        sleep 0.3
+        timeout 60 ip netns exec ${P}c0 "$@" "$S" perf send-lat -e --bind 10.78.0.1 -p "$port" -s 8 -D 1 \
+            --json 10.78.0.100 >"$out" 2>"${out%.json}.err"
+        wait $spid
+        jn '.results[0].t_typical_us' "$out"
+    }
+    lat0=$(probe 18498 "$RES/$tag-lat0.json")
+    lat0f=$(probe 18499 "$RES/$tag-lat0f.json" chrt -f 1)
+    # The srdma loaders run 2 s longer than DUR: the two loaded ping-pongs fit in their run.
+    local ldur=$((DUR + 2))
     for i in $(seq 1 "$n"); do
-        ip netns exec $sv "$S" perf write-bw --bind 10.78.0.100 -p $((18514 + i)) -s 1048576 -D "$DUR" \
+        ip netns exec $sv "$S" perf write-bw --bind 10.78.0.100 -p $((18514 + i)) -s 1048576 -D "$ldur" \
             >"$RES/$tag-srv$i.txt" 2>&1 &
     done
-    local ld=$((DUR > 3 ? DUR - 2 : 1))
-    ip netns exec $sv "$S" perf send-lat --bind 10.78.0.100 -p 18500 -s 8 -D $ld >/dev/null 2>&1 &
     sleep 2
     local pids=()
     for i in $(seq 1 "$n"); do
-        timeout $((4 * DUR + 60)) ip netns exec ${P}c$i "$S" perf write-bw -e --bind 10.78.0.$((i + 1)) \
-            -p $((18514 + i)) -s 1048576 -D "$DUR" --json 10.78.0.100 >"$RES/$tag-cli$i.json" \
+        timeout $((4 * ldur + 60)) ip netns exec ${P}c$i "$S" perf write-bw -e --bind 10.78.0.$((i + 1)) \
+            -p $((18514 + i)) -s 1048576 -D "$ldur" --json 10.78.0.100 >"$RES/$tag-cli$i.json" \
             2>"$RES/$tag-cli$i.err" &
         pids+=($!)
     done
@@ -220,13 +232,12 @@ incast() {
     rm -f "$RES/$tag-queue.txt" "$RES/$tag-tqueue.txt"
     backlog $sw "$RES/$tag-queue.txt" &
     local sampler=$!
-    timeout 60 ip netns exec ${P}c0 "$S" perf send-lat --bind 10.78.0.1 -p 18500 -s 8 -D $ld --json \
-        10.78.0.100 >"$RES/$tag-lat1.json" 2>"$RES/$tag-lat1.err"
+    lat1=$(probe 18500 "$RES/$tag-lat1.json")
+    lat1f=$(probe 18501 "$RES/$tag-lat1f.json" chrt -f 1)
     kill $sampler 2>/dev/null
     local fails=0
     for p in "${pids[@]}"; do wait "$p" || fails=$((fails + 1)); done
     wait
-    lat1=$(jn '.results[0].t_typical_us' "$RES/$tag-lat1.json")
     local T=$ROOT/benchmarks/tcp_incast.py
     for i in $(seq 1 "$n"); do
         ip netns exec $sv python3 "$T" server 10.78.0.100 $((19514 + i)) "$DUR" >"$RES/$tag-tsrv$i.txt" &
@@ -241,10 +252,16 @@ incast() {
     sleep $((DUR > 3 ? DUR - 2 : 1))
     kill $sampler 2>/dev/null
     wait
-    python3 - "$RES" "$tag" "$n" "$fails" "${lat0:-0}" "${lat1:-0}" "$red" "$RATE_BYTES" <<'PY' >>"$RES/rows.txt"
+    python3 - "$RES" "$tag" "$n" "$fails" "${lat0:-0}" "${lat1:-0}" "$red" "$RATE_BYTES" "${lat0f:-0}" "${lat1f:-0}" <<'PY' >>"$RES/rows.txt"
 import json, sys
-res, tag, n, fails, lat0, lat1, red = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], float(sys.argv[5]), float(sys.argv[6]), sys.argv[7] == "1"
+res, tag, n, fails, red = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[7] == "1"
 rate = int(sys.argv[8])
+def num(x):
+    try:
+        return float(x)
+    except ValueError:
+        return 0.0
+lat0, lat1, lat0f, lat1f = num(sys.argv[5]), num(sys.argv[6]), num(sys.argv[9]), num(sys.argv[10])
 def queue(f):
     try:
         b = [int(x) for x in open(f"{res}/{f}").read().split()]
@@ -270,7 +287,9 @@ for i in range(1, n + 1):
     except Exception:
         t.append(0.0)
 jain = lambda x: (sum(x) ** 2) / (len(x) * sum(v * v for v in x)) if sum(x) > 0 else 0
-lat = f"{lat0:.1f} → {lat1:.1f} µs ({lat1 / lat0:.2f}×)" if lat0 > 0 and lat1 > 0 else "n/a"
+def lat_pair(a, b):
+    return f"{a:.1f} → {b:.1f} µs ({b / a:.2f}×)" if a > 0 and b > 0 else "n/a"
+lat = f"{lat_pair(lat0, lat1)} | {lat_pair(lat0f, lat1f)}"
 print(f"| {n}→1, {'ECN marking' if red else 'drop-tail'} | {sum(s):.0f} MiB/s | {jain(s):.3f} | {min(s):.0f} | {fails} | {cuts} / {rtos} / {cnps} | {queue(f'{tag}-queue.txt')} | {sum(t):.0f} MiB/s | {jain(t):.3f} | {queue(f'{tag}-tqueue.txt')} | {lat} |")
 PY
     for i in $(seq 0 "$n"); do ip netns del ${P}c$i; done
@@ -336,10 +355,10 @@ if [ "${SKIP_INCAST:-0}" != 1 ]; then
         done
     done
     say ""
-    say "### Incast through a $RATE bottleneck (\`srdma perf write-bw -e -s 1MiB -D $DUR\` per sender; TCP: one stream per sender; queue: the bottleneck's backlog as time at the rate)"
+    say "### Incast through a $RATE bottleneck (\`srdma perf write-bw -e -s 1MiB -D $((DUR + 2))\` per sender; TCP: one stream per sender for $DUR s; queue: the bottleneck's backlog as time at the rate; 8 B \`srdma perf send-lat -e\` typical, at the default priority and at SCHED_FIFO)"
     say ""
-    say "| senders | srdma sum | Jain | least flow (MiB/s) | failed | cuts / timeouts / CNPs | queue, mean / largest | TCP sum | TCP Jain | TCP queue | 8 B send-lat unloaded → loaded |"
-    say "|---|---|---|---|---|---|---|---|---|---|---|"
+    say "| senders | srdma sum | Jain | least flow (MiB/s) | failed | cuts / timeouts / CNPs | queue, mean / largest | TCP sum | TCP Jain | TCP queue | 8 B send-lat unloaded → loaded | the same, SCHED_FIFO |"
+    say "|---|---|---|---|---|---|---|---|---|---|---|---|"
     while read -r row; do say "$row"; done <"$RES/rows.txt"
 fi
 if [ "${SKIP_QPS:-0}" != 1 ]; then
