@@ -205,18 +205,26 @@ impl Layout {
 }
 
 /// Counts progress and notices a stalled run. It reads the clock only once a wait spins
-/// idle (a ping-pong's waits mostly find their completion at the first poll, and the
-/// baseline's loops read no clock there either).
+/// idle, and then every 16th spin (a ping-pong's waits mostly find their completion at the
+/// first poll, and the baseline's loops read no clock there either).
 struct Watch {
     /// Since when nothing happened; `None` until the first idle spin after progress.
     last: Option<Instant>,
+    /// When the caller was last told to look around; `None` since the last progress.
+    looked: Option<Instant>,
     spins: u32,
 }
+
+/// The longest a wait goes without looking around (control messages), however long each of
+/// its spins takes: a poll that sleeps on a completion channel takes up to 10 ms, 256 of them
+/// on a loaded machine could take longer than [`STALL`].
+const LOOK_EVERY: Duration = Duration::from_millis(50);
 
 impl Watch {
     fn new() -> Watch {
         Watch {
             last: None,
+            looked: None,
             spins: 0,
         }
     }
@@ -224,30 +232,37 @@ impl Watch {
     fn progress(&mut self) {
         self.spins = 0;
         self.last = None;
+        self.looked = None;
     }
 
-    /// Every so many idle spins: true when it is time to look around (control messages), an
-    /// error once nothing has happened for [`STALL`].
+    /// Every 256 idle spins, or [`LOOK_EVERY`] after the last look: true, time to look around
+    /// (control messages). An error once a look made [`STALL`] after the last progress found
+    /// nothing either (the caller calls [`Watch::progress`] when its look finds something).
     fn idle(&mut self, what: &str) -> anyhow::Result<bool> {
         let last = *self.last.get_or_insert_with(Instant::now);
         self.spins += 1;
-        if self.spins % 256 != 0 {
-            // Spin a little, then let the progress threads (ours and, on a small machine, the
-            // peer's) have the CPU: busy polling must not starve the engine that completes.
-            if self.spins < 64 {
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
+        if self.spins % 16 == 0 {
+            let now = Instant::now();
+            let looked = *self.looked.get_or_insert(last);
+            if self.spins % 256 == 0 || now.duration_since(looked) >= LOOK_EVERY {
+                if looked.duration_since(last) > STALL {
+                    bail!(
+                        "no progress for {}s while {what} (is the peer still running?)",
+                        STALL.as_secs()
+                    );
+                }
+                self.looked = Some(now);
+                return Ok(true);
             }
-            return Ok(false);
         }
-        if last.elapsed() > STALL {
-            bail!(
-                "no progress for {}s while {what} (is the peer still running?)",
-                STALL.as_secs()
-            );
+        // Spin a little, then let the progress threads (ours and, on a small machine, the
+        // peer's) have the CPU: busy polling must not starve the engine that completes.
+        if self.spins < 64 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
         }
-        Ok(true)
+        Ok(false)
     }
 }
 
@@ -1121,4 +1136,30 @@ fn peak_time_per_msg(tposted: &[Instant], tdone: &[(u64, Instant)]) -> Option<f6
         }
     }
     best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A wait whose every spin sleeps (a poll on a completion channel) still looks around
+    /// within [`LOOK_EVERY`] and a few spins, not after 256 of them: the server of a latency
+    /// test in events mode hears the client's "done" in time.
+    #[test]
+    fn a_wait_whose_spins_sleep_looks_around_within_the_look_interval() {
+        let mut w = Watch::new();
+        let mut spins = 0;
+        loop {
+            std::thread::sleep(Duration::from_millis(5));
+            spins += 1;
+            if w.idle("testing").unwrap() {
+                break;
+            }
+        }
+        // 16 spins of at least 5 ms each are past LOOK_EVERY at the first clock read.
+        assert_eq!(spins, 16);
+        // Progress starts the count again.
+        w.progress();
+        assert!(w.last.is_none() && w.looked.is_none());
+    }
 }
